@@ -1,0 +1,1 @@
+//! Flamefleet API types, group `flamefleet.dev`, version `v1alpha1`.

@@ -1,0 +1,1 @@
+//! Test support: a real local control plane.

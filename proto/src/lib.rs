@@ -1,0 +1,1 @@
+//! Flamefleet wire formats.
