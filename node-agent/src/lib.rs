@@ -1,1 +1,15 @@
-//! The Flamefleet node agent.
+//! The Flamefleet node agent: turns targets (pods or raw cgroups) into
+//! cgroup IDs, captures CPU profiles and run-queue latency with eBPF through
+//! one shared sampler per profile type, symbolizes, and writes pprof.
+//!
+//! Layout: [`cgroup`] (targets → cgroups), [`capture`] (one engine per profile
+//! type and the shared sampler registry), [`symbolize`] (blazesym, process
+//! snapshots), [`pprof`] (the profile builder), [`cli`] (the `capture`
+//! subcommand), [`bpf`] (generated skeletons).
+
+pub mod bpf;
+pub mod capture;
+pub mod cgroup;
+pub mod cli;
+pub mod pprof;
+pub mod symbolize;

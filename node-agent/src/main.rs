@@ -1,1 +1,33 @@
-fn main() {}
+//! `flamefleet-agent`: parse the command line, run, map errors to exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use flamefleet_agent::cli::{Cli, Command, run_capture};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Capture(args) => match run_capture(&args) {
+            Ok(report) => {
+                if args.text {
+                    print!("{}", report.text);
+                }
+                eprintln!(
+                    "wrote {} ({} samples)",
+                    report.output.display(),
+                    report.samples
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -1,1 +1,8 @@
 //! Flamefleet wire formats.
+
+/// The pprof `Profile` messages (package `perftools.profiles`), as read by
+/// `go tool pprof` and every other pprof consumer.
+pub mod pprof {
+    #![allow(missing_docs, clippy::all)]
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
+}

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Kernel-version workarounds, in one place. Each helper names the kernel
+ * change it answers; CO-RE relocations pick the right field at load time.
+ */
+#ifndef FLAMEFLEET_COMPAT_BPF_H
+#define FLAMEFLEET_COMPAT_BPF_H
+
+#include <bpf/bpf_core_read.h>
+
+/*
+ * Linux 5.14, commit 2f064a59a11f ("sched: Change task_struct::state"):
+ * task_struct::state became __state.
+ */
+struct task_struct___pre_5_14 {
+	long state;
+} __attribute__((preserve_access_index));
+
+static __always_inline long ff_task_state(struct task_struct *t)
+{
+	if (bpf_core_field_exists(t->__state))
+		return BPF_CORE_READ(t, __state);
+	return BPF_CORE_READ((struct task_struct___pre_5_14 *)t, state);
+}
+
+/*
+ * Linux 5.5, commit 67c0496e87d1 ("kernfs: convert kernfs_node->id from union
+ * kernfs_node_id to u64"): before it the cgroup ID lived in kn->id.id.
+ * Returns the ID of the task's cgroup v2 (default hierarchy) cgroup, the same
+ * value bpf_get_current_cgroup_id() returns for the current task.
+ */
+union kernfs_node_id___pre_5_5 {
+	struct {
+		__u32 ino;
+		__u32 generation;
+	};
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct kernfs_node___pre_5_5 {
+	union kernfs_node_id___pre_5_5 id;
+} __attribute__((preserve_access_index));
+
+static __always_inline __u64 ff_task_cgroup_id(struct task_struct *t)
+{
+	struct kernfs_node *kn = BPF_CORE_READ(t, cgroups, dfl_cgrp, kn);
+
+	if (bpf_core_type_exists(union kernfs_node_id___pre_5_5))
+		return BPF_CORE_READ((struct kernfs_node___pre_5_5 *)kn, id.id);
+	return BPF_CORE_READ(kn, id);
+}
+
+#endif

@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* Types runqlat shares with user space (exposed by its skeleton). */
+#ifndef FLAMEFLEET_RUNQLAT_H
+#define FLAMEFLEET_RUNQLAT_H
+
+#include "targets.h"
+
+/* log2 slots; slot i counts latencies in [2^i, 2^(i+1)) units (slot 0: [0, 2)). */
+#define RUNQLAT_SLOTS 27
+
+/* One histogram per target, or per (target, process) with FF_TARGET_PER_PROCESS. */
+struct runqlat_key {
+	__u32 target;
+	/* 0 unless the target asked for per-process histograms. */
+	__u32 tgid;
+};
+
+struct runqlat_hist {
+	__u64 slots[RUNQLAT_SLOTS];
+	char comm[FF_COMM_LEN];
+};
+
+/* When a task became runnable, and for which target. */
+struct runqlat_start {
+	__u64 ts;
+	__u32 target;
+	__u32 flags;
+};
+
+/* Loss counters (one per CPU, summed by user space); never silent. */
+struct runqlat_drops {
+	__u64 hists_full;  /* `hists` map full: event lost */
+	__u64 start_full;  /* start map full (hash fallback) or no task storage: event lost */
+};
+
+#endif

@@ -1,0 +1,553 @@
+//! CPU profiles: the shared CPU sampler (one perf event per online CPU, a BPF
+//! program counting stacks of target cgroups in the kernel), captures on top
+//! of it, and their pprof output.
+
+use std::collections::{HashMap, HashSet};
+use std::mem::MaybeUninit;
+use std::os::fd::IntoRawFd as _;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
+use libbpf_rs::{MapCore as _, MapFlags, MapHandle, RingBufferBuilder};
+
+use flamefleet_proto::pprof::Profile;
+
+pub use super::perf_event::PerfEventKind;
+use super::sampler_thread::{self, OwnerThread};
+use super::target_table::TargetTable;
+use super::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event};
+use crate::bpf::cpu_sampler::types::{cpu_drops, cpu_sample_key, ff_proc_event, ff_target};
+use crate::bpf::cpu_sampler::{CpuSamplerSkel, CpuSamplerSkelBuilder};
+use crate::bpf::from_bytes;
+use crate::pprof::{Label, ProfileBuilder};
+use crate::symbolize::{ProcessCatalog, StackSymbolizer};
+
+/// Highest sampling frequency accepted. perf's default
+/// `kernel.perf_event_max_sample_rate` is higher, but beyond a few kHz the
+/// sampler's own overhead stops being "bounded" in any useful sense.
+pub const MAX_FREQUENCY: u64 = 10_000;
+
+/// Options of the CPU sampler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Samples per second per CPU.
+    pub frequency: u64,
+    /// The perf event driving the samples.
+    pub event: PerfEventKind,
+    /// Whether to record kernel stacks too.
+    pub kernel_stacks: bool,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        Self {
+            frequency: 99,
+            event: PerfEventKind::CpuClock,
+            kernel_stacks: true,
+        }
+    }
+}
+
+impl CpuOptions {
+    /// Checks ranges; errors say what is accepted.
+    pub fn validate(&self) -> Result<()> {
+        if self.frequency == 0 || self.frequency > MAX_FREQUENCY {
+            return Err(CaptureError::InvalidOptions(format!(
+                "frequency must be between 1 and {MAX_FREQUENCY} Hz, found {}",
+                self.frequency
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Loss counters of the CPU sampler over a capture's window (all targets of
+/// the node: maps are shared).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuDrops {
+    /// Samples lost because the count map was full.
+    pub counts_full: u64,
+    /// User stacks lost (stack map full or collision).
+    pub user_stack: u64,
+    /// Kernel stacks lost (stack map full or collision).
+    pub kernel_stack: u64,
+    /// New processes not announced to the symbolizer (ring buffer full).
+    pub notify: u64,
+}
+
+impl CpuDrops {
+    fn since(self, before: Self) -> Self {
+        Self {
+            counts_full: self.counts_full.saturating_sub(before.counts_full),
+            user_stack: self.user_stack.saturating_sub(before.user_stack),
+            kernel_stack: self.kernel_stack.saturating_sub(before.kernel_stack),
+            notify: self.notify.saturating_sub(before.notify),
+        }
+    }
+
+    /// Total of all counters.
+    pub fn total(&self) -> u64 {
+        self.counts_full + self.user_stack + self.kernel_stack + self.notify
+    }
+}
+
+struct Maps {
+    targets: MapHandle,
+    counts: MapHandle,
+    stacks: MapHandle,
+    drops: MapHandle,
+}
+
+struct Shared {
+    maps: Maps,
+    table: TargetTable,
+}
+
+/// The node's CPU sampler: the loaded program attached to one perf event per
+/// online CPU. Shared (through [`super::Samplers`]) by every CPU capture.
+pub struct CpuSampler {
+    shared: Mutex<Shared>,
+    options: CpuOptions,
+    perf_events: usize,
+    catalog: ProcessCatalog,
+    _owner: OwnerThread,
+}
+
+impl std::fmt::Debug for CpuSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuSampler")
+            .field("options", &self.options)
+            .field("perf_events", &self.perf_events)
+            .finish()
+    }
+}
+
+impl CpuSampler {
+    /// Loads and attaches the sampler. Fails with [`CaptureError::Privilege`]
+    /// without CAP_BPF/CAP_PERFMON, [`CaptureError::KernelFeature`] when the
+    /// event or BTF is missing.
+    pub fn start(
+        config: &SamplerConfig,
+        options: CpuOptions,
+        catalog: ProcessCatalog,
+    ) -> Result<Self> {
+        options.validate()?;
+        super::check_btf()?;
+        let cpus = perf_event::online_cpus()?;
+        let max_targets = config.max_targets;
+        let config = config.clone();
+        let thread_catalog = catalog.clone();
+        let thread_cpus = cpus.clone();
+        let (maps, owner) = sampler_thread::spawn("cpu", move |ready, stop| {
+            let mut object = MaybeUninit::uninit();
+            match load(&mut object, &config, options, &thread_cpus, thread_catalog) {
+                Ok(loaded) => {
+                    if ready.send(Ok(loaded.maps)).is_err() {
+                        return;
+                    }
+                    while !stop.load(Ordering::Acquire) {
+                        // Errors here are EINTR; keep polling until stopped.
+                        let _ = loaded.ring.poll(Duration::from_millis(50));
+                    }
+                    drop(loaded.links);
+                    drop(loaded.skel);
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                }
+            }
+        })?;
+        Ok(Self {
+            shared: Mutex::new(Shared {
+                maps,
+                table: TargetTable::new(max_targets),
+            }),
+            options,
+            perf_events: cpus.len(),
+            catalog,
+            _owner: owner,
+        })
+    }
+
+    /// The options the sampler runs with (the first capture's).
+    pub fn options(&self) -> CpuOptions {
+        self.options
+    }
+
+    /// Number of perf events opened (one per online CPU).
+    pub fn perf_events(&self) -> usize {
+        self.perf_events
+    }
+
+    /// Number of cgroups currently in the target map.
+    pub fn target_cgroups(&self) -> usize {
+        self.lock().table.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts a capture of `targets` on this sampler.
+    pub fn capture(self: &Arc<Self>, targets: &[CaptureTarget]) -> Result<CpuCapture> {
+        if targets.is_empty() {
+            return Err(CaptureError::InvalidOptions(
+                "no target cgroup given".into(),
+            ));
+        }
+        // A target covers its cgroup and the descendants existing now (a pod
+        // cgroup's processes live in its container cgroups).
+        let mut cgroup_ids = Vec::new();
+        let mut owner_of = Vec::new();
+        for (i, t) in targets.iter().enumerate() {
+            for id in super::subtree_ids(&t.cgroup) {
+                if !cgroup_ids.contains(&id) {
+                    cgroup_ids.push(id);
+                    owner_of.push(i);
+                }
+            }
+        }
+        let mut shared = self.lock();
+        let Shared { maps, table } = &mut *shared;
+        let indices = table.acquire::<ff_target>(&maps.targets, &cgroup_ids, 0, |a, _| Ok(a))?;
+        let baseline = read_counts(&maps.counts, &indices.iter().copied().collect())?;
+        let drops_before = read_drops(&maps.drops);
+        drop(shared);
+        // Processes running already will not announce themselves by exec.
+        for t in targets {
+            for pid in t.cgroup.procs_recursive().unwrap_or_default() {
+                self.catalog.snapshot(pid);
+            }
+        }
+        Ok(CpuCapture {
+            sampler: self.clone(),
+            targets: targets.to_vec(),
+            cgroup_ids,
+            target_of_index: indices.into_iter().zip(owner_of).collect(),
+            baseline,
+            drops_before,
+            started: SystemTime::now(),
+            started_at: Instant::now(),
+        })
+    }
+}
+
+/// What the owner thread keeps alive while the sampler runs.
+struct Loaded<'obj> {
+    skel: CpuSamplerSkel<'obj>,
+    links: Vec<libbpf_rs::Link>,
+    maps: Maps,
+    ring: libbpf_rs::RingBuffer<'static>,
+}
+
+fn load<'obj>(
+    object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
+    config: &SamplerConfig,
+    options: CpuOptions,
+    cpus: &[u32],
+    catalog: ProcessCatalog,
+) -> Result<Loaded<'obj>> {
+    let mut open = CpuSamplerSkelBuilder::default()
+        .open(object)
+        .map_err(|e| CaptureError::bpf("opening the CPU sampler BPF object", e))?;
+    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+        ro.kernel_stacks = options.kernel_stacks;
+    }
+    let sizes = [
+        (&mut open.maps.targets, config.max_targets),
+        (&mut open.maps.counts, config.max_cpu_entries),
+        (&mut open.maps.stacks, config.max_stacks),
+    ];
+    for (map, size) in sizes {
+        map.set_max_entries(size.max(1))
+            .map_err(|e| CaptureError::bpf("sizing CPU sampler maps", e))?;
+    }
+    let skel = open
+        .load()
+        .map_err(|e| CaptureError::bpf("loading the CPU sampler BPF programs", e))?;
+    let mut links = Vec::with_capacity(cpus.len() + 1);
+    for &cpu in cpus {
+        let fd = perf_event::open(options.event, cpu, options.frequency)?;
+        // The link owns the perf event fd from here on and closes it on drop.
+        let link = skel
+            .progs
+            .on_cpu_sample
+            .attach_perf_event(fd.into_raw_fd())
+            .map_err(|e| {
+                CaptureError::bpf(format!("attaching to the perf event of CPU {cpu}"), e)
+            })?;
+        links.push(link);
+    }
+    links.push(
+        skel.progs
+            .on_exec
+            .attach()
+            .map_err(|e| CaptureError::bpf("attaching to sched_process_exec", e))?,
+    );
+    let handle = |m: &libbpf_rs::MapMut<'_>, what: &str| {
+        MapHandle::try_from(m).map_err(|e| CaptureError::bpf(format!("duplicating map {what}"), e))
+    };
+    let maps = Maps {
+        targets: handle(&skel.maps.targets, "targets")?,
+        counts: handle(&skel.maps.counts, "counts")?,
+        stacks: handle(&skel.maps.stacks, "stacks")?,
+        drops: handle(&skel.maps.drops, "drops")?,
+    };
+    let events = handle(&skel.maps.proc_events, "proc_events")?;
+    let mut rb = RingBufferBuilder::new();
+    rb.add(&events, move |data: &[u8]| {
+        if let Some(ev) = from_bytes::<ff_proc_event>(data) {
+            catalog.snapshot(ev.tgid);
+        }
+        0
+    })
+    .map_err(|e| CaptureError::bpf("reading the process ring buffer", e))?;
+    let ring = rb
+        .build()
+        .map_err(|e| CaptureError::bpf("reading the process ring buffer", e))?;
+    Ok(Loaded {
+        skel,
+        links,
+        maps,
+        ring,
+    })
+}
+
+/// A running CPU capture; [`CpuCapture::finish`] returns its samples.
+/// Dropping it without finishing releases its targets.
+pub struct CpuCapture {
+    sampler: Arc<CpuSampler>,
+    targets: Vec<CaptureTarget>,
+    cgroup_ids: Vec<u64>,
+    target_of_index: HashMap<u32, usize>,
+    baseline: HashMap<Vec<u8>, u64>,
+    drops_before: CpuDrops,
+    started: SystemTime,
+    started_at: Instant,
+}
+
+impl std::fmt::Debug for CpuCapture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuCapture")
+            .field("targets", &self.targets)
+            .finish()
+    }
+}
+
+impl Drop for CpuCapture {
+    fn drop(&mut self) {
+        let mut shared = self.sampler.lock();
+        let Shared { maps, table } = &mut *shared;
+        let removed: HashSet<u32> = table
+            .release(&maps.targets, &self.cgroup_ids)
+            .into_iter()
+            .collect();
+        if !removed.is_empty() {
+            delete_counts(&maps.counts, &removed);
+        }
+    }
+}
+
+impl CpuCapture {
+    /// The sampler this capture runs on.
+    pub fn sampler(&self) -> &Arc<CpuSampler> {
+        &self.sampler
+    }
+
+    /// Stops the capture and reads its samples (only this capture's: counts
+    /// from before it started, or of other captures' targets, are excluded).
+    pub fn finish(self) -> Result<CpuSamples> {
+        let duration = self.started_at.elapsed();
+        let shared = self.sampler.lock();
+        let own: HashSet<u32> = self.target_of_index.keys().copied().collect();
+        let now = read_counts(&shared.maps.counts, &own)?;
+        let drops = read_drops(&shared.maps.drops).since(self.drops_before);
+        let mut stack_cache: HashMap<i32, Vec<u64>> = HashMap::new();
+        let mut samples = Vec::new();
+        for (raw, count) in now {
+            let count = count.saturating_sub(self.baseline.get(&raw).copied().unwrap_or(0));
+            let Some(key) = from_bytes::<cpu_sample_key>(&raw) else {
+                continue;
+            };
+            if count == 0 {
+                continue;
+            }
+            let mut stack = |id: i32| -> Vec<u64> {
+                if id < 0 {
+                    return Vec::new();
+                }
+                stack_cache
+                    .entry(id)
+                    .or_insert_with(|| read_stack(&shared.maps.stacks, id))
+                    .clone()
+            };
+            samples.push(CpuSample {
+                target: self.target_of_index.get(&key.target).copied().unwrap_or(0),
+                tgid: key.tgid,
+                pid: key.pid,
+                comm: comm_string(&key.comm),
+                user_stack: stack(key.user_stack_id),
+                kernel_stack: stack(key.kernel_stack_id),
+                count,
+            });
+        }
+        drop(shared);
+        let options = self.sampler.options;
+        Ok(CpuSamples {
+            targets: self.targets.clone(),
+            samples,
+            drops,
+            options,
+            started: self.started,
+            duration,
+        })
+    }
+}
+
+/// One aggregated CPU sample: a thread, its stacks, and how often it was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuSample {
+    /// Index into [`CpuSamples::targets`].
+    pub target: usize,
+    /// Process ID.
+    pub tgid: u32,
+    /// Thread ID.
+    pub pid: u32,
+    /// Thread name at sampling time.
+    pub comm: String,
+    /// User stack, leaf first (empty for kernel threads).
+    pub user_stack: Vec<u64>,
+    /// Kernel stack, leaf first (empty when not captured).
+    pub kernel_stack: Vec<u64>,
+    /// Number of samples.
+    pub count: u64,
+}
+
+/// The result of a CPU capture, before symbolization.
+#[derive(Debug, Clone)]
+pub struct CpuSamples {
+    /// The capture's targets.
+    pub targets: Vec<CaptureTarget>,
+    /// Aggregated samples.
+    pub samples: Vec<CpuSample>,
+    /// Losses during the capture window.
+    pub drops: CpuDrops,
+    /// The sampler's effective options (frequency, event).
+    pub options: CpuOptions,
+    /// Wall-clock start.
+    pub started: SystemTime,
+    /// Capture length.
+    pub duration: Duration,
+}
+
+impl CpuSamples {
+    /// Total number of samples.
+    pub fn total(&self) -> u64 {
+        self.samples.iter().map(|s| s.count).sum()
+    }
+
+    /// Symbolizes and builds the pprof profile: sample types `samples/count`
+    /// and `cpu/nanoseconds`, labels namespace/pod/container/node/pid/comm/thread.
+    pub fn to_profile(&self, symbolizer: &mut StackSymbolizer, node: &str) -> Profile {
+        let period = 1_000_000_000 / self.options.frequency.max(1) as i64;
+        let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")]);
+        b.period("cpu", "nanoseconds", period);
+        b.default_sample_type("cpu");
+        let start = self
+            .started
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        b.time(start, self.duration.as_nanos() as i64);
+        b.comment(&format!(
+            "event {} at {} Hz; drops: counts_full={} user_stack={} kernel_stack={} notify={}",
+            self.options.event.name(),
+            self.options.frequency,
+            self.drops.counts_full,
+            self.drops.user_stack,
+            self.drops.kernel_stack,
+            self.drops.notify
+        ));
+        for s in &self.samples {
+            // User frames first: pprof takes mapping 1 as the main binary.
+            let user = symbolizer.user_frames(&mut b, s.tgid, &s.user_stack);
+            let mut frames = symbolizer.kernel_frames(&mut b, &s.kernel_stack);
+            frames.extend(user);
+            let mut labels = super::target_labels(self.targets.get(s.target), node);
+            labels.push(Label::Num("pid".into(), i64::from(s.tgid), String::new()));
+            labels.push(Label::Num("thread".into(), i64::from(s.pid), String::new()));
+            labels.push(Label::Str("comm".into(), s.comm.clone()));
+            let n = s.count as i64;
+            b.add_sample(&frames, &[n, n * period], &labels);
+        }
+        b.build()
+    }
+}
+
+fn comm_string(raw: &[i8]) -> String {
+    let bytes: Vec<u8> = raw
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Counts of the given target indices, keyed by raw key bytes.
+fn read_counts(counts: &MapHandle, targets: &HashSet<u32>) -> Result<HashMap<Vec<u8>, u64>> {
+    let mut out = HashMap::new();
+    for key in counts.keys() {
+        let Some(k) = from_bytes::<cpu_sample_key>(&key) else {
+            continue;
+        };
+        if !targets.contains(&k.target) {
+            continue;
+        }
+        let value = counts
+            .lookup(&key, MapFlags::ANY)
+            .map_err(|e| CaptureError::bpf("reading CPU sample counts", e))?;
+        if let Some(n) = value.as_deref().and_then(from_bytes::<u64>) {
+            out.insert(key, n);
+        }
+    }
+    Ok(out)
+}
+
+fn delete_counts(counts: &MapHandle, targets: &HashSet<u32>) {
+    let doomed: Vec<Vec<u8>> = counts
+        .keys()
+        .filter(|k| from_bytes::<cpu_sample_key>(k).is_some_and(|k| targets.contains(&k.target)))
+        .collect();
+    for k in doomed {
+        // Concurrent deletion by nobody else; failure only leaves a stale entry.
+        let _ = counts.delete(&k);
+    }
+}
+
+fn read_drops(drops: &MapHandle) -> CpuDrops {
+    let per_cpu = drops
+        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .ok()
+        .flatten();
+    let mut sum = CpuDrops::default();
+    for v in per_cpu.unwrap_or_default() {
+        if let Some(d) = from_bytes::<cpu_drops>(&v) {
+            sum.counts_full += d.counts_full;
+            sum.user_stack += d.user_stack;
+            sum.kernel_stack += d.kernel_stack;
+            sum.notify += d.notify;
+        }
+    }
+    sum
+}
+
+fn read_stack(stacks: &MapHandle, id: i32) -> Vec<u64> {
+    let Ok(Some(raw)) = stacks.lookup(&id.to_ne_bytes(), MapFlags::ANY) else {
+        return Vec::new();
+    };
+    raw.chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default()))
+        .take_while(|&a| a != 0)
+        .collect()
+}

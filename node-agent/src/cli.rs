@@ -1,0 +1,267 @@
+//! The `flamefleet-agent` command line: `capture` runs one capture locally,
+//! with no Kubernetes, and writes a gzipped pprof file.
+//!
+//! ```text
+//! flamefleet-agent capture --type cpu|runqlat --cgroup PATH... [--duration 10s]
+//!     [--frequency 99] -o out.pb.gz [--text]
+//! ```
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::capture::cpu::{CpuOptions, CpuSamples, PerfEventKind};
+use crate::capture::runqlat::{LatencyUnit, RunqlatOptions};
+use crate::capture::{CaptureError, CaptureTarget, SamplerConfig, Samplers, TargetLabels};
+use crate::cgroup::{CgroupError, CgroupRoot};
+use crate::pprof;
+use crate::symbolize::StackSymbolizer;
+
+/// Top-level command line.
+#[derive(Debug, Parser)]
+#[command(name = "flamefleet-agent", version, about = "Flamefleet node agent")]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Capture a profile of cgroups on this host and write a pprof file.
+    Capture(CaptureArgs),
+}
+
+/// Profile types the `capture` subcommand knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProfileType {
+    /// On-CPU stacks sampled by a perf event.
+    Cpu,
+    /// Run-queue latency histograms.
+    Runqlat,
+}
+
+/// Histogram unit on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UnitArg {
+    /// Microseconds.
+    Us,
+    /// Milliseconds.
+    Ms,
+}
+
+/// Perf event on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventArg {
+    /// Software cpu-clock.
+    CpuClock,
+    /// Hardware cycles.
+    Cycles,
+}
+
+/// Arguments of `capture`.
+#[derive(Debug, Args)]
+pub struct CaptureArgs {
+    /// Profile type.
+    #[arg(long = "type", value_enum)]
+    pub profile_type: ProfileType,
+    /// Target cgroup v2 directory (absolute, or relative to the cgroup2 root); repeatable.
+    #[arg(long = "cgroup", required = true, num_args = 1..)]
+    pub cgroups: Vec<PathBuf>,
+    /// Capture length, e.g. 10s, 500ms, 1m.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// CPU: samples per second per CPU.
+    #[arg(long, default_value_t = 99)]
+    pub frequency: u64,
+    /// CPU: perf event.
+    #[arg(long, value_enum, default_value = "cpu-clock")]
+    pub event: EventArg,
+    /// CPU: do not record kernel stacks.
+    #[arg(long)]
+    pub no_kernel_stacks: bool,
+    /// runqlat: one histogram per process.
+    #[arg(long)]
+    pub per_process: bool,
+    /// runqlat: histogram unit.
+    #[arg(long, value_enum, default_value = "us")]
+    pub unit: UnitArg,
+    /// Output file (gzipped pprof).
+    #[arg(short = 'o', long = "output")]
+    pub output: PathBuf,
+    /// Also print a text report (runqlat histogram, CPU top functions).
+    #[arg(long)]
+    pub text: bool,
+    /// cgroup2 mount to resolve paths under (default: found in /proc/mounts).
+    #[arg(long)]
+    pub cgroup_root: Option<PathBuf>,
+    /// Value of the `node` label (default: host name).
+    #[arg(long)]
+    pub node: Option<String>,
+}
+
+/// Errors of the command line, each with what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad argument values.
+    #[error("{0}")]
+    Usage(String),
+    /// Target resolution failed.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// The capture failed.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// Writing the output failed.
+    #[error("writing {path}: {source}")]
+    Output {
+        /// The output path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// What a finished capture wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureReport {
+    /// The pprof file.
+    pub output: PathBuf,
+    /// Number of samples (CPU) or waits (runqlat).
+    pub samples: u64,
+    /// Text report (always computed; printed with `--text`).
+    pub text: String,
+}
+
+/// Runs `capture`: validates, resolves targets, captures, writes the file.
+pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
+    if args.duration.is_zero() {
+        return Err(CliError::Usage(
+            "--duration must be greater than 0, found 0; e.g. --duration 10s".into(),
+        ));
+    }
+    let root = match &args.cgroup_root {
+        Some(p) => CgroupRoot::new(p)?,
+        None => CgroupRoot::detect()?,
+    };
+    let targets = args
+        .cgroups
+        .iter()
+        .map(|p| root.resolve_path(p).map(CaptureTarget::raw))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut config = SamplerConfig::default();
+    if let Some(node) = &args.node {
+        config.node = node.clone();
+    }
+    let node = config.node.clone();
+    let samplers = Samplers::new(config);
+    let (profile, samples, text) = match args.profile_type {
+        ProfileType::Cpu => {
+            let options = CpuOptions {
+                frequency: args.frequency,
+                event: match args.event {
+                    EventArg::CpuClock => PerfEventKind::CpuClock,
+                    EventArg::Cycles => PerfEventKind::Cycles,
+                },
+                kernel_stacks: !args.no_kernel_stacks,
+            };
+            let capture = samplers.start_cpu(&targets, &options)?;
+            std::thread::sleep(args.duration);
+            let result = capture.finish()?;
+            let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
+            let profile = result.to_profile(&mut symbolizer, &node);
+            let text = cpu_text(&result, &profile);
+            (profile, result.total(), text)
+        }
+        ProfileType::Runqlat => {
+            let options = RunqlatOptions {
+                per_process: args.per_process,
+                unit: match args.unit {
+                    UnitArg::Us => LatencyUnit::Micros,
+                    UnitArg::Ms => LatencyUnit::Millis,
+                },
+            };
+            let capture = samplers.start_runqlat(&targets, &options)?;
+            std::thread::sleep(args.duration);
+            let result = capture.finish()?;
+            let waits = result.histograms.iter().map(|h| h.count()).sum();
+            (result.to_profile(&node), waits, result.text())
+        }
+    };
+    write_profile(&args.output, &profile)?;
+    Ok(CaptureReport {
+        output: args.output.clone(),
+        samples,
+        text,
+    })
+}
+
+/// Gzips and writes a profile.
+pub fn write_profile(
+    path: &std::path::Path,
+    profile: &flamefleet_proto::pprof::Profile,
+) -> Result<(), CliError> {
+    let out_err = |source| CliError::Output {
+        path: path.to_path_buf(),
+        source,
+    };
+    let bytes = pprof::encode_gzip(profile).map_err(out_err)?;
+    let mut file = std::fs::File::create(path).map_err(out_err)?;
+    file.write_all(&bytes).map_err(out_err)
+}
+
+/// A short "top" by leaf function, for `--text`.
+fn cpu_text(result: &CpuSamples, profile: &flamefleet_proto::pprof::Profile) -> String {
+    let name_of_location: HashMap<u64, String> = profile
+        .location
+        .iter()
+        .map(|l| {
+            let name = l
+                .line
+                .first()
+                .and_then(|line| profile.function.iter().find(|f| f.id == line.function_id))
+                .and_then(|f| profile.string_table.get(f.name as usize).cloned())
+                .unwrap_or_else(|| format!("{:#x}", l.address));
+            (l.id, name)
+        })
+        .collect();
+    let mut flat: HashMap<&str, i64> = HashMap::new();
+    for s in &profile.sample {
+        let leaf = s
+            .location_id
+            .first()
+            .and_then(|id| name_of_location.get(id));
+        *flat
+            .entry(leaf.map_or("[unknown]", String::as_str))
+            .or_default() += s.value[0];
+    }
+    let mut rows: Vec<_> = flat.into_iter().collect();
+    rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let total = result.total().max(1) as f64;
+    let mut out = format!(
+        "{} samples at {} Hz ({}) in {:.1?}; drops: {}\n",
+        result.total(),
+        result.options.frequency,
+        result.options.event.name(),
+        result.duration,
+        result.drops.total()
+    );
+    for (name, n) in rows.into_iter().take(20) {
+        let _ = writeln!(out, "{:>8} {:>6.2}%  {name}", n, n as f64 * 100.0 / total);
+    }
+    out
+}
+
+/// Labels for targets resolved from pods (used by the gRPC server later).
+pub fn labels(namespace: &str, pod: &str, container: &str) -> TargetLabels {
+    TargetLabels {
+        namespace: namespace.into(),
+        pod: pod.into(),
+        container: container.into(),
+    }
+}

@@ -1,0 +1,442 @@
+//! Symbolization of captured stacks with blazesym.
+//!
+//! User frames: the [`ProcessCatalog`] snapshots `/proc/<pid>/maps` while a
+//! process lives (the samplers announce each new process and each exec over a
+//! ring buffer) and keeps every mapped executable open, so a process that
+//! exited before the capture ended — or whose binary was deleted — is still
+//! symbolized from its ELF/DWARF symbols, by file offset. Kernel frames come
+//! from kallsyms.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{self, File};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use blazesym::MaybeDefault;
+use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+
+use crate::pprof::{Frame, FrameLine, MappingInfo, ProfileBuilder};
+
+/// How many process snapshots the catalog keeps. A snapshot is a few KiB; the
+/// oldest is evicted first, which only matters for processes that exited
+/// long before the capture that sampled them was symbolized.
+pub const MAX_PROCESSES: usize = 8192;
+/// How many executables the catalog keeps open (one fd each). Binaries are
+/// shared by every process mapping them, so this is rarely reached; beyond it
+/// new binaries are symbolized by path only (fine unless they are deleted).
+pub const MAX_OPEN_BINARIES: usize = 512;
+
+/// An executable file kept reachable for symbolization.
+#[derive(Debug)]
+pub struct Binary {
+    /// Path as the process saw it (inside its mount namespace).
+    pub path: String,
+    /// GNU build ID, hex, or empty.
+    pub build_id: String,
+    /// Open file keeping the inode alive; `None` when the open-file cap was hit.
+    file: Option<File>,
+}
+
+impl Binary {
+    /// A path blazesym can open now, even if the original was deleted.
+    fn open_path(&self, tgid: u32) -> PathBuf {
+        match &self.file {
+            Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+            None => PathBuf::from(format!("/proc/{tgid}/root{}", self.path)),
+        }
+    }
+}
+
+/// One executable mapping of a process.
+#[derive(Debug, Clone)]
+pub struct MappedRange {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// Path or pseudo-name (`[vdso]`, `[anon]`).
+    pub name: String,
+    /// The file, when it is a regular file we could open.
+    pub binary: Option<Arc<Binary>>,
+}
+
+/// The executable mappings of a process at snapshot time.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessMaps {
+    /// Executable mappings, sorted by address.
+    pub ranges: Vec<MappedRange>,
+}
+
+impl ProcessMaps {
+    /// The mapping containing `addr`.
+    pub fn find(&self, addr: u64) -> Option<&MappedRange> {
+        let i = self.ranges.partition_point(|r| r.start <= addr);
+        self.ranges[..i].last().filter(|r| addr < r.end)
+    }
+}
+
+#[derive(Debug, Default)]
+struct CatalogState {
+    procs: HashMap<u32, Arc<ProcessMaps>>,
+    order: VecDeque<u32>,
+    binaries: HashMap<(u64, u64), Arc<Binary>>,
+}
+
+/// Process map snapshots shared by the samplers (writers) and the
+/// symbolizer (reader). Cheap to clone; thread-safe.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessCatalog {
+    state: Arc<Mutex<CatalogState>>,
+}
+
+impl ProcessCatalog {
+    /// An empty catalog.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Snapshots `/proc/<tgid>/maps` now, replacing an older snapshot (an
+    /// exec changes the maps). Returns false when the process is already gone.
+    pub fn snapshot(&self, tgid: u32) -> bool {
+        let Ok(text) = fs::read_to_string(format!("/proc/{tgid}/maps")) else {
+            return false;
+        };
+        let mut ranges = Vec::new();
+        for line in text.lines() {
+            let Some(r) = self.parse_line(tgid, line) else {
+                continue;
+            };
+            ranges.push(r);
+        }
+        ranges.sort_by_key(|r| r.start);
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if st
+            .procs
+            .insert(tgid, Arc::new(ProcessMaps { ranges }))
+            .is_none()
+        {
+            st.order.push_back(tgid);
+        }
+        while st.order.len() > MAX_PROCESSES {
+            if let Some(old) = st.order.pop_front() {
+                st.procs.remove(&old);
+            }
+        }
+        true
+    }
+
+    /// The latest snapshot of `tgid`, taking one now if there is none.
+    pub fn get(&self, tgid: u32) -> Option<Arc<ProcessMaps>> {
+        if let Some(p) = self.lookup(tgid) {
+            return Some(p);
+        }
+        self.snapshot(tgid);
+        self.lookup(tgid)
+    }
+
+    /// The latest snapshot of `tgid`, if any (never reads /proc).
+    pub fn lookup(&self, tgid: u32) -> Option<Arc<ProcessMaps>> {
+        let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        st.procs.get(&tgid).cloned()
+    }
+
+    /// Number of process snapshots held.
+    pub fn len(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .procs
+            .len()
+    }
+
+    /// Whether no snapshot is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn parse_line(&self, tgid: u32, line: &str) -> Option<MappedRange> {
+        // start-end perms offset dev inode [path]
+        let mut f = line.split_whitespace();
+        let (range, perms, offset) = (f.next()?, f.next()?, f.next()?);
+        let (_dev, inode) = (f.next()?, f.next()?);
+        let name = f.collect::<Vec<_>>().join(" ");
+        if !perms.contains('x') {
+            return None;
+        }
+        let (start, end) = range.split_once('-')?;
+        let start = u64::from_str_radix(start, 16).ok()?;
+        let end = u64::from_str_radix(end, 16).ok()?;
+        let offset = u64::from_str_radix(offset, 16).ok()?;
+        let binary = (inode != "0" && name.starts_with('/'))
+            .then(|| self.binary(tgid, range, &name))
+            .flatten();
+        Some(MappedRange {
+            start,
+            end,
+            offset,
+            name: if name.is_empty() {
+                "[anon]".into()
+            } else {
+                name
+            },
+            binary,
+        })
+    }
+
+    fn binary(&self, tgid: u32, range: &str, name: &str) -> Option<Arc<Binary>> {
+        // map_files reaches the very inode mapped, across mount namespaces and
+        // after deletion; the root/ path is the fallback without CAP_SYS_ADMIN.
+        let path = name.trim_end_matches(" (deleted)");
+        let file = File::open(format!("/proc/{tgid}/map_files/{range}"))
+            .or_else(|_| File::open(format!("/proc/{tgid}/root{path}")))
+            .ok()?;
+        let meta = file.metadata().ok()?;
+        let key = (meta.dev(), meta.ino());
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(b) = st.binaries.get(&key) {
+            return Some(b.clone());
+        }
+        let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let build_id = blazesym::helper::read_elf_build_id(&fd_path)
+            .ok()
+            .flatten()
+            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
+            .unwrap_or_default();
+        let keep = st.binaries.len() < MAX_OPEN_BINARIES;
+        let b = Arc::new(Binary {
+            path: path.to_owned(),
+            build_id,
+            file: keep.then_some(file),
+        });
+        if keep {
+            st.binaries.insert(key, b.clone());
+        }
+        Some(b)
+    }
+}
+
+/// Counts of symbolized and unsymbolized user frames, for reports and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SymbolizeStats {
+    /// User frames resolved to a function.
+    pub user_symbolized: u64,
+    /// User frames left as bare addresses.
+    pub user_unsymbolized: u64,
+    /// Processes sampled for which no maps snapshot existed.
+    pub processes_without_maps: u64,
+}
+
+/// Turns raw addresses into pprof frames. One per profile being built:
+/// blazesym caches parsed ELF files for the duration of the batch.
+pub struct StackSymbolizer {
+    catalog: ProcessCatalog,
+    blaze: Symbolizer,
+    kernel_mapping: Option<u64>,
+    missing: std::collections::HashSet<u32>,
+    /// Running totals.
+    pub stats: SymbolizeStats,
+}
+
+impl std::fmt::Debug for StackSymbolizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StackSymbolizer")
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+/// Name of the pseudo-mapping kernel frames belong to (as in `perf`).
+pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+impl StackSymbolizer {
+    /// A symbolizer reading process snapshots from `catalog`.
+    pub fn new(catalog: ProcessCatalog) -> Self {
+        Self {
+            catalog,
+            blaze: Symbolizer::builder()
+                .enable_code_info(true)
+                .enable_inlined_fns(true)
+                .build(),
+            kernel_mapping: None,
+            missing: Default::default(),
+            stats: SymbolizeStats::default(),
+        }
+    }
+
+    /// Symbolizes a user stack of process `tgid` (leaf first) into frames,
+    /// registering mappings in `out`.
+    pub fn user_frames(
+        &mut self,
+        out: &mut ProfileBuilder,
+        tgid: u32,
+        stack: &[u64],
+    ) -> Vec<Frame> {
+        let maps = self.catalog.get(tgid);
+        if maps.is_none() && self.missing.insert(tgid) {
+            self.stats.processes_without_maps += 1;
+        }
+        let mut frames = Vec::with_capacity(stack.len());
+        for (depth, &addr) in stack.iter().enumerate() {
+            let range = maps.as_ref().and_then(|m| m.find(addr));
+            let Some(range) = range else {
+                self.stats.user_unsymbolized += 1;
+                frames.push(Frame {
+                    address: addr,
+                    mapping: None,
+                    lines: Vec::new(),
+                });
+                continue;
+            };
+            // Return addresses point after the call; look up the call itself.
+            let lookup = if depth == 0 {
+                addr
+            } else {
+                addr.saturating_sub(1)
+            };
+            let lines = match &range.binary {
+                Some(bin) => {
+                    self.elf_lines(&bin.open_path(tgid), lookup - range.start + range.offset)
+                }
+                None => Vec::new(),
+            };
+            if lines.is_empty() {
+                self.stats.user_unsymbolized += 1;
+            } else {
+                self.stats.user_symbolized += 1;
+            }
+            let mapping = out.add_mapping(&MappingInfo {
+                start: range.start,
+                limit: range.end,
+                file_offset: range.offset,
+                file: range
+                    .binary
+                    .as_ref()
+                    .map_or(range.name.clone(), |b| b.path.clone()),
+                build_id: range
+                    .binary
+                    .as_ref()
+                    .map(|b| b.build_id.clone())
+                    .unwrap_or_default(),
+                has_functions: range.binary.is_some(),
+            });
+            frames.push(Frame {
+                address: addr,
+                mapping: Some(mapping),
+                lines,
+            });
+        }
+        frames
+    }
+
+    /// Symbolizes a kernel stack (leaf first) from kallsyms.
+    pub fn kernel_frames(&mut self, out: &mut ProfileBuilder, stack: &[u64]) -> Vec<Frame> {
+        let mapping = *self.kernel_mapping.get_or_insert_with(|| {
+            out.add_mapping(&MappingInfo {
+                start: 0,
+                limit: u64::MAX,
+                file_offset: 0,
+                file: KERNEL_MAPPING.into(),
+                build_id: String::new(),
+                has_functions: true,
+            })
+        });
+        let src = Source::Kernel(Kernel {
+            vmlinux: MaybeDefault::None,
+            ..Kernel::default()
+        });
+        let syms = self
+            .blaze
+            .symbolize(&src, Input::AbsAddr(stack))
+            .unwrap_or_default();
+        stack
+            .iter()
+            .enumerate()
+            .map(|(i, &addr)| Frame {
+                address: addr,
+                mapping: Some(mapping),
+                lines: syms
+                    .get(i)
+                    .map(|s| to_lines(s, "[kernel]"))
+                    .unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    fn elf_lines(&mut self, path: &std::path::Path, file_offset: u64) -> Vec<FrameLine> {
+        let src = Source::Elf(Elf::new(path));
+        match self
+            .blaze
+            .symbolize_single(&src, Input::FileOffset(file_offset))
+        {
+            Ok(s) => to_lines(&s, ""),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+/// Innermost inlined function first, the containing function last.
+fn to_lines(s: &Symbolized<'_>, default_file: &str) -> Vec<FrameLine> {
+    let Some(sym) = s.as_sym() else {
+        return Vec::new();
+    };
+    let file_of = |ci: Option<&blazesym::symbolize::CodeInfo<'_>>| {
+        ci.map_or(default_file.to_owned(), |c| {
+            c.to_path().display().to_string()
+        })
+    };
+    let mut lines: Vec<FrameLine> = sym
+        .inlined
+        .iter()
+        .rev()
+        .map(|f| FrameLine {
+            function: f.name.to_string(),
+            file: file_of(f.code_info.as_ref()),
+            line: f
+                .code_info
+                .as_ref()
+                .and_then(|c| c.line)
+                .map_or(0, i64::from),
+        })
+        .collect();
+    lines.push(FrameLine {
+        function: sym.name.to_string(),
+        file: file_of(sym.code_info.as_deref()),
+        line: sym
+            .code_info
+            .as_ref()
+            .and_then(|c| c.line)
+            .map_or(0, i64::from),
+    });
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_own_process_and_symbolizes_a_function_of_this_binary() {
+        let catalog = ProcessCatalog::new();
+        let me = std::process::id();
+        assert!(catalog.snapshot(me));
+        let maps = catalog.lookup(me).unwrap();
+        let addr =
+            snapshots_own_process_and_symbolizes_a_function_of_this_binary as fn() as usize as u64;
+        let range = maps.find(addr).expect("own code is mapped");
+        assert!(range.binary.is_some());
+        let mut out = ProfileBuilder::new(&[("samples", "count")]);
+        let mut s = StackSymbolizer::new(catalog);
+        let frames = s.user_frames(&mut out, me, &[addr]);
+        let name = &frames[0].lines.last().unwrap().function;
+        assert!(
+            name.contains("snapshots_own_process_and_symbolizes"),
+            "got {name}"
+        );
+        assert_eq!(s.stats.user_symbolized, 1);
+    }
+}
