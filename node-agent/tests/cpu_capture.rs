@@ -1,0 +1,239 @@
+//! CPU sampler on real processes in real cgroups: attribution, noise
+//! exclusion, pprof validity (`go tool pprof` is the referee), and
+//! symbolization of short-lived processes.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Duration;
+
+use flamefleet_agent::capture::cpu::CpuOptions;
+use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers, TargetLabels};
+use flamefleet_agent::symbolize::StackSymbolizer;
+use support::{Decoded, TestCgroup, compile_c, pprof_top, require_root, serial};
+
+/// Two functions with the same loop body, called 3:1 by iteration count.
+const RATIO_WORKLOAD: &str = r#"
+#include <stdlib.h>
+#include <time.h>
+static volatile unsigned long sink;
+__attribute__((noinline)) void ff_three_quarters(void) { for (long i = 0; i < 3000000; i++) sink += i; }
+__attribute__((noinline)) void ff_one_quarter(void) { for (long i = 0; i < 1000000; i++) sink += i; }
+int main(int argc, char **argv) {
+    double secs = argc > 1 ? atof(argv[1]) : 10;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        ff_three_quarters();
+        ff_one_quarter();
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 < secs);
+    return 0;
+}
+"#;
+
+const NOISE_WORKLOAD: &str = r#"
+static volatile unsigned long sink;
+__attribute__((noinline)) void ff_noise_spin(void) { for (;;) sink++; }
+int main(void) { ff_noise_spin(); return 0; }
+"#;
+
+#[test]
+fn cpu_profile_attributes_target_samples_in_ratio_and_excludes_noise() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let work = compile_c(dir.path(), "ffratio", RATIO_WORKLOAD);
+    let noise = compile_c(dir.path(), "ffnoise", NOISE_WORKLOAD);
+    let mut target = TestCgroup::new("cpu-target");
+    let mut other = TestCgroup::new("cpu-noise");
+    let noise_pid = other.spawn(&mut Command::new(&noise));
+    let work_pid = target.spawn(Command::new(&work).arg("30"));
+    std::thread::sleep(Duration::from_millis(200));
+
+    let samplers = Samplers::new(SamplerConfig::default());
+    let labels = TargetLabels {
+        namespace: "shop".into(),
+        pod: "checkout-0".into(),
+        container: "app".into(),
+    };
+    let capture = samplers
+        .start_cpu(
+            &[CaptureTarget {
+                cgroup: target.cgroup.clone(),
+                labels,
+            }],
+            // 999 Hz: enough samples for a ±5-point share check even when the
+            // workload gets only part of a CPU on a busy 2-core machine.
+            &CpuOptions {
+                frequency: 999,
+                ..CpuOptions::default()
+            },
+        )
+        .expect("start CPU capture");
+    let usage_before = target.cpu_usage();
+    std::thread::sleep(Duration::from_secs(5));
+    let usage = target.cpu_usage() - usage_before;
+    let result = capture.finish().expect("finish capture");
+    let mut sym = StackSymbolizer::new(samplers.catalog().clone());
+    let profile = result.to_profile(&mut sym, "node-a");
+    let out = dir.path().join("cpu.pb.gz");
+    flamefleet_agent::cli::write_profile(&out, &profile).unwrap();
+
+    // >= 95% of the target's CPU time shows up as samples.
+    let expected = usage.as_secs_f64() * 999.0;
+    let got = result.total() as f64;
+    assert!(
+        got >= 0.95 * expected,
+        "expected >= 95% of {expected:.0} samples ({usage:?} of CPU at 999 Hz), got {got}; drops {:?}",
+        result.drops
+    );
+    assert_eq!(
+        result.drops.total(),
+        0,
+        "no drops expected: {:?}",
+        result.drops
+    );
+
+    let d = Decoded::read(&out);
+    let mut by_leaf: HashMap<String, i64> = HashMap::new();
+    for s in &d.profile.sample {
+        assert_ne!(
+            d.num_label(s, "pid"),
+            Some(i64::from(noise_pid)),
+            "noise process sampled"
+        );
+        assert_eq!(d.label(s, "namespace"), Some("shop"));
+        assert_eq!(d.label(s, "pod"), Some("checkout-0"));
+        assert_eq!(d.label(s, "container"), Some("app"));
+        assert_eq!(d.label(s, "node"), Some("node-a"));
+        assert!(d.label(s, "comm").is_some() && d.num_label(s, "thread").is_some());
+        let leaf = d
+            .user_leaf(s)
+            .map(|l| d.functions(l).last().copied().unwrap_or("?").to_owned());
+        *by_leaf.entry(leaf.unwrap_or_default()).or_default() += s.value[0];
+        for &l in &s.location_id {
+            assert!(
+                !d.functions(l).contains(&"ff_noise_spin"),
+                "noise function in profile"
+            );
+        }
+    }
+    let three = by_leaf.get("ff_three_quarters").copied().unwrap_or(0) as f64;
+    let one = by_leaf.get("ff_one_quarter").copied().unwrap_or(0) as f64;
+    let share = 100.0 * three / (three + one);
+    eprintln!(
+        "cpu attribution: {got} samples for {expected:.0} expected, three-quarters share {share:.1}%"
+    );
+    assert!(
+        (70.0..=80.0).contains(&share),
+        "expected ff_three_quarters at 75 ± 5% of the two, got {share:.1}% ({by_leaf:?})"
+    );
+    assert!(
+        (three + one) >= 0.9 * got,
+        "most samples should be in the two functions: {by_leaf:?}"
+    );
+    // Sample types, period and the main binary's build ID.
+    let types: Vec<_> = d
+        .profile
+        .sample_type
+        .iter()
+        .map(|t| (d.string(t.r#type), d.string(t.unit)))
+        .collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    assert_eq!(d.profile.period, 1_000_000_000 / 999);
+    let main_mapping = d
+        .profile
+        .mapping
+        .iter()
+        .find(|m| d.string(m.filename).ends_with("ffratio"))
+        .expect("mapping of the workload binary");
+    assert!(
+        !d.string(main_mapping.build_id).is_empty(),
+        "build ID recorded"
+    );
+
+    let top = pprof_top(&out, &[]);
+    assert!(top.contains("ff_three_quarters"), "{top}");
+    assert!(top.contains("ff_one_quarter"), "{top}");
+    let _ = work_pid;
+}
+
+/// A process that spins for 120 ms then exits.
+const SHORT_WORKLOAD: &str = r#"
+#include <time.h>
+static volatile unsigned long sink;
+__attribute__((noinline)) void ff_short_lived_spin(double secs) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        for (int i = 0; i < 10000; i++) sink += i;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 < secs);
+}
+int main(void) { ff_short_lived_spin(0.12); return 0; }
+"#;
+
+#[test]
+fn short_lived_processes_are_symbolized() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let short = compile_c(dir.path(), "ffshort", SHORT_WORKLOAD);
+    let mut target = TestCgroup::new("cpu-short");
+    let samplers = Samplers::new(SamplerConfig::default());
+    let capture = samplers
+        .start_cpu(
+            &[CaptureTarget::raw(target.cgroup.clone())],
+            &CpuOptions::default(),
+        )
+        .expect("start CPU capture");
+    // The spawner starts only after the capture: every process is new.
+    let script = format!("while :; do {}; done", short.display());
+    target.spawn(Command::new("sh").args(["-c", &script]));
+    std::thread::sleep(Duration::from_secs(6));
+    target.kill_all();
+    // Give exiting processes time to vanish from /proc before symbolizing.
+    std::thread::sleep(Duration::from_millis(300));
+    let result = capture.finish().expect("finish");
+    let mut sym = StackSymbolizer::new(samplers.catalog().clone());
+    let profile = result.to_profile(&mut sym, "");
+    let out = dir.path().join("short.pb.gz");
+    flamefleet_agent::cli::write_profile(&out, &profile).unwrap();
+    let d = Decoded::read(&out);
+    let (mut total, mut symbolized) = (0i64, 0i64);
+    let mut pids = std::collections::HashSet::new();
+    for s in d
+        .profile
+        .sample
+        .iter()
+        .filter(|s| d.label(s, "comm") == Some("ffshort"))
+    {
+        total += s.value[0];
+        pids.insert(d.num_label(s, "pid"));
+        if d.user_leaf(s).is_some_and(|l| !d.functions(l).is_empty()) {
+            symbolized += s.value[0];
+        }
+    }
+    assert!(
+        pids.len() >= 10,
+        "expected many short-lived processes, saw {}",
+        pids.len()
+    );
+    assert!(
+        total >= 100,
+        "expected >= 100 samples of short-lived processes, got {total}"
+    );
+    let pct = 100.0 * symbolized as f64 / total as f64;
+    eprintln!(
+        "short-lived: {} processes, {total} samples, {pct:.1}% symbolized",
+        pids.len()
+    );
+    assert!(
+        pct >= 90.0,
+        "expected >= 90% symbolized, got {pct:.1}% of {total}"
+    );
+    let top = pprof_top(&out, &[]);
+    assert!(top.contains("ff_short_lived_spin"), "{top}");
+}

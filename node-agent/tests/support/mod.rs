@@ -1,0 +1,257 @@
+//! Fixtures for the kernel tests: root check, cgroups the test creates and
+//! removes, C workloads compiled with frame pointers, and `go tool pprof`.
+//!
+//! Each test binary includes this with `mod support;` and uses what it needs.
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use flamefleet_agent::cgroup::{Cgroup, CgroupRoot};
+
+/// Serializes CPU-share- and timing-sensitive tests of one binary (2 cores).
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Fails (never skips) when not root: CI runs these as root.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests load eBPF programs and create cgroups: expected to run as root, found uid {}; run `sudo -E cargo test` or scripts/test.sh",
+        nix::unistd::geteuid()
+    );
+}
+
+/// A cgroup v2 directory created under the detected root, removed on drop
+/// (after killing what still runs in it).
+pub struct TestCgroup {
+    pub cgroup: Cgroup,
+    children: Vec<Child>,
+}
+
+impl TestCgroup {
+    /// Creates `<root>/flamefleet-test-<name>-<pid>-<n>`.
+    pub fn new(name: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let root = CgroupRoot::detect().expect("a cgroup2 mount");
+        let dir = root.path().join(format!(
+            "flamefleet-test-{name}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&dir)
+            .unwrap_or_else(|e| panic!("creating cgroup {}: {e}", dir.display()));
+        Self {
+            cgroup: Cgroup::open(&dir).expect("open test cgroup"),
+            children: Vec::new(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.cgroup.path
+    }
+
+    /// Spawns `cmd` inside this cgroup (the child moves itself before exec).
+    pub fn spawn(&mut self, cmd: &mut Command) -> u32 {
+        use std::os::unix::ffi::OsStrExt as _;
+        let procs =
+            std::ffi::CString::new(self.cgroup.path.join("cgroup.procs").as_os_str().as_bytes())
+                .expect("path without NUL");
+        // SAFETY: between fork and exec only async-signal-safe calls
+        // (open/write/close) on memory prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+        let pid = child.id();
+        self.children.push(child);
+        pid
+    }
+
+    /// Total CPU time used by the cgroup so far (cpu.stat usage_usec).
+    pub fn cpu_usage(&self) -> Duration {
+        let text = std::fs::read_to_string(self.cgroup.path.join("cpu.stat")).expect("cpu.stat");
+        let usec = text
+            .lines()
+            .find_map(|l| l.strip_prefix("usage_usec "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("usage_usec in cpu.stat");
+        Duration::from_micros(usec)
+    }
+
+    /// Kills every process of the cgroup.
+    pub fn kill_all(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.children.clear();
+        // Descendants (e.g. spawned by a shell loop).
+        let _ = std::fs::write(self.cgroup.path.join("cgroup.kill"), b"1");
+        for _ in 0..100 {
+            if self.cgroup.procs().map(|p| p.is_empty()).unwrap_or(true) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        self.kill_all();
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.cgroup.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Compiles a C workload with frame pointers (BPF walks stacks by them).
+pub fn compile_c(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    let bin = dir.join(name);
+    std::fs::write(&src, source).expect("write C source");
+    let out = Command::new("cc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("running cc (install gcc)");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// `go tool pprof -top` of a file (plus extra flags); panics when go fails.
+pub fn pprof_top(file: &Path, extra: &[&str]) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .args(extra)
+        .arg(file)
+        .output()
+        .expect("running `go tool pprof` (install Go)");
+    assert!(
+        out.status.success(),
+        "go tool pprof failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A command pinned to one CPU with taskset.
+pub fn pinned(cpu: u32, program: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("taskset");
+    c.arg("-c").arg(cpu.to_string()).arg(program).args(args);
+    c
+}
+
+/// Per-sample view of a decoded profile, for assertions.
+pub struct Decoded {
+    pub profile: flamefleet_proto::pprof::Profile,
+}
+
+impl Decoded {
+    pub fn read(path: &Path) -> Self {
+        let bytes = std::fs::read(path).expect("read profile");
+        Self {
+            profile: flamefleet_agent::pprof::decode(&bytes).expect("valid pprof"),
+        }
+    }
+
+    pub fn string(&self, i: i64) -> &str {
+        &self.profile.string_table[i as usize]
+    }
+
+    /// String label `key` of a sample.
+    pub fn label<'a>(
+        &'a self,
+        s: &'a flamefleet_proto::pprof::Sample,
+        key: &str,
+    ) -> Option<&'a str> {
+        s.label
+            .iter()
+            .find(|l| self.string(l.key) == key && l.str != 0)
+            .map(|l| self.string(l.str))
+    }
+
+    /// Numeric label `key` of a sample.
+    pub fn num_label(&self, s: &flamefleet_proto::pprof::Sample, key: &str) -> Option<i64> {
+        s.label
+            .iter()
+            .find(|l| self.string(l.key) == key && l.str == 0)
+            .map(|l| l.num)
+    }
+
+    /// Function names of a location, innermost first.
+    pub fn functions(&self, location_id: u64) -> Vec<&str> {
+        let loc = self
+            .profile
+            .location
+            .iter()
+            .find(|l| l.id == location_id)
+            .expect("location");
+        loc.line
+            .iter()
+            .map(|line| {
+                let f = self
+                    .profile
+                    .function
+                    .iter()
+                    .find(|f| f.id == line.function_id)
+                    .expect("function");
+                self.string(f.name)
+            })
+            .collect()
+    }
+
+    /// Whether a location belongs to the kernel pseudo-mapping.
+    pub fn is_kernel(&self, location_id: u64) -> bool {
+        let loc = self
+            .profile
+            .location
+            .iter()
+            .find(|l| l.id == location_id)
+            .expect("location");
+        self.profile
+            .mapping
+            .iter()
+            .find(|m| m.id == loc.mapping_id)
+            .is_some_and(|m| self.string(m.filename) == flamefleet_agent::symbolize::KERNEL_MAPPING)
+    }
+
+    /// Leaf user-space location of a sample (skipping kernel frames).
+    pub fn user_leaf(&self, s: &flamefleet_proto::pprof::Sample) -> Option<u64> {
+        s.location_id
+            .iter()
+            .copied()
+            .find(|&id| !self.is_kernel(id))
+    }
+}
