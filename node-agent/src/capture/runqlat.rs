@@ -426,7 +426,7 @@ impl Histogram {
     pub fn render(&self, unit: LatencyUnit) -> String {
         let last = self.slots.iter().rposition(|&n| n > 0).unwrap_or(0);
         let max = self.slots.iter().copied().max().unwrap_or(0).max(1);
-        let mut out = format!("{:>14}{:10} : count    distribution\n", unit.title(), "");
+        let mut out = format!("{:5}{:<19} : count    distribution\n", "", unit.title());
         for (i, &n) in self.slots.iter().enumerate().take(last + 1) {
             let (lo, hi) = bucket_bounds(i);
             let stars = (n * 40 / max) as usize;

@@ -1,0 +1,316 @@
+//! runqlat on real processes in real cgroups: latencies under pinned CPU
+//! hogs, agreement with libbpf-tools `runqlat -p`, and attribution to the
+//! task that waits (not the waker, which libbpf-tools' `-c` tests).
+
+mod support;
+
+use std::io::{BufRead as _, BufReader, Read as _};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use flamefleet_agent::capture::runqlat::{Histogram, LatencyUnit, RunqlatOptions, RunqlatResult};
+use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
+use support::{Decoded, TestCgroup, compile_c, pinned, pprof_top, require_root, serial};
+
+/// Sleeps 1 ms in a loop: about 1,000 wake-ups per second.
+const SLEEPER: &str = r#"
+#include <time.h>
+int main(void) {
+    struct timespec ms = {0, 1000000};
+    for (;;) nanosleep(&ms, 0);
+}
+"#;
+
+const HOG: &str = r#"
+static volatile unsigned long sink;
+int main(void) { for (;;) sink++; }
+"#;
+
+/// Parent (waker) writes a byte every 2 ms to a child (wakee) blocked in
+/// read(); with argv[1] the child is moved to that cgroup first.
+const PIPE_PAIR: &str = r#"
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int p[2];
+    if (pipe(p)) return 1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = fopen(argv[1], "w");
+        if (!f) return 2;
+        fprintf(f, "0");
+        fclose(f);
+        char c;
+        while (read(p[0], &c, 1) == 1) {}
+        return 0;
+    }
+    struct timespec t = {0, 2000000};
+    for (;;) { nanosleep(&t, 0); if (write(p[1], "x", 1) != 1) return 3; }
+}
+"#;
+
+fn capture(
+    samplers: &Samplers,
+    target: &TestCgroup,
+    options: RunqlatOptions,
+    secs: u64,
+) -> RunqlatResult {
+    let c = samplers
+        .start_runqlat(&[CaptureTarget::raw(target.cgroup.clone())], &options)
+        .expect("start runqlat capture");
+    std::thread::sleep(Duration::from_secs(secs));
+    c.finish().expect("finish runqlat capture")
+}
+
+fn total(r: &RunqlatResult) -> Histogram {
+    r.per_target().remove(0)
+}
+
+#[test]
+fn pinned_hogs_raise_latency_into_the_expected_range() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let sleeper = compile_c(dir.path(), "ffsleeper", SLEEPER);
+    let hog = compile_c(dir.path(), "ffhog", HOG);
+    let samplers = Samplers::new(SamplerConfig::default());
+    let mut target = TestCgroup::new("rq-target");
+    target.spawn(&mut pinned(1, &sleeper, &[]));
+    std::thread::sleep(Duration::from_millis(200));
+    let quiet = total(&capture(&samplers, &target, RunqlatOptions::default(), 2));
+
+    let mut hogs = TestCgroup::new("rq-hogs");
+    for _ in 0..2 {
+        hogs.spawn(&mut pinned(1, &hog, &[]));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let result = capture(&samplers, &target, RunqlatOptions::default(), 3);
+    let loaded = total(&result);
+    let q50 = quiet.quantile(0.5).unwrap_or(0.0);
+    let l50 = loaded.quantile(0.5).unwrap_or(0.0);
+    eprintln!(
+        "quiet: {} waits, p50 {q50:.0} us\n{}",
+        quiet.count(),
+        quiet.render(LatencyUnit::Micros)
+    );
+    eprintln!(
+        "hogs: {} waits, p50 {l50:.0} us\n{}",
+        loaded.count(),
+        loaded.render(LatencyUnit::Micros)
+    );
+    assert!(
+        quiet.count() > 1000,
+        "expected ~1000 wake-ups/s, got {}",
+        quiet.count()
+    );
+    assert!(
+        loaded.count() > 300,
+        "the sleeper still runs under load: {}",
+        loaded.count()
+    );
+    assert!(
+        q50 < 100.0,
+        "without hogs the median wait should be under 100 us, got {q50:.0} us"
+    );
+    // With two hogs on its CPU the sleeper waits for their slices: from a
+    // fraction of a millisecond up to a few scheduler periods.
+    let p90 = loaded.quantile(0.9).unwrap_or(0.0);
+    assert!(
+        (250.0..=50_000.0).contains(&p90),
+        "expected the p90 wait between 250 us and 50 ms with hogs, got {p90:.0} us"
+    );
+    assert!(
+        p90 > 5.0 * quiet.quantile(0.9).unwrap_or(1.0),
+        "hogs must raise latency"
+    );
+
+    // pprof: count + nanoseconds sample types, bucket bounds as numeric labels.
+    let out = dir.path().join("rq.pb.gz");
+    flamefleet_agent::cli::write_profile(&out, &result.to_profile("node-a")).unwrap();
+    let d = Decoded::read(&out);
+    let types: Vec<_> = d
+        .profile
+        .sample_type
+        .iter()
+        .map(|t| (d.string(t.r#type), d.string(t.unit)))
+        .collect();
+    assert_eq!(types, [("count", "count"), ("latency", "nanoseconds")]);
+    let mut sum = 0;
+    for s in &d.profile.sample {
+        let lo = d.num_label(s, "bucket_low").expect("bucket_low label");
+        let hi = d.num_label(s, "bucket_high").expect("bucket_high label");
+        assert!(lo < hi);
+        sum += s.value[0];
+    }
+    assert_eq!(sum as u64, loaded.count());
+    let top = pprof_top(&out, &["-sample_index=count"]);
+    assert!(top.contains("runqlat ["), "{top}");
+    let text = result.text();
+    assert!(text.contains("usecs") && text.contains("p99"), "{text}");
+}
+
+/// Runs libbpf-tools' runqlat for `secs` on `pid` and parses its histogram.
+fn libbpf_runqlat(args: &[&str], secs: u64, during: impl FnOnce()) -> Vec<u64> {
+    let mut child = Command::new("stdbuf")
+        .args(["-oL", "/usr/sbin/runqlat"])
+        .args(args)
+        .arg(secs.to_string())
+        .arg("1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running /usr/sbin/runqlat (install libbpf-tools)");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap_or(0) > 0 && !line.contains("Tracing") {
+        line.clear();
+    }
+    assert!(line.contains("Tracing"), "runqlat did not start: {line}");
+    during();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "runqlat failed: {rest}");
+    let mut slots = vec![0u64; 27];
+    for l in rest.lines() {
+        // "      4 -> 7          : 12       |****   |"
+        let Some((range, tail)) = l.split_once(':') else {
+            continue;
+        };
+        let Some((lo, _)) = range.split_once("->") else {
+            continue;
+        };
+        let (Ok(lo), Some(Ok(n))) = (
+            lo.trim().parse::<u64>(),
+            tail.split_whitespace().next().map(str::parse::<u64>),
+        ) else {
+            continue;
+        };
+        let slot = if lo == 0 {
+            0
+        } else {
+            lo.trailing_zeros() as usize
+        };
+        slots[slot.min(26)] += n;
+    }
+    slots
+}
+
+#[test]
+fn agrees_with_libbpf_tools_runqlat_for_one_process() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let sleeper = compile_c(dir.path(), "ffsleeper", SLEEPER);
+    let hog = compile_c(dir.path(), "ffhog", HOG);
+    let mut target = TestCgroup::new("rq-cmp");
+    let pid = target.spawn(&mut pinned(1, &sleeper, &[]));
+    let mut hogs = TestCgroup::new("rq-cmp-hog");
+    hogs.spawn(&mut pinned(1, &hog, &[]));
+    std::thread::sleep(Duration::from_millis(200));
+
+    let samplers = Samplers::new(SamplerConfig::default());
+    // Load our sampler before runqlat starts so both windows line up.
+    let warm = TestCgroup::new("rq-cmp-warm");
+    let _keep = samplers
+        .start_runqlat(
+            &[CaptureTarget::raw(warm.cgroup.clone())],
+            &RunqlatOptions::default(),
+        )
+        .expect("start runqlat sampler");
+    let mut ours = None;
+    let theirs = libbpf_runqlat(&["-p", &pid.to_string()], 4, || {
+        let c = samplers
+            .start_runqlat(
+                &[CaptureTarget::raw(target.cgroup.clone())],
+                &RunqlatOptions::default(),
+            )
+            .expect("start capture");
+        std::thread::sleep(Duration::from_secs(4));
+        ours = Some(c.finish().expect("finish"));
+    });
+    let ours = total(&ours.unwrap());
+    let theirs = Histogram {
+        target: 0,
+        tgid: None,
+        comm: String::new(),
+        slots: theirs,
+    };
+    eprintln!(
+        "ours: {}\n{}",
+        ours.count(),
+        ours.render(LatencyUnit::Micros)
+    );
+    eprintln!(
+        "libbpf-tools: {}\n{}",
+        theirs.count(),
+        theirs.render(LatencyUnit::Micros)
+    );
+    let (a, b) = (ours.count() as f64, theirs.count() as f64);
+    assert!(b > 1000.0, "runqlat -p saw too few waits: {b}");
+    assert!(
+        (a - b).abs() <= 0.10 * b,
+        "total counts differ by more than 10%: ours {a}, libbpf-tools {b}"
+    );
+    let (ma, mb) = (
+        ours.median_bucket().unwrap(),
+        theirs.median_bucket().unwrap(),
+    );
+    assert!(
+        ma.abs_diff(mb) <= 1,
+        "median buckets differ by more than one: ours {ma}, libbpf-tools {mb}"
+    );
+}
+
+#[test]
+fn waits_are_attributed_to_the_waiting_task_not_the_waker() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let pair = compile_c(dir.path(), "ffpipepair", PIPE_PAIR);
+    let mut waker = TestCgroup::new("rq-waker");
+    let wakee = TestCgroup::new("rq-wakee");
+    let procs = wakee.path().join("cgroup.procs");
+    waker.spawn(Command::new(&pair).arg(&procs));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        wakee.cgroup.procs().unwrap().len(),
+        1,
+        "the reader moved to the wakee cgroup"
+    );
+
+    let samplers = Samplers::new(SamplerConfig::default());
+    let warm = TestCgroup::new("rq-wk-warm");
+    let _keep = samplers
+        .start_runqlat(
+            &[CaptureTarget::raw(warm.cgroup.clone())],
+            &RunqlatOptions::default(),
+        )
+        .expect("start runqlat sampler");
+    let mut ours = None;
+    let theirs = libbpf_runqlat(&["-c", wakee.path().to_str().unwrap()], 3, || {
+        let c = samplers
+            .start_runqlat(
+                &[CaptureTarget::raw(wakee.cgroup.clone())],
+                &RunqlatOptions::default(),
+            )
+            .expect("start capture");
+        std::thread::sleep(Duration::from_secs(3));
+        ours = Some(c.finish().expect("finish"));
+    });
+    let ours = total(&ours.unwrap()).count();
+    let theirs: u64 = theirs.iter().sum();
+    eprintln!("wakee cgroup: ours {ours} waits, libbpf-tools -c {theirs}");
+    // The reader is woken ~500 times per second by the writer in the other
+    // cgroup: we see those waits; runqlat -c (which checks the waker's
+    // cgroup) sees almost none of them.
+    assert!(
+        ours >= 1000,
+        "expected ~1500 waits of the reader, got {ours}"
+    );
+    assert!(
+        (theirs as f64) < 0.2 * ours as f64,
+        "libbpf-tools -c should miss the reader's waits (waker in another cgroup): {theirs} vs ours {ours}"
+    );
+}
