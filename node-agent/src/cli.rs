@@ -4,6 +4,9 @@
 //! ```text
 //! flamefleet-agent capture --type cpu|runqlat --cgroup PATH... [--duration 10s]
 //!     [--frequency 99] -o out.pb.gz [--text]
+//! flamefleet-agent capture --type heap [--heap-source auto|endpoint|ebpf]
+//!     [--cgroup PATH...] [--sample-bytes 524288]
+//!     [--endpoint URL | --port P [--pid PID] [--path /debug/pprof/heap]] -o out.pb.gz
 //! ```
 
 use std::collections::HashMap;
@@ -15,6 +18,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::capture::cpu::{CpuOptions, CpuSamples, PerfEventKind};
+use crate::capture::heap::{self, HeapError, HeapSource};
 use crate::capture::runqlat::{LatencyUnit, RunqlatOptions};
 use crate::capture::{CaptureError, CaptureTarget, SamplerConfig, Samplers, TargetLabels};
 use crate::cgroup::{CgroupError, CgroupRoot};
@@ -44,6 +48,8 @@ pub enum ProfileType {
     Cpu,
     /// Run-queue latency histograms.
     Runqlat,
+    /// Heap profile, from a pprof endpoint or eBPF allocation sampling.
+    Heap,
 }
 
 /// Histogram unit on the command line.
@@ -71,7 +77,7 @@ pub struct CaptureArgs {
     #[arg(long = "type", value_enum)]
     pub profile_type: ProfileType,
     /// Target cgroup v2 directory (absolute, or relative to the cgroup2 root); repeatable.
-    #[arg(long = "cgroup", required = true, num_args = 1..)]
+    #[arg(long = "cgroup", required_unless_present_any = ["endpoint", "port"], num_args = 1..)]
     pub cgroups: Vec<PathBuf>,
     /// Capture length, e.g. 10s, 500ms, 1m.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -91,6 +97,27 @@ pub struct CaptureArgs {
     /// runqlat: histogram unit.
     #[arg(long, value_enum, default_value = "us")]
     pub unit: UnitArg,
+    /// Heap: where the profile comes from.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub heap_source: HeapSource,
+    /// Heap (eBPF): mean bytes allocated between samples; 0 samples every allocation.
+    #[arg(long, default_value_t = heap::sampling::DEFAULT_SAMPLE_BYTES)]
+    pub sample_bytes: u64,
+    /// Heap: pprof endpoint URL, e.g. http://10.0.0.5:6060/debug/pprof/heap.
+    #[arg(long, conflicts_with = "port")]
+    pub endpoint: Option<String>,
+    /// Heap: endpoint port on 127.0.0.1 (inside --pid's network namespace if given).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Heap: process whose network namespace to connect from (with --port).
+    #[arg(long, requires = "port")]
+    pub pid: Option<u32>,
+    /// Heap: endpoint path (with --port).
+    #[arg(long, default_value = heap::endpoint::DEFAULT_PATH)]
+    pub path: String,
+    /// Heap (endpoint): Go's delta form, allocations over this many seconds (0: current heap).
+    #[arg(long, default_value_t = 0)]
+    pub delta_seconds: u64,
     /// Output file (gzipped pprof).
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
@@ -117,6 +144,9 @@ pub enum CliError {
     /// The capture failed.
     #[error(transparent)]
     Capture(#[from] CaptureError),
+    /// The heap capture failed.
+    #[error(transparent)]
+    Heap(#[from] HeapError),
     /// Writing the output failed.
     #[error("writing {path}: {source}")]
     Output {
@@ -192,6 +222,21 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
             let waits = result.histograms.iter().map(|h| h.count()).sum();
             (result.to_profile(&node), waits, result.text())
         }
+        ProfileType::Heap => {
+            let request = heap::cli_request(
+                args.heap_source,
+                &targets,
+                heap_endpoint(args)?,
+                args.duration,
+                args.sample_bytes,
+                args.delta_seconds,
+                &node,
+            )?;
+            let result = heap::capture(&request)?;
+            let samples = result.profile.sample.len() as u64;
+            let text = result.text();
+            (result.profile, samples, text)
+        }
     };
     write_profile(&args.output, &profile)?;
     Ok(CaptureReport {
@@ -199,6 +244,23 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
         samples,
         text,
     })
+}
+
+/// The heap endpoint named by `--endpoint` or `--port`/`--pid`/`--path`.
+fn heap_endpoint(args: &CaptureArgs) -> Result<Option<heap::endpoint::HeapEndpoint>, CliError> {
+    use heap::endpoint::{HeapEndpoint, parse_path};
+    if let Some(url) = &args.endpoint {
+        return Ok(Some(HeapEndpoint::parse_url(url).map_err(HeapError::from)?));
+    }
+    let Some(port) = args.port else {
+        return Ok(None);
+    };
+    Ok(Some(HeapEndpoint {
+        host: "127.0.0.1".into(),
+        port,
+        path: parse_path(&args.path, "--path").map_err(HeapError::from)?,
+        netns_pid: args.pid,
+    }))
 }
 
 /// Gzips and writes a profile.

@@ -9,6 +9,7 @@
 //! counts (the difference since it started) and removes its cgroups.
 
 pub mod cpu;
+pub mod heap;
 mod perf_event;
 mod registry;
 pub mod runqlat;

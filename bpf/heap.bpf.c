@@ -1,0 +1,382 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+/*
+ * Heap allocation sampling with uprobes on the allocator's entry points.
+ *
+ * Attached by binary path with pid = -1, so every process that maps the allocator is trapped,
+ * including ones that start during the capture; the first thing every program does is the
+ * target cgroup lookup, so non-target processes leave after one hash lookup.
+ *
+ * Sampling is byte based, like Go's runtime.MemProfileRate and jemalloc's lg_prof_sample: each
+ * thread keeps a countdown of bytes until its next sample. The countdown is re-armed with a draw
+ * from an exponential distribution of mean `sample_bytes` — i.e. sample points form a Poisson
+ * process over the allocated bytes. We choose that distribution (over a fixed stride) because:
+ *   - an allocation of s bytes is then sampled with probability 1 - exp(-s / sample_bytes),
+ *     independent of what came before, so user space can undo the bias exactly the way pprof
+ *     does for Go (weight 1 / (1 - exp(-s / rate)));
+ *   - a fixed stride aliases with periodic allocation patterns (a loop allocating a 96 KiB and a
+ *     416 KiB block would always hit the same one);
+ *   - memorylessness makes a fresh draw after each sample correct, whatever the sample's size.
+ * BPF has no floating point, so user space fills `gap_table` before load with the exponential
+ * quantiles at (i + 0.5) / HEAP_GAP_TABLE_SIZE and we index it with bpf_get_prandom_u32().
+ *
+ * Allocator entry points call each other (glibc realloc(NULL, n) and memalign() call malloc,
+ * a C++ operator new wraps malloc), so each thread counts its nesting depth and only the
+ * outermost call is accounted. The stack is captured at return, where the frame-pointer walk
+ * starts in the caller; at function entry it would skip the immediate caller.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "targets.bpf.h"
+#include "heap.h"
+
+#define EEXIST 17
+#define ENOMEM 12
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Exponential gaps in bytes, mean sample_bytes; all zero means "sample every allocation". */
+const volatile __u64 gap_table[HEAP_GAP_TABLE_SIZE] = {};
+
+/* Per-thread sampling state; task storage frees it when the thread exits. */
+struct heap_thread {
+	__s64 countdown; /* bytes left before the next sample */
+	__u64 size;      /* size of the outermost call in progress */
+	__u64 old_ptr;   /* realloc: block given back if the call succeeds */
+	__u64 memptr;    /* posix_memalign: where the result pointer is written */
+	__u64 outer_sp;  /* user stack pointer of the outermost call */
+	__u32 target;
+	__u32 depth;
+	__u8 sampled;
+	__u8 armed;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct heap_thread);
+} heap_threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct heap_agg_key);
+	__type(value, struct heap_agg_val);
+} heap_agg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct heap_live_key);
+	__type(value, struct heap_live_val);
+} heap_live SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 16384);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, 127 * sizeof(__u64));
+} heap_stacks SEC(".maps");
+
+/* Processes already announced to user space (for symbolization); LRU so it never fills up. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} heap_seen_tgids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, HEAP_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} heap_stats SEC(".maps");
+
+/* Let the skeleton generate Rust twins of the shared types. */
+struct heap_agg_key heap_agg_key_type = {};
+struct heap_agg_val heap_agg_val_type = {};
+struct heap_live_key heap_live_key_type = {};
+struct heap_live_val heap_live_val_type = {};
+
+static __always_inline void count(__u32 stat)
+{
+	__u64 *v = bpf_map_lookup_elem(&heap_stats, &stat);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline __s64 draw_gap(void)
+{
+	__u32 i = bpf_get_prandom_u32() & (HEAP_GAP_TABLE_SIZE - 1);
+
+	return (__s64)gap_table[i];
+}
+
+/* Quarter-octave size class: 4 * floor(log2(size)) + the next two bits of the size. */
+static __always_inline __u32 size_class(__u64 size)
+{
+	__u64 v = size;
+	__u32 lg = 0;
+
+	if (size < 4)
+		return (__u32)size;
+	if (v >> 32) { v >>= 32; lg += 32; }
+	if (v >> 16) { v >>= 16; lg += 16; }
+	if (v >> 8) { v >>= 8; lg += 8; }
+	if (v >> 4) { v >>= 4; lg += 4; }
+	if (v >> 2) { v >>= 2; lg += 2; }
+	if (v >> 1) { lg += 1; }
+	return lg * 4 + (__u32)((size >> (lg - 2)) & 3);
+}
+
+static __always_inline struct ff_target *target_of_current(void)
+{
+	return ff_target_of(bpf_get_current_cgroup_id());
+}
+
+/* Ask user space to snapshot the process's mappings while it is alive. */
+static __always_inline void announce(__u32 tgid, __u32 target, __u32 kind)
+{
+	struct ff_proc_event *e = bpf_ringbuf_reserve(&proc_events, sizeof(*e), 0);
+
+	if (!e) {
+		count(HEAP_DROP_NOTIFY);
+		return;
+	}
+	e->tgid = tgid;
+	e->kind = kind;
+	e->target = target;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	bpf_ringbuf_submit(e, 0);
+}
+
+/* Start of an allocator call: the thread state if this is a target's outermost call. */
+static __always_inline struct heap_thread *enter(struct pt_regs *ctx)
+{
+	struct task_struct *task;
+	struct heap_thread *ts;
+	struct ff_target *target;
+	__u64 sp;
+
+	target = target_of_current();
+	if (!target)
+		return NULL;
+	task = bpf_get_current_task_btf();
+	ts = bpf_task_storage_get(&heap_threads, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!ts) {
+		count(HEAP_DROP_THREAD_STATE);
+		return NULL;
+	}
+	sp = PT_REGS_SP(ctx);
+	/* A call deeper in the stack than the outermost one is nested inside it. A call at or
+	 * above it means a return probe was missed (the kernel skips them past a nesting limit):
+	 * start afresh rather than stay stuck. */
+	if (ts->depth > 0 && sp < ts->outer_sp) {
+		ts->depth++;
+		return NULL;
+	}
+	ts->depth = 1;
+	ts->outer_sp = sp;
+	ts->target = target->index;
+	ts->sampled = 0;
+	ts->old_ptr = 0;
+	ts->memptr = 0;
+	return ts;
+}
+
+static __always_inline void account(struct heap_thread *ts, __u64 size)
+{
+	count(HEAP_STAT_CALLS);
+	ts->size = size;
+	if (!ts->armed) {
+		ts->countdown = draw_gap();
+		ts->armed = 1;
+	}
+	ts->countdown -= (__s64)size;
+	if (ts->countdown > 0)
+		return;
+	/* Memoryless: the distance from the end of this block to the next sample point is a
+	 * fresh draw, whatever the size of this block. */
+	ts->countdown = draw_gap();
+	ts->sampled = 1;
+}
+
+/* Retire a live sampled allocation (free, or the old block of a successful realloc). */
+static __always_inline void release(__u32 tgid, __u64 addr)
+{
+	struct heap_live_key lk = { .tgid = tgid, .addr = addr };
+	struct heap_live_val *lv, copy;
+	struct heap_agg_val *av;
+
+	lv = bpf_map_lookup_elem(&heap_live, &lk);
+	if (!lv)
+		return;
+	copy = *lv;
+	/* Only the thread whose delete succeeds subtracts, so racing frees count once. */
+	if (bpf_map_delete_elem(&heap_live, &lk))
+		return;
+	count(HEAP_STAT_FREED);
+	av = bpf_map_lookup_elem(&heap_agg, &copy.agg);
+	if (av) {
+		__sync_fetch_and_sub(&av->inuse_count, 1);
+		__sync_fetch_and_sub(&av->inuse_bytes, copy.size);
+	}
+}
+
+static __always_inline void record(struct pt_regs *ctx, struct heap_thread *ts, __u32 tgid,
+				   __u64 addr)
+{
+	struct heap_agg_val zero = {}, *av;
+	struct heap_live_key lk = { .tgid = tgid, .addr = addr };
+	struct heap_live_val lv = {};
+	__u8 yes = 1;
+	long id;
+
+	lv.size = ts->size;
+	lv.agg.target = ts->target;
+	lv.agg.tgid = tgid;
+	lv.agg.size_class = size_class(ts->size);
+	id = bpf_get_stackid(ctx, &heap_stacks, BPF_F_USER_STACK);
+	/* Collisions and a full map lose the stack (the bytes are kept, unattributed). */
+	if (id == -EEXIST || id == -ENOMEM)
+		count(HEAP_DROP_STACK);
+	lv.agg.stack_id = id < 0 ? -1 : (__s32)id;
+
+	av = bpf_map_lookup_elem(&heap_agg, &lv.agg);
+	if (!av) {
+		bpf_map_update_elem(&heap_agg, &lv.agg, &zero, BPF_NOEXIST);
+		av = bpf_map_lookup_elem(&heap_agg, &lv.agg);
+		if (!av) {
+			count(HEAP_DROP_AGG_FULL);
+			return;
+		}
+	}
+	count(HEAP_STAT_SAMPLED);
+	__sync_fetch_and_add(&av->alloc_count, 1);
+	__sync_fetch_and_add(&av->alloc_bytes, lv.size);
+
+	/* A block still recorded at this address had its free missed (an entry point we do not
+	 * hook): it is gone now, so retire it before tracking the new one. */
+	release(tgid, addr);
+	if (bpf_map_update_elem(&heap_live, &lk, &lv, BPF_ANY)) {
+		/* Its free would be invisible: count the allocation, not its residency. */
+		count(HEAP_DROP_LIVE_FULL);
+		return;
+	}
+	__sync_fetch_and_add(&av->inuse_count, 1);
+	__sync_fetch_and_add(&av->inuse_bytes, lv.size);
+
+	if (bpf_map_update_elem(&heap_seen_tgids, &tgid, &yes, BPF_NOEXIST) == 0)
+		announce(tgid, ts->target, FF_PROC_FIRST_SEEN);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(malloc_enter, __u64 size)
+{
+	struct heap_thread *ts = enter(ctx);
+
+	if (ts)
+		account(ts, size);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_KPROBE(calloc_enter, __u64 nmemb, __u64 size)
+{
+	struct heap_thread *ts = enter(ctx);
+
+	if (ts)
+		account(ts, nmemb * size);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_KPROBE(realloc_enter, __u64 ptr, __u64 size)
+{
+	struct heap_thread *ts = enter(ctx);
+
+	if (!ts)
+		return 0;
+	ts->old_ptr = ptr;
+	account(ts, size);
+	return 0;
+}
+
+/* memalign(align, size) and aligned_alloc(align, size). */
+SEC("uprobe")
+int BPF_KPROBE(memalign_enter, __u64 align, __u64 size)
+{
+	struct heap_thread *ts = enter(ctx);
+
+	if (ts)
+		account(ts, size);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_KPROBE(posix_memalign_enter, __u64 memptr, __u64 align, __u64 size)
+{
+	struct heap_thread *ts = enter(ctx);
+
+	if (!ts)
+		return 0;
+	ts->memptr = memptr;
+	account(ts, size);
+	return 0;
+}
+
+/* Return of every allocating entry point: pointer in the return register, or for
+ * posix_memalign a status code and the pointer behind memptr. */
+SEC("uretprobe")
+int BPF_KRETPROBE(alloc_exit, __u64 rc)
+{
+	struct heap_thread *ts;
+	__u64 addr = rc;
+	__u32 tgid;
+
+	if (!target_of_current())
+		return 0;
+	ts = bpf_task_storage_get(&heap_threads, bpf_get_current_task_btf(), 0, 0);
+	if (!ts || ts->depth == 0)
+		return 0;
+	if (--ts->depth > 0)
+		return 0;
+	tgid = bpf_get_current_pid_tgid() >> 32;
+	if (ts->memptr) {
+		addr = 0;
+		if ((int)rc == 0)
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)ts->memptr);
+	}
+	/* realloc gave the old block back unless it failed (NULL for a non-zero size). */
+	if (ts->old_ptr && (addr || ts->size == 0))
+		release(tgid, ts->old_ptr);
+	if (ts->sampled && addr)
+		record(ctx, ts, tgid, addr);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_KPROBE(free_enter, __u64 ptr)
+{
+	if (!ptr || !target_of_current())
+		return 0;
+	release(bpf_get_current_pid_tgid() >> 32, ptr);
+	return 0;
+}
+
+/* A process in a target cgroup replaced its image: forget it, so that its first sample
+ * announces it again once its libraries are mapped. */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(heap_on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+	__u32 tgid;
+
+	if (!target_of_current())
+		return 0;
+	tgid = bpf_get_current_pid_tgid() >> 32;
+	bpf_map_delete_elem(&heap_seen_tgids, &tgid);
+	return 0;
+}

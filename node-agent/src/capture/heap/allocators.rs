@@ -1,0 +1,309 @@
+//! Finding the allocators of target processes: which mapped binaries export
+//! allocator entry points (glibc, jemalloc, tcmalloc, mimalloc, a statically
+//! linked allocator), and the file offsets where uprobes go.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::PathBuf;
+
+use blazesym::inspect::{Inspector, source::Elf, source::Source};
+
+/// Which BPF entry program handles an entry point (by argument layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// `size` first: `malloc`, `valloc`, `mallocx(size, flags)`, `operator new`.
+    Malloc,
+    /// `calloc(nmemb, size)`.
+    Calloc,
+    /// `realloc(ptr, size)`, `rallocx(ptr, size, flags)`.
+    Realloc,
+    /// `memalign(align, size)`, `aligned_alloc(align, size)`.
+    Memalign,
+    /// `posix_memalign(&ptr, align, size)`.
+    PosixMemalign,
+    /// `free(ptr)` and friends (`sdallocx`, `operator delete`).
+    Free,
+}
+
+impl EntryKind {
+    /// Whether the call returns a block (so it also needs a return probe).
+    pub fn allocates(self) -> bool {
+        self != EntryKind::Free
+    }
+}
+
+/// Names whose presence makes a binary an allocator (so that, say,
+/// libstdc++'s `operator new`, which calls malloc, is not probed twice).
+const PRIMARY: &[&str] = &[
+    "malloc",
+    "tc_malloc",
+    "mi_malloc",
+    "mallocx",
+    "je_malloc",
+    "je_mallocx",
+    "_rjem_malloc",
+    "_rjem_mallocx",
+];
+
+/// Every entry point we probe, in order of preference when several names
+/// share one address (glibc's `memalign` and `aligned_alloc` do).
+pub const ENTRY_POINTS: &[(&str, EntryKind)] = &[
+    // glibc, and any allocator that replaces the C API.
+    ("malloc", EntryKind::Malloc),
+    ("calloc", EntryKind::Calloc),
+    ("realloc", EntryKind::Realloc),
+    ("free", EntryKind::Free),
+    ("posix_memalign", EntryKind::PosixMemalign),
+    ("aligned_alloc", EntryKind::Memalign),
+    ("memalign", EntryKind::Memalign),
+    ("valloc", EntryKind::Malloc),
+    ("pvalloc", EntryKind::Malloc),
+    ("cfree", EntryKind::Free),
+    // jemalloc's non-standard API, plain and with the je_ / _rjem_ (tikv-jemallocator) prefixes.
+    ("mallocx", EntryKind::Malloc),
+    ("rallocx", EntryKind::Realloc),
+    ("dallocx", EntryKind::Free),
+    ("sdallocx", EntryKind::Free),
+    ("je_malloc", EntryKind::Malloc),
+    ("je_calloc", EntryKind::Calloc),
+    ("je_realloc", EntryKind::Realloc),
+    ("je_free", EntryKind::Free),
+    ("je_posix_memalign", EntryKind::PosixMemalign),
+    ("je_aligned_alloc", EntryKind::Memalign),
+    ("je_mallocx", EntryKind::Malloc),
+    ("je_rallocx", EntryKind::Realloc),
+    ("je_dallocx", EntryKind::Free),
+    ("je_sdallocx", EntryKind::Free),
+    ("_rjem_malloc", EntryKind::Malloc),
+    ("_rjem_calloc", EntryKind::Calloc),
+    ("_rjem_realloc", EntryKind::Realloc),
+    ("_rjem_free", EntryKind::Free),
+    ("_rjem_posix_memalign", EntryKind::PosixMemalign),
+    ("_rjem_aligned_alloc", EntryKind::Memalign),
+    ("_rjem_mallocx", EntryKind::Malloc),
+    ("_rjem_rallocx", EntryKind::Realloc),
+    ("_rjem_dallocx", EntryKind::Free),
+    ("_rjem_sdallocx", EntryKind::Free),
+    // tcmalloc (gperftools and its C++ operators, which do not call malloc).
+    ("tc_malloc", EntryKind::Malloc),
+    ("tc_calloc", EntryKind::Calloc),
+    ("tc_realloc", EntryKind::Realloc),
+    ("tc_free", EntryKind::Free),
+    ("tc_free_sized", EntryKind::Free),
+    ("tc_memalign", EntryKind::Memalign),
+    ("tc_posix_memalign", EntryKind::PosixMemalign),
+    ("tc_new", EntryKind::Malloc),
+    ("tc_newarray", EntryKind::Malloc),
+    ("tc_delete", EntryKind::Free),
+    ("tc_deletearray", EntryKind::Free),
+    ("_Znwm", EntryKind::Malloc),
+    ("_Znam", EntryKind::Malloc),
+    ("_ZdlPv", EntryKind::Free),
+    ("_ZdaPv", EntryKind::Free),
+    ("_ZdlPvm", EntryKind::Free),
+    ("_ZdaPvm", EntryKind::Free),
+    // mimalloc.
+    ("mi_malloc", EntryKind::Malloc),
+    ("mi_zalloc", EntryKind::Malloc),
+    ("mi_malloc_aligned", EntryKind::Malloc),
+    ("mi_calloc", EntryKind::Calloc),
+    ("mi_realloc", EntryKind::Realloc),
+    ("mi_free", EntryKind::Free),
+    ("mi_posix_memalign", EntryKind::PosixMemalign),
+];
+
+/// One place to put a uprobe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryPoint {
+    /// Symbol name.
+    pub symbol: String,
+    /// Argument layout.
+    pub kind: EntryKind,
+    /// Offset of the function in the file (what uprobes attach to).
+    pub file_offset: u64,
+}
+
+/// A binary (executable or shared object) that exports an allocator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatorBinary {
+    /// A path the agent can open: `/proc/<pid>/root/<path>`, so files inside
+    /// containers resolve in the container's mount namespace.
+    pub path: PathBuf,
+    /// The path inside the process's mount namespace, for messages.
+    pub name: String,
+    /// Device and inode: uprobes attach to the inode, so this identifies it.
+    pub dev_ino: (u64, u64),
+    /// Entry points found, one per address.
+    pub entry_points: Vec<EntryPoint>,
+}
+
+/// Error while inspecting a binary.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the symbols of {path}: {reason}")]
+pub struct InspectError {
+    /// The binary.
+    pub path: PathBuf,
+    /// The cause.
+    pub reason: String,
+}
+
+/// File-backed executable mappings of a process: (path inside its mount
+/// namespace, openable path, (dev, inode)). Empty when the process is gone.
+pub fn executable_files(pid: u32) -> Vec<(String, PathBuf, (u64, u64))> {
+    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, PathBuf, (u64, u64))> = Vec::new();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(_range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let name = f.collect::<Vec<_>>().join(" ");
+        if !perms.contains('x')
+            || inode == "0"
+            || !name.starts_with('/')
+            || name.ends_with("(deleted)")
+        {
+            continue;
+        }
+        let path = PathBuf::from(format!("/proc/{pid}/root{name}"));
+        let Ok(meta) = fs::metadata(&path) else {
+            continue;
+        };
+        let key = (meta.dev(), meta.ino());
+        if !out.iter().any(|(_, _, k)| *k == key) {
+            out.push((name, path, key));
+        }
+    }
+    out
+}
+
+/// Caches, per inode, whether a binary is an allocator and where its entry
+/// points are, so rescans of the target cgroups cost one `maps` read each.
+#[derive(Default)]
+pub struct AllocatorFinder {
+    inspector: Inspector,
+    known: HashMap<(u64, u64), Option<Vec<EntryPoint>>>,
+}
+
+impl std::fmt::Debug for AllocatorFinder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AllocatorFinder")
+            .field("known", &self.known.len())
+            .finish()
+    }
+}
+
+impl AllocatorFinder {
+    /// An empty finder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The allocator binaries mapped by `pid` (empty when it has exited).
+    pub fn allocators_of(&mut self, pid: u32) -> Vec<AllocatorBinary> {
+        let mut out = Vec::new();
+        for (name, path, key) in executable_files(pid) {
+            if !self.known.contains_key(&key) {
+                // A binary we cannot parse is not an allocator we can probe.
+                let found = entry_points(&self.inspector, &path)
+                    .ok()
+                    .filter(|e| !e.is_empty());
+                self.known.insert(key, found);
+            }
+            if let Some(Some(entry_points)) = self.known.get(&key) {
+                out.push(AllocatorBinary {
+                    path,
+                    name,
+                    dev_ino: key,
+                    entry_points: entry_points.clone(),
+                });
+            }
+        }
+        out
+    }
+}
+
+/// The allocator entry points a binary defines, one per address; empty when
+/// it defines none of the [`PRIMARY`] allocation functions.
+pub fn entry_points(
+    inspector: &Inspector,
+    path: &std::path::Path,
+) -> Result<Vec<EntryPoint>, InspectError> {
+    let mut elf = Elf::new(path);
+    // Exported symbols are all we need; skip DWARF, which can be huge.
+    elf.debug_syms = false;
+    let src = Source::Elf(elf);
+    let names: Vec<&str> = ENTRY_POINTS.iter().map(|(n, _)| *n).collect();
+    let found = inspector.lookup(&src, &names).map_err(|e| InspectError {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let mut out: Vec<EntryPoint> = Vec::new();
+    let mut primary = false;
+    for ((name, kind), syms) in ENTRY_POINTS.iter().zip(found) {
+        // Undefined (imported) symbols have no address or offset.
+        let Some(offset) = syms
+            .iter()
+            .filter(|s| s.addr != 0)
+            .find_map(|s| s.file_offset)
+        else {
+            continue;
+        };
+        primary |= PRIMARY.contains(name);
+        if out.iter().any(|e| e.file_offset == offset) {
+            continue;
+        }
+        out.push(EntryPoint {
+            symbol: (*name).to_string(),
+            kind: *kind,
+            file_offset: offset,
+        });
+    }
+    if !primary {
+        out.clear();
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_glibc_in_this_process_with_deduplicated_aliases() {
+        let mut finder = AllocatorFinder::new();
+        let allocators = finder.allocators_of(std::process::id());
+        let libc = allocators
+            .iter()
+            .find(|a| a.name.contains("libc.so"))
+            .unwrap_or_else(|| panic!("expected libc among {allocators:?}"));
+        let kinds: Vec<_> = libc
+            .entry_points
+            .iter()
+            .map(|e| e.symbol.as_str())
+            .collect();
+        for needed in ["malloc", "calloc", "realloc", "free", "posix_memalign"] {
+            assert!(kinds.contains(&needed), "{needed} missing from {kinds:?}");
+        }
+        let mut offsets: Vec<_> = libc.entry_points.iter().map(|e| e.file_offset).collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        assert_eq!(
+            offsets.len(),
+            libc.entry_points.len(),
+            "one probe per address"
+        );
+        // Our own executable imports malloc but does not define it.
+        let exe = fs::read_link("/proc/self/exe").unwrap();
+        assert!(
+            allocators
+                .iter()
+                .all(|a| std::path::Path::new(&a.name) != exe)
+        );
+    }
+}

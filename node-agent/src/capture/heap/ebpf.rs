@@ -1,0 +1,406 @@
+//! Heap profiles from eBPF allocation sampling: uprobes on the allocators of
+//! the target cgroups' processes (`bpf/heap.bpf.c`), byte-based sampling in
+//! the kernel, aggregation per (target, process, stack, size class), and a
+//! pprof in Go's heap layout, scaled back up like Go's.
+//!
+//! Probes attach by binary path with pid = -1: every process mapping that
+//! allocator is covered, including processes started during the capture; the
+//! BPF programs keep only target cgroups. The capture rescans the targets'
+//! processes every [`EbpfHeapOptions::rescan`] for allocators not yet probed
+//! (a new container image, a `dlopen`ed jemalloc).
+//!
+//! What the profile means: `alloc_*` counts allocations made during the
+//! capture; `inuse_*` those of them still live at its end. Allocations made
+//! before the capture started are not seen (use the endpoint source for a
+//! process's whole heap).
+
+use std::collections::{HashMap, HashSet};
+use std::mem::MaybeUninit;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
+use libbpf_rs::{Link, MapCore as _, MapFlags};
+
+use super::allocators::{AllocatorFinder, EntryKind};
+use super::sampling;
+use crate::bpf::heap::types;
+use crate::bpf::heap::{HeapSkel, HeapSkelBuilder};
+use crate::bpf::{Pod, from_bytes};
+use crate::capture::{CaptureError, CaptureTarget, Result, check_btf, subtree_ids, target_labels};
+use crate::pprof::{Label, ProfileBuilder};
+use crate::symbolize::{ProcessCatalog, StackSymbolizer};
+use flamefleet_proto::pprof::Profile;
+
+// SAFETY: generated from BTF of plain C structs of integers and arrays.
+unsafe impl Pod for types::heap_agg_key {}
+unsafe impl Pod for types::heap_agg_val {}
+unsafe impl Pod for types::ff_proc_event {}
+unsafe impl Pod for types::ff_target {}
+
+/// Number of entries in the exponential gap table (`HEAP_GAP_TABLE_SIZE`).
+const GAP_TABLE_SIZE: usize = 4096;
+/// Frames kept per stack by the stack map (its value size in the BPF source).
+const MAX_FRAMES: usize = 127;
+
+/// Settings of one eBPF heap capture.
+#[derive(Debug, Clone)]
+pub struct EbpfHeapOptions {
+    /// How long to sample.
+    pub duration: Duration,
+    /// Mean bytes between samples (`heap.sampleBytes`); 0 samples every allocation.
+    pub sample_bytes: u64,
+    /// Live sampled allocations tracked at once (beyond: counted as drops).
+    pub max_live: u32,
+    /// Aggregation rows (targets × processes × stacks × size classes).
+    pub max_rows: u32,
+    /// Distinct stacks.
+    pub max_stacks: u32,
+    /// How often to look for allocators not yet probed.
+    pub rescan: Duration,
+    /// The node name put in the `node` label.
+    pub node: String,
+}
+
+impl Default for EbpfHeapOptions {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(10),
+            sample_bytes: sampling::DEFAULT_SAMPLE_BYTES,
+            // 64 Ki live samples stand for 32 GiB of live heap at 512 KiB.
+            max_live: 65536,
+            max_rows: 16384,
+            max_stacks: 16384,
+            rescan: Duration::from_millis(500),
+            node: String::new(),
+        }
+    }
+}
+
+/// Counters of one capture, reported with the profile; drops are never silent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EbpfHeapStats {
+    /// Allocation calls made by target threads.
+    pub calls: u64,
+    /// Sampled allocations recorded.
+    pub sampled: u64,
+    /// Sampled allocations seen freed.
+    pub freed: u64,
+    /// Sampled allocations whose frees could not be tracked (live map full).
+    pub dropped_live_full: u64,
+    /// Samples lost to a full aggregation map.
+    pub dropped_rows_full: u64,
+    /// Samples whose stack was lost (stack map collision or full).
+    pub dropped_stacks: u64,
+    /// Calls not sampled for lack of per-thread state.
+    pub dropped_thread_state: u64,
+    /// Process notifications lost (ring buffer full).
+    pub dropped_notifications: u64,
+    /// Allocator binaries probed (paths inside the processes' namespaces).
+    pub allocators: Vec<String>,
+    /// Uprobes attached.
+    pub probes: usize,
+}
+
+/// Runs one eBPF heap capture of `targets` and returns the profile.
+pub fn capture(
+    targets: &[CaptureTarget],
+    opts: &EbpfHeapOptions,
+) -> Result<(Profile, EbpfHeapStats)> {
+    if targets.is_empty() {
+        return Err(CaptureError::InvalidOptions(
+            "no target cgroup given".into(),
+        ));
+    }
+    if opts.duration.is_zero() {
+        return Err(CaptureError::InvalidOptions(
+            "duration must be positive, found 0".into(),
+        ));
+    }
+    check_btf()?;
+    let started = SystemTime::now();
+    let mut open_object = MaybeUninit::uninit();
+    let skel = load(&mut open_object, opts)?;
+    for (i, t) in targets.iter().enumerate() {
+        let value = types::ff_target {
+            index: i as u32 + 1,
+            flags: 0,
+        };
+        // A pod's processes live in its containers' child cgroups.
+        for id in subtree_ids(&t.cgroup) {
+            skel.maps
+                .targets
+                .update(
+                    &id.to_ne_bytes(),
+                    crate::bpf::as_bytes(&value),
+                    MapFlags::ANY,
+                )
+                .map_err(|e| CaptureError::bpf("adding a cgroup to the heap target map", e))?;
+        }
+    }
+    let catalog = ProcessCatalog::new();
+    let mut stats = EbpfHeapStats::default();
+    {
+        let mut links: Vec<Link> = Vec::new();
+        links.push(
+            skel.progs
+                .heap_on_exec
+                .attach()
+                .map_err(|e| CaptureError::bpf("attaching the exec tracepoint", e))?,
+        );
+        let mut attacher = Attacher::default();
+        attacher.rescan(&skel, targets, &mut links, &mut stats)?;
+        let events = catalog.clone();
+        let mut rb = libbpf_rs::RingBufferBuilder::new();
+        rb.add(&skel.maps.proc_events, move |data: &[u8]| {
+            if let Some(ev) = from_bytes::<types::ff_proc_event>(data) {
+                events.snapshot(ev.tgid);
+            }
+            0
+        })
+        .map_err(|e| CaptureError::bpf("opening the process ring buffer", e))?;
+        let rb = rb
+            .build()
+            .map_err(|e| CaptureError::bpf("opening the process ring buffer", e))?;
+        let deadline = Instant::now() + opts.duration;
+        let mut next_rescan = Instant::now() + opts.rescan;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            // Poll errors are EINTR at worst; the loop goes on to the deadline.
+            let _ = rb.poll(left.min(Duration::from_millis(100)));
+            if Instant::now() >= next_rescan {
+                attacher.rescan(&skel, targets, &mut links, &mut stats)?;
+                next_rescan = Instant::now() + opts.rescan;
+            }
+        }
+        let _ = rb.consume();
+        // Detach before reading, so the maps no longer change under us.
+        drop(links);
+    }
+    read_stats(&skel, &mut stats)?;
+    let duration = started.elapsed().unwrap_or(opts.duration);
+    let profile = build_profile(&skel, targets, opts, &catalog, started, duration)?;
+    Ok((profile, stats))
+}
+
+fn load<'obj>(
+    open_object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
+    opts: &EbpfHeapOptions,
+) -> Result<HeapSkel<'obj>> {
+    let mut open = HeapSkelBuilder::default()
+        .open(open_object)
+        .map_err(|e| CaptureError::bpf("opening the heap BPF object", e))?;
+    let table = sampling::gap_table(opts.sample_bytes, GAP_TABLE_SIZE);
+    let rodata =
+        open.maps
+            .rodata_data
+            .as_deref_mut()
+            .ok_or_else(|| CaptureError::KernelFeature {
+                feature: "BPF global data".into(),
+                detail:
+                    "the heap program's read-only data section is not mmapable; need Linux 5.2+"
+                        .into(),
+            })?;
+    rodata.gap_table.copy_from_slice(&table);
+    for (map, n) in [
+        (&mut open.maps.heap_live, opts.max_live),
+        (&mut open.maps.heap_agg, opts.max_rows),
+        (&mut open.maps.heap_stacks, opts.max_stacks),
+    ] {
+        map.set_max_entries(n.max(1))
+            .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;
+    }
+    open.load().map_err(|e| {
+        let err = CaptureError::bpf("loading the heap BPF programs", e);
+        match err {
+            CaptureError::Bpf { action, source } => CaptureError::KernelFeature {
+                feature: "uprobes with BPF task storage".into(),
+                detail: format!(
+                    "{action} failed ({source}); need Linux 5.11+ with BTF, and CAP_BPF + CAP_PERFMON"
+                ),
+            },
+            other => other,
+        }
+    })
+}
+
+/// Attaches probes to allocator binaries found in the targets' processes,
+/// once per binary (inode).
+#[derive(Default)]
+struct Attacher {
+    finder: AllocatorFinder,
+    attached: HashSet<(u64, u64)>,
+}
+
+impl Attacher {
+    fn rescan(
+        &mut self,
+        skel: &HeapSkel<'_>,
+        targets: &[CaptureTarget],
+        links: &mut Vec<Link>,
+        stats: &mut EbpfHeapStats,
+    ) -> Result<()> {
+        for t in targets {
+            // A target whose processes all exited is simply empty.
+            for pid in t.cgroup.procs_recursive().unwrap_or_default() {
+                for bin in self.finder.allocators_of(pid) {
+                    if !self.attached.insert(bin.dev_ino) {
+                        continue;
+                    }
+                    for ep in &bin.entry_points {
+                        let prog = match ep.kind {
+                            EntryKind::Malloc => &skel.progs.malloc_enter,
+                            EntryKind::Calloc => &skel.progs.calloc_enter,
+                            EntryKind::Realloc => &skel.progs.realloc_enter,
+                            EntryKind::Memalign => &skel.progs.memalign_enter,
+                            EntryKind::PosixMemalign => &skel.progs.posix_memalign_enter,
+                            EntryKind::Free => &skel.progs.free_enter,
+                        };
+                        let attach = |p: &libbpf_rs::ProgramMut<'_>, ret: bool| {
+                            p.attach_uprobe(ret, -1, &bin.path, ep.file_offset as usize)
+                                .map_err(|e| {
+                                    CaptureError::bpf(
+                                        format!(
+                                            "attaching a uprobe to {} in {}",
+                                            ep.symbol, bin.name
+                                        ),
+                                        e,
+                                    )
+                                })
+                        };
+                        links.push(attach(prog, false)?);
+                        if ep.kind.allocates() {
+                            links.push(attach(&skel.progs.alloc_exit, true)?);
+                        }
+                        stats.probes += 1 + usize::from(ep.kind.allocates());
+                    }
+                    stats.allocators.push(bin.name.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_stats(skel: &HeapSkel<'_>, stats: &mut EbpfHeapStats) -> Result<()> {
+    let mut totals = [0u64; 8];
+    for (i, total) in totals.iter_mut().enumerate() {
+        let per_cpu = skel
+            .maps
+            .heap_stats
+            .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| CaptureError::bpf("reading the heap counters", e))?
+            .unwrap_or_default();
+        *total = per_cpu.iter().filter_map(|v| from_bytes::<u64>(v)).sum();
+    }
+    stats.calls = totals[0];
+    stats.sampled = totals[1];
+    stats.freed = totals[2];
+    stats.dropped_live_full = totals[3];
+    stats.dropped_rows_full = totals[4];
+    stats.dropped_stacks = totals[5];
+    stats.dropped_thread_state = totals[6];
+    stats.dropped_notifications = totals[7];
+    Ok(())
+}
+
+/// Scaled values of one (target, process, stack): alloc objects, alloc
+/// bytes, in-use objects, in-use bytes.
+type Row = [f64; 4];
+
+fn build_profile(
+    skel: &HeapSkel<'_>,
+    targets: &[CaptureTarget],
+    opts: &EbpfHeapOptions,
+    catalog: &ProcessCatalog,
+    started: SystemTime,
+    duration: Duration,
+) -> Result<Profile> {
+    let rate = opts.sample_bytes;
+    let mut rows: HashMap<(u32, u32, i32), Row> = HashMap::new();
+    for key_bytes in skel.maps.heap_agg.keys() {
+        let Some(key) = from_bytes::<types::heap_agg_key>(&key_bytes) else {
+            continue;
+        };
+        let val = skel
+            .maps
+            .heap_agg
+            .lookup(&key_bytes, MapFlags::ANY)
+            .map_err(|e| CaptureError::bpf("reading the heap aggregation map", e))?
+            .and_then(|v| from_bytes::<types::heap_agg_val>(&v));
+        let Some(val) = val else { continue };
+        let (ac, ab) = sampling::scale(val.alloc_count, val.alloc_bytes, rate);
+        let (ic, ib) = sampling::scale(val.inuse_count, val.inuse_bytes, rate);
+        let row = rows
+            .entry((key.target, key.tgid, key.stack_id))
+            .or_default();
+        row[0] += ac;
+        row[1] += ab;
+        row[2] += ic;
+        row[3] += ib;
+    }
+
+    let mut b = ProfileBuilder::new(&[
+        ("alloc_objects", "count"),
+        ("alloc_space", "bytes"),
+        ("inuse_objects", "count"),
+        ("inuse_space", "bytes"),
+    ]);
+    b.period("space", "bytes", rate as i64)
+        .default_sample_type("inuse_space")
+        .time(
+            started
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64),
+            duration.as_nanos() as i64,
+        )
+        .comment(&format!(
+            "flamefleet eBPF heap sampling, one sample per {rate} bytes on average; \
+             alloc_* = allocations during the capture, inuse_* = those still live at its end"
+        ));
+    let mut symbolizer = StackSymbolizer::new(catalog.clone());
+    let mut sorted: Vec<_> = rows.into_iter().collect();
+    sorted.sort_by_key(|(k, _)| *k);
+    let mut comms: HashMap<u32, String> = HashMap::new();
+    for ((target, tgid, stack_id), row) in sorted {
+        let Some(t) = targets.get((target as usize).wrapping_sub(1)) else {
+            continue;
+        };
+        let stack = read_stack(skel, stack_id);
+        let frames = symbolizer.user_frames(&mut b, tgid, &stack);
+        let comm = comms
+            .entry(tgid)
+            .or_insert_with(|| {
+                std::fs::read_to_string(format!("/proc/{tgid}/comm"))
+                    .map(|s| s.trim().to_owned())
+                    .unwrap_or_default()
+            })
+            .clone();
+        let mut labels = target_labels(Some(t), &opts.node);
+        labels.push(Label::Num("pid".into(), i64::from(tgid), String::new()));
+        if !comm.is_empty() {
+            labels.push(Label::Str("comm".into(), comm));
+        }
+        let values: Vec<i64> = row.iter().map(|v| v.round() as i64).collect();
+        b.add_sample(&frames, &values, &labels);
+    }
+    Ok(b.build())
+}
+
+/// The user stack `id` (leaf first), empty when it was not captured.
+fn read_stack(skel: &HeapSkel<'_>, id: i32) -> Vec<u64> {
+    let Ok(id) = u32::try_from(id) else {
+        return Vec::new();
+    };
+    let bytes = skel
+        .maps
+        .heap_stacks
+        .lookup(&id.to_ne_bytes(), MapFlags::ANY)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    bytes
+        .chunks_exact(8)
+        .take(MAX_FRAMES)
+        .filter_map(|c| c.try_into().ok().map(u64::from_ne_bytes))
+        .take_while(|&a| a != 0)
+        .collect()
+}

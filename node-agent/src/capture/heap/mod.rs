@@ -1,0 +1,442 @@
+//! Heap profiles, from one of two sources:
+//!
+//! - [`endpoint`]: the pod's own pprof HTTP endpoint (Go's
+//!   `/debug/pprof/heap`, a jemalloc `/profile/heap`), fetched under strict
+//!   limits and [`merge`]d across targets with their labels;
+//! - [`ebpf`]: uprobes on the targets' [`allocators`] with byte-based
+//!   [`sampling`], for processes that serve no profile themselves.
+//!
+//! `auto` picks the endpoint when every target declares one (annotations or
+//! an explicit URL) and eBPF otherwise; the result says which was used and why.
+
+pub mod allocators;
+pub mod ebpf;
+pub mod endpoint;
+pub mod merge;
+pub mod sampling;
+
+use std::fmt;
+use std::time::Duration;
+
+use flamefleet_proto::pprof::Profile;
+
+use self::ebpf::{EbpfHeapOptions, EbpfHeapStats};
+use self::endpoint::{EndpointError, FetchLimits, ResolvedEndpoint};
+use self::merge::{LabelledProfile, MergeError};
+use crate::capture::{CaptureError, CaptureTarget, TargetLabels};
+use crate::cgroup::Cgroup;
+use crate::pprof::Label;
+
+/// Which source the caller asks for (`heap.source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum HeapSource {
+    /// Endpoint when every target declares one, eBPF otherwise.
+    #[default]
+    Auto,
+    /// The pods' pprof HTTP endpoints.
+    Endpoint,
+    /// eBPF allocation sampling.
+    Ebpf,
+}
+
+/// The source a capture actually used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeapSourceUsed {
+    /// The pods' pprof HTTP endpoints.
+    Endpoint,
+    /// eBPF allocation sampling.
+    Ebpf,
+}
+
+impl fmt::Display for HeapSourceUsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HeapSourceUsed::Endpoint => "endpoint",
+            HeapSourceUsed::Ebpf => "ebpf",
+        })
+    }
+}
+
+/// Errors of a heap capture.
+#[derive(Debug, thiserror::Error)]
+pub enum HeapError {
+    /// The request cannot be served as asked.
+    #[error("invalid heap request: {0}")]
+    Invalid(String),
+    /// An endpoint is malformed.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// Every endpoint failed (the messages of each, one per line).
+    #[error("no heap profile could be fetched:\n{}", .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
+    Endpoints(Vec<EndpointError>),
+    /// The fetched profiles could not be merged.
+    #[error(transparent)]
+    Merge(#[from] MergeError),
+    /// The eBPF capture failed.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+}
+
+/// One thing to profile: its labels, its cgroup (for eBPF) and its endpoint.
+#[derive(Debug, Clone)]
+pub struct HeapTarget {
+    /// Kubernetes identity for the labels.
+    pub labels: TargetLabels,
+    /// The cgroup, when eBPF may be used.
+    pub cgroup: Option<Cgroup>,
+    /// The endpoint (see [`endpoint::resolve_endpoint`]), when one may be used.
+    pub endpoint: Option<ResolvedEndpoint>,
+}
+
+/// A heap capture request.
+#[derive(Debug, Clone)]
+pub struct HeapRequest {
+    /// Requested source.
+    pub source: HeapSource,
+    /// What to profile.
+    pub targets: Vec<HeapTarget>,
+    /// eBPF settings (duration, sample bytes, map sizes, node).
+    pub ebpf: EbpfHeapOptions,
+    /// Endpoint limits.
+    pub fetch: FetchLimits,
+    /// Endpoint: ask for Go's delta profile over this many seconds (0: the
+    /// current heap, which is what jemalloc endpoints serve).
+    pub delta_seconds: u64,
+}
+
+/// A heap profile and how it was obtained.
+#[derive(Debug, Clone)]
+pub struct HeapProfile {
+    /// The profile (Go heap layout for eBPF; whatever the endpoint serves otherwise).
+    pub profile: Profile,
+    /// The source used.
+    pub source: HeapSourceUsed,
+    /// Why that source was used.
+    pub reason: String,
+    /// eBPF counters, for the eBPF source.
+    pub ebpf_stats: Option<EbpfHeapStats>,
+    /// Endpoints that failed while others succeeded.
+    pub warnings: Vec<String>,
+}
+
+/// Builds the request of `flamefleet-agent capture --type heap`: one target
+/// per cgroup, or one target with the explicit endpoint (and the cgroup, if
+/// exactly one was given, so that `--heap-source ebpf` can still use it).
+pub fn cli_request(
+    source: HeapSource,
+    cgroups: &[CaptureTarget],
+    endpoint: Option<endpoint::HeapEndpoint>,
+    duration: Duration,
+    sample_bytes: u64,
+    delta_seconds: u64,
+    node: &str,
+) -> Result<HeapRequest, HeapError> {
+    let targets = match endpoint {
+        Some(ep) => {
+            if cgroups.len() > 1 {
+                return Err(HeapError::Invalid(format!(
+                    "an endpoint profiles one process: expected at most one --cgroup with it, \
+                     found {}",
+                    cgroups.len()
+                )));
+            }
+            vec![HeapTarget {
+                labels: cgroups
+                    .first()
+                    .map(|t| t.labels.clone())
+                    .unwrap_or_default(),
+                cgroup: cgroups.first().map(|t| t.cgroup.clone()),
+                endpoint: Some(ResolvedEndpoint {
+                    endpoint: ep,
+                    origin: endpoint::EndpointOrigin::Explicit,
+                }),
+            }]
+        }
+        None => cgroups
+            .iter()
+            .map(|t| HeapTarget {
+                labels: t.labels.clone(),
+                cgroup: Some(t.cgroup.clone()),
+                endpoint: None,
+            })
+            .collect(),
+    };
+    Ok(HeapRequest {
+        source,
+        targets,
+        ebpf: EbpfHeapOptions {
+            duration,
+            sample_bytes,
+            node: node.to_owned(),
+            ..EbpfHeapOptions::default()
+        },
+        fetch: FetchLimits::default(),
+        delta_seconds,
+    })
+}
+
+impl HeapProfile {
+    /// A short report: source and why, totals per sample type, eBPF counters.
+    pub fn text(&self) -> String {
+        let p = &self.profile;
+        let name = |i: i64| p.string_table.get(i as usize).map_or("?", String::as_str);
+        let mut out = format!("heap profile from {} ({})\n", self.source, self.reason);
+        for (i, vt) in p.sample_type.iter().enumerate() {
+            let total: i64 = p.sample.iter().filter_map(|s| s.value.get(i)).sum();
+            out.push_str(&format!(
+                "  {:<14} {total} {}\n",
+                name(vt.r#type),
+                name(vt.unit)
+            ));
+        }
+        if let Some(st) = &self.ebpf_stats {
+            out.push_str(&format!(
+                "  allocation calls {}, sampled {}, freed {}; drops: live map {}, rows {}, \
+                 stacks {}, thread state {}, notifications {}; allocators: {}\n",
+                st.calls,
+                st.sampled,
+                st.freed,
+                st.dropped_live_full,
+                st.dropped_rows_full,
+                st.dropped_stacks,
+                st.dropped_thread_state,
+                st.dropped_notifications,
+                st.allocators.join(", ")
+            ));
+        }
+        for w in &self.warnings {
+            out.push_str(&format!("  warning: {w}\n"));
+        }
+        out
+    }
+}
+
+/// Decides the source for `targets`, or says why the request cannot be served.
+pub fn choose_source(
+    requested: HeapSource,
+    targets: &[HeapTarget],
+) -> Result<(HeapSourceUsed, String), HeapError> {
+    if targets.is_empty() {
+        return Err(HeapError::Invalid("no target given".into()));
+    }
+    let name = |t: &HeapTarget| {
+        if t.labels.pod.is_empty() {
+            t.cgroup.as_ref().map_or_else(
+                || "(unnamed target)".to_owned(),
+                |c| c.path.display().to_string(),
+            )
+        } else {
+            format!("{}/{}", t.labels.namespace, t.labels.pod)
+        }
+    };
+    let without_cgroup = targets.iter().find(|t| t.cgroup.is_none());
+    let without_endpoint = targets.iter().find(|t| t.endpoint.is_none());
+    let undeclared = targets
+        .iter()
+        .find(|t| !t.endpoint.as_ref().is_some_and(|e| e.origin.is_declared()));
+    match requested {
+        HeapSource::Endpoint => match without_endpoint {
+            Some(t) => Err(HeapError::Invalid(format!(
+                "source endpoint: expected an endpoint for every target, found none for {}; \
+                 give one or annotate the pod with {}",
+                name(t),
+                endpoint::ANNOTATION_PORT
+            ))),
+            None => Ok((HeapSourceUsed::Endpoint, "requested: endpoint".into())),
+        },
+        HeapSource::Ebpf => match without_cgroup {
+            Some(t) => Err(HeapError::Invalid(format!(
+                "source ebpf: expected a cgroup for every target, found none for {}",
+                name(t)
+            ))),
+            None => Ok((HeapSourceUsed::Ebpf, "requested: ebpf".into())),
+        },
+        HeapSource::Auto => match (undeclared, without_cgroup) {
+            (None, _) => Ok((
+                HeapSourceUsed::Endpoint,
+                "auto: every target declares a pprof endpoint".into(),
+            )),
+            (Some(t), None) => Ok((
+                HeapSourceUsed::Ebpf,
+                format!(
+                    "auto: {} declares no pprof endpoint, so eBPF sampling",
+                    name(t)
+                ),
+            )),
+            (Some(t), Some(c)) => Err(HeapError::Invalid(format!(
+                "auto: {} declares no endpoint and {} has no cgroup, so neither source covers \
+                 every target",
+                name(t),
+                name(c)
+            ))),
+        },
+    }
+}
+
+/// Runs a heap capture. Blocking: call it from a thread that may block (the
+/// endpoint source runs its own small async runtime).
+pub fn capture(req: &HeapRequest) -> Result<HeapProfile, HeapError> {
+    let (source, reason) = choose_source(req.source, &req.targets)?;
+    match source {
+        HeapSourceUsed::Ebpf => {
+            let targets: Vec<CaptureTarget> = req
+                .targets
+                .iter()
+                .filter_map(|t| {
+                    t.cgroup.clone().map(|cgroup| CaptureTarget {
+                        cgroup,
+                        labels: t.labels.clone(),
+                    })
+                })
+                .collect();
+            let (profile, stats) = ebpf::capture(&targets, &req.ebpf)?;
+            Ok(HeapProfile {
+                profile,
+                source,
+                reason,
+                ebpf_stats: Some(stats),
+                warnings: Vec::new(),
+            })
+        }
+        HeapSourceUsed::Endpoint => {
+            let (profile, warnings) = fetch_all(req)?;
+            Ok(HeapProfile {
+                profile,
+                source,
+                reason,
+                ebpf_stats: None,
+                warnings,
+            })
+        }
+    }
+}
+
+/// Fetches every target's endpoint concurrently, keeps the successes and
+/// merges them; fails only when none succeeded.
+fn fetch_all(req: &HeapRequest) -> Result<(Profile, Vec<String>), HeapError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            HeapError::Capture(CaptureError::Io {
+                action: "starting the HTTP client runtime".into(),
+                source: e,
+            })
+        })?;
+    let mut limits = req.fetch.clone();
+    limits.total_timeout += Duration::from_secs(req.delta_seconds);
+    let jobs: Vec<(TargetLabels, endpoint::HeapEndpoint)> = req
+        .targets
+        .iter()
+        .filter_map(|t| {
+            t.endpoint.as_ref().map(|e| {
+                (
+                    t.labels.clone(),
+                    e.endpoint.clone().with_delta_seconds(req.delta_seconds),
+                )
+            })
+        })
+        .collect();
+    let results = runtime.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, (_, ep)) in jobs.iter().enumerate() {
+            let (ep, limits) = (ep.clone(), limits.clone());
+            set.spawn(async move { (i, endpoint::fetch_profile(&ep, &limits).await) });
+        }
+        let mut out = Vec::new();
+        while let Some(joined) = set.join_next().await {
+            if let Ok(r) = joined {
+                out.push(r);
+            }
+        }
+        out.sort_by_key(|(i, _)| *i);
+        out
+    });
+    let mut parts = Vec::new();
+    let mut errors = Vec::new();
+    for (i, result) in results {
+        match result {
+            Ok(profile) => {
+                let l = &jobs[i].0;
+                parts.push(LabelledProfile {
+                    profile,
+                    labels: vec![
+                        Label::Str("namespace".into(), l.namespace.clone()),
+                        Label::Str("pod".into(), l.pod.clone()),
+                        Label::Str("container".into(), l.container.clone()),
+                        Label::Str("node".into(), req.ebpf.node.clone()),
+                    ],
+                });
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    if parts.is_empty() {
+        return Err(HeapError::Endpoints(errors));
+    }
+    let profile = merge::merge(&parts)?;
+    Ok((profile, errors.iter().map(ToString::to_string).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use endpoint::{EndpointOrigin, HeapEndpoint};
+
+    fn target(cgroup: bool, origin: Option<EndpointOrigin>) -> HeapTarget {
+        HeapTarget {
+            labels: TargetLabels {
+                namespace: "shop".into(),
+                pod: "web-1".into(),
+                container: String::new(),
+            },
+            cgroup: cgroup.then(|| Cgroup {
+                path: "/sys/fs/cgroup/x".into(),
+                id: 7,
+            }),
+            endpoint: origin.map(|origin| ResolvedEndpoint {
+                endpoint: HeapEndpoint::parse_url("http://10.0.0.1:6060/debug/pprof/heap").unwrap(),
+                origin,
+            }),
+        }
+    }
+
+    #[test]
+    fn auto_prefers_declared_endpoints_and_falls_back_to_ebpf() {
+        let declared = target(true, Some(EndpointOrigin::Annotations));
+        let undeclared = target(true, Some(EndpointOrigin::Defaults));
+        let (s, why) = choose_source(HeapSource::Auto, std::slice::from_ref(&declared)).unwrap();
+        assert_eq!(s, HeapSourceUsed::Endpoint, "{why}");
+        let (s, why) =
+            choose_source(HeapSource::Auto, &[declared.clone(), undeclared.clone()]).unwrap();
+        assert_eq!(s, HeapSourceUsed::Ebpf);
+        assert!(
+            why.contains("shop/web-1 declares no pprof endpoint"),
+            "{why}"
+        );
+        let (s, _) = choose_source(HeapSource::Auto, &[target(true, None)]).unwrap();
+        assert_eq!(s, HeapSourceUsed::Ebpf);
+        let e = choose_source(HeapSource::Auto, &[target(false, None)]).unwrap_err();
+        assert!(e.to_string().contains("neither source"), "{e}");
+    }
+
+    #[test]
+    fn explicit_sources_need_what_they_use() {
+        let (s, _) = choose_source(
+            HeapSource::Endpoint,
+            &[target(false, Some(EndpointOrigin::Defaults))],
+        )
+        .unwrap();
+        assert_eq!(s, HeapSourceUsed::Endpoint);
+        let e = choose_source(HeapSource::Endpoint, &[target(true, None)]).unwrap_err();
+        assert!(e.to_string().contains(endpoint::ANNOTATION_PORT), "{e}");
+        let (s, _) = choose_source(
+            HeapSource::Ebpf,
+            &[target(true, Some(EndpointOrigin::Explicit))],
+        )
+        .unwrap();
+        assert_eq!(s, HeapSourceUsed::Ebpf);
+        assert!(choose_source(HeapSource::Ebpf, &[target(false, None)]).is_err());
+        assert!(choose_source(HeapSource::Auto, &[]).is_err());
+    }
+}

@@ -1,0 +1,3 @@
+module flamefleet.dev/goheap
+
+go 1.22
