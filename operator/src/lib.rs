@@ -1,1 +1,3 @@
 //! The Flamefleet operator.
+
+pub mod store;

@@ -1,0 +1,308 @@
+//! The built-in store's HTTP server.
+//!
+//! - `PUT /v1/artifacts/<key>?expires=&max=[&sha256=]&sig=`: upload with a signed URL.
+//! - `GET /v1/artifacts/<key>`: download with a signed URL, or with
+//!   `Authorization: Bearer <kubernetes token>` of a user who may `get` the ProfileRequest.
+//! - `DELETE /v1/artifacts/<namespace>/<request-name>-<uid>?expires=&sig=`: delete a request's
+//!   artifacts with a signed URL.
+//! - `GET /healthz`.
+//!
+//! Errors are JSON `{"error": "..."}` with 400 (bad key), 401 (no or unknown credentials),
+//! 403 (bad, expired or mismatched signature, or not allowed), 404, 413 (too large),
+//! 422 (checksum mismatch), 507 (disk full).
+
+use std::{sync::Arc, time::SystemTime};
+
+use axum::{
+    Json, Router,
+    body::Body,
+    extract::{DefaultBodyLimit, Query, State},
+    http::{HeaderMap, HeaderValue, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use percent_encoding::percent_decode_str;
+use serde_json::json;
+use tokio_util::io::ReaderStream;
+
+use super::{ARTIFACTS_PATH, BuiltinStore};
+use crate::store::{
+    ArtifactKey, ArtifactStore, KeyError, RequestRef, SHA256_HEADER, Sha256Digest, StoreError,
+    authorize::{Decision, DownloadAuthorizer},
+    signing::{SignatureError, SignedQuery},
+};
+
+/// An HTTP error: a status and a message for the client.
+#[derive(Debug)]
+pub struct HttpError {
+    status: StatusCode,
+    message: String,
+}
+
+impl HttpError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(json!({ "error": self.message }))).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"flamefleet-artifacts\""),
+            );
+        }
+        response
+    }
+}
+
+impl From<KeyError> for HttpError {
+    fn from(e: KeyError) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, e.to_string())
+    }
+}
+
+impl From<SignatureError> for HttpError {
+    fn from(e: SignatureError) -> Self {
+        let status = match e {
+            SignatureError::Missing(_) => StatusCode::UNAUTHORIZED,
+            _ => StatusCode::FORBIDDEN,
+        };
+        Self::new(status, e.to_string())
+    }
+}
+
+impl From<StoreError> for HttpError {
+    fn from(e: StoreError) -> Self {
+        let status = match &e {
+            StoreError::Key(_) | StoreError::Interrupted { .. } => StatusCode::BAD_REQUEST,
+            StoreError::NotFound { .. } => StatusCode::NOT_FOUND,
+            StoreError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            StoreError::ChecksumMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            StoreError::StorageFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
+            StoreError::Io { .. }
+            | StoreError::Metadata { .. }
+            | StoreError::ObjectStore(_)
+            | StoreError::Config(_) => {
+                tracing::error!(error = %e, "artifact store failure");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        Self::new(status, e.to_string())
+    }
+}
+
+#[derive(Clone)]
+struct ServerState {
+    store: Arc<BuiltinStore>,
+    authorizer: Arc<dyn DownloadAuthorizer>,
+}
+
+/// The HTTP routes of the built-in store, ready to be served with `axum::serve`.
+///
+/// `authorizer` decides bearer-token downloads; use
+/// [`RejectTokens`](crate::store::authorize::RejectTokens) to allow signed URLs only.
+pub fn router(store: Arc<BuiltinStore>, authorizer: Arc<dyn DownloadAuthorizer>) -> Router {
+    let artifacts = format!("/{ARTIFACTS_PATH}{{*key}}");
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route(
+            &artifacts,
+            get(get_artifact).put(put_artifact).delete(delete_request),
+        )
+        // Uploads are bounded by the signed limit while streaming, not by a global cap.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(ServerState { store, authorizer })
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// The decoded path components after `/v1/artifacts/`; an empty trailing one is dropped.
+fn key_segments(uri: &Uri) -> Result<Vec<String>, HttpError> {
+    let raw = uri.path();
+    let rest = raw
+        .strip_prefix('/')
+        .and_then(|p| p.strip_prefix(ARTIFACTS_PATH))
+        .unwrap_or(raw);
+    let mut segments = Vec::new();
+    for part in rest.split('/') {
+        let decoded = percent_decode_str(part).decode_utf8().map_err(|_| {
+            HttpError::new(
+                StatusCode::BAD_REQUEST,
+                format!("invalid artifact key {rest:?}: percent-encoding is not UTF-8"),
+            )
+        })?;
+        // An encoded slash would smuggle an extra path component past the split.
+        if decoded.contains('/') {
+            return Err(KeyError::Shape {
+                found: rest.to_owned(),
+            }
+            .into());
+        }
+        segments.push(decoded.into_owned());
+    }
+    if segments.len() > 1 && segments.last().is_some_and(String::is_empty) {
+        segments.pop();
+    }
+    Ok(segments)
+}
+
+fn artifact_key(uri: &Uri) -> Result<ArtifactKey, HttpError> {
+    Ok(ArtifactKey::parse(&key_segments(uri)?.join("/"))?)
+}
+
+fn now() -> SystemTime {
+    SystemTime::now()
+}
+
+fn header_sha256(headers: &HeaderMap) -> Result<Option<Sha256Digest>, HttpError> {
+    let Some(value) = headers.get(SHA256_HEADER) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or_default();
+    text.parse().map(Some).map_err(|_| {
+        HttpError::new(
+            StatusCode::BAD_REQUEST,
+            format!("header {SHA256_HEADER} is {text:?}; expected 64 hexadecimal characters"),
+        )
+    })
+}
+
+async fn put_artifact(
+    State(state): State<ServerState>,
+    uri: Uri,
+    Query(query): Query<SignedQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, HttpError> {
+    let key = artifact_key(&uri)?;
+    let grant = state
+        .store
+        .signer()
+        .verify("PUT", &key.to_string(), &query, now())?;
+    let limit = grant
+        .max_bytes
+        .unwrap_or(0)
+        .min(state.store.max_upload_bytes());
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(len) = announced.filter(|len| *len > limit) {
+        // Refused before reading a byte.
+        return Err(StoreError::TooLarge {
+            key: key.to_string(),
+            max: limit,
+            found: len,
+        }
+        .into());
+    }
+    let expected: Vec<Sha256Digest> = grant
+        .sha256
+        .into_iter()
+        .chain(header_sha256(&headers)?)
+        .collect();
+    let digest = state
+        .store
+        .write_artifact(&key, body.into_data_stream(), limit, &expected)
+        .await?;
+    tracing::info!(%key, size = digest.size_bytes, sha256 = %digest.sha256, "artifact stored");
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "key": key.to_string(),
+            "sizeBytes": digest.size_bytes,
+            "sha256": digest.sha256,
+        })),
+    )
+        .into_response())
+}
+
+async fn get_artifact(
+    State(state): State<ServerState>,
+    uri: Uri,
+    Query(query): Query<SignedQuery>,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let key = artifact_key(&uri)?;
+    if query.is_signed() {
+        state
+            .store
+            .signer()
+            .verify("GET", &key.to_string(), &query, now())?;
+    } else {
+        authorize_bearer(&state, &headers, key.request()).await?;
+    }
+    let (file, digest) = state.store.open_artifact(&key).await?;
+    let mut response = Body::from_stream(ReaderStream::new(file)).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(digest.size_bytes));
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, no-store"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&digest.sha256.to_string()) {
+        h.insert(SHA256_HEADER, v);
+    }
+    Ok(response)
+}
+
+async fn authorize_bearer(
+    state: &ServerState,
+    headers: &HeaderMap,
+    request: &RequestRef,
+) -> Result<(), HttpError> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            HttpError::new(
+                StatusCode::UNAUTHORIZED,
+                "no credentials: use a signed download URL or send `Authorization: Bearer <kubernetes token>`",
+            )
+        })?;
+    match state.authorizer.authorize(token, request).await {
+        Ok(Decision::Allowed) => Ok(()),
+        Ok(Decision::Unauthenticated { reason }) => {
+            Err(HttpError::new(StatusCode::UNAUTHORIZED, reason))
+        }
+        Ok(Decision::Denied { reason }) => Err(HttpError::new(StatusCode::FORBIDDEN, reason)),
+        Err(e) => {
+            tracing::warn!(error = %e, "download authorization failed");
+            Err(HttpError::new(
+                StatusCode::BAD_GATEWAY,
+                format!("could not check the bearer token: {e}"),
+            ))
+        }
+    }
+}
+
+async fn delete_request(
+    State(state): State<ServerState>,
+    uri: Uri,
+    Query(query): Query<SignedQuery>,
+) -> Result<Response, HttpError> {
+    let prefix = key_segments(&uri)?.join("/");
+    let request = RequestRef::parse_prefix(&prefix)?;
+    state
+        .store
+        .signer()
+        .verify("DELETE", &request.prefix(), &query, now())?;
+    let deleted = state.store.delete_request(&request).await?;
+    tracing::info!(%request, deleted, "artifacts deleted");
+    Ok((StatusCode::OK, Json(json!({ "deleted": deleted }))).into_response())
+}
