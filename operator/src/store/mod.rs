@@ -15,6 +15,7 @@
 
 pub mod authorize;
 pub mod builtin;
+pub mod crypto_provider;
 pub mod digest;
 pub mod key;
 pub mod s3;
@@ -26,6 +27,7 @@ use async_trait::async_trait;
 use thiserror::Error;
 use url::Url;
 
+pub use crypto_provider::install_default_crypto_provider;
 pub use digest::{ArtifactDigest, Sha256Digest};
 pub use key::{ArtifactKey, KeyError, RequestRef};
 
