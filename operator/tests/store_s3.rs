@@ -260,3 +260,55 @@ async fn s3_expired_url_is_refused() {
     assert_eq!(status, StatusCode::FORBIDDEN, "{text}");
     assert!(store.list(&req).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn s3_upload_bound_to_a_sha256_refuses_other_bodies() {
+    let server = S3Server::start().await;
+    let store = server.store();
+    let req = RequestRef::new("shop", "bound", uid()).unwrap();
+    let key = req.artifact("cpu.pb.gz").unwrap();
+    let body = payload(4000);
+    let mut bound = limits(1 << 20);
+    bound.sha256 = Some(Sha256Digest::of(&body));
+    let target = store.upload_target(&key, &bound).await.unwrap();
+    assert_eq!(target.headers.len(), 1, "{:?}", target.headers);
+    let http = reqwest::Client::new();
+    let send = |body: Vec<u8>, with_header: bool| {
+        let mut r = http.put(target.url.clone()).body(body);
+        if with_header {
+            for (name, value) in &target.headers {
+                r = r.header(name, value);
+            }
+        }
+        r.send()
+    };
+
+    // Without the signed header the signature does not match.
+    let r = send(body.clone(), false).await.unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // Another body with the header: the server refuses the digest.
+    let r = send(payload(3999), true).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    // AWS keeps nothing after a BadDigest; s3s-fs 0.14 keeps the refused body. Either way
+    // verification never accepts it and leaves nothing behind.
+    let err = store
+        .verify_upload(&key, 1 << 20, bound.sha256)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::ChecksumMismatch { .. } | StoreError::NotFound { .. }
+        ),
+        "{err}"
+    );
+    assert!(store.list(&req).await.unwrap().is_empty());
+
+    let r = send(body.clone(), true).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap());
+    let digest = store
+        .verify_upload(&key, 1 << 20, bound.sha256)
+        .await
+        .unwrap();
+    assert_eq!(digest.size_bytes, 4000);
+}

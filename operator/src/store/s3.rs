@@ -1,20 +1,23 @@
 //! The S3-compatible backend, through the `object_store` crate.
 //!
 //! Upload and download URLs are SigV4 pre-signed URLs from `object_store`'s [`Signer`].
-//! A pre-signed PUT cannot carry a size limit, and S3-compatible servers differ in how they
-//! check checksums, so both are enforced by [`ArtifactStore::verify_upload`], which the
-//! operator calls once an agent reports an upload: it reads the object back, and deletes it
-//! when it is too large or its SHA-256 is wrong.
+//! When the SHA-256 is known in advance, the upload URL binds an `x-amz-checksum-sha256`
+//! header into its signature, so the server refuses a different body. A pre-signed PUT
+//! cannot carry a size limit, and a SHA-256 is not always known in advance, so both are
+//! also enforced by [`ArtifactStore::verify_upload`], which the operator calls once an agent
+//! reports an upload: it reads the object back, and deletes it when it is too large or its
+//! SHA-256 is wrong.
 
 use std::{sync::Arc, time::Duration, time::SystemTime};
 
 use async_trait::async_trait;
+use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use futures::{StreamExt, TryStreamExt};
 use object_store::{
     ObjectStore, ObjectStoreExt,
     aws::{AmazonS3, AmazonS3Builder},
     path::Path,
-    signer::{Method, Signer},
+    signer::{HeaderName, HeaderValue, Method, SignedUrlOptions, Signer},
 };
 use sha2::{Digest, Sha256};
 use url::Url;
@@ -59,6 +62,9 @@ impl std::fmt::Debug for S3Config {
 pub struct S3Store {
     s3: Arc<AmazonS3>,
 }
+
+/// The S3 header carrying the body's SHA-256, base64-encoded.
+const CHECKSUM_SHA256_HEADER: &str = "x-amz-checksum-sha256";
 
 fn object_path(key: &ArtifactKey) -> Path {
     Path::from(key.to_string())
@@ -130,13 +136,27 @@ impl ArtifactStore for S3Store {
         key: &ArtifactKey,
         limits: &UploadLimits,
     ) -> Result<UploadTarget> {
+        let mut options = SignedUrlOptions::new();
+        let mut headers = Vec::new();
+        if let Some(sha) = limits.sha256 {
+            // S3 checks this header against the body and refuses a mismatch (BadDigest);
+            // signing it makes the uploader send exactly this value.
+            let value = BASE64.encode(sha.as_bytes());
+            let header_value = HeaderValue::from_str(&value)
+                .map_err(|e| StoreError::Config(format!("checksum header value: {e}")))?;
+            options = options.with_signed_header(
+                HeaderName::from_static(CHECKSUM_SHA256_HEADER),
+                header_value,
+            );
+            headers.push((CHECKSUM_SHA256_HEADER.to_owned(), value));
+        }
         let url = self
             .s3
-            .signed_url(Method::PUT, &object_path(key), limits.ttl)
+            .signed_url_opts(Method::PUT, &object_path(key), limits.ttl, &options)
             .await?;
         Ok(UploadTarget {
             url,
-            headers: Vec::new(),
+            headers,
             expires_at: SystemTime::now() + limits.ttl,
             max_bytes: limits.max_bytes,
         })
