@@ -1,12 +1,9 @@
 //! The built-in artifact store over real HTTP on 127.0.0.1 and a real directory.
 
-use std::{
-    collections::HashSet,
-    path::{Path, PathBuf},
-    sync::Arc,
-    sync::atomic::{AtomicU32, Ordering},
-    time::Duration,
-};
+use std::{collections::HashSet, path::PathBuf, sync::Arc, time::Duration};
+
+mod store_support;
+use store_support::{files_under, payload, unique_uid};
 
 use async_trait::async_trait;
 use flamefleet_operator::store::{
@@ -17,13 +14,6 @@ use flamefleet_operator::store::{
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use url::Url;
-
-/// A unique, valid UID per call, so tests never share a prefix.
-fn uid() -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{:08x}-0000-4000-8000-{:012x}", std::process::id(), n)
-}
 
 /// Test authorizer: `token` → the (namespace, name) pairs it may read; "unknown" tokens are
 /// unauthenticated.
@@ -95,22 +85,9 @@ impl Server {
         }
     }
 
-    /// Every regular file under the root, relative, including temporary uploads.
+    /// Every file under the root, including temporary uploads.
     fn files(&self) -> Vec<String> {
-        fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    walk(&path, root, out);
-                } else {
-                    out.push(path.strip_prefix(root).unwrap().display().to_string());
-                }
-            }
-        }
-        let mut out = Vec::new();
-        walk(&self.root, &self.root, &mut out);
-        out.sort();
-        out
+        files_under(&self.root)
     }
 
     async fn upload_url(&self, key: &ArtifactKey, max: u64, sha: Option<Sha256Digest>) -> Url {
@@ -129,11 +106,7 @@ impl Server {
 }
 
 fn request(ns: &str, name: &str) -> RequestRef {
-    RequestRef::new(ns, name, uid()).unwrap()
-}
-
-fn payload(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i * 31 % 251) as u8).collect()
+    RequestRef::new(ns, name, unique_uid()).unwrap()
 }
 
 #[tokio::test]

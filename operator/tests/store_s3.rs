@@ -6,7 +6,6 @@
 use std::{
     path::PathBuf,
     process::{Child, Command, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -17,16 +16,13 @@ use flamefleet_operator::store::{
 use reqwest::StatusCode;
 use url::Url;
 
+mod store_support;
+use store_support::{files_under, payload, unique_uid};
+
 const DEFAULT_BINARY: &str = "/var/cache/flamefleet/s3s-fs/bin/s3s-fs";
 const BUCKET: &str = "flamefleet-artifacts";
 const ACCESS_KEY: &str = "flamefleet-test";
 const SECRET_KEY: &str = "flamefleet-test-secret-key-0123456789";
-
-fn uid() -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{:08x}-0000-4000-9000-{:012x}", std::process::id(), n)
-}
 
 /// One `s3s-fs` process over a temporary directory; killed on drop.
 struct S3Server {
@@ -103,26 +99,10 @@ impl S3Server {
     }
 
     /// Every file the server keeps for the bucket, relative to it.
+    /// Every file the server keeps for the bucket, relative to it.
     fn files(&self) -> Vec<String> {
-        fn walk(dir: &std::path::Path, root: &std::path::Path, out: &mut Vec<String>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    walk(&path, root, out);
-                } else {
-                    out.push(path.strip_prefix(root).unwrap().display().to_string());
-                }
-            }
-        }
-        let mut out = Vec::new();
-        walk(&self.bucket_dir, &self.bucket_dir, &mut out);
-        out.sort();
-        out
+        files_under(&self.bucket_dir)
     }
-}
-
-fn payload(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i * 17 % 253) as u8).collect()
 }
 
 fn limits(max_bytes: u64) -> UploadLimits {
@@ -147,8 +127,8 @@ async fn put(url: Url, body: Vec<u8>) -> (StatusCode, String) {
 async fn s3_upload_download_verify_and_delete() {
     let server = S3Server::start().await;
     let store = server.store();
-    let req = RequestRef::new("shop", "checkout-cpu", uid()).unwrap();
-    let other = RequestRef::new("shop", "checkout-cpu-2", uid()).unwrap();
+    let req = RequestRef::new("shop", "checkout-cpu", unique_uid()).unwrap();
+    let other = RequestRef::new("shop", "checkout-cpu-2", unique_uid()).unwrap();
     let key = req.artifact("cpu-worker-1.pb.gz").unwrap();
     let body = payload(300_000);
     let sha = Sha256Digest::of(&body);
@@ -221,7 +201,7 @@ async fn s3_upload_download_verify_and_delete() {
 async fn s3_oversized_or_mismatched_uploads_are_removed_at_verification() {
     let server = S3Server::start().await;
     let store = server.store();
-    let req = RequestRef::new("team-b", "heap", uid()).unwrap();
+    let req = RequestRef::new("team-b", "heap", unique_uid()).unwrap();
 
     let big = req.artifact("big.pb.gz").unwrap();
     let t = store.upload_target(&big, &limits(1000)).await.unwrap();
@@ -250,7 +230,7 @@ async fn s3_oversized_or_mismatched_uploads_are_removed_at_verification() {
 async fn s3_expired_url_is_refused() {
     let server = S3Server::start().await;
     let store = server.store();
-    let req = RequestRef::new("shop", "expiry", uid()).unwrap();
+    let req = RequestRef::new("shop", "expiry", unique_uid()).unwrap();
     let key = req.artifact("a.pb.gz").unwrap();
     let mut short = limits(1024);
     short.ttl = Duration::from_secs(1);
@@ -265,7 +245,7 @@ async fn s3_expired_url_is_refused() {
 async fn s3_upload_bound_to_a_sha256_refuses_other_bodies() {
     let server = S3Server::start().await;
     let store = server.store();
-    let req = RequestRef::new("shop", "bound", uid()).unwrap();
+    let req = RequestRef::new("shop", "bound", unique_uid()).unwrap();
     let key = req.artifact("cpu.pb.gz").unwrap();
     let body = payload(4000);
     let mut bound = limits(1 << 20);

@@ -124,6 +124,32 @@ impl StoreError {
 /// Result type of the artifact store.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// Checks what was stored under `key` against its size limit and expected SHA-256.
+///
+/// Shared by the backends' `verify_upload`, which delete the artifact when this fails.
+pub(crate) fn check_digest(
+    key: &ArtifactKey,
+    digest: &ArtifactDigest,
+    max_bytes: u64,
+    expected: Option<Sha256Digest>,
+) -> Result<()> {
+    if digest.size_bytes > max_bytes {
+        return Err(StoreError::TooLarge {
+            key: key.to_string(),
+            max: max_bytes,
+            found: digest.size_bytes,
+        });
+    }
+    match expected {
+        Some(expected) if expected != digest.sha256 => Err(StoreError::ChecksumMismatch {
+            key: key.to_string(),
+            expected,
+            found: digest.sha256,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// What an upload URL should allow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UploadLimits {

@@ -24,7 +24,7 @@ use url::Url;
 
 use super::{
     ArtifactDigest, ArtifactKey, ArtifactStore, RequestRef, Result, Sha256Digest, StoreError,
-    StoredArtifact, UploadLimits, UploadTarget,
+    StoredArtifact, UploadLimits, UploadTarget, check_digest,
 };
 
 /// Configuration of an S3-compatible bucket.
@@ -175,22 +175,17 @@ impl ArtifactStore for S3Store {
         max_bytes: u64,
         expected: Option<Sha256Digest>,
     ) -> Result<ArtifactDigest> {
-        let digest = match self.digest_of(key, max_bytes).await {
-            Err(e @ StoreError::TooLarge { .. }) => {
+        let checked = self
+            .digest_of(key, max_bytes)
+            .await
+            .and_then(|digest| check_digest(key, &digest, max_bytes, expected).map(|()| digest));
+        match checked {
+            Err(e @ (StoreError::TooLarge { .. } | StoreError::ChecksumMismatch { .. })) => {
                 self.delete_object(key).await?;
-                return Err(e);
+                Err(e)
             }
-            other => other?,
-        };
-        if let Some(expected) = expected.filter(|e| *e != digest.sha256) {
-            self.delete_object(key).await?;
-            return Err(StoreError::ChecksumMismatch {
-                key: key.to_string(),
-                expected,
-                found: digest.sha256,
-            });
+            other => other,
         }
-        Ok(digest)
     }
 
     async fn list(&self, request: &RequestRef) -> Result<Vec<StoredArtifact>> {

@@ -27,7 +27,7 @@ use url::Url;
 
 use super::{
     ArtifactDigest, ArtifactKey, ArtifactStore, RequestRef, Result, Sha256Digest, StoreError,
-    StoredArtifact, UploadLimits, UploadTarget,
+    StoredArtifact, UploadLimits, UploadTarget, check_digest,
     signing::{Grant, UrlSigner},
 };
 
@@ -340,21 +340,9 @@ impl ArtifactStore for BuiltinStore {
         expected: Option<Sha256Digest>,
     ) -> Result<ArtifactDigest> {
         let digest = self.read_digest(key, &self.object_path(key)).await?;
-        if digest.size_bytes > max_bytes {
+        if let Err(e) = check_digest(key, &digest, max_bytes, expected) {
             self.remove_artifact(key).await?;
-            return Err(StoreError::TooLarge {
-                key: key.to_string(),
-                max: max_bytes,
-                found: digest.size_bytes,
-            });
-        }
-        if let Some(expected) = expected.filter(|e| *e != digest.sha256) {
-            self.remove_artifact(key).await?;
-            return Err(StoreError::ChecksumMismatch {
-                key: key.to_string(),
-                expected,
-                found: digest.sha256,
-            });
+            return Err(e);
         }
         Ok(digest)
     }
