@@ -562,3 +562,35 @@ async fn bearer_downloads_follow_the_authorizer() {
         StatusCode::NOT_FOUND
     );
 }
+
+#[tokio::test]
+async fn concurrent_uploads_of_one_key_keep_bytes_and_digest_together() {
+    let srv = Server::start(1 << 20, TableAuthorizer::default()).await;
+    let req = request("shop", "race");
+    let key = req.artifact("cpu.pb.gz").unwrap();
+    let url = srv.upload_url(&key, 1 << 20, None).await;
+    let bodies: Vec<Vec<u8>> = (0..8u8)
+        .map(|i| {
+            let mut b = payload(50_000 + usize::from(i) * 1000);
+            b[0] = i;
+            b
+        })
+        .collect();
+    let uploads = bodies.iter().map(|b| srv.put(url.clone(), b.clone()));
+    for (status, text) in futures::future::join_all(uploads).await {
+        assert_eq!(status, StatusCode::CREATED, "{text}");
+    }
+    let get = srv
+        .store
+        .download_url(&key, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let r = srv.http.get(get).send().await.unwrap();
+    let announced = r.headers()[SHA256_HEADER].to_str().unwrap().to_owned();
+    let got = r.bytes().await.unwrap();
+    assert!(bodies.iter().any(|b| b.as_slice() == got.as_ref()));
+    assert_eq!(announced, Sha256Digest::of(&got).to_string());
+    let digest = srv.store.verify_upload(&key, 1 << 20, None).await.unwrap();
+    assert_eq!(digest.sha256, Sha256Digest::of(&got));
+    assert_eq!(leftovers(&srv, &req).len(), 2, "{:?}", srv.files());
+}

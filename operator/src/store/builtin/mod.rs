@@ -70,6 +70,10 @@ pub struct BuiltinStore {
     base: Url,
     signer: UrlSigner,
     max_upload_bytes: u64,
+    /// Held while an artifact and its metadata are renamed into place, and while they are
+    /// read together, so that concurrent uploads of one key never pair one upload's bytes
+    /// with another's metadata. Renames are quick; streaming happens outside the lock.
+    commit_lock: tokio::sync::Mutex<()>,
 }
 
 impl BuiltinStore {
@@ -96,6 +100,7 @@ impl BuiltinStore {
             base,
             signer,
             max_upload_bytes: config.max_upload_bytes,
+            commit_lock: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -207,6 +212,7 @@ impl BuiltinStore {
             .map_err(|e| StoreError::io(&meta_dir, e))?;
         let meta_tmp = self.write_tmp_meta(&digest).await?;
         let dest = self.object_path(key);
+        let _commit = self.commit_lock.lock().await;
         tmp_path
             .persist(&dest)
             .map_err(|e| StoreError::io(&dest, e.error))?;
@@ -243,6 +249,7 @@ impl BuiltinStore {
         key: &ArtifactKey,
     ) -> Result<(tokio::fs::File, ArtifactDigest)> {
         let path = self.object_path(key);
+        let _commit = self.commit_lock.lock().await;
         let file = tokio::fs::File::open(&path)
             .await
             .map_err(|e| match e.kind() {
@@ -339,6 +346,7 @@ impl ArtifactStore for BuiltinStore {
         max_bytes: u64,
         expected: Option<Sha256Digest>,
     ) -> Result<ArtifactDigest> {
+        let _commit = self.commit_lock.lock().await;
         let digest = self.read_digest(key, &self.object_path(key)).await?;
         if let Err(e) = check_digest(key, &digest, max_bytes, expected) {
             self.remove_artifact(key).await?;
