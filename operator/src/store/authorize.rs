@@ -176,3 +176,139 @@ impl DownloadAuthorizer for KubeAuthorizer {
         }
     }
 }
+
+/// Remembers another authorizer's decisions for a short time, so that downloading the
+/// several artifacts of one request costs one TokenReview and one SubjectAccessReview.
+///
+/// Bounded: at most `max_entries` decisions, each kept for `ttl`. When the cache is full
+/// of live entries, new decisions are simply not remembered. Errors are never cached.
+/// A revoked permission can thus outlive its revocation by up to `ttl`.
+#[derive(Debug)]
+pub struct CachedAuthorizer<A> {
+    inner: A,
+    ttl: std::time::Duration,
+    max_entries: usize,
+    entries: std::sync::Mutex<std::collections::HashMap<[u8; 32], (std::time::Instant, Decision)>>,
+}
+
+impl<A: DownloadAuthorizer> CachedAuthorizer<A> {
+    /// Caches `inner`'s decisions for `ttl`, at most `max_entries` of them.
+    pub fn new(inner: A, ttl: std::time::Duration, max_entries: usize) -> Self {
+        Self {
+            inner,
+            ttl,
+            max_entries,
+            entries: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// The cache key: a digest, so that tokens are not kept in memory in clear.
+    fn cache_key(token: &str, request: &RequestRef) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for part in [token, request.namespace(), request.name()] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        h.finalize().into()
+    }
+}
+
+#[async_trait]
+impl<A: DownloadAuthorizer> DownloadAuthorizer for CachedAuthorizer<A> {
+    async fn authorize(
+        &self,
+        token: &str,
+        request: &RequestRef,
+    ) -> Result<Decision, AuthorizeError> {
+        let key = Self::cache_key(token, request);
+        let now = std::time::Instant::now();
+        {
+            // A poisoned lock only means another thread panicked mid-update of a cache:
+            // its content is still a valid map.
+            let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, decision)) = entries.get(&key)
+                && now.duration_since(*at) < self.ttl
+            {
+                return Ok(decision.clone());
+            }
+        }
+        let decision = self.inner.authorize(token, request).await?;
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.len() >= self.max_entries {
+            entries.retain(|_, (at, _)| now.duration_since(*at) < self.ttl);
+        }
+        if entries.len() < self.max_entries {
+            entries.insert(key, (now, decision.clone()));
+        }
+        Ok(decision)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        sync::atomic::{AtomicUsize, Ordering},
+        time::Duration,
+    };
+
+    use super::*;
+
+    #[derive(Debug, Default)]
+    struct Counting(AtomicUsize);
+
+    #[async_trait]
+    impl DownloadAuthorizer for Counting {
+        async fn authorize(&self, token: &str, _: &RequestRef) -> Result<Decision, AuthorizeError> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(if token == "good" {
+                Decision::Allowed
+            } else {
+                Decision::Denied {
+                    reason: "no".into(),
+                }
+            })
+        }
+    }
+
+    const UID: &str = "0f8fad5b-d9cb-469f-a165-70867728950e";
+
+    #[tokio::test]
+    async fn cache_answers_repeats_and_stays_bounded() {
+        let cache = CachedAuthorizer::new(Counting::default(), Duration::from_secs(60), 2);
+        let a = RequestRef::new("ns", "a", UID).unwrap();
+        let b = RequestRef::new("ns", "b", UID).unwrap();
+        let c = RequestRef::new("ns", "c", UID).unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                cache.authorize("good", &a).await.unwrap(),
+                Decision::Allowed
+            );
+        }
+        assert_eq!(cache.inner.0.load(Ordering::Relaxed), 1);
+        // Another request or token is another decision.
+        assert!(matches!(
+            cache.authorize("bad", &a).await.unwrap(),
+            Decision::Denied { .. }
+        ));
+        assert_eq!(
+            cache.authorize("good", &b).await.unwrap(),
+            Decision::Allowed
+        );
+        assert_eq!(cache.inner.0.load(Ordering::Relaxed), 3);
+        // Full: the next decision is made but not remembered.
+        cache.authorize("good", &c).await.unwrap();
+        cache.authorize("good", &c).await.unwrap();
+        assert_eq!(cache.inner.0.load(Ordering::Relaxed), 5);
+        assert_eq!(cache.entries.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn expired_decisions_are_asked_again() {
+        let cache = CachedAuthorizer::new(Counting::default(), Duration::ZERO, 10);
+        let a = RequestRef::new("ns", "a", UID).unwrap();
+        cache.authorize("good", &a).await.unwrap();
+        cache.authorize("good", &a).await.unwrap();
+        assert_eq!(cache.inner.0.load(Ordering::Relaxed), 2);
+    }
+}
