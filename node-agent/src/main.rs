@@ -10,6 +10,7 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
+    flamefleet_agent::capture::route_libbpf_logs();
     let cli = Cli::parse();
     match cli.command {
         Command::Capture(args) => match run_capture(&args) {

@@ -8,7 +8,9 @@ use std::io::{BufRead as _, BufReader, Read as _};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use flamefleet_agent::capture::runqlat::{Histogram, LatencyUnit, RunqlatOptions, RunqlatResult};
+use flamefleet_agent::capture::runqlat::{
+    Histogram, LatencyUnit, RunqlatOptions, RunqlatResult, StartStorage,
+};
 use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
 use support::{Decoded, TestCgroup, compile_c, pinned, pprof_top, require_root, serial};
 
@@ -313,4 +315,50 @@ fn waits_are_attributed_to_the_waiting_task_not_the_waker() {
         (theirs as f64) < 0.2 * ours as f64,
         "libbpf-tools -c should miss the reader's waits (waker in another cgroup): {theirs} vs ours {ours}"
     );
+}
+
+#[test]
+fn hash_map_fallback_matches_task_storage() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let sleeper = compile_c(dir.path(), "ffsleeper", SLEEPER);
+    let mut target = TestCgroup::new("rq-storage");
+    target.spawn(&mut pinned(0, &sleeper, &[]));
+    std::thread::sleep(Duration::from_millis(200));
+    // Two registries: two samplers, one per start-timestamp storage.
+    let task = Samplers::new(SamplerConfig::default());
+    let hash = Samplers::new(SamplerConfig {
+        force_start_hash: true,
+        ..SamplerConfig::default()
+    });
+    let t = [CaptureTarget::raw(target.cgroup.clone())];
+    let ms = RunqlatOptions {
+        per_process: true,
+        unit: LatencyUnit::Millis,
+    };
+    // Load both samplers first so that the two capture windows line up.
+    let warm = TestCgroup::new("rq-storage-warm");
+    let w = [CaptureTarget::raw(warm.cgroup.clone())];
+    let _keep = (
+        task.start_runqlat(&w, &ms).unwrap(),
+        hash.start_runqlat(&w, &ms).unwrap(),
+    );
+    let a = task.start_runqlat(&t, &ms).unwrap();
+    let b = hash.start_runqlat(&t, &ms).unwrap();
+    assert_eq!(a.sampler().storage(), StartStorage::TaskStorage);
+    assert_eq!(b.sampler().storage(), StartStorage::HashMap);
+    std::thread::sleep(Duration::from_secs(2));
+    let (ra, rb) = (a.finish().unwrap(), b.finish().unwrap());
+    let (na, nb) = (total(&ra).count() as f64, total(&rb).count() as f64);
+    eprintln!("task storage {na}, hash map {nb}");
+    assert!(
+        na > 1000.0 && (na - nb).abs() <= 0.05 * na,
+        "task {na} vs hash {nb}"
+    );
+    // Per-process, in milliseconds: one histogram for the sleeper, all < 2 ms.
+    assert_eq!(ra.histograms.len(), 1, "{:?}", ra.histograms);
+    assert_eq!(ra.histograms[0].comm, "ffsleeper");
+    assert!(ra.histograms[0].slots[0] as f64 >= 0.95 * na);
+    assert!(ra.text().contains("msecs") && ra.text().contains("pid = "));
 }

@@ -226,3 +226,13 @@ pub(crate) fn target_labels(
     }
     labels
 }
+
+/// Sends libbpf's own messages to `tracing` (target `libbpf`, debug level)
+/// instead of stderr: our errors already say what failed; set
+/// `RUST_LOG=libbpf=debug` to see libbpf's detail (e.g. the verifier log).
+pub fn route_libbpf_logs() {
+    fn forward(level: libbpf_rs::PrintLevel, msg: String) {
+        tracing::debug!(target: "libbpf", ?level, "{}", msg.trim_end());
+    }
+    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, forward)));
+}

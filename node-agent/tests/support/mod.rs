@@ -53,6 +53,14 @@ impl TestCgroup {
         }
     }
 
+    /// Manages an existing cgroup (e.g. a child made with create_dir).
+    pub fn adopt(cgroup: Cgroup) -> Self {
+        Self {
+            cgroup,
+            children: Vec::new(),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.cgroup.path
     }

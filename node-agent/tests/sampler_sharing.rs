@@ -1,0 +1,192 @@
+//! One sampler per type per node: 100 target cgroups and 3 concurrent
+//! captures cost exactly one perf event per online CPU, each capture gets
+//! only its own samples back, and the sampler stops with the last capture.
+
+mod support;
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flamefleet_agent::capture::cpu::{CpuOptions, CpuSamples};
+use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
+use support::{TestCgroup, compile_c, require_root, serial};
+
+const SPIN: &str = r#"
+static volatile unsigned long sink;
+int main(void) { for (;;) sink++; }
+"#;
+
+/// Open perf-event fds of this process ("anon_inode:[perf_event]").
+fn perf_event_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .map(|l| l.to_string_lossy() == "anon_inode:[perf_event]")
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+fn online_cpus() -> usize {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    text.trim()
+        .split(',')
+        .map(|p| match p.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
+}
+
+fn pids(r: &CpuSamples) -> HashSet<u32> {
+    r.samples.iter().map(|s| s.tgid).collect()
+}
+
+#[test]
+fn hundred_cgroups_three_captures_use_one_perf_event_per_cpu() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let spin = compile_c(dir.path(), "ffspin", SPIN);
+    let mut cgroups: Vec<TestCgroup> = (0..100)
+        .map(|i| TestCgroup::new(&format!("scale{i}")))
+        .collect();
+    // One busy process in a cgroup only capture A targets, one only C targets.
+    let pid_a = cgroups[5].spawn(&mut Command::new(&spin));
+    let pid_c = cgroups[95].spawn(&mut Command::new(&spin));
+    let targets: Vec<CaptureTarget> = cgroups
+        .iter()
+        .map(|c| CaptureTarget::raw(c.cgroup.clone()))
+        .collect();
+    assert_eq!(perf_event_fds(), 0, "no perf events before the captures");
+
+    let samplers = Arc::new(Samplers::new(SamplerConfig::default()));
+    let ranges = [0..40, 30..70, 60..100];
+    // All three run at once: measured after every capture started and
+    // before any finished.
+    let barrier = Arc::new(std::sync::Barrier::new(ranges.len()));
+    let handles: Vec<_> = ranges
+        .iter()
+        .cloned()
+        .map(|range| {
+            let samplers = samplers.clone();
+            let barrier = barrier.clone();
+            let mine = targets[range].to_vec();
+            std::thread::spawn(move || {
+                let c = samplers
+                    .start_cpu(&mine, &CpuOptions::default())
+                    .expect("start capture");
+                let sampler = c.sampler().clone();
+                barrier.wait();
+                std::thread::sleep(Duration::from_secs(3));
+                let fds = perf_event_fds();
+                let cgroups_in_map = sampler.target_cgroups();
+                barrier.wait();
+                (
+                    c.finish().expect("finish"),
+                    fds,
+                    sampler.perf_events(),
+                    cgroups_in_map,
+                )
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let cpus = online_cpus();
+    for (r, fds, perf_events, in_map) in &results {
+        eprintln!(
+            "capture: {} samples, {fds} perf fds, {perf_events} perf events, {in_map} cgroups in the map",
+            r.total()
+        );
+        assert_eq!(*fds, cpus, "perf-event fds must equal the online CPUs");
+        assert_eq!(*perf_events, cpus);
+        assert_eq!(
+            *in_map, 100,
+            "all three captures' cgroups share one target map"
+        );
+    }
+    let (a, b, c) = (&results[0].0, &results[1].0, &results[2].0);
+    assert!(
+        pids(a).contains(&pid_a) && !pids(a).contains(&pid_c),
+        "A sees only its targets"
+    );
+    assert!(
+        pids(c).contains(&pid_c) && !pids(c).contains(&pid_a),
+        "C sees only its targets"
+    );
+    assert!(
+        !pids(b).contains(&pid_a) && !pids(b).contains(&pid_c),
+        "B targets neither"
+    );
+    assert!(
+        a.total() > 20 && c.total() > 20,
+        "A {} C {}",
+        a.total(),
+        c.total()
+    );
+    // The last capture stopped the sampler.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        perf_event_fds(),
+        0,
+        "the sampler stops with the last capture"
+    );
+    for c in &mut cgroups {
+        c.kill_all();
+    }
+}
+
+#[test]
+fn a_capture_joining_later_gets_only_samples_from_after_it_started() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let spin = compile_c(dir.path(), "ffspin", SPIN);
+    let mut cg = TestCgroup::new("join");
+    cg.spawn(&mut Command::new(&spin));
+    let samplers = Samplers::new(SamplerConfig::default());
+    let target = [CaptureTarget::raw(cg.cgroup.clone())];
+    let first = samplers.start_cpu(&target, &CpuOptions::default()).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    // Joins the running sampler (and its 200 Hz request yields to 99 Hz).
+    let second = samplers
+        .start_cpu(
+            &target,
+            &CpuOptions {
+                frequency: 200,
+                ..CpuOptions::default()
+            },
+        )
+        .unwrap();
+    assert!(
+        Arc::ptr_eq(first.sampler(), second.sampler()),
+        "one sampler per type"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let second = second.finish().unwrap();
+    let first = first.finish().unwrap();
+    eprintln!(
+        "first {} samples over 4 s, second {} over 1 s",
+        first.total(),
+        second.total()
+    );
+    assert_eq!(
+        second.options.frequency, 99,
+        "the running sampler's frequency is reported"
+    );
+    assert!(
+        second.total() * 2 < first.total(),
+        "the joining capture must not inherit earlier counts: {} vs {}",
+        second.total(),
+        first.total()
+    );
+    assert!(
+        second.total() > 30,
+        "it still gets its own second: {}",
+        second.total()
+    );
+}
