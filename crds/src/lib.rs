@@ -1,1 +1,76 @@
 //! Flamefleet API types, group `flamefleet.dev`, version `v1alpha1`.
+//!
+//! - [`ProfileRequest`]: one on-demand capture (cpu, heap or runqlat) of selected pods.
+//! - [`SamplingPolicy`] / [`ClusterSamplingPolicy`]: scheduled, sampled captures.
+//!
+//! Validation lives in the generated OpenAPI schema (bounds, enums, CEL rules) so the API
+//! server itself rejects bad objects; the pure helpers here (durations, phases, conditions,
+//! server-side-apply bodies) are what the operator, the agent and the CLI share.
+
+pub mod conditions;
+pub mod crd_yaml;
+pub mod duration;
+pub mod phase;
+pub mod profile_request;
+pub mod sampling_policy;
+pub mod status_apply;
+
+pub use phase::{NodePhase, RequestPhase};
+pub use profile_request::{
+    Artifact, CpuOptions, HeapEndpoint, HeapOptions, HeapSource, LatencySummary, NodeStatus,
+    ProfileRequest, ProfileRequestSpec, ProfileRequestStatus, ProfileSummary, ProfileType,
+    RunqlatOptions, RunqlatUnit,
+};
+pub use sampling_policy::{
+    ClusterSamplingPolicy, ClusterSamplingPolicySpec, HistoryLimits, NodeBudget, RunReference,
+    SamplingLimits, SamplingPolicy, SamplingPolicySpec, SamplingPolicyStatus,
+};
+
+/// The API group of every Flamefleet kind.
+pub const GROUP: &str = "flamefleet.dev";
+/// The API version of every Flamefleet kind.
+pub const VERSION: &str = "v1alpha1";
+
+/// Errors of the pure helpers in this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A duration string is not of the form the schema accepts.
+    #[error(
+        "invalid duration {found:?}: {reason}; expected a number with a unit (ms, s, m, h), e.g. \"30s\", \"2m\" or \"1m30s\""
+    )]
+    InvalidDuration {
+        /// The rejected input.
+        found: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A duration parsed but lies outside the allowed range.
+    #[error("duration {found:?} is out of range: it must be at least {min:?} and at most {max:?}")]
+    DurationOutOfRange {
+        /// The rejected input.
+        found: String,
+        /// The smallest allowed value.
+        min: std::time::Duration,
+        /// The largest allowed value.
+        max: std::time::Duration,
+    },
+    /// An object could not be serialized to JSON.
+    #[error("cannot serialize {what} to JSON: {source}")]
+    Json {
+        /// What was being serialized.
+        what: String,
+        /// The serializer's error.
+        source: serde_json::Error,
+    },
+    /// A CRD could not be rendered as YAML.
+    #[error("cannot render CRD {name} as YAML: {source}")]
+    Yaml {
+        /// The CRD's name.
+        name: String,
+        /// The serializer's error.
+        source: serde_yaml::Error,
+    },
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

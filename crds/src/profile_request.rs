@@ -1,0 +1,420 @@
+//! `ProfileRequest`: one capture of one profile type for selected pods of one namespace.
+
+// Each `printcolumn(...)` repeats the same keys, which clippy mistakes for duplicates.
+#![allow(clippy::duplicated_attributes)]
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::duration::{DURATION_PATTERN, parse_capture_duration};
+use crate::phase::{NodePhase, RequestPhase};
+
+/// Default sampling frequency of a CPU profile, in Hz (off the 100 Hz tick to avoid lockstep).
+pub const DEFAULT_FREQUENCY_HZ: i32 = 99;
+/// Default path of a pod's heap-profile endpoint (Go's net/http/pprof).
+pub const DEFAULT_HEAP_PATH: &str = "/debug/pprof/heap";
+
+/// What a user asks for: profile `type` for the pods picked by `selector` and/or `podNames`,
+/// for `duration`. The spec is immutable once created.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "flamefleet.dev",
+    version = "v1alpha1",
+    kind = "ProfileRequest",
+    namespaced,
+    shortname = "preq",
+    category = "flamefleet",
+    status = "ProfileRequestStatus",
+    derive = "PartialEq",
+    doc = "A request to capture a CPU profile, a heap profile or a run-queue latency histogram of selected pods",
+    printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Pods", type_ = "integer", json_path = ".status.podCount"),
+    printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.nodeCount"),
+    printcolumn(name = "Duration", type_ = "string", json_path = ".spec.duration"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.spec == oldSelf.spec").message("spec is immutable: delete the ProfileRequest and create a new one")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.selector) || (has(self.podNames) && size(self.podNames) > 0)").message("either selector or podNames must be set"),
+    validation = Rule::new("!has(self.cpu) || self.type == 'cpu'").message("cpu options are only allowed when type is cpu"),
+    validation = Rule::new("!has(self.heap) || self.type == 'heap'").message("heap options are only allowed when type is heap"),
+    validation = Rule::new("!has(self.runqlat) || self.type == 'runqlat'").message("runqlat options are only allowed when type is runqlat")
+)]
+pub struct ProfileRequestSpec {
+    /// The profile to capture: cpu, heap or runqlat.
+    #[serde(rename = "type")]
+    pub profile_type: ProfileType,
+    /// Pods of the request's namespace to profile, by label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// Pods of the request's namespace to profile, by name (added to those of `selector`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 253)))]
+    pub pod_names: Vec<String>,
+    /// How long to capture, e.g. `30s`, `2m`, `1m30s`; at least 1s, at most 10m.
+    #[schemars(length(max = 32), pattern(DURATION_PATTERN))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('10m')").message("duration must be at least 1s and at most 10m"))]
+    pub duration: String,
+    /// Options of a cpu profile; only with `type: cpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuOptions>,
+    /// Options of a heap profile; only with `type: heap`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap: Option<HeapOptions>,
+    /// Options of a runqlat histogram; only with `type: runqlat`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runqlat: Option<RunqlatOptions>,
+    /// Delete the request this many seconds after it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i64>,
+}
+
+impl ProfileRequestSpec {
+    /// The capture duration, parsed and checked against the 1s..=10m bounds.
+    ///
+    /// # Errors
+    /// When `duration` is malformed or out of bounds (the API server rejects both, so this
+    /// only fails for specs that did not come through it).
+    pub fn capture_duration(&self) -> crate::Result<Duration> {
+        parse_capture_duration(&self.duration)
+    }
+
+    /// The cpu sampling frequency: `cpu.frequencyHz` or the 99 Hz default.
+    pub fn frequency_hz(&self) -> i32 {
+        self.cpu
+            .as_ref()
+            .map_or(DEFAULT_FREQUENCY_HZ, |cpu| cpu.frequency_hz)
+    }
+
+    /// The heap options, defaults filled in when absent.
+    pub fn heap_options(&self) -> HeapOptions {
+        self.heap.clone().unwrap_or_default()
+    }
+
+    /// The runqlat options, defaults filled in when absent.
+    pub fn runqlat_options(&self) -> RunqlatOptions {
+        self.runqlat.clone().unwrap_or_default()
+    }
+}
+
+/// The kind of profile to capture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProfileType {
+    /// On-CPU stacks sampled by perf events.
+    Cpu,
+    /// Heap allocations, from the pod's pprof endpoint or eBPF uprobes.
+    Heap,
+    /// Run-queue latency histogram from scheduler tracepoints.
+    Runqlat,
+}
+
+impl ProfileType {
+    /// The wire name (`cpu`, `heap`, `runqlat`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Heap => "heap",
+            Self::Runqlat => "runqlat",
+        }
+    }
+}
+
+impl std::fmt::Display for ProfileType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Options of a cpu profile.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuOptions {
+    /// Samples per second per CPU, 1 to 1000.
+    #[serde(default = "default_frequency_hz")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub frequency_hz: i32,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        Self {
+            frequency_hz: DEFAULT_FREQUENCY_HZ,
+        }
+    }
+}
+
+fn default_frequency_hz() -> i32 {
+    DEFAULT_FREQUENCY_HZ
+}
+
+/// Options of a heap profile.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeapOptions {
+    /// Where the heap profile comes from.
+    #[serde(default)]
+    pub source: HeapSource,
+    /// The pod's pprof endpoint; found from pod annotations when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<HeapEndpoint>,
+    /// Mean bytes allocated between two samples of the eBPF allocator sampler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_073_741_824))]
+    pub sample_bytes: Option<i64>,
+}
+
+/// Where a heap profile comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HeapSource {
+    /// The endpoint when the pod has one, else eBPF.
+    #[default]
+    Auto,
+    /// The pod's own pprof endpoint.
+    Endpoint,
+    /// eBPF uprobes on the allocator.
+    Ebpf,
+}
+
+/// A pod's heap-profile HTTP endpoint.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeapEndpoint {
+    /// Container port serving the profile.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// HTTP path of the profile.
+    #[serde(default = "default_heap_path")]
+    #[schemars(length(min = 1, max = 1024), pattern(r"^/"))]
+    pub path: String,
+}
+
+fn default_heap_path() -> String {
+    DEFAULT_HEAP_PATH.to_string()
+}
+
+/// Options of a runqlat histogram.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunqlatOptions {
+    /// One histogram per process instead of one per target container.
+    #[serde(default)]
+    pub per_process: bool,
+    /// Unit of the histogram buckets.
+    #[serde(default)]
+    pub unit: RunqlatUnit,
+}
+
+/// Unit of runqlat histogram buckets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RunqlatUnit {
+    /// Microseconds.
+    #[default]
+    Us,
+    /// Milliseconds.
+    Ms,
+}
+
+/// What happened to a ProfileRequest. Written only through the status subresource.
+///
+/// Field ownership under server-side apply: the operator (`flamefleet-operator`) owns
+/// everything but the contents of `nodes[]` entries it did not create; each agent
+/// (`flamefleet-agent.<node>`) applies its own `nodes[]` entry, merged by `node`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfileRequestStatus {
+    /// Overall phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RequestPhase>,
+    /// Standard conditions, one per type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` the status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When the operator started the capture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the request reached a terminal phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Number of pods targeted (the PODS column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_count: Option<i32>,
+    /// Number of nodes targeted (the NODES column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_count: Option<i32>,
+    /// One entry per node, keyed by `node`; each agent applies its own entry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["node".into()]))]
+    pub nodes: Vec<NodeStatus>,
+    /// Results summed over nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<ProfileSummary>,
+}
+
+impl ProfileRequestStatus {
+    /// The entry of `node`, if present.
+    pub fn node(&self, node: &str) -> Option<&NodeStatus> {
+        self.nodes.iter().find(|n| n.node == node)
+    }
+
+    /// The request phase implied by the node entries (see [`RequestPhase::from_nodes`]).
+    pub fn phase_from_nodes(&self) -> Option<RequestPhase> {
+        RequestPhase::from_nodes(self.nodes.iter().map(|n| n.phase))
+    }
+}
+
+/// One node's share of a request: its pods, its phase and the artifacts its agent uploaded.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// Node name (the list-map key).
+    #[schemars(length(min = 1, max = 253))]
+    pub node: String,
+    /// Phase of this node's capture; absent means Pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<NodePhase>,
+    /// Names of the targeted pods on this node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
+    /// Human-readable detail, e.g. why the capture failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Uploaded artifacts, keyed by `name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub artifacts: Vec<Artifact>,
+}
+
+/// One uploaded profile file.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    /// File name, e.g. `cpu-worker-1.pb.gz`.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Where to download it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub size_bytes: Option<i64>,
+    /// Hex sha256 of the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^[0-9a-f]{64}$"))]
+    pub sha256: Option<String>,
+    /// Number of samples in the profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub samples: Option<i64>,
+    /// pprof sample type, e.g. `cpu/nanoseconds`, `inuse_space/bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_type: Option<String>,
+}
+
+/// Results summed over all nodes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfileSummary {
+    /// Total samples over all artifacts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<i64>,
+    /// Number of artifacts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<i32>,
+    /// Run-queue latency percentiles (runqlat only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runqlat: Option<LatencySummary>,
+}
+
+/// Latency percentiles in microseconds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LatencySummary {
+    /// Number of latency events counted.
+    pub events: i64,
+    /// Median, microseconds.
+    pub p50_us: i64,
+    /// 90th percentile, microseconds.
+    pub p90_us: i64,
+    /// 99th percentile, microseconds.
+    pub p99_us: i64,
+    /// Largest bucket upper bound seen, microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_us: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec_from(json: serde_json::Value) -> ProfileRequestSpec {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn defaults_and_accessors() {
+        let spec = spec_from(serde_json::json!({
+            "type": "cpu", "podNames": ["a"], "duration": "1m30s", "cpu": {}
+        }));
+        assert_eq!(spec.frequency_hz(), 99);
+        assert_eq!(spec.capture_duration().unwrap(), Duration::from_secs(90));
+        let heap = spec_from(serde_json::json!({
+            "type": "heap", "podNames": ["a"], "duration": "5s",
+            "heap": {"source": "endpoint", "endpoint": {"port": 6060}}
+        }));
+        let opts = heap.heap_options();
+        assert_eq!(opts.source, HeapSource::Endpoint);
+        assert_eq!(opts.endpoint.unwrap().path, DEFAULT_HEAP_PATH);
+        assert_eq!(heap.runqlat_options().unit, RunqlatUnit::Us);
+    }
+
+    #[test]
+    fn optional_fields_are_not_serialized_so_apply_never_claims_them() {
+        let status = ProfileRequestStatus {
+            nodes: vec![NodeStatus {
+                node: "n1".into(),
+                phase: Some(NodePhase::Running),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&status).unwrap(),
+            serde_json::json!({"nodes": [{"node": "n1", "phase": "Running"}]})
+        );
+    }
+
+    #[test]
+    fn phase_from_nodes_treats_missing_phase_as_pending() {
+        let status = ProfileRequestStatus {
+            nodes: vec![
+                NodeStatus {
+                    node: "a".into(),
+                    phase: Some(NodePhase::Succeeded),
+                    ..Default::default()
+                },
+                NodeStatus {
+                    node: "b".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(status.phase_from_nodes(), Some(RequestPhase::Running));
+        assert_eq!(status.node("a").unwrap().phase, Some(NodePhase::Succeeded));
+        assert!(status.node("c").is_none());
+    }
+}

@@ -1,0 +1,48 @@
+//! Installing the Flamefleet CRDs and waiting until they are served.
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+
+use crate::{Error, Result, kube_err};
+
+/// Field manager the harness installs CRDs with.
+pub const FIELD_MANAGER: &str = "flamefleet-e2e";
+const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Applies every CRD of `flamefleet_api` (server-side apply, idempotent) and waits until each
+/// is Established.
+pub async fn install(client: &Client) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let crds = flamefleet_api::crd_yaml::crds();
+    for crd in &crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(crd))
+            .await
+            .map_err(kube_err(format!("applying CRD {name}")))?;
+    }
+    for crd in &crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+        match tokio::time::timeout(ESTABLISH_TIMEOUT, established).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                return Err(Error::Timeout {
+                    what: format!("CRD {name} to become Established ({e})"),
+                    seconds: ESTABLISH_TIMEOUT.as_secs(),
+                });
+            }
+            Err(_) => {
+                return Err(Error::Timeout {
+                    what: format!("CRD {name} to become Established"),
+                    seconds: ESTABLISH_TIMEOUT.as_secs(),
+                });
+            }
+        }
+    }
+    Ok(())
+}

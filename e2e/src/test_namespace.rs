@@ -1,0 +1,126 @@
+//! A namespace of its own for each test, on the shared control plane.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, PostParams};
+use kube::{Client, Resource};
+use serde_json::json;
+
+use crate::pods::{PodFixture, create_running_pod};
+use crate::{ControlPlane, Error, Result, crds, kube_err};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A unique namespace with an admin client; the Flamefleet CRDs are installed.
+///
+/// The namespace is not deleted at the end: there is no namespace controller to finish a
+/// deletion, and the per-process control plane is thrown away with the test process.
+#[derive(Clone)]
+pub struct TestNamespace {
+    name: String,
+    client: Client,
+    control_plane: &'static ControlPlane,
+}
+
+impl std::fmt::Debug for TestNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestNamespace")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestNamespace {
+    /// Starts (or reuses) the shared control plane, installs the CRDs and creates a namespace
+    /// named `<prefix>-<unique suffix>`.
+    ///
+    /// # Errors
+    /// When the control plane is unavailable (tests must fail, not skip) or the API refuses.
+    pub async fn create(prefix: &str) -> Result<Self> {
+        let control_plane = ControlPlane::shared()?;
+        let client = control_plane.client().await?;
+        crds::install(&client).await?;
+        let name = unique_name(prefix);
+        let namespace: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"flamefleet.dev/e2e": "true"}},
+        }))
+        .map_err(|source| Error::Json {
+            what: "the namespace",
+            source,
+        })?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .map_err(kube_err(format!("creating namespace {name}")))?;
+        Ok(Self {
+            name,
+            client,
+            control_plane,
+        })
+    }
+
+    /// The namespace name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The admin client.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The control plane this namespace lives on.
+    pub fn control_plane(&self) -> &'static ControlPlane {
+        self.control_plane
+    }
+
+    /// An Api for a namespaced kind in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Creates a Running pod in this namespace (see [`create_running_pod`]).
+    pub async fn running_pod(&self, fixture: &PodFixture) -> Result<Pod> {
+        create_running_pod(&self.api(), fixture).await
+    }
+
+    /// A name unique in this process and namespace-prefixed, for cluster-scoped objects.
+    pub fn unique(&self, prefix: &str) -> String {
+        unique_name(prefix)
+    }
+}
+
+/// `<prefix>-<pid>-<counter>`, cut to a valid DNS label.
+fn unique_name(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let suffix = format!("-{}-{n}", std::process::id());
+    let keep = 63usize.saturating_sub(suffix.len());
+    let prefix: String = prefix
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(keep)
+        .collect();
+    format!("{}{suffix}", prefix.trim_matches('-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unique_name;
+
+    #[test]
+    fn unique_names_are_valid_distinct_dns_labels() {
+        let a = unique_name("My_Test");
+        let b = unique_name("My_Test");
+        assert_ne!(a, b);
+        assert!(a.starts_with("my-test-"), "{a}");
+        let long = unique_name(&"x".repeat(100));
+        assert!(long.len() <= 63, "{long}");
+    }
+}

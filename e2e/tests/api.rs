@@ -1,0 +1,649 @@
+//! The Flamefleet API against a real kube-apiserver: installation, round trips, validation,
+//! the status subresource, server-side-apply merging and printer columns.
+
+use std::time::Instant;
+
+use flamefleet_api::conditions::new_condition;
+use flamefleet_api::status_apply::{
+    OPERATOR_FIELD_MANAGER, agent_field_manager, node_status_apply_body, status_apply_body,
+};
+use flamefleet_api::{
+    ClusterSamplingPolicy, NodePhase, NodeStatus, ProfileRequest, ProfileRequestStatus,
+    RequestPhase, SamplingPolicy, crd_yaml,
+};
+use flamefleet_e2e::kubectl::kubectl;
+use flamefleet_e2e::pods::PodFixture;
+use flamefleet_e2e::{ControlPlane, TestNamespace};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+use serde_json::{Value, json};
+
+fn examples_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+fn example(file: &str) -> String {
+    std::fs::read_to_string(examples_dir().join(file)).unwrap()
+}
+
+fn valid_preq(name: &str) -> Value {
+    json!({
+        "apiVersion": "flamefleet.dev/v1alpha1",
+        "kind": "ProfileRequest",
+        "metadata": {"name": name},
+        "spec": {"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "30s"},
+    })
+}
+
+fn valid_policy(kind: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "flamefleet.dev/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": {
+            "schedule": "*/5 * * * *",
+            "template": {"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "10s"},
+        },
+    })
+}
+
+fn dynamic_api<K: Resource<DynamicType = ()>>(
+    client: &Client,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    let resource = ApiResource::erase::<K>(&());
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+async fn create_raw(
+    api: &Api<DynamicObject>,
+    object: &Value,
+) -> Result<DynamicObject, kube::Error> {
+    let object: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+    api.create(&PostParams::default(), &object).await
+}
+
+#[tokio::test]
+async fn crds_install_and_become_established() {
+    let started = Instant::now();
+    let ns = TestNamespace::create("established").await.unwrap();
+    eprintln!(
+        "control plane start {:.1}s (zero when reused); first namespace ready after {:.1}s",
+        ns.control_plane().startup_time().as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    let api: Api<CustomResourceDefinition> = Api::all(ns.client());
+    for crd in crd_yaml::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        let stored = api.get(&name).await.unwrap();
+        let conditions = stored.status.unwrap().conditions.unwrap_or_default();
+        for wanted in ["Established", "NamesAccepted"] {
+            assert!(
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == wanted && c.status == "True"),
+                "{name}: {wanted} is not True in {conditions:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn valid_examples_are_accepted_and_round_trip_through_the_rust_types() {
+    let ns = TestNamespace::create("roundtrip").await.unwrap();
+    let pp = PostParams::default();
+
+    let requests: Api<ProfileRequest> = ns.api();
+    for file in [
+        "profilerequest-cpu.yaml",
+        "profilerequest-heap.yaml",
+        "profilerequest-runqlat.yaml",
+    ] {
+        let local: ProfileRequest = serde_yaml::from_str(&example(file)).unwrap();
+        let created = requests
+            .create(&pp, &local)
+            .await
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let fetched = requests
+            .get(&local.metadata.name.clone().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(fetched.spec, local.spec, "{file}");
+        assert_eq!(created.spec, local.spec, "{file}");
+        assert_eq!(fetched.metadata.namespace.as_deref(), Some(ns.name()));
+    }
+
+    let policies: Api<SamplingPolicy> = ns.api();
+    let local: SamplingPolicy = serde_yaml::from_str(&example("samplingpolicy.yaml")).unwrap();
+    policies.create(&pp, &local).await.unwrap();
+    let fetched = policies
+        .get(&local.metadata.name.clone().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(fetched.spec, local.spec);
+
+    // Cluster-scoped: give it a name unique to this test.
+    let cluster: Api<ClusterSamplingPolicy> = Api::all(ns.client());
+    let mut local: ClusterSamplingPolicy =
+        serde_yaml::from_str(&example("clustersamplingpolicy.yaml")).unwrap();
+    let name = ns.unique("fleet-runqlat");
+    local.metadata.name = Some(name.clone());
+    cluster.create(&pp, &local).await.unwrap();
+    let fetched = cluster.get(&name).await.unwrap();
+    assert_eq!(fetched.spec, local.spec);
+    assert_eq!(
+        fetched.spec.policy.template.profile_type.as_str(),
+        "runqlat"
+    );
+}
+
+#[tokio::test]
+async fn the_api_server_fills_in_schema_defaults() {
+    let ns = TestNamespace::create("defaults").await.unwrap();
+    let mut object = valid_preq("defaults");
+    object["spec"]["cpu"] = json!({});
+    let api = dynamic_api::<ProfileRequest>(&ns.client(), Some(ns.name()));
+    create_raw(&api, &object).await.unwrap();
+    let typed: Api<ProfileRequest> = ns.api();
+    let stored = typed.get("defaults").await.unwrap();
+    assert_eq!(stored.spec.cpu.unwrap().frequency_hz, 99);
+}
+
+/// One invalid object: a JSON pointer into a valid object, the value to put there (None
+/// removes it), and a fragment the API server's message must contain.
+struct Invalid {
+    kind: &'static str,
+    pointer: &'static str,
+    value: Option<Value>,
+    message: &'static str,
+}
+
+fn set_pointer(object: &mut Value, pointer: &str, value: Option<Value>) {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    let parent = object
+        .pointer_mut(parent)
+        .unwrap_or_else(|| panic!("no {parent}"));
+    let map = parent.as_object_mut().unwrap();
+    match value {
+        Some(v) => map.insert(key.to_string(), v),
+        None => map.remove(key),
+    };
+}
+
+#[tokio::test]
+async fn invalid_objects_are_rejected_with_a_clear_message() {
+    let ns = TestNamespace::create("invalid").await.unwrap();
+    let client = ns.client();
+    let pattern = "should match";
+    let cases = [
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/type",
+            value: Some(json!("gpu")),
+            message: r#"spec.type: Unsupported value: "gpu""#,
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/duration",
+            value: Some(json!("0s")),
+            message: "spec.duration: Invalid value: \"string\": duration must be at least 1s and at most 10m",
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/duration",
+            value: Some(json!("-5s")),
+            message: pattern,
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/duration",
+            value: Some(json!("soon")),
+            message: pattern,
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/duration",
+            value: Some(json!("11m")),
+            message: "duration must be at least 1s and at most 10m",
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/duration",
+            value: Some(json!("500ms")),
+            message: "duration must be at least 1s and at most 10m",
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/cpu",
+            value: Some(json!({"frequencyHz": 0})),
+            message: "spec.cpu.frequencyHz: Invalid value: 0: spec.cpu.frequencyHz in body should be greater than or equal to 1",
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/cpu",
+            value: Some(json!({"frequencyHz": 1001})),
+            message: "should be less than or equal to 1000",
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/selector",
+            value: None,
+            message: "either selector or podNames must be set",
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/heap",
+            value: Some(json!({"source": "auto"})),
+            message: "heap options are only allowed when type is heap",
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/runqlat",
+            value: Some(json!({"perProcess": true})),
+            message: "runqlat options are only allowed when type is runqlat",
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/heap",
+            value: Some(json!({"source": "magic"})),
+            message: r#"Unsupported value: "magic""#,
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/schedule",
+            value: Some(json!("every 5 minutes")),
+            message: "spec.schedule: Invalid value",
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/schedule",
+            value: Some(json!("*/5 * * *")),
+            message: pattern,
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/sampling",
+            value: Some(json!({"percent": 101})),
+            message: "spec.sampling.percent: Invalid value: 101: spec.sampling.percent in body should be less than or equal to 100",
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/template/cpu",
+            value: Some(json!({"frequencyHz": 5000})),
+            message: "spec.template.cpu.frequencyHz",
+        },
+        Invalid {
+            kind: "ClusterSamplingPolicy",
+            pointer: "/spec/template/type",
+            value: Some(json!("heap")),
+            message: "cpu options are only allowed when type is cpu",
+        },
+        Invalid {
+            kind: "ClusterSamplingPolicy",
+            pointer: "/spec/budget",
+            value: Some(json!({"maxConcurrentCapturesPerNode": 0})),
+            message: "should be greater than or equal to 1",
+        },
+    ];
+    let mut failures = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let name = format!("invalid-{i}");
+        let (mut object, api) = match case.kind {
+            "ProfileRequest" => (
+                valid_preq(&name),
+                dynamic_api::<ProfileRequest>(&client, Some(ns.name())),
+            ),
+            "SamplingPolicy" => (
+                valid_policy(case.kind, &name),
+                dynamic_api::<SamplingPolicy>(&client, Some(ns.name())),
+            ),
+            _ => {
+                let mut object = valid_policy(case.kind, &ns.unique("invalid"));
+                // Give this case the cpu options that the heap type then contradicts.
+                object["spec"]["template"]["cpu"] = json!({"frequencyHz": 99});
+                (object, dynamic_api::<ClusterSamplingPolicy>(&client, None))
+            }
+        };
+        set_pointer(&mut object, case.pointer, case.value.clone());
+        match create_raw(&api, &object).await {
+            Ok(_) => failures.push(format!(
+                "case {i} ({} {} = {:?}) was accepted",
+                case.kind, case.pointer, case.value
+            )),
+            Err(kube::Error::Api(status)) => {
+                if status.code != 422 || !status.message.contains(case.message) {
+                    failures.push(format!(
+                        "case {i} ({} {}): expected 422 containing {:?}, got {}: {}",
+                        case.kind, case.pointer, case.message, status.code, status.message
+                    ));
+                }
+            }
+            Err(e) => failures.push(format!("case {i}: unexpected error {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[tokio::test]
+async fn profile_request_spec_is_immutable_but_metadata_is_not() {
+    let ns = TestNamespace::create("immutable").await.unwrap();
+    let api = dynamic_api::<ProfileRequest>(&ns.client(), Some(ns.name()));
+    create_raw(&api, &valid_preq("frozen")).await.unwrap();
+
+    let change_spec = json!({"spec": {"duration": "45s"}});
+    let err = api
+        .patch(
+            "frozen",
+            &PatchParams::default(),
+            &Patch::Merge(&change_spec),
+        )
+        .await
+        .unwrap_err();
+    match err {
+        kube::Error::Api(status) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(
+                status.message.contains("spec is immutable"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("expected a 422, got {other}"),
+    }
+
+    let label = json!({"metadata": {"labels": {"team": "checkout"}}});
+    api.patch("frozen", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let typed: Api<ProfileRequest> = ns.api();
+    assert_eq!(typed.get("frozen").await.unwrap().spec.duration, "30s");
+
+    // A SamplingPolicy template, unlike a request, may change.
+    let policies = dynamic_api::<SamplingPolicy>(&ns.client(), Some(ns.name()));
+    create_raw(&policies, &valid_policy("SamplingPolicy", "editable"))
+        .await
+        .unwrap();
+    let change_template = json!({"spec": {"template": {"duration": "20s"}}});
+    policies
+        .patch(
+            "editable",
+            &PatchParams::default(),
+            &Patch::Merge(&change_template),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn status_is_written_only_through_the_status_subresource() {
+    let ns = TestNamespace::create("subresource").await.unwrap();
+    let api: Api<ProfileRequest> = ns.api();
+    let local: ProfileRequest = serde_yaml::from_str(&example("profilerequest-cpu.yaml")).unwrap();
+    let mut with_status = local.clone();
+    with_status.status = Some(ProfileRequestStatus {
+        phase: Some(RequestPhase::Succeeded),
+        ..Default::default()
+    });
+    // Status sent with the main resource is dropped on create...
+    let created = api
+        .create(&PostParams::default(), &with_status)
+        .await
+        .unwrap();
+    assert_eq!(created.status, None);
+
+    // ...and on update.
+    let status_patch = json!({"status": {"phase": "Failed"}});
+    let patched = api
+        .patch(
+            "checkout-cpu",
+            &PatchParams::default(),
+            &Patch::Merge(&status_patch),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.status, None);
+
+    // Through the subresource it sticks, and spec changes sent there are ignored.
+    let both = json!({"spec": {"duration": "5s"}, "status": {"phase": "Running", "podCount": 2, "nodeCount": 1}});
+    let patched = api
+        .patch_status(
+            "checkout-cpu",
+            &PatchParams::default(),
+            &Patch::Merge(&both),
+        )
+        .await
+        .unwrap();
+    let status = patched.status.unwrap();
+    assert_eq!(status.phase, Some(RequestPhase::Running));
+    assert_eq!(status.pod_count, Some(2));
+    assert_eq!(patched.spec.duration, "30s");
+
+    // The status schema is enforced too.
+    let bad = json!({"status": {"phase": "Exploded"}});
+    let err = api
+        .patch_status("checkout-cpu", &PatchParams::default(), &Patch::Merge(&bad))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(r#"Unsupported value: "Exploded""#),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn agents_and_operator_apply_status_with_their_own_field_managers_and_all_survive() {
+    let ns = TestNamespace::create("ssa").await.unwrap();
+    let api: Api<ProfileRequest> = ns.api();
+    let local: ProfileRequest = serde_yaml::from_str(&example("profilerequest-cpu.yaml")).unwrap();
+    api.create(&PostParams::default(), &local).await.unwrap();
+    let name = "checkout-cpu";
+
+    let operator = status_apply_body(
+        name,
+        &ProfileRequestStatus {
+            phase: Some(RequestPhase::Running),
+            pod_count: Some(3),
+            node_count: Some(2),
+            conditions: vec![new_condition(
+                "TargetsResolved",
+                true,
+                "PodsFound",
+                "3 pods on 2 nodes",
+                Some(1),
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                ),
+            )],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    api.patch_status(
+        name,
+        &PatchParams::apply(OPERATOR_FIELD_MANAGER),
+        &Patch::Apply(&operator),
+    )
+    .await
+    .unwrap();
+
+    let entry = |node: &str, phase: NodePhase, pods: &[&str]| NodeStatus {
+        node: node.into(),
+        phase: Some(phase),
+        pods: pods.iter().map(|p| p.to_string()).collect(),
+        ..Default::default()
+    };
+    for (node, pods) in [
+        ("worker-a", vec!["web-1", "web-2"]),
+        ("worker-b", vec!["web-3"]),
+    ] {
+        let body = node_status_apply_body(name, entry(node, NodePhase::Running, &pods)).unwrap();
+        api.patch_status(
+            name,
+            &PatchParams::apply(&agent_field_manager(node)),
+            &Patch::Apply(&body),
+        )
+        .await
+        .unwrap();
+    }
+
+    // Agent A finishes: its apply changes only its own entry.
+    let mut done = entry("worker-a", NodePhase::Succeeded, &["web-1", "web-2"]);
+    done.artifacts = vec![flamefleet_api::Artifact {
+        name: "cpu-worker-a.pb.gz".into(),
+        size_bytes: Some(4821),
+        sha256: Some("ab".repeat(32)),
+        samples: Some(2950),
+        sample_type: Some("cpu/nanoseconds".into()),
+        url: Some("http://artifacts.invalid/cpu-worker-a.pb.gz".into()),
+    }];
+    let body = node_status_apply_body(name, done).unwrap();
+    api.patch_status(
+        name,
+        &PatchParams::apply(&agent_field_manager("worker-a")),
+        &Patch::Apply(&body),
+    )
+    .await
+    .unwrap();
+
+    let stored = api.get(name).await.unwrap();
+    let status = stored.status.clone().unwrap();
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::Running),
+        "operator's fields survive"
+    );
+    assert_eq!(status.conditions.len(), 1);
+    assert_eq!(status.nodes.len(), 2, "{:?}", status.nodes);
+    let a = status.node("worker-a").unwrap();
+    assert_eq!(a.phase, Some(NodePhase::Succeeded));
+    assert_eq!(a.artifacts[0].samples, Some(2950));
+    let b = status.node("worker-b").unwrap();
+    assert_eq!(b.phase, Some(NodePhase::Running));
+    assert_eq!(b.pods, vec!["web-3"]);
+    assert_eq!(status.phase_from_nodes(), Some(RequestPhase::Running));
+
+    let managers: Vec<String> = stored
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter_map(|m| m.manager)
+        .collect();
+    for expected in [
+        OPERATOR_FIELD_MANAGER,
+        "flamefleet-agent.worker-a",
+        "flamefleet-agent.worker-b",
+    ] {
+        assert!(
+            managers.iter().any(|m| m == expected),
+            "{expected} missing from {managers:?}"
+        );
+    }
+
+    // A third agent's entry does not displace the others either; an agent that applies
+    // an empty node list releases only its own entry.
+    let release = status_apply_body(name, &ProfileRequestStatus::default()).unwrap();
+    api.patch_status(
+        name,
+        &PatchParams::apply(&agent_field_manager("worker-b")),
+        &Patch::Apply(&release),
+    )
+    .await
+    .unwrap();
+    let status = api.get(name).await.unwrap().status.unwrap();
+    assert!(status.node("worker-b").is_none(), "{:?}", status.nodes);
+    assert!(status.node("worker-a").is_some());
+}
+
+#[tokio::test]
+async fn kubectl_get_preq_shows_the_printer_columns() {
+    let ns = TestNamespace::create("kubectl").await.unwrap();
+    let api: Api<ProfileRequest> = ns.api();
+    let local: ProfileRequest = serde_yaml::from_str(&example("profilerequest-cpu.yaml")).unwrap();
+    api.create(&PostParams::default(), &local).await.unwrap();
+    let status = json!({"status": {"phase": "Running", "podCount": 3, "nodeCount": 2}});
+    api.patch_status(
+        "checkout-cpu",
+        &PatchParams::default(),
+        &Patch::Merge(&status),
+    )
+    .await
+    .unwrap();
+
+    let kubeconfig = ns.control_plane().kubeconfig();
+    let out = kubectl(kubeconfig, &["get", "preq", "-n", ns.name()]).unwrap();
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "TYPE", "PHASE", "PODS", "NODES", "DURATION", "AGE"],
+        "{out}"
+    );
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        &row[..6],
+        ["checkout-cpu", "cpu", "Running", "3", "2", "30s"],
+        "{out}"
+    );
+
+    // The category lists every Flamefleet kind.
+    let out = kubectl(kubeconfig, &["get", "flamefleet", "-n", ns.name()]).unwrap();
+    assert!(
+        out.contains("profilerequest.flamefleet.dev/checkout-cpu"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn rbac_is_enforced_for_users_without_roles() {
+    let ns = TestNamespace::create("rbac").await.unwrap();
+    let kubeconfig = ns
+        .control_plane()
+        .kubeconfig_for_user("nobody", &[])
+        .unwrap();
+    let client = flamefleet_e2e::control_plane::client_from_kubeconfig(&kubeconfig)
+        .await
+        .unwrap();
+    let api: Api<ProfileRequest> = Api::namespaced(client, ns.name());
+    match api.list(&Default::default()).await {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(
+                status
+                    .message
+                    .contains(r#"User "nobody" cannot list resource "profilerequests""#),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("expected 403 Forbidden, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn running_pod_fixture_looks_like_a_kubelet_reported_it() {
+    let ns = TestNamespace::create("pods").await.unwrap();
+    let id = format!("containerd://{}", "0123456789abcdef".repeat(4));
+    let fixture = PodFixture::new("web-1", "worker-a", &id).label("app", "web");
+    ns.running_pod(&fixture).await.unwrap();
+    let pod = ns.api::<Pod>().get("web-1").await.unwrap();
+    assert_eq!(pod.spec.unwrap().node_name.as_deref(), Some("worker-a"));
+    let status = pod.status.unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    let containers = status.container_statuses.unwrap();
+    assert_eq!(containers[0].container_id.as_deref(), Some(id.as_str()));
+    assert!(containers[0].ready);
+    assert_eq!(pod.metadata.labels.unwrap()["app"], "web");
+}
+
+#[test]
+fn shared_control_plane_reports_where_it_runs() {
+    let cp = ControlPlane::shared().unwrap();
+    assert!(cp.kubeconfig().is_file(), "{}", cp.kubeconfig().display());
+}
