@@ -4,49 +4,59 @@
 //! churns much more on top, and starts a new process image during the
 //! capture; a noise process doing the same in another cgroup must not appear.
 
-mod heap_support;
+mod support;
 
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use flamefleet_agent::capture::TargetLabels;
 use flamefleet_agent::capture::heap::ebpf::EbpfHeapOptions;
 use flamefleet_agent::capture::heap::endpoint::FetchLimits;
 use flamefleet_agent::capture::heap::{self, HeapRequest, HeapSource, HeapSourceUsed, HeapTarget};
-use heap_support::*;
+use flamefleet_proto::pprof::Sample;
+use support::{Decoded, TestCgroup, compile_c, pprof_top, require_root, serial};
 
-/// Captures in this binary share 2 CPUs and the allocator probes: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+/// Waits until the workload's report file has a line starting with `prefix`;
+/// returns the rest of that line.
+fn wait_report(dir: &Path, prefix: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(dir.join("report")).unwrap_or_default();
+        if let Some(rest) = text.lines().find_map(|l| l.strip_prefix(prefix)) {
+            return rest.trim().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workload never reported {prefix:?}; report: {text:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 
-fn live_bytes(lines: &[String], site: &str) -> f64 {
-    lines
+fn stack_has(d: &Decoded, s: &Sample, name: &str) -> bool {
+    s.location_id
         .iter()
-        .find_map(|l| l.strip_prefix(&format!("live {site} ")))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("workload did not report {site}: {lines:?}"))
+        .any(|&id| d.functions(id).contains(&name))
 }
 
 #[test]
 fn inuse_space_and_call_sites_match_the_truth() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     require_root();
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let bin = compile_c(&workload("heap_live.c"), dir.path());
-    let target_cg = TestCgroup::new("target");
-    let noise_cg = TestCgroup::new("noise");
-    let start = |cg: &TestCgroup| {
-        cg.spawn(
-            Command::new(&bin)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit()),
-        )
-    };
-    let mut target = start(&target_cg);
-    let mut noise = start(&noise_cg);
-    let target_out = Lines::new(target.stdout.take().unwrap());
-    let noise_out = Lines::new(noise.stdout.take().unwrap());
+    let bin = compile_c(
+        dir.path(),
+        "heap_live",
+        include_str!("heap_workloads/heap_live.c"),
+    );
+    let (target_dir, noise_dir) = (dir.path().join("target"), dir.path().join("noise"));
+    std::fs::create_dir(&target_dir).unwrap();
+    std::fs::create_dir(&noise_dir).unwrap();
+    let mut target_cg = TestCgroup::new("heap-target");
+    let mut noise_cg = TestCgroup::new("heap-noise");
+    target_cg.spawn(Command::new(&bin).arg(&target_dir));
+    noise_cg.spawn(Command::new(&bin).arg(&noise_dir));
 
     let sample_bytes = 128 * 1024;
     let request = HeapRequest {
@@ -73,16 +83,16 @@ fn inuse_space_and_call_sites_match_the_truth() {
     // Probes attach when the capture starts; give it a moment, then let the
     // workloads allocate.
     std::thread::sleep(Duration::from_millis(1500));
-    say(&mut target, "go");
-    say(&mut noise, "go");
-    let mut seen = Vec::new();
-    let ready = target_out.wait_for("ready ", Duration::from_secs(20), &mut seen);
-    let child_ready = target_out.wait_for("child-ready ", Duration::from_secs(20), &mut seen);
-    let mut noise_seen = Vec::new();
-    let noise_ready = noise_out.wait_for("ready ", Duration::from_secs(20), &mut noise_seen);
-    let parent_pid: i64 = ready[6..].trim().parse().unwrap();
-    let child_pid: i64 = child_ready[12..].trim().parse().unwrap();
-    let noise_pid: i64 = noise_ready[6..].trim().parse().unwrap();
+    std::fs::write(target_dir.join("go"), b"").unwrap();
+    std::fs::write(noise_dir.join("go"), b"").unwrap();
+    let parent_pid: i64 = wait_report(&target_dir, "ready ").parse().unwrap();
+    let child_pid: i64 = wait_report(&target_dir, "child-ready ").parse().unwrap();
+    let noise_pid: i64 = wait_report(&noise_dir, "ready ").parse().unwrap();
+    let truth = |site: &str| -> f64 {
+        wait_report(&target_dir, &format!("live {site} "))
+            .parse()
+            .unwrap()
+    };
 
     let result = capture.join().unwrap().expect("heap capture");
     assert_eq!(result.source, HeapSourceUsed::Ebpf, "{}", result.reason);
@@ -102,13 +112,23 @@ fn inuse_space_and_call_sites_match_the_truth() {
         0,
         "{stats:?}"
     );
-    let p = &result.profile;
+    let d = Decoded {
+        profile: result.profile.clone(),
+    };
+    let p = &d.profile;
+    let s = |i: i64| d.string(i);
+    let sample_index = |name: &str| {
+        p.sample_type
+            .iter()
+            .position(|vt| s(vt.r#type) == name)
+            .expect("sample type")
+    };
 
     // Go's heap layout, with inuse_space the default and the sampling period.
     let names: Vec<_> = p
         .sample_type
         .iter()
-        .map(|vt| format!("{}/{}", s(p, vt.r#type), s(p, vt.unit)))
+        .map(|vt| format!("{}/{}", s(vt.r#type), s(vt.unit)))
         .collect();
     assert_eq!(
         names,
@@ -119,21 +139,20 @@ fn inuse_space_and_call_sites_match_the_truth() {
             "inuse_space/bytes"
         ]
     );
-    assert_eq!(s(p, p.default_sample_type), "inuse_space");
+    assert_eq!(s(p.default_sample_type), "inuse_space");
     assert_eq!(p.period, sample_bytes as i64);
-    let inuse = sample_index(p, "inuse_space");
-    let alloc = sample_index(p, "alloc_space");
+    let inuse = sample_index("inuse_space");
+    let alloc = sample_index("alloc_space");
 
     let (mut a, mut b, mut c, mut churn_inuse, mut churn_alloc, mut parent_total) =
         (0f64, 0f64, 0f64, 0f64, 0f64, 0f64);
     for sample in &p.sample {
-        let pid = num_label(p, sample, "pid").expect("pid label");
+        let pid = d.num_label(sample, "pid").expect("pid label");
         assert_ne!(pid, noise_pid, "the noise process must never appear");
-        assert_eq!(str_label(p, sample, "pod"), Some("live-set"));
-        assert_eq!(str_label(p, sample, "node"), Some("test-node"));
-        let fns = stack_functions(p, sample);
+        assert_eq!(d.label(sample, "pod"), Some("live-set"));
+        assert_eq!(d.label(sample, "node"), Some("test-node"));
         let v = sample.value[inuse] as f64;
-        let has = |name: &str| fns.iter().any(|f| f == name);
+        let has = |name: &str| stack_has(&d, sample, name);
         if pid == parent_pid {
             parent_total += v;
             if has("site_a") {
@@ -148,9 +167,7 @@ fn inuse_space_and_call_sites_match_the_truth() {
             c += v;
         }
     }
-    let truth_a = live_bytes(&seen, "site_a");
-    let truth_b = live_bytes(&seen, "site_b");
-    let truth_c = live_bytes(&seen, "site_c");
+    let (truth_a, truth_b, truth_c) = (truth("site_a"), truth("site_b"), truth("site_c"));
     let truth = truth_a + truth_b;
     eprintln!(
         "inuse: parent {parent_total:.0} (truth {truth:.0}), site_a {a:.0} (truth {truth_a:.0}), \
@@ -184,8 +201,10 @@ fn inuse_space_and_call_sites_match_the_truth() {
         "child process started during the capture: site_c {c:.0} vs truth {truth_c:.0}"
     );
 
-    let top = pprof_top(p, &["-sample_index=inuse_space"]);
+    let file = dir.path().join("heap.pb.gz");
+    flamefleet_agent::cli::write_profile(&file, p).unwrap();
+    let top = pprof_top(&file, &["-sample_index=inuse_space"]);
     assert!(top.contains("site_a") && top.contains("site_b"), "{top}");
-    drop(target);
-    drop(noise);
+    target_cg.kill_all();
+    noise_cg.kill_all();
 }

@@ -1,14 +1,15 @@
 /*
  * Heap test workload with a known live set.
  *
- *   heap_live            waits for a line on stdin, then keeps 48 MiB live from
+ *   heap_live DIR        waits until DIR/go exists, then keeps 48 MiB live from
  *                        site_a (malloc) and 16 MiB from site_b (calloc), in blocks
  *                        of 1 KiB - 1 MiB (log-uniform), churns 256 MiB through
  *                        churn_site (malloc/realloc/posix_memalign, all freed), starts
- *                        "heap_live child" (a new process image) and sleeps.
- *   heap_live child      keeps 8 MiB live from site_c and sleeps.
+ *                        "heap_live DIR child" (a new process image) and sleeps.
+ *   heap_live DIR child  keeps 8 MiB live from site_c and sleeps.
  *
- * Prints "live <site> <bytes>" for each site and "ready" when done; exits when stdin closes.
+ * Appends "live <site> <bytes>" for each site, then "ready <pid>" / "child-ready <pid>", to
+ * DIR/report; both sleep until killed.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -79,29 +80,40 @@ static size_t fill(void (*site)(size_t), size_t target)
 	return live;
 }
 
-static void wait_for_stdin_eof(void)
-{
-	char buf[64];
+static FILE *report;
 
-	while (read(0, buf, sizeof(buf)) > 0)
-		;
+static void say(const char *fmt, size_t v)
+{
+	fprintf(report, fmt, v);
+	fflush(report);
+}
+
+static void sleep_forever(void)
+{
+	for (;;)
+		pause();
 }
 
 int main(int argc, char **argv)
 {
-	char line[64];
+	char path[4096];
 	size_t a = 0, b = 0;
 
-	setvbuf(stdout, NULL, _IONBF, 0);
-	if (argc > 1 && strcmp(argv[1], "child") == 0) {
-		rng ^= 0x9e3779b97f4a7c15ULL;
-		printf("live site_c %zu\n", fill(site_c, 8u << 20));
-		printf("child-ready %d\n", getpid());
-		wait_for_stdin_eof();
-		return 0;
-	}
-	if (!fgets(line, sizeof(line), stdin))
+	if (argc < 2)
+		return 2;
+	snprintf(path, sizeof(path), "%s/report", argv[1]);
+	report = fopen(path, "a");
+	if (!report)
 		return 1;
+	if (argc > 2 && strcmp(argv[2], "child") == 0) {
+		rng ^= 0x9e3779b97f4a7c15ULL;
+		say("live site_c %zu\n", fill(site_c, 8u << 20));
+		say("child-ready %zu\n", (size_t)getpid());
+		sleep_forever();
+	}
+	snprintf(path, sizeof(path), "%s/go", argv[1]);
+	while (access(path, F_OK) != 0)
+		usleep(10000);
 	/* Interleave the sites 3:1 so that neither one's blocks come first. */
 	while (a < (48u << 20) || b < (16u << 20)) {
 		for (int i = 0; i < 3 && a < (48u << 20); i++) {
@@ -115,14 +127,13 @@ int main(int argc, char **argv)
 			b += n;
 		}
 	}
-	printf("live site_a %zu\n", a);
-	printf("live site_b %zu\n", b);
+	say("live site_a %zu\n", a);
+	say("live site_b %zu\n", b);
 	churn_site(256u << 20);
 	if (fork() == 0) {
-		execl("/proc/self/exe", argv[0], "child", (char *)NULL);
+		execl("/proc/self/exe", argv[0], argv[1], "child", (char *)NULL);
 		_exit(127);
 	}
-	printf("ready %d\n", getpid());
-	wait_for_stdin_eof();
-	return 0;
+	say("ready %zu\n", (size_t)getpid());
+	sleep_forever();
 }

@@ -1,6 +1,7 @@
 // Heap test workload for the endpoint source: serves net/http/pprof on
 // 127.0.0.1 (port printed on stdout) and keeps 32 MiB live from keepLive.
-// Standard library only, so building it needs no module download.
+// Standard library only, so building it needs no module download. Every
+// allocation is recorded (MemProfileRate = 1), so the profile is exact.
 package main
 
 import (
@@ -22,6 +23,8 @@ func keepLive(total int) {
 }
 
 func main() {
+	// Record every allocation, so the test can compare with the exact truth.
+	runtime.MemProfileRate = 1
 	keepLive(32 << 20)
 	runtime.GC()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
