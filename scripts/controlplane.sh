@@ -14,9 +14,9 @@
 # State (certs, etcd data, logs, kubeconfig) goes to $FLAMEFLEET_STATE (default <repo>/.flamefleet/controlplane).
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-CACHE="${FLAMEFLEET_CACHE:-/var/cache/flamefleet}"
-BIN="$CACHE/bin"
+# shellcheck source=scripts/env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+BIN="$FLAMEFLEET_CACHE/bin"
 STATE="${FLAMEFLEET_STATE:-$REPO/.flamefleet/controlplane}"
 GOMOD="$REPO/e2e/controlplane/go.mod"
 
@@ -47,8 +47,10 @@ k8s_ldflags() {
 
 # is_cached BINARY EXPECTED_VERSION_SUBSTRING VERSION_ARGS...
 is_cached() {
-  local bin="$1" want="$2"; shift 2
-  [[ -x "$bin" ]] && "$bin" "$@" 2>/dev/null | grep -qF "$want"
+  local bin="$1" want="$2" out; shift 2
+  [[ -x "$bin" ]] || return 1
+  out="$("$bin" "$@" 2>/dev/null)" || return 1
+  [[ "$out" == *"$want"* ]]
 }
 
 cmd_build() {
@@ -88,10 +90,9 @@ cmd_build() {
 controlplane_bin() {
   # The Rust side owns certificates, ports, process start and readiness (the same code the
   # tests use); build it once into the cargo target dir.
-  local target="${CARGO_TARGET_DIR:-$CACHE/target}"
-  CARGO_TARGET_DIR="$target" cargo build --quiet --manifest-path "$REPO/Cargo.toml" \
+  cargo build --quiet --manifest-path "$REPO/Cargo.toml" \
     -p flamefleet-e2e --bin flamefleet-controlplane >&2
-  echo "$target/debug/flamefleet-controlplane"
+  echo "$CARGO_TARGET_DIR/debug/flamefleet-controlplane"
 }
 
 export FLAMEFLEET_KUBE_APISERVER="$APISERVER" FLAMEFLEET_ETCD="$ETCD"

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Installs everything Flamefleet's build, tests and demo need on a Debian machine (12+), as
+# root. Idempotent: a second run only checks. Safe without a terminal (CI=true, no stdin).
+#
+#   sudo scripts/setup.sh
+#
+# Steps: Debian packages; Go and Rust checks; tracefs/bpffs mounts; kube-apiserver, etcd and
+# kubectl built at the pinned versions into $FLAMEFLEET_CACHE/bin (skipped when cached);
+# the extra installers below.
+set -euo pipefail
+
+# ---- Debian packages: one per line; add yours here (and say why in a comment) ----
+APT_PACKAGES=(
+  # build: C/eBPF toolchain, libbpf, protobuf
+  clang
+  llvm
+  gcc
+  make
+  pkg-config
+  libbpf-dev
+  libelf-dev
+  zlib1g-dev
+  protobuf-compiler
+  # eBPF and profiling tools (peers in benchmarks, debugging)
+  bpftool
+  bpftrace
+  libbpf-tools
+  linux-perf
+  # control plane: Debian's etcd is a fallback only (we build etcd 3.6 for kube-apiserver 1.34)
+  etcd-server
+  # plumbing
+  openssl
+  git
+  ca-certificates
+  curl
+)
+
+# ---- other installers run after the packages, each idempotent ----
+EXTRA_INSTALLERS=(
+  scripts/install-s3-test-server.sh
+)
+
+# shellcheck source=scripts/env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+RUST_MIN="$(awk -F'"' '/^rust-version/ {print $2; exit}' "$REPO/Cargo.toml")"
+GO_MIN="$(awk '$1 == "go" {print $2; exit}' "$REPO/e2e/controlplane/go.mod")"
+export DEBIAN_FRONTEND=noninteractive
+
+version_ge() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" == "$2" ]]; }
+
+require_root "it installs packages and mounts tracefs"
+
+step "Debian packages"
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+else
+  echo "all ${#APT_PACKAGES[@]} packages present"
+fi
+
+step "Go (>= $GO_MIN)"
+if ! command -v go >/dev/null; then
+  # Debian's golang-go may be older than go.mod asks for; GOTOOLCHAIN=auto then fetches the
+  # right toolchain through the Go module proxy.
+  apt-get install -y -q --no-install-recommends golang-go </dev/null || true
+fi
+command -v go >/dev/null || die "Go not found; install Go >= $GO_MIN (https://go.dev/doc/install) and re-run"
+go_have="$(go env GOVERSION)"; go_have="${go_have#go}"
+if ! version_ge "$go_have" "$GO_MIN"; then
+  export GOTOOLCHAIN=auto
+  echo "Go $go_have < $GO_MIN: using GOTOOLCHAIN=auto (downloads go$GO_MIN via the module proxy)"
+fi
+echo "go $go_have at $(command -v go)"
+
+step "Rust (>= $RUST_MIN, with rustfmt and clippy)"
+command -v cargo >/dev/null || die "cargo not found; install Rust >= $RUST_MIN with rustup (https://rustup.rs) and re-run"
+rust_have="$(rustc --version | awk '{print $2}')"
+version_ge "$rust_have" "$RUST_MIN" || die "rustc $rust_have is older than the workspace's rust-version $RUST_MIN; run: rustup update stable"
+for comp in rustfmt clippy; do
+  if ! { [[ $comp == rustfmt ]] && rustfmt --version || cargo clippy --version; } >/dev/null 2>&1; then
+    command -v rustup >/dev/null || die "$comp missing and no rustup to add it; install the $comp component"
+    rustup component add "$comp"
+  fi
+done
+echo "rustc $rust_have at $(command -v rustc)"
+
+step "kernel filesystems (tracefs, bpffs)"
+if ! grep -q ' /sys/kernel/tracing tracefs ' /proc/mounts; then
+  mount -t tracefs nodev /sys/kernel/tracing && echo "mounted tracefs" || echo "warning: cannot mount tracefs at /sys/kernel/tracing" >&2
+else
+  echo "tracefs mounted"
+fi
+if ! grep -q ' /sys/fs/bpf bpf ' /proc/mounts; then
+  mount -t bpf bpf /sys/fs/bpf && echo "mounted bpffs" || echo "warning: cannot mount bpffs at /sys/fs/bpf" >&2
+else
+  echo "bpffs mounted"
+fi
+
+step "local control plane binaries (kube-apiserver, etcd, kubectl)"
+"$REPO/scripts/controlplane.sh" build
+
+for installer in "${EXTRA_INSTALLERS[@]}"; do
+  step "$installer"
+  if [[ -x "$REPO/$installer" ]]; then
+    "$REPO/$installer"
+  else
+    die "$installer is listed in EXTRA_INSTALLERS but is missing or not executable"
+  fi
+done
+
+step "done"
