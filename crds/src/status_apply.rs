@@ -8,6 +8,16 @@
 //! let body = node_status_apply_body("checkout-cpu", entry)?;
 //! api.patch_status("checkout-cpu", &PatchParams::apply(&agent_field_manager(node)), &Patch::Apply(body)).await?;
 //! ```
+//!
+//! Ownership rules that keep applies conflict-free (checked by `e2e/tests/api.rs`):
+//! - An apply owns exactly the fields it sends; sending a field with the same value as
+//!   another manager shares it, a different value conflicts (HTTP 409) unless forced.
+//! - The operator may create each node's entry with `node` and `pods`; the agent of that node
+//!   then sends `node`, `pods` (same values), `phase`, `message` and `artifacts`. The operator
+//!   must not send a node entry's `phase` once the agent owns it.
+//! - An apply that omits an entry it sent before releases only its own fields of that entry;
+//!   the entry disappears when no manager owns any of its fields.
+//! - Use `force()` only for fields a writer alone owns (e.g. the operator's `phase`).
 
 use kube::Resource;
 use serde_json::{Value, json};

@@ -647,3 +647,66 @@ fn shared_control_plane_reports_where_it_runs() {
     let cp = ControlPlane::shared().unwrap();
     assert!(cp.kubeconfig().is_file(), "{}", cp.kubeconfig().display());
 }
+
+#[tokio::test]
+async fn operator_and_agent_share_a_node_entry_without_conflicts() {
+    let ns = TestNamespace::create("ssa-share").await.unwrap();
+    let api: Api<ProfileRequest> = ns.api();
+    let local: ProfileRequest = serde_yaml::from_str(&example("profilerequest-cpu.yaml")).unwrap();
+    api.create(&PostParams::default(), &local).await.unwrap();
+    let name = "checkout-cpu";
+    let apply = |manager: String, entry: NodeStatus| {
+        let api = api.clone();
+        async move {
+            let body = node_status_apply_body(name, entry).unwrap();
+            api.patch_status(name, &PatchParams::apply(&manager), &Patch::Apply(&body))
+                .await
+        }
+    };
+    let pods = vec!["web-1".to_string()];
+
+    // The operator creates the entry with node and pods.
+    let created = NodeStatus {
+        node: "worker-a".into(),
+        pods: pods.clone(),
+        ..Default::default()
+    };
+    apply(OPERATOR_FIELD_MANAGER.into(), created).await.unwrap();
+
+    // The agent sends the same pods (shared) plus the fields it alone owns.
+    let running = NodeStatus {
+        node: "worker-a".into(),
+        pods: pods.clone(),
+        phase: Some(NodePhase::Running),
+        ..Default::default()
+    };
+    apply(agent_field_manager("worker-a"), running)
+        .await
+        .unwrap();
+
+    // The operator sending a different phase for that entry conflicts.
+    let meddling = NodeStatus {
+        node: "worker-a".into(),
+        pods: pods.clone(),
+        phase: Some(NodePhase::Failed),
+        ..Default::default()
+    };
+    match apply(OPERATOR_FIELD_MANAGER.into(), meddling).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 409, "{status:?}"),
+        other => panic!("expected a 409 conflict, got {other:?}"),
+    }
+
+    // The operator dropping the entry from its apply leaves the agent's fields in place.
+    let release = status_apply_body(name, &ProfileRequestStatus::default()).unwrap();
+    api.patch_status(
+        name,
+        &PatchParams::apply(OPERATOR_FIELD_MANAGER),
+        &Patch::Apply(&release),
+    )
+    .await
+    .unwrap();
+    let status = api.get(name).await.unwrap().status.unwrap();
+    let entry = status.node("worker-a").unwrap();
+    assert_eq!(entry.phase, Some(NodePhase::Running));
+    assert_eq!(entry.pods, pods);
+}
