@@ -120,8 +120,11 @@ pub struct EntryPoint {
     pub symbol: String,
     /// Argument layout.
     pub kind: EntryKind,
-    /// Offset of the function in the file (what uprobes attach to).
+    /// Offset of the function in the file.
     pub file_offset: u64,
+    /// Offset to attach the uprobes to: the function start, or just past
+    /// leading instructions the kernel would single-step (see [`fast_probe_skip`]).
+    pub probe_offset: u64,
 }
 
 /// A binary (executable or shared object) that exports an allocator.
@@ -262,6 +265,7 @@ pub fn entry_points(
             symbol: (*name).to_string(),
             kind: *kind,
             file_offset: offset,
+            probe_offset: offset + fast_probe_skip(&read_code(path, offset)) as u64,
         });
     }
     if !primary {
@@ -270,9 +274,74 @@ pub fn entry_points(
     Ok(out)
 }
 
+/// The first bytes of the function at `offset` (empty when unreadable).
+fn read_code(path: &std::path::Path, offset: u64) -> Vec<u8> {
+    use std::os::unix::fs::FileExt as _;
+    let mut buf = vec![0u8; 16];
+    match fs::File::open(path).and_then(|f| f.read_at(&mut buf, offset)) {
+        Ok(n) => {
+            buf.truncate(n);
+            buf
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// How many bytes of leading instructions to step over before the probe.
+///
+/// An x86 uprobe on an instruction the kernel cannot emulate is executed
+/// out of line with a single-step trap; on virtual machines that trap costs
+/// tens of microseconds, paid on every `free()` of every process (glibc's
+/// `free` starts with `test %rdi,%rdi`, `memalign` with a RIP-relative
+/// `cmpb`). Pushes and branches are emulated and cheap. So we skip leading
+/// instructions that only set flags — they change no argument register and
+/// not the stack pointer, which the return probe and the nesting check read —
+/// and stop at anything else. Recognised, at most two of: `endbr64`,
+/// `test r64,r64`, `test r32,r32`, `cmpb $imm8, disp32(%rip)`.
+pub fn fast_probe_skip(code: &[u8]) -> usize {
+    let mut at = 0;
+    for _ in 0..2 {
+        let rest = &code[at.min(code.len())..];
+        let len = match rest {
+            [0xf3, 0x0f, 0x1e, 0xfa, ..] => 4,
+            [0x48, 0x85, modrm, ..] if modrm >> 6 == 0b11 => 3,
+            [0x85, modrm, ..] if modrm >> 6 == 0b11 => 2,
+            [0x80, 0x3d, _, _, _, _, _, ..] => 7,
+            _ => break,
+        };
+        at += len;
+    }
+    at
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steps_over_flag_only_prologues_and_nothing_else() {
+        // glibc free: test %rdi,%rdi; je ... -> probe the (emulated) je.
+        assert_eq!(
+            fast_probe_skip(&[0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0, 0, 0]),
+            3
+        );
+        // glibc memalign: cmpb $0,0x...(%rip); je ...
+        assert_eq!(
+            fast_probe_skip(&[0x80, 0x3d, 0x71, 0x0e, 0x14, 0, 0, 0x74, 0x07]),
+            7
+        );
+        // endbr64; test %edi,%edi; push %rbp
+        assert_eq!(
+            fast_probe_skip(&[0xf3, 0x0f, 0x1e, 0xfa, 0x85, 0xff, 0x55]),
+            6
+        );
+        // glibc malloc starts with push %r12: probe the start.
+        assert_eq!(fast_probe_skip(&[0x41, 0x54, 0x55]), 0);
+        // test with a memory operand (mod != 11) is not skipped; nor short code.
+        assert_eq!(fast_probe_skip(&[0x48, 0x85, 0x07]), 0);
+        assert_eq!(fast_probe_skip(&[0x80, 0x3d, 0]), 0);
+        assert_eq!(fast_probe_skip(&[]), 0);
+    }
 
     #[test]
     fn finds_glibc_in_this_process_with_deduplicated_aliases() {

@@ -255,7 +255,7 @@ impl Attacher {
                             EntryKind::Free => &skel.progs.free_enter,
                         };
                         let attach = |p: &libbpf_rs::ProgramMut<'_>, ret: bool| {
-                            p.attach_uprobe(ret, -1, &bin.path, ep.file_offset as usize)
+                            p.attach_uprobe(ret, -1, &bin.path, ep.probe_offset as usize)
                                 .map_err(|e| {
                                     CaptureError::bpf(
                                         format!(
