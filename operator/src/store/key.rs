@@ -8,8 +8,10 @@ use std::fmt;
 
 use thiserror::Error;
 
-/// Longest artifact name accepted.
-pub const MAX_ARTIFACT_NAME_LEN: usize = 128;
+/// Longest artifact name accepted: a file name (255 bytes on most file systems) that still
+/// leaves room for the built-in store's `.json` metadata suffix. Artifact names embed node
+/// names, which can be long.
+pub const MAX_ARTIFACT_NAME_LEN: usize = 250;
 
 /// Longest `<request-name>-<uid>` path component: most file systems cap a name at 255 bytes.
 const MAX_REQUEST_DIR_LEN: usize = 255;
@@ -306,7 +308,12 @@ mod tests {
                 "{bad:?} was accepted"
             );
         }
-        for good in ["cpu-n1.pb.gz", "runqlat.txt", "A_b-9", &"x".repeat(128)] {
+        for good in [
+            "cpu-n1.pb.gz",
+            "runqlat.txt",
+            "A_b-9",
+            &"x".repeat(MAX_ARTIFACT_NAME_LEN),
+        ] {
             validate_artifact_name(good).unwrap();
         }
     }
