@@ -27,7 +27,7 @@ if [[ "${FLAMEFLEET_SKIP_SETUP:-}" != 1 ]]; then
 fi
 timed fmt cargo fmt --all --check
 timed clippy cargo clippy --workspace --all-targets -- -D warnings
-timed test cargo test --workspace "$@"
+timed test cargo test --workspace --no-fail-fast "$@"
 
 step "all checks passed"
 printf '  %s\n' "${SUMMARY[@]}"
