@@ -11,6 +11,7 @@
 //! versions pinned in `e2e/controlplane/go.mod`. When they are missing, or the control plane
 //! cannot start, every call here fails with a message saying what to run: tests never skip.
 
+pub mod agent_pki;
 pub mod binaries;
 pub mod control_plane;
 pub mod crds;

@@ -39,6 +39,65 @@ pub struct Cli {
 pub enum Command {
     /// Capture a profile of cgroups on this host and write a pprof file.
     Capture(CaptureArgs),
+    /// Serve the gRPC AgentService (mutual TLS) for the operator.
+    Serve(ServeArgs),
+}
+
+/// Arguments of `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// This node's name (the downward API's spec.nodeName in a cluster).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Address to listen on; port 0 picks a free port (printed on stdout).
+    #[arg(long, default_value = "0.0.0.0:7070")]
+    pub listen: std::net::SocketAddr,
+    /// CA certificate (PEM) client certificates must chain to.
+    #[arg(long)]
+    pub tls_ca: PathBuf,
+    /// Serving certificate (PEM).
+    #[arg(long)]
+    pub tls_cert: PathBuf,
+    /// Serving private key (PEM).
+    #[arg(long)]
+    pub tls_key: PathBuf,
+    /// Kubeconfig for the status write-back (default: in-cluster config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// cgroup2 directory pod cgroups are looked up under (default: the cgroup2 mount).
+    #[arg(long)]
+    pub cgroup_root: Option<PathBuf>,
+    /// Container runtime hint (accepted for compatibility; every runtime's layout is tried).
+    #[arg(long)]
+    pub container_runtime_hint: Option<String>,
+}
+
+/// Runs `serve` until SIGINT or SIGTERM.
+pub fn run_serve(args: &ServeArgs) -> anyhow::Result<()> {
+    let config = crate::service::AgentConfig {
+        node_name: args.node_name.clone(),
+        listen: args.listen,
+        tls: crate::service::TlsFiles {
+            ca: args.tls_ca.clone(),
+            cert: args.tls_cert.clone(),
+            key: args.tls_key.clone(),
+        },
+        kubeconfig: args.kubeconfig.clone(),
+        cgroup_root: args.cgroup_root.clone(),
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            tracing::info!("shutting down");
+        };
+        crate::service::serve(config, shutdown).await?;
+        Ok(())
+    })
 }
 
 /// Profile types the `capture` subcommand knows.

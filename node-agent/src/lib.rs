@@ -5,11 +5,13 @@
 //! Layout: [`cgroup`] (targets → cgroups), [`capture`] (one engine per profile
 //! type and the shared sampler registry), [`symbolize`] (blazesym, process
 //! snapshots), [`pprof`] (the profile builder), [`cli`] (the `capture`
-//! subcommand), [`bpf`] (generated skeletons).
+//! subcommand), [`bpf`] (generated skeletons), [`service`] (the gRPC
+//! AgentService: capture table, upload, status write-back, mTLS).
 
 pub mod bpf;
 pub mod capture;
 pub mod cgroup;
 pub mod cli;
 pub mod pprof;
+pub mod service;
 pub mod symbolize;

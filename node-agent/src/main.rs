@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use flamefleet_agent::cli::{Cli, Command, run_capture};
+use flamefleet_agent::cli::{Cli, Command, run_capture, run_serve};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -27,6 +27,13 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Serve(args) => match run_serve(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
                 ExitCode::FAILURE
             }
         },

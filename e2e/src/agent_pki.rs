@@ -1,0 +1,153 @@
+//! Certificates for the operator ↔ agent mutual TLS: a CA (the operator's), an
+//! agent serving certificate for `flamefleet-agent.flamefleet.svc` (plus
+//! `localhost` and `127.0.0.1`), and an operator client certificate. ECDSA
+//! P-256, generated with rcgen. [`AgentPki::issue_client`] makes more client
+//! certificates; a second `AgentPki` is "another CA" for refusal tests.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+use crate::{Error, Result, io_err};
+
+/// The DNS name the operator checks on the agent's certificate.
+pub const AGENT_DNS_NAME: &str = "flamefleet-agent.flamefleet.svc";
+
+/// Files of an agent PKI.
+#[derive(Debug, Clone)]
+pub struct AgentPkiFiles {
+    /// The CA certificate (give it to both sides as `--tls-ca`).
+    pub ca_cert: PathBuf,
+    /// The agent's serving certificate.
+    pub agent_cert: PathBuf,
+    /// The agent's serving key.
+    pub agent_key: PathBuf,
+    /// The operator's client certificate.
+    pub operator_cert: PathBuf,
+    /// The operator's client key.
+    pub operator_key: PathBuf,
+}
+
+/// A CA for the agent service, with the certificates both sides need.
+pub struct AgentPki {
+    dir: PathBuf,
+    ca: Issuer<'static, KeyPair>,
+    /// The files written.
+    pub files: AgentPkiFiles,
+}
+
+impl std::fmt::Debug for AgentPki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentPki")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+fn cert_err(what: impl Into<String>) -> impl FnOnce(rcgen::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Certificate { what, source }
+}
+
+fn write(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents).map_err(io_err(format!("writing {}", path.display())))
+}
+
+impl AgentPki {
+    /// Generates the CA (named `ca_name`), the agent serving pair and the
+    /// operator client pair into `dir`.
+    ///
+    /// # Errors
+    /// When a key or certificate cannot be generated or written.
+    pub fn generate(dir: &Path, ca_name: &str) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let ca_key = KeyPair::generate().map_err(cert_err("the agent CA key"))?;
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(cert_err("the agent CA"))?;
+        params.distinguished_name.push(DnType::CommonName, ca_name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = params
+            .self_signed(&ca_key)
+            .map_err(cert_err("the agent CA"))?;
+        let ca_path = dir.join("agent-ca.crt");
+        write(&ca_path, &ca_cert.pem())?;
+        let mut pki = Self {
+            dir: dir.to_path_buf(),
+            ca: Issuer::new(params, ca_key),
+            files: AgentPkiFiles {
+                ca_cert: ca_path,
+                agent_cert: PathBuf::new(),
+                agent_key: PathBuf::new(),
+                operator_cert: PathBuf::new(),
+                operator_key: PathBuf::new(),
+            },
+        };
+        let (cert, key) = pki.issue(
+            "agent",
+            "flamefleet-agent",
+            &[AGENT_DNS_NAME, "localhost", "127.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        pki.files.agent_cert = cert;
+        pki.files.agent_key = key;
+        let (cert, key) = pki.issue_client("flamefleet-operator")?;
+        pki.files.operator_cert = cert;
+        pki.files.operator_key = key;
+        Ok(pki)
+    }
+
+    /// Issues a client certificate with common name `name`; returns (certificate, key) paths.
+    ///
+    /// # Errors
+    /// When it cannot be generated or written.
+    pub fn issue_client(&self, name: &str) -> Result<(PathBuf, PathBuf)> {
+        self.issue(
+            &format!("client-{name}"),
+            name,
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
+    }
+
+    fn issue(
+        &self,
+        stem: &str,
+        common_name: &str,
+        sans: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<(PathBuf, PathBuf)> {
+        let what = format!("the certificate {stem}");
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .map_err(cert_err(what.clone()))?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().map_err(cert_err(what.clone()))?;
+        let cert = params.signed_by(&key, &self.ca).map_err(cert_err(what))?;
+        let stem: String = stem
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let cert_path = self.dir.join(format!("{stem}.crt"));
+        let key_path = self.dir.join(format!("{stem}.key"));
+        write(&cert_path, &cert.pem())?;
+        write(&key_path, &key.serialize_pem())?;
+        Ok((cert_path, key_path))
+    }
+}

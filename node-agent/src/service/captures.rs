@@ -1,0 +1,283 @@
+//! The agent's table of captures, keyed by request UID: the idempotency of
+//! `Capture`. A UID seen for the first time starts a capture; a UID whose
+//! capture runs attaches to its progress; a UID whose capture finished gets
+//! the final result replayed. `Cancel` stops a running capture.
+//!
+//! Finished results are kept in a bounded cache: at most [`CacheLimits::max_entries`]
+//! (default 1,000) for at most [`CacheLimits::ttl`] (default 1 h). The
+//! operator retries or re-attaches within seconds to minutes (e.g. after its
+//! own restart, bounded by duration + grace); an hour covers that with room
+//! to spare, and 1,000 final messages of a few hundred bytes each cost well
+//! under a megabyte. An entry evicted earlier makes a repeated call start a
+//! new capture, which is the behaviour of an agent that restarted.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use flamefleet_proto::agent::CaptureProgress;
+use flamefleet_proto::agent::capture_progress::Stage;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Bounds of the finished-results cache.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheLimits {
+    /// Most finished results kept.
+    pub max_entries: usize,
+    /// How long a finished result is kept.
+    pub ttl: Duration,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        Self {
+            max_entries: 1000,
+            ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// True for DONE and FAILED.
+pub fn is_terminal(p: &CaptureProgress) -> bool {
+    matches!(p.stage(), Stage::Done | Stage::Failed)
+}
+
+struct Running {
+    progress: watch::Receiver<CaptureProgress>,
+    cancel: CancellationToken,
+}
+
+#[derive(Default)]
+struct Inner {
+    running: HashMap<String, Running>,
+    finished: HashMap<String, (CaptureProgress, Instant)>,
+    /// Finished UIDs oldest first (for eviction).
+    order: VecDeque<(String, Instant)>,
+}
+
+/// The capture table. Share it behind an `Arc`.
+#[derive(Default)]
+pub struct CaptureTable {
+    inner: Mutex<Inner>,
+    limits: CacheLimits,
+}
+
+impl std::fmt::Debug for CaptureTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("CaptureTable")
+            .field("running", &inner.running.len())
+            .field("finished", &inner.finished.len())
+            .finish()
+    }
+}
+
+/// What a `Capture` call with a given UID gets.
+#[derive(Debug)]
+pub enum Joined {
+    /// No capture with this UID: the caller runs it through the handle.
+    New(CaptureHandle, watch::Receiver<CaptureProgress>),
+    /// The capture runs: follow its progress.
+    Attached(watch::Receiver<CaptureProgress>),
+    /// The capture finished: its final message.
+    Finished(CaptureProgress),
+}
+
+impl CaptureTable {
+    /// An empty table with the given cache bounds.
+    pub fn new(limits: CacheLimits) -> Self {
+        Self {
+            inner: Mutex::default(),
+            limits,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts, attaches to or replays the capture of `uid`.
+    pub fn join(self: &Arc<Self>, uid: &str, accepted: CaptureProgress) -> Joined {
+        let mut inner = self.lock();
+        self.evict(&mut inner, Instant::now());
+        if let Some(r) = inner.running.get(uid) {
+            return Joined::Attached(r.progress.clone());
+        }
+        if let Some((last, _)) = inner.finished.get(uid) {
+            return Joined::Finished(last.clone());
+        }
+        let (tx, rx) = watch::channel(accepted);
+        let cancel = CancellationToken::new();
+        inner.running.insert(
+            uid.to_owned(),
+            Running {
+                progress: rx.clone(),
+                cancel: cancel.clone(),
+            },
+        );
+        Joined::New(
+            CaptureHandle {
+                uid: uid.to_owned(),
+                tx,
+                cancel,
+                table: Arc::clone(self),
+                finished: false,
+            },
+            rx,
+        )
+    }
+
+    /// Cancels the running capture of `uid`; false when none runs.
+    pub fn cancel(&self, uid: &str) -> bool {
+        match self.lock().running.get(uid) {
+            Some(r) => {
+                r.cancel.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Number of running captures.
+    pub fn running(&self) -> usize {
+        self.lock().running.len()
+    }
+
+    fn finish(&self, uid: &str, last: CaptureProgress) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner.running.remove(uid);
+        inner.finished.insert(uid.to_owned(), (last, now));
+        inner.order.push_back((uid.to_owned(), now));
+        self.evict(&mut inner, now);
+    }
+
+    fn evict(&self, inner: &mut Inner, now: Instant) {
+        while let Some((uid, at)) = inner.order.front().cloned() {
+            let expired = now.duration_since(at) > self.limits.ttl;
+            if !expired && inner.finished.len() <= self.limits.max_entries {
+                break;
+            }
+            inner.order.pop_front();
+            // Only drop the cache entry if it is this (oldest) instance.
+            if inner.finished.get(&uid).is_some_and(|(_, t)| *t == at) {
+                inner.finished.remove(&uid);
+            }
+        }
+    }
+}
+
+/// The running side of one capture: publishes progress, sees cancellation,
+/// and records the final message. Dropped without [`CaptureHandle::finish`]
+/// (a bug or a panic in the pipeline) it finishes the capture as FAILED, so
+/// that no caller waits forever.
+#[derive(Debug)]
+pub struct CaptureHandle {
+    uid: String,
+    tx: watch::Sender<CaptureProgress>,
+    cancel: CancellationToken,
+    table: Arc<CaptureTable>,
+    finished: bool,
+}
+
+impl CaptureHandle {
+    /// The request UID.
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// Publishes a non-terminal progress message.
+    pub fn progress(&self, p: CaptureProgress) {
+        self.tx.send_replace(p);
+    }
+
+    /// Resolves when `Cancel` was called for this capture.
+    pub fn cancelled(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.cancel.cancelled()
+    }
+
+    /// True once `Cancel` was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Records and publishes the final message.
+    pub fn finish(mut self, last: CaptureProgress) {
+        self.complete(last);
+    }
+
+    fn complete(&mut self, last: CaptureProgress) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        // Cache first, then publish: a caller arriving between the two
+        // attaches to a channel that already holds the final message.
+        self.table.finish(&self.uid, last.clone());
+        self.tx.send_replace(last);
+    }
+}
+
+impl Drop for CaptureHandle {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.complete(CaptureProgress {
+                stage: Stage::Failed as i32,
+                message: "internal error: the capture ended without a result; see the agent log"
+                    .into(),
+                ..Default::default()
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(s: Stage) -> CaptureProgress {
+        CaptureProgress {
+            stage: s as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn new_attach_replay_and_eviction() {
+        let table = Arc::new(CaptureTable::new(CacheLimits {
+            max_entries: 2,
+            ttl: Duration::from_secs(3600),
+        }));
+        let Joined::New(handle, _) = table.join("a", stage(Stage::Accepted)) else {
+            panic!("expected a new capture");
+        };
+        assert!(matches!(
+            table.join("a", stage(Stage::Accepted)),
+            Joined::Attached(_)
+        ));
+        assert!(table.cancel("a"));
+        assert!(handle.is_cancelled());
+        handle.finish(stage(Stage::Done));
+        assert!(!table.cancel("a"));
+        assert!(matches!(
+            table.join("a", stage(Stage::Accepted)),
+            Joined::Finished(p) if p.stage() == Stage::Done
+        ));
+        for uid in ["b", "c"] {
+            let Joined::New(h, _) = table.join(uid, stage(Stage::Accepted)) else {
+                panic!("expected a new capture");
+            };
+            drop(h); // finishes as FAILED
+        }
+        assert!(matches!(
+            table.join("c", stage(Stage::Accepted)),
+            Joined::Finished(p) if p.stage() == Stage::Failed
+        ));
+        // "a" was the oldest of three with room for two: a new capture.
+        assert!(matches!(
+            table.join("a", stage(Stage::Accepted)),
+            Joined::New(..)
+        ));
+    }
+}

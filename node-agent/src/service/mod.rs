@@ -1,0 +1,305 @@
+//! The agent's gRPC service (`flamefleet.agent.v1.AgentService`) over mutual
+//! TLS: `Capture` (idempotent per request UID, streaming progress), `Cancel`
+//! and `Info`.
+//!
+//! Layout: [`tls`] (certificates, client auth), [`captures`] (the UID table:
+//! start / attach / replay / cancel), [`targets`] (pods → cgroups and labels),
+//! [`pipeline`] (one capture: engine, artifacts, upload, report), [`upload`]
+//! (HTTP PUT with sha256 and retries), [`status`] (server-side apply of this
+//! node's status entry), [`info`] (kernel release and features).
+
+pub mod captures;
+pub mod info;
+pub mod pipeline;
+pub mod status;
+pub mod targets;
+pub mod tls;
+pub mod upload;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use flamefleet_proto::agent::agent_service_server::{AgentService, AgentServiceServer};
+use flamefleet_proto::agent::capture_progress::Stage;
+use flamefleet_proto::agent::{
+    CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, InfoRequest, InfoResponse,
+};
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use self::captures::{CacheLimits, CaptureTable, Joined, is_terminal};
+use self::pipeline::{Context, progress};
+use self::status::StatusWriter;
+pub use self::tls::TlsFiles;
+use self::upload::{UploadPolicy, Uploader};
+use crate::capture::{SamplerConfig, Samplers};
+use crate::cgroup::{CgroupError, CgroupRoot};
+
+/// Errors of starting or running the service.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// A TLS file could not be read.
+    #[error("reading the {what} {path}: {source}")]
+    TlsFile {
+        /// Which file.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A TLS file holds no PEM data.
+    #[error("the {what} {path} holds no PEM block; expected a file starting with -----BEGIN")]
+    TlsPem {
+        /// Which file.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+    },
+    /// The node name is missing or not a valid name.
+    #[error(
+        "invalid node name {0:?}: expected a Kubernetes node name (lowercase letters, digits, '-', '.'); pass --node-name or set NODE_NAME"
+    )]
+    NodeName(String),
+    /// The cgroup root is unusable.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// The kubeconfig could not be used.
+    #[error("cannot use kubeconfig {path}: {reason}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The HTTP client for uploads could not be built.
+    #[error(transparent)]
+    Upload(#[from] upload::UploadError),
+    /// Binding the listen address failed.
+    #[error("listening on {addr}: {source}; is another process using the port?")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("the gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Result of this module.
+pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
+
+/// Everything `serve` needs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// This node's name.
+    pub node_name: String,
+    /// Address to listen on (port 0: any free port, printed at start).
+    pub listen: SocketAddr,
+    /// TLS files.
+    pub tls: TlsFiles,
+    /// Kubeconfig for status write-back; `None`: in-cluster or default config.
+    pub kubeconfig: Option<PathBuf>,
+    /// cgroup2 root pods are looked up under; `None`: the cgroup2 mount.
+    pub cgroup_root: Option<PathBuf>,
+}
+
+/// The tonic service.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    ctx: Arc<Context>,
+    table: Arc<CaptureTable>,
+}
+
+fn valid_node_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 253
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+async fn kube_client(config: &AgentConfig) -> Result<Option<kube::Client>> {
+    let cfg = match &config.kubeconfig {
+        Some(path) => {
+            let err = |reason: String| ServiceError::Kubeconfig {
+                path: path.clone(),
+                reason,
+            };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| err(e.to_string()))?
+        }
+        None => match kube::Config::infer().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "no Kubernetes configuration (in-cluster or kubeconfig): captures run, but \
+                     their results are not written to the ProfileRequest status"
+                );
+                return Ok(None);
+            }
+        },
+    };
+    let path = config
+        .kubeconfig
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("(in-cluster)"));
+    kube::Client::try_from(cfg)
+        .map(Some)
+        .map_err(|e| ServiceError::Kubeconfig {
+            path,
+            reason: e.to_string(),
+        })
+}
+
+impl Agent {
+    /// Builds the service: checks the node name and cgroup root, connects
+    /// the status writer (when a Kubernetes configuration is available).
+    ///
+    /// # Errors
+    /// A bad node name, cgroup root or kubeconfig.
+    pub async fn new(config: &AgentConfig) -> Result<Self> {
+        if !valid_node_name(&config.node_name) {
+            return Err(ServiceError::NodeName(config.node_name.clone()));
+        }
+        let cgroup_root = match &config.cgroup_root {
+            Some(p) => CgroupRoot::new(p)?,
+            None => CgroupRoot::detect()?,
+        };
+        let status = kube_client(config)
+            .await?
+            .map(|c| StatusWriter::new(c, config.node_name.clone()));
+        let samplers = Arc::new(Samplers::new(SamplerConfig {
+            node: config.node_name.clone(),
+            ..SamplerConfig::default()
+        }));
+        Ok(Self {
+            ctx: Arc::new(Context {
+                node: config.node_name.clone(),
+                cgroup_root,
+                samplers,
+                uploader: Uploader::new(UploadPolicy::default())?,
+                status,
+            }),
+            table: Arc::new(CaptureTable::new(CacheLimits::default())),
+        })
+    }
+}
+
+/// The stream type of `Capture`.
+pub type ProgressStream = Pin<Box<dyn Stream<Item = Result<CaptureProgress, Status>> + Send>>;
+
+/// Follows a capture's progress until (and including) its final message.
+fn follow(rx: tokio::sync::watch::Receiver<CaptureProgress>) -> ProgressStream {
+    Box::pin(futures::stream::unfold(
+        (rx, true, false),
+        |(mut rx, first, done)| async move {
+            if done {
+                return None;
+            }
+            if !first && rx.changed().await.is_err() {
+                // The sender only goes away after publishing the final message.
+                return None;
+            }
+            let p = rx.borrow_and_update().clone();
+            let done = is_terminal(&p);
+            Some((Ok(p), (rx, false, done)))
+        },
+    ))
+}
+
+#[tonic::async_trait]
+impl AgentService for Agent {
+    type CaptureStream = ProgressStream;
+
+    async fn capture(
+        &self,
+        request: Request<CaptureRequest>,
+    ) -> Result<Response<Self::CaptureStream>, Status> {
+        let req = request.into_inner();
+        let uid = req.request_uid.trim().to_owned();
+        if uid.is_empty() {
+            return Err(Status::invalid_argument(
+                "request_uid is empty; expected the ProfileRequest's metadata.uid",
+            ));
+        }
+        let accepted = progress(
+            Stage::Accepted,
+            format!("accepted by node {}", self.ctx.node),
+        );
+        let stream = match self.table.join(&uid, accepted) {
+            Joined::New(handle, rx) => {
+                tracing::info!(%uid, name = %req.request_name, "new capture");
+                tokio::spawn(pipeline::run(Arc::clone(&self.ctx), handle, req));
+                follow(rx)
+            }
+            Joined::Attached(rx) => {
+                tracing::info!(%uid, "attaching to running capture");
+                follow(rx)
+            }
+            Joined::Finished(last) => {
+                tracing::info!(%uid, "replaying finished capture");
+                Box::pin(futures::stream::iter([Ok(last)])) as ProgressStream
+            }
+        };
+        Ok(Response::new(stream))
+    }
+
+    async fn cancel(
+        &self,
+        request: Request<CancelRequest>,
+    ) -> Result<Response<CancelResponse>, Status> {
+        let uid = request.into_inner().request_uid;
+        let found = self.table.cancel(uid.trim());
+        tracing::info!(%uid, found, "cancel");
+        Ok(Response::new(CancelResponse { found }))
+    }
+
+    async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
+        Ok(Response::new(info::info(&self.ctx.node)))
+    }
+}
+
+/// Serves the agent until `shutdown` resolves. Prints `listening on ADDR`
+/// on stdout once bound (useful with port 0).
+///
+/// # Errors
+/// Configuration errors (see [`Agent::new`], [`TlsFiles::server_config`]),
+/// a port in use, or a failure of the server.
+pub async fn serve(
+    config: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<()> {
+    // kube (ring) and other dependencies may link more than one rustls
+    // provider; pick ring explicitly so TLS setup never has to guess.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tls = config.tls.server_config()?;
+    let agent = Agent::new(&config).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServiceError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServiceError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    tracing::info!(%addr, node = %config.node_name, "agent serving");
+    println!("listening on {addr}");
+    tonic::transport::Server::builder()
+        .tls_config(tls)?
+        .add_service(AgentServiceServer::new(agent))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await?;
+    Ok(())
+}

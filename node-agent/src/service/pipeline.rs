@@ -1,0 +1,518 @@
+//! One capture from start to report: resolve the targets, run the engine
+//! through the node's shared samplers while publishing progress, build the
+//! artifacts, upload them, and write this node's status entry.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flamefleet_api::{Artifact as StatusArtifact, NodePhase};
+use flamefleet_proto::agent::capture_progress::Stage;
+use flamefleet_proto::agent::{Artifact, CaptureProgress, CaptureRequest, ProfileType, UploadSlot};
+use flamefleet_proto::pprof::Profile;
+
+use super::captures::CaptureHandle;
+use super::status::{NodeReport, StatusWriter};
+use super::targets::{self, ResolvedTarget};
+use super::upload::{UploadError, Uploader, sha256_hex};
+use crate::capture::cpu::CpuOptions;
+use crate::capture::heap::{self, HeapError, HeapRequest, HeapSource};
+use crate::capture::runqlat::{Histogram, LatencyUnit, RunqlatOptions};
+use crate::capture::{CaptureError, CaptureTarget, Samplers};
+use crate::cgroup::CgroupRoot;
+use crate::pprof;
+use crate::symbolize::StackSymbolizer;
+
+/// Longest capture accepted (the CRD allows at most this much too).
+pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+/// How often RUNNING progress is published.
+pub const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
+
+/// What every capture of this agent shares.
+#[derive(Debug)]
+pub struct Context {
+    /// This node's name (labels, artifact names, status entry).
+    pub node: String,
+    /// Where pod cgroups are looked up.
+    pub cgroup_root: CgroupRoot,
+    /// The node's shared samplers.
+    pub samplers: Arc<Samplers>,
+    /// The uploader.
+    pub uploader: Uploader,
+    /// The status writer, when the agent has API access.
+    pub status: Option<StatusWriter>,
+}
+
+/// Why a capture failed; the Display text is the FAILED reason.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The request itself is wrong.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// Targets did not resolve to cgroups.
+    #[error("target resolution failed: {0}")]
+    Targets(String),
+    /// A CPU or runqlat engine failed.
+    #[error("capture failed: {0}")]
+    Capture(#[from] CaptureError),
+    /// The heap engine failed.
+    #[error("heap capture failed: {0}")]
+    Heap(#[from] HeapError),
+    /// An upload failed.
+    #[error(transparent)]
+    Upload(#[from] UploadError),
+    /// `Cancel` was called.
+    #[error("cancelled by the client")]
+    Cancelled,
+    /// Something that should not happen (a worker thread died).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// An artifact ready to upload.
+struct Built {
+    name: String,
+    bytes: Vec<u8>,
+    samples: u64,
+    sample_type: String,
+}
+
+/// What an engine produced.
+struct Output {
+    artifacts: Vec<Built>,
+    summary: HashMap<String, String>,
+}
+
+/// A progress message of `stage`.
+pub fn progress(stage: Stage, message: impl Into<String>) -> CaptureProgress {
+    CaptureProgress {
+        stage: stage as i32,
+        message: message.into(),
+        ..Default::default()
+    }
+}
+
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// Artifact names for `ty` on `node`, as the contract fixes them.
+pub fn artifact_names(ty: ProfileType, node: &str) -> Vec<String> {
+    match ty {
+        ProfileType::Cpu => vec![format!("cpu-{node}.pb.gz")],
+        ProfileType::Heap => vec![format!("heap-{node}.pb.gz")],
+        ProfileType::Runqlat => vec![
+            format!("runqlat-{node}.pb.gz"),
+            format!("runqlat-{node}.txt"),
+        ],
+        ProfileType::Unspecified => Vec::new(),
+    }
+}
+
+/// Checks what can be checked before capturing.
+fn validate(
+    req: &CaptureRequest,
+    node: &str,
+) -> Result<(ProfileType, Duration, Vec<UploadSlot>), PipelineError> {
+    let ty = ProfileType::try_from(req.r#type).unwrap_or(ProfileType::Unspecified);
+    if ty == ProfileType::Unspecified {
+        return Err(PipelineError::Invalid(format!(
+            "profile type {} is not one of cpu (1), heap (2), runqlat (3)",
+            req.r#type
+        )));
+    }
+    let duration = Duration::from_millis(u64::from(req.duration_ms));
+    if duration.is_zero() || duration > MAX_DURATION {
+        return Err(PipelineError::Invalid(format!(
+            "duration_ms must be between 1 and {}, found {}",
+            MAX_DURATION.as_millis(),
+            req.duration_ms
+        )));
+    }
+    let mut slots = Vec::new();
+    for name in artifact_names(ty, node) {
+        match req.uploads.iter().find(|s| s.artifact_name == name) {
+            Some(s) => slots.push(s.clone()),
+            None => {
+                let offered: Vec<&str> = req
+                    .uploads
+                    .iter()
+                    .map(|s| s.artifact_name.as_str())
+                    .collect();
+                return Err(PipelineError::Invalid(format!(
+                    "no upload slot for artifact {name}; the request offers {offered:?}"
+                )));
+            }
+        }
+    }
+    Ok((ty, duration, slots))
+}
+
+/// Runs `f` on a thread of its own (the engines block: BPF loading, map
+/// reads, symbolization, the heap engine's own runtime) and awaits it.
+async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, PipelineError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("capture-{what}"))
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|e| PipelineError::Internal(format!("spawning the {what} thread: {e}")))?;
+    rx.await
+        .map_err(|_| PipelineError::Internal(format!("the {what} thread panicked")))
+}
+
+/// Awaits `work` while publishing RUNNING progress every second; `Err(Cancelled)`
+/// as soon as the capture is cancelled.
+async fn run_with_progress<T>(
+    handle: &CaptureHandle,
+    started: Instant,
+    duration: Duration,
+    work: impl Future<Output = T>,
+) -> Result<T, PipelineError> {
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(PROGRESS_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            out = &mut work => return Ok(out),
+            () = handle.cancelled() => return Err(PipelineError::Cancelled),
+            _ = tick.tick() => {
+                let elapsed = started.elapsed();
+                handle.progress(CaptureProgress {
+                    stage: Stage::Running as i32,
+                    message: "capturing".into(),
+                    elapsed_ms: millis(elapsed),
+                    remaining_ms: millis(duration.saturating_sub(elapsed)),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+}
+
+fn sample_type_of(p: &Profile) -> String {
+    let idx = p
+        .sample_type
+        .iter()
+        .position(|st| st.r#type == p.default_sample_type && p.default_sample_type != 0)
+        .or_else(|| p.sample_type.len().checked_sub(1));
+    idx.and_then(|i| p.sample_type.get(i))
+        .map(|st| {
+            let s = |i: i64| {
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| p.string_table.get(i))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            format!("{}/{}", s(st.r#type), s(st.unit))
+        })
+        .unwrap_or_default()
+}
+
+fn gzip(profile: &Profile) -> Result<Vec<u8>, PipelineError> {
+    pprof::encode_gzip(profile)
+        .map_err(|e| PipelineError::Internal(format!("encoding the profile: {e}")))
+}
+
+/// Runs the engine of `ty` for `duration` over `targets`.
+async fn capture(
+    ctx: &Context,
+    handle: &CaptureHandle,
+    req: &CaptureRequest,
+    ty: ProfileType,
+    duration: Duration,
+    resolved: &[ResolvedTarget],
+) -> Result<Output, PipelineError> {
+    let node = ctx.node.clone();
+    let names = artifact_names(ty, &node);
+    let targets: Vec<CaptureTarget> = resolved.iter().map(|t| t.capture.clone()).collect();
+    let started = Instant::now();
+    let samplers = Arc::clone(&ctx.samplers);
+    let mut summary = HashMap::new();
+    match ty {
+        ProfileType::Cpu => {
+            let options = CpuOptions {
+                frequency: match req.cpu.as_ref().map_or(0, |c| c.frequency_hz) {
+                    0 => CpuOptions::default().frequency,
+                    hz => u64::from(hz),
+                },
+                ..CpuOptions::default()
+            };
+            let s = Arc::clone(&samplers);
+            let running = blocking("cpu", move || s.start_cpu(&targets, &options)).await??;
+            handle.progress(progress(Stage::Running, "sampler attached"));
+            let waited =
+                run_with_progress(handle, started, duration, tokio::time::sleep(duration)).await;
+            if let Err(e) = waited {
+                // Detaching the targets blocks briefly (map updates).
+                let _ = blocking("cpu", move || drop(running)).await;
+                return Err(e);
+            }
+            let (bytes, total, drops, sample_type) = blocking("cpu", move || {
+                let result = running.finish()?;
+                let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
+                let profile = result.to_profile(&mut symbolizer, &node);
+                let st = sample_type_of(&profile);
+                Ok::<_, PipelineError>((gzip(&profile)?, result.total(), result.drops.total(), st))
+            })
+            .await??;
+            summary.insert("samples".into(), total.to_string());
+            summary.insert("dropped_samples".into(), drops.to_string());
+            summary.insert("frequency_hz".into(), options.frequency.to_string());
+            Ok(Output {
+                artifacts: vec![Built {
+                    name: names[0].clone(),
+                    bytes,
+                    samples: total,
+                    sample_type,
+                }],
+                summary,
+            })
+        }
+        ProfileType::Runqlat => {
+            let opts = req.runqlat.clone().unwrap_or_default();
+            let options = RunqlatOptions {
+                per_process: opts.per_process,
+                unit: match opts.unit.as_str() {
+                    "" | "us" => LatencyUnit::Micros,
+                    "ms" => LatencyUnit::Millis,
+                    other => {
+                        return Err(PipelineError::Invalid(format!(
+                            "runqlat unit must be \"us\" or \"ms\", found {other:?}"
+                        )));
+                    }
+                },
+            };
+            let s = Arc::clone(&samplers);
+            let running =
+                blocking("runqlat", move || s.start_runqlat(&targets, &options)).await??;
+            handle.progress(progress(Stage::Running, "sampler attached"));
+            let waited =
+                run_with_progress(handle, started, duration, tokio::time::sleep(duration)).await;
+            if let Err(e) = waited {
+                let _ = blocking("runqlat", move || drop(running)).await;
+                return Err(e);
+            }
+            let result = blocking("runqlat", move || running.finish()).await??;
+            let profile = result.to_profile(&node);
+            let waits: u64 = result.histograms.iter().map(Histogram::count).sum();
+            let ns = result.unit.nanos() as f64;
+            let mut all = Histogram {
+                target: 0,
+                tgid: None,
+                comm: String::new(),
+                slots: Vec::new(),
+            };
+            for h in result.per_target() {
+                if all.slots.len() < h.slots.len() {
+                    all.slots.resize(h.slots.len(), 0);
+                }
+                for (a, b) in all.slots.iter_mut().zip(&h.slots) {
+                    *a += b;
+                }
+            }
+            for (key, q) in [("p50_us", 0.50), ("p90_us", 0.90), ("p99_us", 0.99)] {
+                if let Some(v) = all.quantile(q) {
+                    summary.insert(key.into(), format!("{:.1}", v * ns / 1e3));
+                }
+            }
+            summary.insert("events".into(), waits.to_string());
+            summary.insert(
+                "dropped_samples".into(),
+                (result.drops.hists_full + result.drops.start_full).to_string(),
+            );
+            Ok(Output {
+                artifacts: vec![
+                    Built {
+                        name: names[0].clone(),
+                        bytes: gzip(&profile)?,
+                        samples: waits,
+                        sample_type: sample_type_of(&profile),
+                    },
+                    Built {
+                        name: names[1].clone(),
+                        bytes: result.text().into_bytes(),
+                        samples: waits,
+                        sample_type: String::new(),
+                    },
+                ],
+                summary,
+            })
+        }
+        ProfileType::Heap => {
+            let opts = req.heap.clone().unwrap_or_default();
+            let source = match opts.source.as_str() {
+                "" | "auto" => HeapSource::Auto,
+                "endpoint" => HeapSource::Endpoint,
+                "ebpf" => HeapSource::Ebpf,
+                other => {
+                    return Err(PipelineError::Invalid(format!(
+                        "heap source must be auto, endpoint or ebpf, found {other:?}"
+                    )));
+                }
+            };
+            let mut request: HeapRequest = heap::cli_request(
+                source,
+                &[],
+                None,
+                duration,
+                match opts.sample_bytes {
+                    0 => heap::sampling::DEFAULT_SAMPLE_BYTES,
+                    n => n,
+                },
+                0,
+                &node,
+            )?;
+            request.targets =
+                targets::heap_targets(resolved, opts.endpoint_port, &opts.endpoint_path);
+            let work = blocking("heap", move || heap::capture(&request));
+            let result = run_with_progress(handle, started, duration, work).await???;
+            let samples = result.profile.sample.len() as u64;
+            summary.insert("heap_source".into(), result.source.to_string());
+            summary.insert("heap_reason".into(), result.reason.clone());
+            if let Some(stats) = &result.ebpf_stats {
+                summary.insert("heap_ebpf".into(), format!("{stats:?}"));
+            }
+            if !result.warnings.is_empty() {
+                summary.insert("warnings".into(), result.warnings.join("; "));
+            }
+            Ok(Output {
+                artifacts: vec![Built {
+                    name: names[0].clone(),
+                    bytes: gzip(&result.profile)?,
+                    samples,
+                    sample_type: sample_type_of(&result.profile),
+                }],
+                summary,
+            })
+        }
+        ProfileType::Unspecified => Err(PipelineError::Invalid("profile type missing".into())),
+    }
+}
+
+/// Uploads every artifact to its slot.
+async fn upload(
+    ctx: &Context,
+    output: &Output,
+    slots: &[UploadSlot],
+) -> Result<Vec<Artifact>, PipelineError> {
+    let mut done = Vec::new();
+    for built in &output.artifacts {
+        let Some(slot) = slots.iter().find(|s| s.artifact_name == built.name) else {
+            return Err(PipelineError::Internal(format!(
+                "no slot for {} after validation",
+                built.name
+            )));
+        };
+        ctx.uploader
+            .put(&built.name, &slot.put_url, &built.bytes, slot.max_bytes)
+            .await?;
+        tracing::info!(artifact = %built.name, bytes = built.bytes.len(), "uploaded");
+        done.push(Artifact {
+            name: built.name.clone(),
+            url: slot.download_url.clone(),
+            size_bytes: built.bytes.len() as u64,
+            sha256: sha256_hex(&built.bytes),
+            samples: built.samples,
+            sample_type: built.sample_type.clone(),
+        });
+    }
+    Ok(done)
+}
+
+/// The whole pipeline up to (not including) the status write.
+async fn execute(
+    ctx: &Context,
+    handle: &CaptureHandle,
+    req: &CaptureRequest,
+) -> Result<(Vec<Artifact>, HashMap<String, String>), PipelineError> {
+    let (ty, duration, slots) = validate(req, &ctx.node)?;
+    let root = ctx.cgroup_root.clone();
+    let wanted = req.targets.clone();
+    let resolved = blocking("resolve", move || targets::resolve(&root, &wanted))
+        .await?
+        .map_err(PipelineError::Targets)?;
+    tracing::info!(
+        uid = %req.request_uid, ?ty, ?duration, cgroups = resolved.len(), "capture starting"
+    );
+    let output = capture(ctx, handle, req, ty, duration, &resolved).await?;
+    if handle.is_cancelled() {
+        return Err(PipelineError::Cancelled);
+    }
+    handle.progress(progress(Stage::Uploading, "uploading artifacts"));
+    let artifacts = tokio::select! {
+        a = upload(ctx, &output, &slots) => a?,
+        () = handle.cancelled() => return Err(PipelineError::Cancelled),
+    };
+    Ok((artifacts, output.summary))
+}
+
+/// Runs the capture of `req` to its end and publishes the final message.
+pub async fn run(ctx: Arc<Context>, handle: CaptureHandle, req: CaptureRequest) {
+    let started = Instant::now();
+    let outcome = execute(&ctx, &handle, &req).await;
+    let mut last = match &outcome {
+        Ok((artifacts, summary)) => CaptureProgress {
+            stage: Stage::Done as i32,
+            message: format!("uploaded {} artifact(s)", artifacts.len()),
+            elapsed_ms: millis(started.elapsed()),
+            artifacts: artifacts.clone(),
+            summary: summary.clone(),
+            ..Default::default()
+        },
+        Err(e) => CaptureProgress {
+            stage: Stage::Failed as i32,
+            message: e.to_string(),
+            elapsed_ms: millis(started.elapsed()),
+            ..Default::default()
+        },
+    };
+    match &outcome {
+        Ok(_) => tracing::info!(uid = %req.request_uid, "capture done"),
+        Err(e) => tracing::warn!(uid = %req.request_uid, error = %e, "capture failed"),
+    }
+    // A cancelled capture reports nothing to the API: the caller that
+    // cancelled it (the operator) owns what happens to the request next.
+    let cancelled = matches!(outcome, Err(PipelineError::Cancelled));
+    if let (Some(writer), false, false) = (&ctx.status, req.request_name.is_empty(), cancelled) {
+        let report = NodeReport {
+            phase: if outcome.is_ok() {
+                NodePhase::Succeeded
+            } else {
+                NodePhase::Failed
+            },
+            pods: targets::pod_names(&req.targets),
+            message: if outcome.is_ok() {
+                String::new()
+            } else {
+                last.message.clone()
+            },
+            artifacts: last.artifacts.iter().map(status_artifact).collect(),
+        };
+        if let Err(e) = writer
+            .write(&req.request_namespace, &req.request_name, &report)
+            .await
+        {
+            tracing::warn!(uid = %req.request_uid, error = %e, "status write-back failed");
+            last.summary.insert("status_error".into(), e.to_string());
+        }
+    }
+    handle.finish(last);
+}
+
+fn status_artifact(a: &Artifact) -> StatusArtifact {
+    StatusArtifact {
+        name: a.name.clone(),
+        url: Some(a.url.clone()).filter(|u| !u.is_empty()),
+        size_bytes: i64::try_from(a.size_bytes).ok(),
+        sha256: Some(a.sha256.clone()),
+        samples: i64::try_from(a.samples).ok(),
+        sample_type: Some(a.sample_type.clone()).filter(|s| !s.is_empty()),
+    }
+}
