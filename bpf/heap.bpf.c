@@ -153,8 +153,10 @@ static __always_inline void announce(__u32 tgid, __u32 target, __u32 kind)
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* Start of an allocator call: the thread state if this is a target's outermost call. */
-static __always_inline struct heap_thread *enter(struct pt_regs *ctx)
+/* Start of an allocator call: the thread state if this is a target's outermost call.
+ * `with_return`: a return probe will run for this call (classic uretprobe), so it counts
+ * itself in the depth; a session uprobe decides that later, in its entry. */
+static __always_inline struct heap_thread *enter(struct pt_regs *ctx, bool with_return)
 {
 	struct task_struct *task;
 	struct heap_thread *ts;
@@ -175,10 +177,11 @@ static __always_inline struct heap_thread *enter(struct pt_regs *ctx)
 	 * above it means a return probe was missed (the kernel skips them past a nesting limit):
 	 * start afresh rather than stay stuck. */
 	if (ts->depth > 0 && sp < ts->outer_sp) {
-		ts->depth++;
+		if (with_return)
+			ts->depth++;
 		return NULL;
 	}
-	ts->depth = 1;
+	ts->depth = with_return ? 1 : 0;
 	ts->outer_sp = sp;
 	ts->target = target->index;
 	ts->sampled = 0;
@@ -276,7 +279,7 @@ static __always_inline void record(struct pt_regs *ctx, struct heap_thread *ts, 
 SEC("uprobe")
 int BPF_KPROBE(malloc_enter, __u64 size)
 {
-	struct heap_thread *ts = enter(ctx);
+	struct heap_thread *ts = enter(ctx, true);
 
 	if (ts)
 		account(ts, size);
@@ -286,7 +289,7 @@ int BPF_KPROBE(malloc_enter, __u64 size)
 SEC("uprobe")
 int BPF_KPROBE(calloc_enter, __u64 nmemb, __u64 size)
 {
-	struct heap_thread *ts = enter(ctx);
+	struct heap_thread *ts = enter(ctx, true);
 
 	if (ts)
 		account(ts, nmemb * size);
@@ -296,7 +299,7 @@ int BPF_KPROBE(calloc_enter, __u64 nmemb, __u64 size)
 SEC("uprobe")
 int BPF_KPROBE(realloc_enter, __u64 ptr, __u64 size)
 {
-	struct heap_thread *ts = enter(ctx);
+	struct heap_thread *ts = enter(ctx, true);
 
 	if (!ts)
 		return 0;
@@ -309,7 +312,7 @@ int BPF_KPROBE(realloc_enter, __u64 ptr, __u64 size)
 SEC("uprobe")
 int BPF_KPROBE(memalign_enter, __u64 align, __u64 size)
 {
-	struct heap_thread *ts = enter(ctx);
+	struct heap_thread *ts = enter(ctx, true);
 
 	if (ts)
 		account(ts, size);
@@ -319,7 +322,7 @@ int BPF_KPROBE(memalign_enter, __u64 align, __u64 size)
 SEC("uprobe")
 int BPF_KPROBE(posix_memalign_enter, __u64 memptr, __u64 align, __u64 size)
 {
-	struct heap_thread *ts = enter(ctx);
+	struct heap_thread *ts = enter(ctx, true);
 
 	if (!ts)
 		return 0;
@@ -328,22 +331,19 @@ int BPF_KPROBE(posix_memalign_enter, __u64 memptr, __u64 align, __u64 size)
 	return 0;
 }
 
-/* Return of every allocating entry point: pointer in the return register, or for
- * posix_memalign a status code and the pointer behind memptr. */
-SEC("uretprobe")
-int BPF_KRETPROBE(alloc_exit, __u64 rc)
+/* Return of an allocating call: pointer in the return register, or for posix_memalign a
+ * status code and the pointer behind memptr. */
+static __always_inline void on_return(struct pt_regs *ctx)
 {
 	struct heap_thread *ts;
-	__u64 addr = rc;
+	__u64 rc = PT_REGS_RC(ctx), addr = rc;
 	__u32 tgid;
 
-	if (!target_of_current())
-		return 0;
 	ts = bpf_task_storage_get(&heap_threads, bpf_get_current_task_btf(), 0, 0);
 	if (!ts || ts->depth == 0)
-		return 0;
+		return;
 	if (--ts->depth > 0)
-		return 0;
+		return;
 	tgid = bpf_get_current_pid_tgid() >> 32;
 	if (ts->memptr) {
 		addr = 0;
@@ -355,6 +355,43 @@ int BPF_KRETPROBE(alloc_exit, __u64 rc)
 		release(tgid, ts->old_ptr);
 	if (ts->sampled && addr)
 		record(ctx, ts, tgid, addr);
+}
+
+/* Return of every allocating entry point with classic probes. */
+SEC("uretprobe")
+int BPF_KRETPROBE(alloc_exit)
+{
+	if (target_of_current())
+		on_return(ctx);
+	return 0;
+}
+
+extern bool bpf_session_is_return(void) __ksym __weak;
+
+/*
+ * malloc-like entry points as one session uprobe (Linux 6.13+): the entry asks for the
+ * return probe only when the call is sampled, so the ~1 us return trap is paid by sampled
+ * calls alone. A call nested in an unsampled one is then accounted on its own (e.g. the
+ * malloc inside glibc memalign), which only matters for entry points that wrap malloc;
+ * those keep the classic probes. User space falls back to malloc_enter + alloc_exit when
+ * this program does not load.
+ */
+SEC("uprobe.session")
+int malloc_session(struct pt_regs *ctx)
+{
+	struct heap_thread *ts;
+
+	if (bpf_session_is_return()) {
+		on_return(ctx);
+		return 0;
+	}
+	ts = enter(ctx, false);
+	if (!ts)
+		return 1;
+	account(ts, PT_REGS_PARM1(ctx));
+	if (!ts->sampled)
+		return 1;
+	ts->depth = 1;
 	return 0;
 }
 

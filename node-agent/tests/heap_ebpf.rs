@@ -34,6 +34,15 @@ fn wait_report(dir: &Path, prefix: &str) -> String {
     }
 }
 
+/// Session uprobes exist from Linux 6.13 on.
+fn session_uprobes_expected() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("kernel release");
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 13)
+}
+
 fn stack_has(d: &Decoded, s: &Sample, name: &str) -> bool {
     s.location_id
         .iter()
@@ -42,6 +51,16 @@ fn stack_has(d: &Decoded, s: &Sample, name: &str) -> bool {
 
 #[test]
 fn inuse_space_and_call_sites_match_the_truth() {
+    check_inuse_and_call_sites(false);
+}
+
+/// The same with classic entry + return probes (kernels without session uprobes).
+#[test]
+fn inuse_space_and_call_sites_match_the_truth_with_classic_uprobes() {
+    check_inuse_and_call_sites(true);
+}
+
+fn check_inuse_and_call_sites(force_classic_uprobes: bool) {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -74,6 +93,7 @@ fn inuse_space_and_call_sites_match_the_truth() {
             duration: Duration::from_secs(8),
             sample_bytes,
             node: "test-node".into(),
+            force_classic_uprobes,
             ..Default::default()
         },
         fetch: FetchLimits::default(),
@@ -106,6 +126,10 @@ fn inuse_space_and_call_sites_match_the_truth() {
     assert!(
         stats.allocators.iter().any(|a| a.contains("libc")),
         "{stats:?}"
+    );
+    assert_eq!(
+        stats.session_uprobes,
+        !force_classic_uprobes && session_uprobes_expected()
     );
     assert_eq!(
         stats.dropped_live_full + stats.dropped_rows_full,

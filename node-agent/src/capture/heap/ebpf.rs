@@ -59,6 +59,9 @@ pub struct EbpfHeapOptions {
     pub rescan: Duration,
     /// The node name put in the `node` label.
     pub node: String,
+    /// Use classic entry + return probes even where session uprobes exist
+    /// (what kernels before 6.13 get; tests cover both paths with it).
+    pub force_classic_uprobes: bool,
 }
 
 impl Default for EbpfHeapOptions {
@@ -72,6 +75,7 @@ impl Default for EbpfHeapOptions {
             max_stacks: 16384,
             rescan: Duration::from_millis(500),
             node: String::new(),
+            force_classic_uprobes: false,
         }
     }
 }
@@ -99,6 +103,9 @@ pub struct EbpfHeapStats {
     pub allocators: Vec<String>,
     /// Uprobes attached.
     pub probes: usize,
+    /// Whether malloc-like entry points used session uprobes (Linux 6.13+),
+    /// which skip the return trap for unsampled calls.
+    pub session_uprobes: bool,
 }
 
 /// Runs one eBPF heap capture of `targets` and returns the profile.
@@ -118,8 +125,17 @@ pub fn capture(
     }
     check_btf()?;
     let started = SystemTime::now();
-    let mut open_object = MaybeUninit::uninit();
-    let skel = load(&mut open_object, opts)?;
+    let (mut session_object, mut classic_object) = (MaybeUninit::uninit(), MaybeUninit::uninit());
+    let session = if opts.force_classic_uprobes {
+        Err(())
+    } else {
+        load(&mut session_object, opts, true).map_err(|_| ())
+    };
+    let (skel, session) = match session {
+        Ok(skel) => (skel, true),
+        // Kernels before 6.13 have no session uprobes: classic entry + return probes.
+        Err(()) => (load(&mut classic_object, opts, false)?, false),
+    };
     for (i, t) in targets.iter().enumerate() {
         let value = types::ff_target {
             index: i as u32 + 1,
@@ -138,7 +154,10 @@ pub fn capture(
         }
     }
     let catalog = ProcessCatalog::new();
-    let mut stats = EbpfHeapStats::default();
+    let mut stats = EbpfHeapStats {
+        session_uprobes: session,
+        ..EbpfHeapStats::default()
+    };
     {
         let mut links: Vec<Link> = Vec::new();
         links.push(
@@ -147,7 +166,10 @@ pub fn capture(
                 .attach()
                 .map_err(|e| CaptureError::bpf("attaching the exec tracepoint", e))?,
         );
-        let mut attacher = Attacher::default();
+        let mut attacher = Attacher {
+            session,
+            ..Attacher::default()
+        };
         attacher.rescan(&skel, targets, &mut links, &mut stats)?;
         let events = catalog.clone();
         let mut rb = libbpf_rs::RingBufferBuilder::new();
@@ -181,13 +203,17 @@ pub fn capture(
     Ok((profile, stats))
 }
 
+/// Opens, sizes and loads the heap programs, with or without the session
+/// uprobe program (Linux 6.13+).
 fn load<'obj>(
     open_object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
     opts: &EbpfHeapOptions,
+    session: bool,
 ) -> Result<HeapSkel<'obj>> {
     let mut open = HeapSkelBuilder::default()
         .open(open_object)
         .map_err(|e| CaptureError::bpf("opening the heap BPF object", e))?;
+    open.progs.malloc_session.set_autoload(session);
     let table = sampling::gap_table(opts.sample_bytes, GAP_TABLE_SIZE);
     let rodata =
         open.maps
@@ -226,6 +252,8 @@ fn load<'obj>(
 /// once per binary (inode).
 #[derive(Default)]
 struct Attacher {
+    /// Attach malloc-like entry points as session uprobes (no return trap unless sampled).
+    session: bool,
     finder: AllocatorFinder,
     attached: HashSet<(u64, u64)>,
 }
@@ -246,6 +274,23 @@ impl Attacher {
                         continue;
                     }
                     for ep in &bin.entry_points {
+                        let what =
+                            || format!("attaching a uprobe to {} in {}", ep.symbol, bin.name);
+                        if self.session && ep.kind == EntryKind::Malloc {
+                            let opts = libbpf_rs::UprobeMultiOpts {
+                                offsets: vec![ep.probe_offset as usize],
+                                session: true,
+                                ..Default::default()
+                            };
+                            let link = skel
+                                .progs
+                                .malloc_session
+                                .attach_uprobe_multi_with_opts(-1, &bin.path, "", opts)
+                                .map_err(|e| CaptureError::bpf(what(), e))?;
+                            links.push(link);
+                            stats.probes += 1;
+                            continue;
+                        }
                         let prog = match ep.kind {
                             EntryKind::Malloc => &skel.progs.malloc_enter,
                             EntryKind::Calloc => &skel.progs.calloc_enter,
@@ -256,15 +301,7 @@ impl Attacher {
                         };
                         let attach = |p: &libbpf_rs::ProgramMut<'_>, ret: bool| {
                             p.attach_uprobe(ret, -1, &bin.path, ep.probe_offset as usize)
-                                .map_err(|e| {
-                                    CaptureError::bpf(
-                                        format!(
-                                            "attaching a uprobe to {} in {}",
-                                            ep.symbol, bin.name
-                                        ),
-                                        e,
-                                    )
-                                })
+                                .map_err(|e| CaptureError::bpf(what(), e))
                         };
                         links.push(attach(prog, false)?);
                         if ep.kind.allocates() {

@@ -192,7 +192,8 @@ impl HeapProfile {
         if let Some(st) = &self.ebpf_stats {
             out.push_str(&format!(
                 "  allocation calls {}, sampled {}, freed {}; drops: live map {}, rows {}, \
-                 stacks {}, thread state {}, notifications {}; allocators: {}\n",
+                 stacks {}, thread state {}, notifications {}; allocators: {}; session \
+                 uprobes: {}\n",
                 st.calls,
                 st.sampled,
                 st.freed,
@@ -201,7 +202,8 @@ impl HeapProfile {
                 st.dropped_stacks,
                 st.dropped_thread_state,
                 st.dropped_notifications,
-                st.allocators.join(", ")
+                st.allocators.join(", "),
+                st.session_uprobes
             ));
         }
         for w in &self.warnings {
