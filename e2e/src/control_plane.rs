@@ -67,7 +67,12 @@ impl ControlPlane {
                 let spawned = std::thread::Builder::new()
                     .name("flamefleet-controlplane".into())
                     .spawn(move || {
-                        let result = Self::start_in_temp_dir().map_err(|e| e.to_string());
+                        let result = std::panic::catch_unwind(|| {
+                            Self::start_in_temp_dir().map_err(|e| e.to_string())
+                        })
+                        .unwrap_or_else(|panic| {
+                            Err(format!("starting panicked: {}", panic_text(&panic)))
+                        });
                         let _ = tx.send(result);
                         loop {
                             std::thread::park();
@@ -379,7 +384,12 @@ impl Drop for ControlPlane {
 }
 
 /// Builds a client from a kubeconfig file.
+///
+/// Installs rustls' ring provider as the process default first: the workspace enables both
+/// ring and aws-lc-rs in rustls, and rustls refuses to guess between them.
 pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
+    // Err only means a provider is already installed, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let kc_err = |reason: String| Error::Kubeconfig {
         path: path.to_path_buf(),
         reason,
@@ -485,6 +495,14 @@ fn remove_stale_temp_dirs() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".to_string())
 }
 
 /// The last `lines` lines of a file, for error messages.
