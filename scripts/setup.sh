@@ -26,6 +26,7 @@ APT_PACKAGES=(
   bpftrace
   libbpf-tools
   linux-perf
+  python3  # node-agent/benches/heap_overhead.sh: bpftool JSON and the figures
   # control plane: Debian's etcd is a fallback only (we build etcd 3.6 for kube-apiserver 1.34)
   etcd-server
   # plumbing
