@@ -260,6 +260,7 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
                 kernel_stacks: !args.no_kernel_stacks,
             };
             let capture = samplers.start_cpu(&targets, &options)?;
+            announce("cpu", targets.len(), args.duration);
             std::thread::sleep(args.duration);
             let result = capture.finish()?;
             let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
@@ -276,6 +277,7 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
                 },
             };
             let capture = samplers.start_runqlat(&targets, &options)?;
+            announce("runqlat", targets.len(), args.duration);
             std::thread::sleep(args.duration);
             let result = capture.finish()?;
             let waits = result.histograms.iter().map(|h| h.count()).sum();
@@ -320,6 +322,14 @@ fn heap_endpoint(args: &CaptureArgs) -> Result<Option<heap::endpoint::HeapEndpoi
         path: parse_path(&args.path, "--path").map_err(HeapError::from)?,
         netns_pid: args.pid,
     }))
+}
+
+/// Tells the user (and scripts waiting on stderr) that sampling has begun.
+fn announce(kind: &str, targets: usize, duration: Duration) {
+    eprintln!(
+        "capturing {kind} of {targets} cgroup(s) for {}",
+        humantime::format_duration(duration)
+    );
 }
 
 /// Gzips and writes a profile.

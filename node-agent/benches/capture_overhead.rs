@@ -1,0 +1,462 @@
+//! Overhead of the capture engines against the tools people use today, all
+//! measured in one run on one machine (not a test: it prints, never asserts).
+//!
+//! ```text
+//! sudo -E cargo bench -p flamefleet-agent --bench capture_overhead -- [--rounds 5]
+//! ```
+//!
+//! 1. runqlat: `perf bench sched pipe` throughput with no tracer, with
+//!    libbpf-tools `runqlat` (all tasks, its default), with `runqlat -c <cg>`,
+//!    and with ours filtered to the benchmark's cgroup.
+//! 2. CPU sampler: throughput per CPU-second of a CPU-bound workload (one spinner per CPU)
+//!    with no profiler, `perf record -F 99 -g -a -e cpu-clock -G <cg>`, and ours at 99 Hz.
+//! 3. BPF cost per event (`kernel.bpf_stats_enabled=1`, run_time_ns/run_cnt
+//!    from `bpftool prog show`), ours vs libbpf-tools.
+//! 4. The agent's own CPU time per 1,000 samples and its peak RSS.
+//!
+//! Each condition runs once per round, conditions interleaved, and the
+//! median over rounds is printed (the machine may be shared).
+
+use std::io::{BufRead as _, BufReader};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use flamefleet_agent::cgroup::{Cgroup, CgroupRoot};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_flamefleet-agent");
+const RUNQLAT: &str = "/usr/sbin/runqlat";
+const PIPE_LOOPS: &str = "200000";
+
+/// One spinner: `argv[1]` million iterations, then exit.
+const SPIN: &str = r#"
+#include <stdlib.h>
+static volatile unsigned long sink;
+__attribute__((noinline)) void spin(long n) { for (long i = 0; i < n; i++) sink += i; }
+int main(int argc, char **argv) { spin(atol(argv[1]) * 1000000L); return 0; }
+"#;
+
+struct BenchCgroup(Cgroup);
+
+impl BenchCgroup {
+    fn new(name: &str) -> Result<Self> {
+        let root = CgroupRoot::detect()?;
+        let dir = root
+            .path()
+            .join(format!("flamefleet-bench-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self(Cgroup::open(&dir)?))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0.path
+    }
+
+    /// A command whose process joins this cgroup before exec.
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        use std::os::unix::ffi::OsStrExt as _;
+        let procs = std::ffi::CString::new(self.0.path.join("cgroup.procs").as_os_str().as_bytes())
+            .expect("no NUL in path");
+        let mut c = Command::new(program);
+        // SAFETY: async-signal-safe calls only, on memory prepared before fork.
+        unsafe {
+            c.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        c
+    }
+}
+
+impl Drop for BenchCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.path.join("cgroup.kill"), "1");
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A tracer/profiler running in the background for one measurement.
+struct Tracer {
+    child: Child,
+}
+
+impl Tracer {
+    /// Starts `cmd` and waits until a line containing `ready` appears on
+    /// stdout (`from_stderr` false) or stderr.
+    fn start(mut cmd: Command, ready: &str, from_stderr: bool) -> Result<Self> {
+        if from_stderr {
+            cmd.stderr(Stdio::piped()).stdout(Stdio::null());
+        } else {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        }
+        let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        let stream: Box<dyn std::io::Read + Send> = if from_stderr {
+            Box::new(child.stderr.take().context("stderr")?)
+        } else {
+            Box::new(child.stdout.take().context("stdout")?)
+        };
+        let mut lines = BufReader::new(stream).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(l)) if l.contains(ready) => break,
+                Some(Ok(_)) => continue,
+                _ => bail!("{cmd:?} exited before printing {ready:?}"),
+            }
+        }
+        // Keep draining so the tracer never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Ok(Self { child })
+    }
+
+    /// SIGINT, then wait (perf and runqlat exit cleanly on it).
+    fn stop(mut self) {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+    }
+}
+
+fn start_libbpf_runqlat(cg: Option<&Path>) -> Result<Tracer> {
+    let mut c = Command::new("stdbuf");
+    c.args(["-oL", RUNQLAT]);
+    if let Some(cg) = cg {
+        c.arg("-c").arg(cg);
+    }
+    Tracer::start(c, "Tracing", false)
+}
+
+fn start_agent(kind: &str, cg: &Path, extra: &[&str]) -> Result<Tracer> {
+    let mut c = Command::new(AGENT);
+    c.args([
+        "capture",
+        "--type",
+        kind,
+        "--duration",
+        "1h",
+        "-o",
+        "/dev/null",
+        "--cgroup",
+    ])
+    .arg(cg)
+    .args(extra);
+    Tracer::start(c, "capturing", true)
+}
+
+fn start_perf_record(cg_name: &str, out: &Path) -> Result<Tracer> {
+    let mut c = Command::new("perf");
+    c.args([
+        "record",
+        "-F",
+        "99",
+        "-g",
+        "-a",
+        "-e",
+        "cpu-clock",
+        "-G",
+        cg_name,
+        "-o",
+    ])
+    .arg(out);
+    // perf prints nothing when it starts; give it a moment instead.
+    c.stdout(Stdio::null()).stderr(Stdio::null());
+    let child = c.spawn().context("starting perf record")?;
+    std::thread::sleep(Duration::from_millis(700));
+    Ok(Tracer { child })
+}
+
+/// `perf bench sched pipe` in `cg`: operations per second.
+fn sched_pipe(cg: &BenchCgroup) -> Result<f64> {
+    let out = cg
+        .command("perf")
+        .args(["bench", "sched", "pipe", "-l", PIPE_LOOPS])
+        .output()
+        .context("running perf bench sched pipe (install linux-perf)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.trim().strip_suffix("ops/sec"))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no ops/sec in perf bench output: {text}"))
+}
+
+/// One spinner per CPU in `cg`, `millions` iterations each: iterations per
+/// CPU-second of the spinners. CPU time (not wall time) keeps other load on a
+/// shared machine out of the figure, while the sampling interrupts and BPF
+/// programs, which run on the interrupted task's time, stay in it.
+fn spin_throughput(cg: &BenchCgroup, spin: &Path, millions: u64, cpus: usize) -> Result<f64> {
+    let mut kids = Vec::new();
+    for _ in 0..cpus {
+        kids.push(cg.command(spin).arg(millions.to_string()).spawn()?);
+    }
+    let mut cpu = Duration::ZERO;
+    for k in kids {
+        cpu += wait_cpu_time(k)?.0;
+    }
+    Ok((millions * 1_000_000 * cpus as u64) as f64 / cpu.as_secs_f64())
+}
+
+/// Waits for a child; returns its user+system time and peak RSS (KiB).
+fn wait_cpu_time(child: Child) -> Result<(Duration, i64)> {
+    let pid = child.id() as i32;
+    let mut status = 0;
+    // SAFETY: rusage is plain data that wait4 fills.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting for our own child with valid pointers.
+    if unsafe { libc::wait4(pid, &mut status, 0, &mut ru) } != pid {
+        bail!("wait4({pid}) failed: {}", std::io::Error::last_os_error());
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    Ok((tv(ru.ru_utime) + tv(ru.ru_stime), ru.ru_maxrss))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn loss(base: f64, x: f64) -> f64 {
+    100.0 * (base - x) / base
+}
+
+/// Sum of run_time_ns and run_cnt of the loaded programs named in `names`
+/// (kernel names are cut at 15 characters). Callers diff two readings.
+fn bpf_cost(names: &[&str]) -> Result<(u64, u64)> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "-j"])
+        .output()?;
+    let progs: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).context("parsing bpftool prog show -j")?;
+    let (mut ns, mut cnt) = (0, 0);
+    for p in progs {
+        if names.contains(&p["name"].as_str().unwrap_or_default()) {
+            ns += p["run_time_ns"].as_u64().unwrap_or(0);
+            cnt += p["run_cnt"].as_u64().unwrap_or(0);
+        }
+    }
+    Ok((ns, cnt))
+}
+
+fn compile_spin(dir: &Path) -> Result<PathBuf> {
+    let src = dir.join("ffbench_spin.c");
+    let bin = dir.join("ffbench_spin");
+    std::fs::write(&src, SPIN)?;
+    let st = Command::new("cc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()?;
+    if !st.success() {
+        bail!("cc failed");
+    }
+    Ok(bin)
+}
+
+/// Runs the agent to completion and returns (cpu time, peak RSS KiB, samples).
+fn agent_cost(kind: &str, cg: &Path, secs: u64) -> Result<(Duration, i64, u64)> {
+    let mut child = Command::new(AGENT)
+        .args([
+            "capture",
+            "--type",
+            kind,
+            "--duration",
+            &format!("{secs}s"),
+            "-o",
+        ])
+        .arg(std::env::temp_dir().join(format!("ffbench-{kind}.pb.gz")))
+        .arg("--cgroup")
+        .arg(cg)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()?;
+    let mut stderr_pipe = child.stderr.take().context("stderr")?;
+    let (cpu_time, rss) = wait_cpu_time(child)?;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut stderr_pipe, &mut stderr)?;
+    let samples = stderr
+        .rsplit_once('(')
+        .and_then(|(_, s)| s.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("agent output: {stderr}"))?;
+    Ok((cpu_time, rss, samples))
+}
+
+fn main() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("the benchmark loads eBPF programs: expected root, run it with sudo -E");
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let rounds: usize = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let dir = tempfile::tempdir()?;
+    let spin = compile_spin(dir.path())?;
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!(
+        "flamefleet capture overhead, kernel {}, {cpus} CPUs, {rounds} rounds (median)",
+        kernel.trim()
+    );
+
+    // 1. runqlat on perf bench sched pipe.
+    let cg = BenchCgroup::new("pipe")?;
+    let (mut none, mut theirs, mut theirs_cg, mut ours) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        none.push(sched_pipe(&cg)?);
+        let t = start_libbpf_runqlat(None)?;
+        theirs.push(sched_pipe(&cg)?);
+        t.stop();
+        let t = start_libbpf_runqlat(Some(cg.path()))?;
+        theirs_cg.push(sched_pipe(&cg)?);
+        t.stop();
+        let t = start_agent("runqlat", cg.path(), &[])?;
+        ours.push(sched_pipe(&cg)?);
+        t.stop();
+    }
+    let (n, a, b, o) = (
+        median(none),
+        median(theirs),
+        median(theirs_cg),
+        median(ours),
+    );
+    println!(
+        "\n## runqlat overhead: perf bench sched pipe -l {PIPE_LOOPS} (ops/s, higher is better)"
+    );
+    println!("no tracer                         {n:>10.0} ops/s");
+    println!(
+        "libbpf-tools runqlat (all tasks)  {a:>10.0} ops/s  loss {:>5.1}%",
+        loss(n, a)
+    );
+    println!(
+        "libbpf-tools runqlat -c <cgroup>  {b:>10.0} ops/s  loss {:>5.1}%",
+        loss(n, b)
+    );
+    println!(
+        "flamefleet runqlat --cgroup       {o:>10.0} ops/s  loss {:>5.1}%",
+        loss(n, o)
+    );
+    println!(
+        "ours / libbpf-tools (loss ratio)  {:.2} (vs all tasks), {:.2} (vs -c)",
+        loss(n, o) / loss(n, a).max(f64::EPSILON),
+        loss(n, o) / loss(n, b).max(f64::EPSILON)
+    );
+
+    // 2. CPU sampler on a CPU-bound workload.
+    let cg_name = cg
+        .path()
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_owned();
+    let perf_out = dir.path().join("perf.data");
+    let millions = 400;
+    let (mut none, mut perf, mut ours) = (vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        none.push(spin_throughput(&cg, &spin, millions, cpus)?);
+        let t = start_perf_record(&format!("/{cg_name}"), &perf_out)?;
+        perf.push(spin_throughput(&cg, &spin, millions, cpus)?);
+        t.stop();
+        let t = start_agent("cpu", cg.path(), &["--frequency", "99"])?;
+        ours.push(spin_throughput(&cg, &spin, millions, cpus)?);
+        t.stop();
+    }
+    let (n, p, o) = (median(none), median(perf), median(ours));
+    println!(
+        "\n## CPU sampler overhead: {cpus} spinners x {millions}M iterations (iterations per CPU-second)"
+    );
+    println!("no profiler                          {:>8.1} M/s", n / 1e6);
+    println!(
+        "perf record -F 99 -g -a -G <cgroup>  {:>8.1} M/s  loss {:>5.2}%",
+        p / 1e6,
+        loss(n, p)
+    );
+    println!(
+        "flamefleet capture --type cpu, 99 Hz {:>8.1} M/s  loss {:>5.2}%",
+        o / 1e6,
+        loss(n, o)
+    );
+
+    // 3. BPF cost per event.
+    let stats = "/proc/sys/kernel/bpf_stats_enabled";
+    let before = std::fs::read_to_string(stats).unwrap_or_else(|_| "0".into());
+    std::fs::write(stats, "1").context("enabling kernel.bpf_stats_enabled")?;
+    let measure = |names: &[&str]| -> Result<(u64, u64)> {
+        let (ns0, c0) = bpf_cost(names)?;
+        let _ = sched_pipe(&cg)?;
+        let (ns1, c1) = bpf_cost(names)?;
+        Ok((ns1 - ns0, c1 - c0))
+    };
+    let ours_rq = ["switch_task", "wakeup_task", "wakeup_new_task"];
+    // libbpf-tools' program names (tp_btf and raw_tp builds).
+    let theirs_rq = [
+        "sched_switch",
+        "sched_wakeup",
+        "sched_wakeup_new",
+        "handle_sched_sw",
+        "handle_sched_wa",
+    ];
+    let t = start_agent("runqlat", cg.path(), &[])?;
+    let (ons, ocnt) = measure(&ours_rq)?;
+    t.stop();
+    let t = start_libbpf_runqlat(Some(cg.path()))?;
+    let (tns, tcnt) = measure(&theirs_rq)?;
+    t.stop();
+    let t = start_agent("cpu", cg.path(), &["--frequency", "99"])?;
+    let (cns0, cc0) = bpf_cost(&["on_cpu_sample"])?;
+    spin_throughput(&cg, &spin, 200, cpus)?;
+    let (cns1, cc1) = bpf_cost(&["on_cpu_sample"])?;
+    t.stop();
+    std::fs::write(stats, before.trim())?;
+    let per = |ns: u64, cnt: u64| ns as f64 / cnt.max(1) as f64;
+    println!("\n## BPF run time per event (bpf_stats, during one sched pipe run / spin run)");
+    println!(
+        "flamefleet runqlat (3 programs)   {:>7.0} ns/event over {ocnt} events",
+        per(ons, ocnt)
+    );
+    println!(
+        "libbpf-tools runqlat -c           {:>7.0} ns/event over {tcnt} events",
+        per(tns, tcnt)
+    );
+    println!(
+        "flamefleet CPU sampler            {:>7.0} ns/sample over {} samples",
+        per(cns1 - cns0, cc1 - cc0),
+        cc1 - cc0
+    );
+
+    // 4. The agent's own cost.
+    let hogs: Vec<Child> = (0..cpus)
+        .map(|_| cg.command(&spin).arg("100000").spawn())
+        .collect::<std::io::Result<_>>()?;
+    let (cpu_time, rss, samples) = agent_cost("cpu", cg.path(), 10)?;
+    for mut h in hogs {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    println!(
+        "\n## Agent cost: flamefleet-agent capture --type cpu, 10 s at 99 Hz, {cpus} busy CPUs"
+    );
+    println!(
+        "{samples} samples, agent CPU {:.1} ms total = {:.1} ms per 1,000 samples, peak RSS {:.1} MiB",
+        cpu_time.as_secs_f64() * 1e3,
+        cpu_time.as_secs_f64() * 1e6 / samples.max(1) as f64,
+        rss as f64 / 1024.0
+    );
+    Ok(())
+}
