@@ -86,6 +86,49 @@ pub struct ArtifactDigest {
     pub sha256: Sha256Digest,
 }
 
+/// The size and SHA-256 of a body read chunk by chunk, refused as soon as it exceeds a limit,
+/// so that no backend ever reads more than the limit of an oversized artifact.
+pub(crate) struct BoundedDigest<'k> {
+    key: &'k super::ArtifactKey,
+    max_bytes: u64,
+    size_bytes: u64,
+    hasher: Sha256,
+}
+
+impl<'k> BoundedDigest<'k> {
+    /// Starts on the body of `key`, allowing at most `max_bytes`.
+    pub(crate) fn new(key: &'k super::ArtifactKey, max_bytes: u64) -> Self {
+        Self {
+            key,
+            max_bytes,
+            size_bytes: 0,
+            hasher: Sha256::new(),
+        }
+    }
+
+    /// Adds the next chunk; fails with `TooLarge` once past the limit.
+    pub(crate) fn update(&mut self, chunk: &[u8]) -> Result<(), super::StoreError> {
+        self.size_bytes = self.size_bytes.saturating_add(chunk.len() as u64);
+        if self.size_bytes > self.max_bytes {
+            return Err(super::StoreError::TooLarge {
+                key: self.key.to_string(),
+                max: self.max_bytes,
+                found: self.size_bytes,
+            });
+        }
+        self.hasher.update(chunk);
+        Ok(())
+    }
+
+    /// The size and digest of everything added.
+    pub(crate) fn finish(self) -> ArtifactDigest {
+        ArtifactDigest {
+            size_bytes: self.size_bytes,
+            sha256: Sha256Digest::finish(self.hasher),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,12 +19,11 @@ use object_store::{
     path::Path,
     signer::{HeaderName, HeaderValue, Method, SignedUrlOptions, Signer},
 };
-use sha2::{Digest, Sha256};
 use url::Url;
 
 use super::{
     ArtifactDigest, ArtifactKey, ArtifactStore, RequestRef, Result, Sha256Digest, StoreError,
-    StoredArtifact, UploadLimits, UploadTarget, check_digest,
+    StoredArtifact, UploadLimits, UploadTarget, check_digest, digest::BoundedDigest,
 };
 
 /// Configuration of an S3-compatible bucket.
@@ -108,24 +107,11 @@ impl S3Store {
         };
         let object = self.s3.get(&object_path(key)).await.map_err(not_found)?;
         let mut stream = object.into_stream();
-        let mut hasher = Sha256::new();
-        let mut size = 0u64;
+        let mut digest = BoundedDigest::new(key, max_bytes);
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(not_found)?;
-            size = size.saturating_add(chunk.len() as u64);
-            if size > max_bytes {
-                return Err(StoreError::TooLarge {
-                    key: key.to_string(),
-                    max: max_bytes,
-                    found: size,
-                });
-            }
-            hasher.update(&chunk);
+            digest.update(&chunk.map_err(not_found)?)?;
         }
-        Ok(ArtifactDigest {
-            size_bytes: size,
-            sha256: Sha256Digest::finish(hasher),
-        })
+        Ok(digest.finish())
     }
 }
 

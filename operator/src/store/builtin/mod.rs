@@ -21,13 +21,13 @@ use std::{
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use url::Url;
 
 use super::{
     ArtifactDigest, ArtifactKey, ArtifactStore, RequestRef, Result, Sha256Digest, StoreError,
     StoredArtifact, UploadLimits, UploadTarget, check_digest,
+    digest::BoundedDigest,
     signing::{Grant, UrlSigner},
 };
 
@@ -169,23 +169,14 @@ impl BuiltinStore {
             .map_err(|e| StoreError::io(&tmp_dir, e))?
             .into_parts();
         let mut file = tokio::fs::File::from_std(file);
-        let mut hasher = Sha256::new();
-        let mut size: u64 = 0;
+        let mut digest = BoundedDigest::new(key, max_bytes);
         let mut body = std::pin::pin!(body);
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| StoreError::Interrupted {
                 key: key.to_string(),
                 reason: e.to_string(),
             })?;
-            size = size.saturating_add(chunk.len() as u64);
-            if size > max_bytes {
-                return Err(StoreError::TooLarge {
-                    key: key.to_string(),
-                    max: max_bytes,
-                    found: size,
-                });
-            }
-            hasher.update(&chunk);
+            digest.update(&chunk)?;
             file.write_all(&chunk)
                 .await
                 .map_err(|e| StoreError::io(&*tmp_path, e))?;
@@ -194,10 +185,7 @@ impl BuiltinStore {
             .await
             .map_err(|e| StoreError::io(&*tmp_path, e))?;
         drop(file);
-        let digest = ArtifactDigest {
-            size_bytes: size,
-            sha256: Sha256Digest::finish(hasher),
-        };
+        let digest = digest.finish();
         if let Some(want) = expected.iter().find(|want| **want != digest.sha256) {
             return Err(StoreError::ChecksumMismatch {
                 key: key.to_string(),
@@ -297,8 +285,7 @@ async fn hash_file(key: &ArtifactKey, path: &Path) -> Result<ArtifactDigest> {
             },
             _ => StoreError::io(path, e),
         })?;
-    let mut hasher = Sha256::new();
-    let mut size = 0u64;
+    let mut digest = BoundedDigest::new(key, u64::MAX);
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = file
@@ -306,15 +293,10 @@ async fn hash_file(key: &ArtifactKey, path: &Path) -> Result<ArtifactDigest> {
             .await
             .map_err(|e| StoreError::io(path, e))?;
         if n == 0 {
-            break;
+            return Ok(digest.finish());
         }
-        size += n as u64;
-        hasher.update(&buf[..n]);
+        digest.update(&buf[..n])?;
     }
-    Ok(ArtifactDigest {
-        size_bytes: size,
-        sha256: Sha256Digest::finish(hasher),
-    })
 }
 
 #[async_trait]
