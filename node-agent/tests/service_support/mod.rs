@@ -199,6 +199,12 @@ pub fn stages(progress: &[CaptureProgress]) -> Vec<Stage> {
     s
 }
 
+/// Serializes the CPU- and timing-sensitive tests of one binary (2 cores).
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
 /// A compiled CPU burner whose hot function is `burn_cpu`.
 pub fn burner() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -328,6 +334,8 @@ pub type Received = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 pub struct UploadServer {
     pub base: String,
     pub received: Received,
+    /// Accepted PUTs.
+    pub puts: Arc<AtomicU32>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -337,12 +345,17 @@ impl UploadServer {
         use axum::extract::{Path as AxPath, State};
         use axum::http::{HeaderMap, StatusCode};
         let received: Received = Arc::default();
-        let state = (received.clone(), refuse);
+        let puts = Arc::new(AtomicU32::new(0));
+        let state = (received.clone(), refuse, puts.clone());
         let app = axum::Router::new()
             .route(
                 "/{*name}",
                 axum::routing::put(
-                    |State((received, refuse)): State<(Received, Option<(u16, &'static str)>)>,
+                    |State((received, refuse, puts)): State<(
+                        Received,
+                        Option<(u16, &'static str)>,
+                        Arc<AtomicU32>,
+                    )>,
                      AxPath(name): AxPath<String>,
                      headers: HeaderMap,
                      body: Bytes| async move {
@@ -362,6 +375,7 @@ impl UploadServer {
                             );
                         }
                         received.lock().unwrap().insert(name, body.to_vec());
+                        puts.fetch_add(1, Ordering::SeqCst);
                         (StatusCode::CREATED, String::new())
                     },
                 ),
@@ -377,6 +391,7 @@ impl UploadServer {
         Self {
             base,
             received,
+            puts,
             task,
         }
     }

@@ -1,0 +1,284 @@
+//! Capture through the agent service, end to end on this machine: a real
+//! workload in a kubelet-style cgroup tree, the agent binary over mTLS, the
+//! shared eBPF CPU sampler, and an HTTP upload server.
+
+mod service_support;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use flamefleet_proto::agent::capture_progress::Stage;
+use flamefleet_proto::agent::{CancelRequest, CaptureProgress};
+use service_support::*;
+
+fn done(progress: &[CaptureProgress]) -> &CaptureProgress {
+    let last = progress.last().expect("at least one message");
+    assert_eq!(
+        last.stage(),
+        Stage::Done,
+        "expected DONE, found {:?}: {}",
+        last.stage(),
+        last.message
+    );
+    last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
+    require_root();
+    let _serial = serial().await;
+    let pki = TestPki::new("ca");
+    let mut tree = PodTree::new();
+    tree.start_burner();
+    let upload = UploadServer::start(None).await;
+    let agent = AgentProcess::start("node-cpu-a", &pki, &tree.root, None);
+    let mut client = operator_client(&pki, &agent).await;
+
+    let uid = unique("uid-cpu");
+    let started = Instant::now();
+    let progress = collect(
+        &mut client,
+        cpu_request(&uid, "node-cpu-a", &tree, &upload, 2500),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(
+        stages(&progress),
+        vec![
+            Stage::Accepted,
+            Stage::Running,
+            Stage::Uploading,
+            Stage::Done
+        ],
+        "{progress:#?}\n{}",
+        agent.log()
+    );
+    assert!(took >= Duration::from_millis(2500), "took {took:?}");
+    // Periodic RUNNING progress with elapsed and remaining time.
+    let running: Vec<_> = progress
+        .iter()
+        .filter(|p| p.stage() == Stage::Running && p.elapsed_ms > 0)
+        .collect();
+    assert!(running.len() >= 2, "{progress:#?}");
+    for p in &running {
+        assert!(p.elapsed_ms + p.remaining_ms >= 2400, "{p:?}");
+    }
+    assert!(
+        running
+            .windows(2)
+            .all(|w| w[0].elapsed_ms < w[1].elapsed_ms)
+    );
+
+    let last = done(&progress);
+    assert_eq!(last.artifacts.len(), 1);
+    let a = &last.artifacts[0];
+    assert_eq!(a.name, "cpu-node-cpu-a.pb.gz");
+    assert_eq!(a.sample_type, "cpu/nanoseconds");
+    assert!(a.url.ends_with(&format!("/{uid}/cpu-node-cpu-a.pb.gz")));
+    let body = upload
+        .body(&uid, &a.name)
+        .expect("the artifact reached the upload server");
+    assert_eq!(a.size_bytes, body.len() as u64);
+    assert_eq!(
+        a.sha256,
+        flamefleet_agent::service::upload::sha256_hex(&body)
+    );
+    // ~99 Hz for 2.5 s on one busy thread would be ~250; the 2 cores are
+    // shared with other work, so only require clearly more than noise.
+    assert!(a.samples >= 25, "samples {}", a.samples);
+    assert_eq!(last.summary.get("samples"), Some(&a.samples.to_string()));
+
+    let top = pprof_top(&body);
+    assert!(top.contains("burn_cpu"), "go tool pprof -top:\n{top}");
+    let profile = flamefleet_agent::pprof::decode(&body).expect("decode");
+    let s = |i: i64| profile.string_table[i as usize].as_str();
+    let labels: std::collections::BTreeSet<(String, String)> = profile
+        .sample
+        .iter()
+        .flat_map(|x| x.label.iter())
+        .filter(|l| l.str != 0)
+        .map(|l| (s(l.key).to_owned(), s(l.str).to_owned()))
+        .collect();
+    for (k, v) in [
+        ("namespace", "shop"),
+        ("pod", "checkout-1"),
+        ("container", "app"),
+        ("node", "node-cpu-a"),
+    ] {
+        assert!(
+            labels.contains(&(k.to_owned(), v.to_owned())),
+            "label {k}={v} missing in {labels:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_uid_attaches_while_running_and_replays_after() {
+    require_root();
+    let _serial = serial().await;
+    let pki = TestPki::new("ca");
+    let mut tree = PodTree::new();
+    tree.start_burner();
+    let upload = UploadServer::start(None).await;
+    let agent = AgentProcess::start("node-idem", &pki, &tree.root, None);
+    let uid = unique("uid-idem");
+    let req = cpu_request(&uid, "node-idem", &tree, &upload, 2000);
+
+    let mut c1 = operator_client(&pki, &agent).await;
+    let mut c2 = operator_client(&pki, &agent).await;
+    let r1 = req.clone();
+    let first = tokio::spawn(async move { collect(&mut c1, r1).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let second = collect(&mut c2, req.clone()).await;
+    let first = first.await.expect("first caller");
+
+    let (d1, d2) = (done(&first), done(&second));
+    assert_eq!(d1.artifacts, d2.artifacts, "one capture, one result");
+    // The attached caller joined mid-capture: it never saw ACCEPTED.
+    assert_ne!(second[0].stage(), Stage::Accepted, "{second:#?}");
+    assert_eq!(upload.puts.load(Ordering::SeqCst), 1, "exactly one upload");
+    let log = agent.log();
+    assert_eq!(log.matches("new capture").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("attaching to running capture").count(),
+        1,
+        "{log}"
+    );
+
+    // After it finished: the final message is replayed, nothing re-captured.
+    let mut c3 = operator_client(&pki, &agent).await;
+    let replay = collect(&mut c3, req).await;
+    assert_eq!(replay.len(), 1, "{replay:#?}");
+    assert_eq!(done(&replay).artifacts, d1.artifacts);
+    assert_eq!(upload.puts.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_a_running_capture() {
+    require_root();
+    let _serial = serial().await;
+    let pki = TestPki::new("ca");
+    let mut tree = PodTree::new();
+    tree.start_burner();
+    let upload = UploadServer::start(None).await;
+    let agent = AgentProcess::start("node-cancel", &pki, &tree.root, None);
+    let uid = unique("uid-cancel");
+    let mut client = operator_client(&pki, &agent).await;
+
+    let mut stream = client
+        .capture(cpu_request(&uid, "node-cancel", &tree, &upload, 30_000))
+        .await
+        .expect("Capture accepted")
+        .into_inner();
+    // Wait until it runs.
+    loop {
+        let p = stream
+            .message()
+            .await
+            .expect("progress")
+            .expect("not ended");
+        if p.stage() == Stage::Running {
+            break;
+        }
+    }
+    let started = Instant::now();
+    let cancelled = client
+        .cancel(CancelRequest {
+            request_uid: uid.clone(),
+        })
+        .await
+        .expect("Cancel")
+        .into_inner();
+    assert!(cancelled.found);
+    let mut last = None;
+    while let Some(p) = stream.message().await.expect("progress") {
+        last = Some(p);
+    }
+    let last = last.expect("a final message");
+    assert_eq!(last.stage(), Stage::Failed, "{last:?}");
+    assert!(last.message.contains("cancelled"), "{}", last.message);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(upload.puts.load(Ordering::SeqCst), 0, "nothing uploaded");
+
+    let again = client
+        .cancel(CancelRequest { request_uid: uid })
+        .await
+        .expect("Cancel")
+        .into_inner();
+    assert!(!again.found, "a finished capture is not running any more");
+    let unknown = client
+        .cancel(CancelRequest {
+            request_uid: "never-seen".into(),
+        })
+        .await
+        .expect("Cancel")
+        .into_inner();
+    assert!(!unknown.found);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_carry_clear_reasons() {
+    require_root();
+    let _serial = serial().await;
+    let pki = TestPki::new("ca");
+    let mut tree = PodTree::new();
+    tree.start_burner();
+    let ok_store = UploadServer::start(None).await;
+    let refusing =
+        UploadServer::start(Some((403, "signature expired at 2026-01-01T00:00:00Z"))).await;
+    let agent = AgentProcess::start("node-fail", &pki, &tree.root, None);
+    let mut client = operator_client(&pki, &agent).await;
+
+    // An empty UID is refused outright.
+    let mut bad = cpu_request("", "node-fail", &tree, &ok_store, 1000);
+    bad.request_uid = "  ".into();
+    let status = client.capture(bad).await.expect_err("empty uid refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+
+    // Unknown container: no cgroup.
+    let uid = unique("uid-nocg");
+    let mut req = cpu_request(&uid, "node-fail", &tree, &ok_store, 1000);
+    req.targets[0].containers[0].container_id = format!("containerd://{}", "ab".repeat(32));
+    let progress = collect(&mut client, req).await;
+    let last = progress.last().expect("a message");
+    assert_eq!(last.stage(), Stage::Failed);
+    assert!(
+        last.message.contains("no cgroup found for pod") && last.message.contains("checkout-1"),
+        "{}",
+        last.message
+    );
+
+    // No upload slot for the artifact.
+    let uid = unique("uid-noslot");
+    let mut req = cpu_request(&uid, "node-fail", &tree, &ok_store, 1000);
+    req.uploads[0].artifact_name = "heap-node-fail.pb.gz".into();
+    let last = collect(&mut client, req).await.pop().expect("a message");
+    assert_eq!(last.stage(), Stage::Failed);
+    assert!(
+        last.message
+            .contains("no upload slot for artifact cpu-node-fail.pb.gz"),
+        "{}",
+        last.message
+    );
+
+    // The store refuses: its status code and body are in the reason, no retry of a 403.
+    let uid = unique("uid-refused");
+    let progress = collect(
+        &mut client,
+        cpu_request(&uid, "node-fail", &tree, &refusing, 1000),
+    )
+    .await;
+    assert!(stages(&progress).contains(&Stage::Uploading));
+    let last = progress.last().expect("a message");
+    assert_eq!(last.stage(), Stage::Failed);
+    assert!(
+        last.message.contains("HTTP 403") && last.message.contains("signature expired"),
+        "{}",
+        last.message
+    );
+    assert!(!agent.log().contains("retrying"), "{}", agent.log());
+}
