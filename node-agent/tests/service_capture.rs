@@ -126,31 +126,56 @@ async fn the_same_uid_attaches_while_running_and_replays_after() {
 
     let mut c1 = operator_client(&pki, &agent).await;
     let mut c2 = operator_client(&pki, &agent).await;
+    let mut c4 = operator_client(&pki, &agent).await;
     let r1 = req.clone();
     let first = tokio::spawn(async move { collect(&mut c1, r1).await });
     tokio::time::sleep(Duration::from_millis(700)).await;
+    // Meanwhile another request (another UID) runs a capture of its own.
+    let other_uid = unique("uid-other");
+    let other_req = cpu_request(&other_uid, "node-idem", &tree, &upload, 1500);
+    let other = tokio::spawn(async move { collect(&mut c4, other_req).await });
     let second = collect(&mut c2, req.clone()).await;
     let first = first.await.expect("first caller");
+    let other = other.await.expect("other caller");
+    let other_done = done(&other);
+    assert!(
+        upload
+            .body(&other_uid, &other_done.artifacts[0].name)
+            .is_some()
+    );
 
     let (d1, d2) = (done(&first), done(&second));
     assert_eq!(d1.artifacts, d2.artifacts, "one capture, one result");
     // The attached caller joined mid-capture: it never saw ACCEPTED.
     assert_ne!(second[0].stage(), Stage::Accepted, "{second:#?}");
-    assert_eq!(upload.puts.load(Ordering::SeqCst), 1, "exactly one upload");
+    assert_eq!(
+        upload.puts.load(Ordering::SeqCst),
+        2,
+        "one upload per UID, none for the attached call"
+    );
     let log = agent.log();
-    assert_eq!(log.matches("new capture").count(), 1, "{log}");
+    assert_eq!(log.matches("new capture").count(), 2, "{log}");
     assert_eq!(
         log.matches("attaching to running capture").count(),
         1,
         "{log}"
     );
+    // The two overlapping captures joined one CPU sampler.
+    let samplers: std::collections::BTreeSet<&str> = log
+        .lines()
+        .filter(|l| l.contains("cpu sampler attached"))
+        .filter_map(|l| l.split("sampler=").nth(1))
+        .map(|rest| rest.split_whitespace().next().unwrap_or(rest))
+        .collect();
+    assert_eq!(log.matches("cpu sampler attached").count(), 2, "{log}");
+    assert_eq!(samplers.len(), 1, "{log}");
 
     // After it finished: the final message is replayed, nothing re-captured.
     let mut c3 = operator_client(&pki, &agent).await;
     let replay = collect(&mut c3, req).await;
     assert_eq!(replay.len(), 1, "{replay:#?}");
     assert_eq!(done(&replay).artifacts, d1.artifacts);
-    assert_eq!(upload.puts.load(Ordering::SeqCst), 1);
+    assert_eq!(upload.puts.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

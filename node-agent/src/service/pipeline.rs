@@ -246,6 +246,8 @@ async fn capture(
             };
             let s = Arc::clone(&samplers);
             let running = blocking("cpu", move || s.start_cpu(&targets, &options)).await??;
+            // Concurrent captures share one sampler: its address tells them apart in the log.
+            tracing::info!(uid = %handle.uid(), sampler = ?Arc::as_ptr(running.sampler()), "cpu sampler attached");
             handle.progress(progress(Stage::Running, "sampler attached"));
             let waited =
                 run_with_progress(handle, started, duration, tokio::time::sleep(duration)).await;
@@ -292,6 +294,7 @@ async fn capture(
             let s = Arc::clone(&samplers);
             let running =
                 blocking("runqlat", move || s.start_runqlat(&targets, &options)).await??;
+            tracing::info!(uid = %handle.uid(), sampler = ?Arc::as_ptr(running.sampler()), "runqlat sampler attached");
             handle.progress(progress(Stage::Running, "sampler attached"));
             let waited =
                 run_with_progress(handle, started, duration, tokio::time::sleep(duration)).await;

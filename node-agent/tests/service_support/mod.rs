@@ -81,6 +81,7 @@ impl AgentProcess {
             .arg("--cgroup-root")
             .arg(cgroup_root)
             .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
             .env_remove("KUBECONFIG")
             .stdout(Stdio::piped())
             .stderr(stderr);
@@ -329,6 +330,9 @@ impl Drop for PodTree {
 /// What the upload server received: path → body.
 pub type Received = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
+/// The upload server's state: bodies, refusal, accepted PUTs.
+type StoreState = (Received, Option<(u16, &'static str)>, Arc<AtomicU32>);
+
 /// A tiny artifact store: accepts PUT /<name> when `x-flamefleet-sha256`
 /// matches the body (else 422), or refuses everything with `refuse`.
 pub struct UploadServer {
@@ -351,11 +355,7 @@ impl UploadServer {
             .route(
                 "/{*name}",
                 axum::routing::put(
-                    |State((received, refuse, puts)): State<(
-                        Received,
-                        Option<(u16, &'static str)>,
-                        Arc<AtomicU32>,
-                    )>,
+                    |State((received, refuse, puts)): State<StoreState>,
                      AxPath(name): AxPath<String>,
                      headers: HeaderMap,
                      body: Bytes| async move {
