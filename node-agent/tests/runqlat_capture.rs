@@ -199,6 +199,32 @@ fn libbpf_runqlat(args: &[&str], secs: u64, during: impl FnOnce()) -> Vec<u64> {
     slots
 }
 
+/// Our capture of `target` and libbpf-tools' runqlat (with `args`) over the
+/// same `secs`-second window: our sampler is loaded first (on an empty
+/// cgroup) so that our capture starts as soon as runqlat reports it traces.
+fn side_by_side(target: &TestCgroup, args: &[&str], secs: u64) -> (Histogram, Vec<u64>) {
+    let samplers = Samplers::new(SamplerConfig::default());
+    let warm = TestCgroup::new("rq-warm");
+    let _keep = samplers
+        .start_runqlat(
+            &[CaptureTarget::raw(warm.cgroup.clone())],
+            &RunqlatOptions::default(),
+        )
+        .expect("start runqlat sampler");
+    let mut ours = None;
+    let theirs = libbpf_runqlat(args, secs, || {
+        let c = samplers
+            .start_runqlat(
+                &[CaptureTarget::raw(target.cgroup.clone())],
+                &RunqlatOptions::default(),
+            )
+            .expect("start capture");
+        std::thread::sleep(Duration::from_secs(secs));
+        ours = Some(c.finish().expect("finish"));
+    });
+    (total(&ours.expect("our capture ran")), theirs)
+}
+
 #[test]
 fn agrees_with_libbpf_tools_runqlat_for_one_process() {
     require_root();
@@ -212,27 +238,7 @@ fn agrees_with_libbpf_tools_runqlat_for_one_process() {
     hogs.spawn(&mut pinned(1, &hog, &[]));
     std::thread::sleep(Duration::from_millis(200));
 
-    let samplers = Samplers::new(SamplerConfig::default());
-    // Load our sampler before runqlat starts so both windows line up.
-    let warm = TestCgroup::new("rq-cmp-warm");
-    let _keep = samplers
-        .start_runqlat(
-            &[CaptureTarget::raw(warm.cgroup.clone())],
-            &RunqlatOptions::default(),
-        )
-        .expect("start runqlat sampler");
-    let mut ours = None;
-    let theirs = libbpf_runqlat(&["-p", &pid.to_string()], 4, || {
-        let c = samplers
-            .start_runqlat(
-                &[CaptureTarget::raw(target.cgroup.clone())],
-                &RunqlatOptions::default(),
-            )
-            .expect("start capture");
-        std::thread::sleep(Duration::from_secs(4));
-        ours = Some(c.finish().expect("finish"));
-    });
-    let ours = total(&ours.unwrap());
+    let (ours, theirs) = side_by_side(&target, &["-p", &pid.to_string()], 4);
     let theirs = Histogram {
         target: 0,
         tgid: None,
@@ -282,26 +288,8 @@ fn waits_are_attributed_to_the_waiting_task_not_the_waker() {
         "the reader moved to the wakee cgroup"
     );
 
-    let samplers = Samplers::new(SamplerConfig::default());
-    let warm = TestCgroup::new("rq-wk-warm");
-    let _keep = samplers
-        .start_runqlat(
-            &[CaptureTarget::raw(warm.cgroup.clone())],
-            &RunqlatOptions::default(),
-        )
-        .expect("start runqlat sampler");
-    let mut ours = None;
-    let theirs = libbpf_runqlat(&["-c", wakee.path().to_str().unwrap()], 3, || {
-        let c = samplers
-            .start_runqlat(
-                &[CaptureTarget::raw(wakee.cgroup.clone())],
-                &RunqlatOptions::default(),
-            )
-            .expect("start capture");
-        std::thread::sleep(Duration::from_secs(3));
-        ours = Some(c.finish().expect("finish"));
-    });
-    let ours = total(&ours.unwrap()).count();
+    let (ours, theirs) = side_by_side(&wakee, &["-c", wakee.path().to_str().unwrap()], 3);
+    let ours = ours.count();
     let theirs: u64 = theirs.iter().sum();
     eprintln!("wakee cgroup: ours {ours} waits, libbpf-tools -c {theirs}");
     // The reader is woken ~500 times per second by the writer in the other

@@ -16,7 +16,7 @@ use flamefleet_proto::pprof::Profile;
 
 pub use super::perf_event::PerfEventKind;
 use super::sampler_thread::{self, OwnerThread};
-use super::target_table::TargetTable;
+use super::target_table::{TargetTable, delete_target_entries};
 use super::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event};
 use crate::bpf::cpu_sampler::types::{cpu_drops, cpu_sample_key, ff_proc_event, ff_target};
 use crate::bpf::cpu_sampler::{CpuSamplerSkel, CpuSamplerSkelBuilder};
@@ -199,16 +199,7 @@ impl CpuSampler {
         }
         // A target covers its cgroup and the descendants existing now (a pod
         // cgroup's processes live in its container cgroups).
-        let mut cgroup_ids = Vec::new();
-        let mut owner_of = Vec::new();
-        for (i, t) in targets.iter().enumerate() {
-            for id in super::subtree_ids(&t.cgroup) {
-                if !cgroup_ids.contains(&id) {
-                    cgroup_ids.push(id);
-                    owner_of.push(i);
-                }
-            }
-        }
+        let (cgroup_ids, owner_of) = super::expand_targets(targets);
         let mut shared = self.lock();
         let Shared { maps, table } = &mut *shared;
         let indices = table.acquire::<ff_target>(&maps.targets, &cgroup_ids, 0, |a, _| Ok(a))?;
@@ -340,13 +331,8 @@ impl Drop for CpuCapture {
     fn drop(&mut self) {
         let mut shared = self.sampler.lock();
         let Shared { maps, table } = &mut *shared;
-        let removed: HashSet<u32> = table
-            .release(&maps.targets, &self.cgroup_ids)
-            .into_iter()
-            .collect();
-        if !removed.is_empty() {
-            delete_counts(&maps.counts, &removed);
-        }
+        let removed = table.release(&maps.targets, &self.cgroup_ids);
+        delete_target_entries::<cpu_sample_key>(&maps.counts, &removed, |k| k.target);
     }
 }
 
@@ -387,7 +373,7 @@ impl CpuCapture {
                 target: self.target_of_index.get(&key.target).copied().unwrap_or(0),
                 tgid: key.tgid,
                 pid: key.pid,
-                comm: comm_string(&key.comm),
+                comm: super::comm_string(&key.comm),
                 user_stack: stack(key.user_stack_id),
                 kernel_stack: stack(key.kernel_stack_id),
                 count,
@@ -485,15 +471,6 @@ impl CpuSamples {
     }
 }
 
-fn comm_string(raw: &[i8]) -> String {
-    let bytes: Vec<u8> = raw
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
 /// Counts of the given target indices, keyed by raw key bytes.
 fn read_counts(counts: &MapHandle, targets: &HashSet<u32>) -> Result<HashMap<Vec<u8>, u64>> {
     let mut out = HashMap::new();
@@ -512,17 +489,6 @@ fn read_counts(counts: &MapHandle, targets: &HashSet<u32>) -> Result<HashMap<Vec
         }
     }
     Ok(out)
-}
-
-fn delete_counts(counts: &MapHandle, targets: &HashSet<u32>) {
-    let doomed: Vec<Vec<u8>> = counts
-        .keys()
-        .filter(|k| from_bytes::<cpu_sample_key>(k).is_some_and(|k| targets.contains(&k.target)))
-        .collect();
-    for k in doomed {
-        // Concurrent deletion by nobody else; failure only leaves a stale entry.
-        let _ = counts.delete(&k);
-    }
 }
 
 fn read_drops(drops: &MapHandle) -> CpuDrops {

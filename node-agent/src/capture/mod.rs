@@ -179,6 +179,33 @@ pub fn check_btf() -> Result<()> {
     }
 }
 
+/// The cgroup IDs a capture puts in the target map (each target's cgroup
+/// and its descendants existing now, without repeats) and, for each, the
+/// index of the target it belongs to.
+pub(crate) fn expand_targets(targets: &[CaptureTarget]) -> (Vec<u64>, Vec<usize>) {
+    let mut cgroup_ids = Vec::new();
+    let mut owner_of = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        for id in subtree_ids(&t.cgroup) {
+            if !cgroup_ids.contains(&id) {
+                cgroup_ids.push(id);
+                owner_of.push(i);
+            }
+        }
+    }
+    (cgroup_ids, owner_of)
+}
+
+/// A NUL-terminated `comm` array from BPF as a string.
+pub(crate) fn comm_string(raw: &[i8]) -> String {
+    let bytes: Vec<u8> = raw
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// IDs of a cgroup and of its descendants existing now.
 pub(crate) fn subtree_ids(cgroup: &Cgroup) -> Vec<u64> {
     let mut out = vec![cgroup.id];

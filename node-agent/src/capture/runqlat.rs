@@ -18,7 +18,7 @@ use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 use flamefleet_proto::pprof::Profile;
 
 use super::sampler_thread::{self, OwnerThread};
-use super::target_table::TargetTable;
+use super::target_table::{TargetTable, delete_target_entries};
 use super::{CaptureError, CaptureTarget, Result, SamplerConfig};
 use crate::bpf::from_bytes;
 use crate::bpf::runqlat::types::{ff_target, runqlat_drops, runqlat_hist, runqlat_key};
@@ -184,16 +184,7 @@ impl RunqlatSampler {
         if options.unit == LatencyUnit::Millis {
             flags |= FLAG_UNIT_MS;
         }
-        let mut cgroup_ids = Vec::new();
-        let mut owner_of = Vec::new();
-        for (i, t) in targets.iter().enumerate() {
-            for id in super::subtree_ids(&t.cgroup) {
-                if !cgroup_ids.contains(&id) {
-                    cgroup_ids.push(id);
-                    owner_of.push(i);
-                }
-            }
-        }
+        let (cgroup_ids, owner_of) = super::expand_targets(targets);
         let mut shared = self.lock();
         let Shared { maps, table } = &mut *shared;
         let indices = table.acquire::<ff_target>(&maps.targets, &cgroup_ids, flags, |old, new| {
@@ -289,22 +280,8 @@ impl Drop for RunqlatCapture {
     fn drop(&mut self) {
         let mut shared = self.sampler.lock();
         let Shared { maps, table } = &mut *shared;
-        let removed: HashSet<u32> = table
-            .release(&maps.targets, &self.cgroup_ids)
-            .into_iter()
-            .collect();
-        if !removed.is_empty() {
-            let doomed: Vec<Vec<u8>> = maps
-                .hists
-                .keys()
-                .filter(|k| {
-                    from_bytes::<runqlat_key>(k).is_some_and(|k| removed.contains(&k.target))
-                })
-                .collect();
-            for k in doomed {
-                let _ = maps.hists.delete(&k);
-            }
-        }
+        let removed = table.release(&maps.targets, &self.cgroup_ids);
+        delete_target_entries::<runqlat_key>(&maps.hists, &removed, |k| k.target);
     }
 }
 
@@ -338,7 +315,7 @@ impl RunqlatCapture {
                 entry.slots[i] += n.saturating_sub(base.map_or(0, |b| b.slots[i]));
             }
             if self.options.per_process && entry.comm.is_empty() {
-                entry.comm = comm_string(&h.comm);
+                entry.comm = super::comm_string(&h.comm);
             }
         }
         let mut histograms: Vec<Histogram> =
@@ -625,15 +602,6 @@ impl RunqlatResult {
         }
         b.build()
     }
-}
-
-fn comm_string(raw: &[i8]) -> String {
-    let bytes: Vec<u8> = raw
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn read_hists(hists: &MapHandle, own: &HashSet<u32>) -> Result<HashMap<(u32, u32), runqlat_hist>> {

@@ -1,12 +1,12 @@
 //! The user-space side of a sampler's `targets` map: cgroup ID → index, with
 //! reference counts so concurrent captures of the same cgroup share an entry.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 
 use super::{CaptureError, Result};
-use crate::bpf::{Pod, as_bytes};
+use crate::bpf::{Pod, as_bytes, from_bytes};
 
 /// Mirror of `struct ff_target`, generic over the skeleton's generated type.
 pub(crate) trait TargetValue: Pod {
@@ -105,15 +105,15 @@ impl TargetTable {
 
     /// Drops one reference per cgroup; returns the indices that were removed
     /// from the map (their kernel counts may now be deleted).
-    pub(crate) fn release(&mut self, map: &MapHandle, cgroup_ids: &[u64]) -> Vec<u32> {
-        let mut removed = Vec::new();
+    pub(crate) fn release(&mut self, map: &MapHandle, cgroup_ids: &[u64]) -> HashSet<u32> {
+        let mut removed = HashSet::new();
         for id in cgroup_ids {
             let Some(e) = self.entries.get_mut(id) else {
                 continue;
             };
             e.refs -= 1;
             if e.refs == 0 {
-                removed.push(e.index);
+                removed.insert(e.index);
                 self.entries.remove(id);
                 // Already gone is fine: the entry is not needed any more.
                 let _ = map.delete(&id.to_ne_bytes());
@@ -125,5 +125,25 @@ impl TargetTable {
     /// Number of cgroups in the map.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
+    }
+}
+
+/// Deletes the entries of a per-target map (key type `K`) whose target index
+/// is in `removed`, so released targets leave nothing behind in the kernel.
+pub(crate) fn delete_target_entries<K: Pod>(
+    map: &MapHandle,
+    removed: &HashSet<u32>,
+    target_of: impl Fn(&K) -> u32,
+) {
+    if removed.is_empty() {
+        return;
+    }
+    let doomed: Vec<Vec<u8>> = map
+        .keys()
+        .filter(|k| from_bytes::<K>(k).is_some_and(|k| removed.contains(&target_of(&k))))
+        .collect();
+    for k in doomed {
+        // Only a stale entry is left if this fails; nothing else depends on it.
+        let _ = map.delete(&k);
     }
 }
