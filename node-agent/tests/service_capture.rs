@@ -253,8 +253,12 @@ async fn failures_carry_clear_reasons() {
     let mut tree = PodTree::new();
     tree.start_burner();
     let ok_store = UploadServer::start(None).await;
-    let refusing =
-        UploadServer::start(Some((403, "signature expired at 2026-01-01T00:00:00Z"))).await;
+    let refusing = UploadServer::start(Some((
+        403,
+        "signature expired at 2026-01-01T00:00:00Z",
+        u32::MAX,
+    )))
+    .await;
     let agent = AgentProcess::start("node-fail", &pki, &tree.root, None);
     let mut client = operator_client(&pki, &agent).await;
 
@@ -306,4 +310,62 @@ async fn failures_carry_clear_reasons() {
         last.message
     );
     assert!(!agent.log().contains("retrying"), "{}", agent.log());
+
+    // A store that is briefly unavailable (503 twice): retried, then uploaded.
+    let flaky = UploadServer::start(Some((503, "try again", 2))).await;
+    let uid = unique("uid-flaky");
+    let progress = collect(
+        &mut client,
+        cpu_request(&uid, "node-fail", &tree, &flaky, 1000),
+    )
+    .await;
+    let last = done(&progress);
+    assert!(flaky.body(&uid, &last.artifacts[0].name).is_some());
+    assert_eq!(agent.log().matches("upload failed, retrying").count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
+    require_root();
+    let _serial = serial().await;
+    let pki = TestPki::new("ca");
+    let mut tree = PodTree::new();
+    tree.start(allocator());
+    let upload = UploadServer::start(None).await;
+    let node = "node-heap";
+    let agent = AgentProcess::start(node, &pki, &tree.root, None);
+    let mut client = operator_client(&pki, &agent).await;
+    let uid = unique("uid-heap");
+    let mut req = cpu_request(&uid, node, &tree, &upload, 2500);
+    req.r#type = flamefleet_proto::agent::ProfileType::Heap as i32;
+    req.cpu = None;
+    req.heap = Some(flamefleet_proto::agent::HeapOptions {
+        source: "ebpf".into(),
+        sample_bytes: 4096,
+        ..Default::default()
+    });
+    req.uploads = upload.slots(&uid, &[format!("heap-{node}.pb.gz")]);
+
+    let progress = collect(&mut client, req).await;
+    assert_eq!(
+        stages(&progress),
+        vec![
+            Stage::Accepted,
+            Stage::Running,
+            Stage::Uploading,
+            Stage::Done
+        ],
+        "{progress:#?}\n{}",
+        agent.log()
+    );
+    let last = done(&progress);
+    assert_eq!(
+        last.summary.get("heap_source").map(String::as_str),
+        Some("ebpf")
+    );
+    let a = &last.artifacts[0];
+    assert!(a.samples > 0, "{a:?}");
+    let body = upload.body(&uid, &a.name).expect("uploaded");
+    let top = pprof_top(&body);
+    assert!(top.contains("grow_heap"), "go tool pprof -top:\n{top}");
 }

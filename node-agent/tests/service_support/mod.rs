@@ -206,31 +206,53 @@ pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     LOCK.lock().await
 }
 
+/// A compiled allocator loop whose allocation site is `grow_heap`: keeps up
+/// to 256 blocks of 64 KiB live, replacing one every 2 ms.
+pub fn allocator() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        compile(
+            "allocator",
+            "#include <stdlib.h>\n#include <string.h>\n#include <unistd.h>\n\
+             static void *live[256];\n\
+             __attribute__((noinline)) void *grow_heap(size_t n) { void *p = malloc(n); if (p) memset(p, 1, n); return p; }\n\
+             int main(void) { for (unsigned i = 0;; i++) { free(live[i % 256]); live[i % 256] = grow_heap(65536); usleep(2000); } }\n",
+        )
+    })
+}
+
+fn compile(name: &str, source: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique("flamefleet-svc-bin"));
+    std::fs::create_dir_all(&dir).expect("bin dir");
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).expect("write C source");
+    let bin = dir.join(name);
+    let out = Command::new("cc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("running cc (install gcc)");
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
 /// A compiled CPU burner whose hot function is `burn_cpu`.
 pub fn burner() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let dir = std::env::temp_dir().join(unique("flamefleet-svc-bin"));
-        std::fs::create_dir_all(&dir).expect("bin dir");
-        let src = dir.join("burner.c");
-        std::fs::write(
-            &src,
+        compile(
+            "burner",
             "#include <stdint.h>\n\
              __attribute__((noinline)) uint64_t burn_cpu(uint64_t x) {\n\
                for (int i = 0; i < 1000000; i++) x = x * 6364136223846793005ULL + 1442695040888963407ULL;\n\
                return x;\n}\n\
              int main(void) { volatile uint64_t x = 1; for (;;) x = burn_cpu(x); }\n",
         )
-        .expect("write burner.c");
-        let bin = dir.join("burner");
-        let out = Command::new("cc")
-            .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .output()
-            .expect("running cc (install gcc)");
-        assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
-        bin
     })
 }
 
@@ -277,7 +299,12 @@ impl PodTree {
 
     /// Starts the CPU burner inside the container cgroup.
     pub fn start_burner(&mut self) -> u32 {
-        let child = Command::new(burner())
+        self.start(burner())
+    }
+
+    /// Starts `program` inside the container cgroup.
+    pub fn start(&mut self, program: &Path) -> u32 {
+        let child = Command::new(program)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -331,10 +358,13 @@ impl Drop for PodTree {
 pub type Received = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
 /// The upload server's state: bodies, refusal, accepted PUTs.
-type StoreState = (Received, Option<(u16, &'static str)>, Arc<AtomicU32>);
+type StoreState = (Received, Refusal, Arc<AtomicU32>, Arc<AtomicU32>);
+
+/// Answer the first `n` PUTs with (status, body); `None`: accept all.
+pub type Refusal = Option<(u16, &'static str, u32)>;
 
 /// A tiny artifact store: accepts PUT /<name> when `x-flamefleet-sha256`
-/// matches the body (else 422), or refuses everything with `refuse`.
+/// matches the body (else 422), after refusing the first PUTs as `refuse` says.
 pub struct UploadServer {
     pub base: String,
     pub received: Received,
@@ -344,22 +374,25 @@ pub struct UploadServer {
 }
 
 impl UploadServer {
-    pub async fn start(refuse: Option<(u16, &'static str)>) -> Self {
+    pub async fn start(refuse: Refusal) -> Self {
         use axum::body::Bytes;
         use axum::extract::{Path as AxPath, State};
         use axum::http::{HeaderMap, StatusCode};
         let received: Received = Arc::default();
         let puts = Arc::new(AtomicU32::new(0));
-        let state = (received.clone(), refuse, puts.clone());
+        let refused = Arc::new(AtomicU32::new(0));
+        let state = (received.clone(), refuse, puts.clone(), refused);
         let app = axum::Router::new()
             .route(
                 "/{*name}",
                 axum::routing::put(
-                    |State((received, refuse, puts)): State<StoreState>,
+                    |State((received, refuse, puts, refused)): State<StoreState>,
                      AxPath(name): AxPath<String>,
                      headers: HeaderMap,
                      body: Bytes| async move {
-                        if let Some((code, text)) = refuse {
+                        if let Some((code, text, n)) = refuse
+                            && refused.fetch_add(1, Ordering::SeqCst) < n
+                        {
                             return (StatusCode::from_u16(code).unwrap(), text.to_owned());
                         }
                         let want = headers
