@@ -27,12 +27,13 @@ fn done(progress: &[CaptureProgress]) -> &CaptureProgress {
 async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
     require_root();
     let _serial = serial().await;
-    let pki = TestPki::new("ca");
-    let mut tree = PodTree::new();
-    tree.start_burner();
-    let upload = UploadServer::start(None).await;
-    let agent = AgentProcess::start("node-cpu-a", &pki, &tree.root, None);
-    let mut client = operator_client(&pki, &agent).await;
+    let Setup {
+        mut client,
+        agent,
+        upload,
+        tree,
+        pki: _pki,
+    } = Setup::new("node-cpu-a", burner()).await;
 
     let uid = unique("uid-cpu");
     let started = Instant::now();
@@ -116,23 +117,20 @@ async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
 async fn the_same_uid_attaches_while_running_and_replays_after() {
     require_root();
     let _serial = serial().await;
-    let pki = TestPki::new("ca");
-    let mut tree = PodTree::new();
-    tree.start_burner();
-    let upload = UploadServer::start(None).await;
-    let agent = AgentProcess::start("node-idem", &pki, &tree.root, None);
+    let setup = Setup::new("node-idem", burner()).await;
+    let (agent, upload, tree) = (&setup.agent, &setup.upload, &setup.tree);
     let uid = unique("uid-idem");
-    let req = cpu_request(&uid, "node-idem", &tree, &upload, 2000);
+    let req = cpu_request(&uid, "node-idem", tree, upload, 2000);
 
-    let mut c1 = operator_client(&pki, &agent).await;
-    let mut c2 = operator_client(&pki, &agent).await;
-    let mut c4 = operator_client(&pki, &agent).await;
+    let mut c1 = setup.client().await;
+    let mut c2 = setup.client().await;
+    let mut c4 = setup.client().await;
     let r1 = req.clone();
     let first = tokio::spawn(async move { collect(&mut c1, r1).await });
     tokio::time::sleep(Duration::from_millis(700)).await;
     // Meanwhile another request (another UID) runs a capture of its own.
     let other_uid = unique("uid-other");
-    let other_req = cpu_request(&other_uid, "node-idem", &tree, &upload, 1500);
+    let other_req = cpu_request(&other_uid, "node-idem", tree, upload, 1500);
     let other = tokio::spawn(async move { collect(&mut c4, other_req).await });
     let second = collect(&mut c2, req.clone()).await;
     let first = first.await.expect("first caller");
@@ -171,7 +169,7 @@ async fn the_same_uid_attaches_while_running_and_replays_after() {
     assert_eq!(samplers.len(), 1, "{log}");
 
     // After it finished: the final message is replayed, nothing re-captured.
-    let mut c3 = operator_client(&pki, &agent).await;
+    let mut c3 = setup.client().await;
     let replay = collect(&mut c3, req).await;
     assert_eq!(replay.len(), 1, "{replay:#?}");
     assert_eq!(done(&replay).artifacts, d1.artifacts);
@@ -182,13 +180,14 @@ async fn the_same_uid_attaches_while_running_and_replays_after() {
 async fn cancel_stops_a_running_capture() {
     require_root();
     let _serial = serial().await;
-    let pki = TestPki::new("ca");
-    let mut tree = PodTree::new();
-    tree.start_burner();
-    let upload = UploadServer::start(None).await;
-    let agent = AgentProcess::start("node-cancel", &pki, &tree.root, None);
+    let Setup {
+        mut client,
+        agent: _agent,
+        upload,
+        tree,
+        pki: _pki,
+    } = Setup::new("node-cancel", burner()).await;
     let uid = unique("uid-cancel");
-    let mut client = operator_client(&pki, &agent).await;
 
     let mut stream = client
         .capture(cpu_request(&uid, "node-cancel", &tree, &upload, 30_000))
@@ -249,18 +248,19 @@ async fn cancel_stops_a_running_capture() {
 async fn failures_carry_clear_reasons() {
     require_root();
     let _serial = serial().await;
-    let pki = TestPki::new("ca");
-    let mut tree = PodTree::new();
-    tree.start_burner();
-    let ok_store = UploadServer::start(None).await;
+    let Setup {
+        mut client,
+        agent,
+        upload: ok_store,
+        tree,
+        pki: _pki,
+    } = Setup::new("node-fail", burner()).await;
     let refusing = UploadServer::start(Some((
         403,
         "signature expired at 2026-01-01T00:00:00Z",
         u32::MAX,
     )))
     .await;
-    let agent = AgentProcess::start("node-fail", &pki, &tree.root, None);
-    let mut client = operator_client(&pki, &agent).await;
 
     // An empty UID is refused outright.
     let mut bad = cpu_request("", "node-fail", &tree, &ok_store, 1000);
@@ -328,13 +328,14 @@ async fn failures_carry_clear_reasons() {
 async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
     require_root();
     let _serial = serial().await;
-    let pki = TestPki::new("ca");
-    let mut tree = PodTree::new();
-    tree.start(allocator());
-    let upload = UploadServer::start(None).await;
     let node = "node-heap";
-    let agent = AgentProcess::start(node, &pki, &tree.root, None);
-    let mut client = operator_client(&pki, &agent).await;
+    let Setup {
+        mut client,
+        agent,
+        upload,
+        tree,
+        pki: _pki,
+    } = Setup::new(node, allocator()).await;
     let uid = unique("uid-heap");
     let mut req = cpu_request(&uid, node, &tree, &upload, 2500);
     req.r#type = flamefleet_proto::agent::ProfileType::Heap as i32;

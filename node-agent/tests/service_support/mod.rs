@@ -496,3 +496,37 @@ pub fn pprof_top(bytes: &[u8]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// The usual fixture: a PKI, a pod tree running `workload`, an upload
+/// server, the agent for `node` (no API access) and an operator client.
+/// Fields drop in order: the agent goes before its cgroups.
+pub struct Setup {
+    pub client: AgentServiceClient<Channel>,
+    pub agent: AgentProcess,
+    pub upload: UploadServer,
+    pub tree: PodTree,
+    pub pki: TestPki,
+}
+
+impl Setup {
+    pub async fn new(node: &str, workload: &Path) -> Self {
+        let pki = TestPki::new("ca");
+        let mut tree = PodTree::new();
+        tree.start(workload);
+        let upload = UploadServer::start(None).await;
+        let agent = AgentProcess::start(node, &pki, &tree.root, None);
+        let client = operator_client(&pki, &agent).await;
+        Self {
+            client,
+            agent,
+            upload,
+            tree,
+            pki,
+        }
+    }
+
+    /// Another operator client (another connection).
+    pub async fn client(&self) -> AgentServiceClient<Channel> {
+        operator_client(&self.pki, &self.agent).await
+    }
+}
