@@ -366,6 +366,7 @@ async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
     );
     let a = &last.artifacts[0];
     assert!(a.samples > 0, "{a:?}");
+    assert_eq!(a.sample_type, "inuse_space/bytes");
     let body = upload.body(&uid, &a.name).expect("uploaded");
     let top = pprof_top(&body);
     assert!(top.contains("grow_heap"), "go tool pprof -top:\n{top}");

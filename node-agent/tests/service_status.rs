@@ -117,6 +117,8 @@ async fn the_agent_applies_its_own_node_entry_and_keeps_the_others() {
     );
     assert!(last.summary.contains_key("p50_us"), "{:?}", last.summary);
     assert!(last.summary.contains_key("p99_us"), "{:?}", last.summary);
+    assert_eq!(last.artifacts[0].sample_type, "count/count");
+    assert!(last.artifacts[0].samples > 0, "{:?}", last.artifacts[0]);
     let names: Vec<&str> = last.artifacts.iter().map(|a| a.name.as_str()).collect();
     assert_eq!(
         names,

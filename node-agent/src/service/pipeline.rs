@@ -519,3 +519,74 @@ fn status_artifact(a: &Artifact) -> StatusArtifact {
         sample_type: Some(a.sample_type.clone()).filter(|s| !s.is_empty()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(ty: ProfileType, duration_ms: u32, slots: &[&str]) -> CaptureRequest {
+        CaptureRequest {
+            request_uid: "u".into(),
+            r#type: ty as i32,
+            duration_ms,
+            uploads: slots
+                .iter()
+                .map(|n| UploadSlot {
+                    artifact_name: (*n).into(),
+                    put_url: format!("http://store/{n}"),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn validation_names_what_is_wrong() {
+        let ok = validate(
+            &request(
+                ProfileType::Runqlat,
+                2000,
+                &["runqlat-n1.pb.gz", "runqlat-n1.txt", "extra"],
+            ),
+            "n1",
+        )
+        .unwrap();
+        assert_eq!(ok.0, ProfileType::Runqlat);
+        assert_eq!(ok.1, Duration::from_secs(2));
+        assert_eq!(ok.2.len(), 2);
+
+        let err = validate(
+            &request(ProfileType::Runqlat, 2000, &["runqlat-n1.pb.gz"]),
+            "n1",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("no upload slot for artifact runqlat-n1.txt"),
+            "{err}"
+        );
+        let err = validate(&request(ProfileType::Unspecified, 2000, &[]), "n1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("profile type 0"), "{err}");
+        let mut bad = request(ProfileType::Cpu, 1000, &["cpu-n1.pb.gz"]);
+        bad.r#type = 42;
+        assert!(validate(&bad, "n1").is_err());
+        let err = validate(&request(ProfileType::Cpu, 0, &["cpu-n1.pb.gz"]), "n1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("duration_ms must be between 1 and"), "{err}");
+    }
+
+    #[test]
+    fn sample_type_is_the_default_or_the_last() {
+        let types = [("samples", "count"), ("cpu", "nanoseconds")];
+        let plain = pprof::ProfileBuilder::new(&types).build();
+        assert_eq!(sample_type_of(&plain), "cpu/nanoseconds");
+        let mut b = pprof::ProfileBuilder::new(&types);
+        b.default_sample_type("samples");
+        assert_eq!(sample_type_of(&b.build()), "samples/count");
+        assert_eq!(sample_type_of(&Profile::default()), "");
+    }
+}

@@ -234,7 +234,7 @@ mod tests {
     fn sha256_of_known_input() {
         assert_eq!(
             sha256_hex(b"abc"),
-            "ba7816bf8f01cfea414140de5dea2ae2284a02cd8d3a1f3a95d8ef3ab0f4dd8c"
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
     }
 
