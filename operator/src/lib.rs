@@ -1,3 +1,13 @@
-//! The Flamefleet operator.
+//! The Flamefleet operator: the ProfileRequest controller ([`controller`]), the artifact store
+//! ([`store`]), leader election ([`leader`]), metrics ([`metrics`]) and the probe/metrics
+//! HTTP server ([`probes`]). `app` wires them together for `main`.
 
+pub mod app;
+pub mod controller;
+pub mod error;
+pub mod leader;
+pub mod metrics;
+pub mod probes;
 pub mod store;
+
+pub use error::{Error, Result};

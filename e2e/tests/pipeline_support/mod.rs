@@ -1,0 +1,808 @@
+//! The end-to-end pipeline fixture: a real control plane, agents (`flamefleet-agent serve`)
+//! and an operator (`flamefleet-operator`) as processes, pods whose container IDs map to
+//! real cgroups holding real workloads.
+//!
+//! Binaries: `flamefleet-agent` and `flamefleet-operator` are built with
+//! `cargo build -p flamefleet-agent -p flamefleet-operator` into the target directory of the
+//! running test (found from the test executable's path: `<target>/<profile>/deps/<test>`),
+//! once per test process; a no-op when they are fresh. `FLAMEFLEET_AGENT_BIN` and
+//! `FLAMEFLEET_OPERATOR_BIN` override the paths (then nothing is built).
+//!
+//! Isolation: every fixture has its own agent namespace, node names, cgroup directory,
+//! store directory, ports and Lease, and its operator only handles requests labelled with
+//! the fixture's id (`--request-selector`), so tests run in parallel on one API server.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use flamefleet_api::{Artifact, ProfileRequest, RequestPhase};
+use flamefleet_e2e::TestNamespace;
+use flamefleet_e2e::agent_pki::{AgentPki, AgentPkiFiles};
+use flamefleet_e2e::pods::PodFixture;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+
+/// Label carried by every request of a fixture; the fixture's operator watches only these.
+pub const RUN_LABEL: &str = "flamefleet.dev/e2e-run";
+
+/// Serializes the CPU-heavy pipeline tests of one binary (2 cores).
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// Fails (never skips) without root: agents load eBPF programs and tests create cgroups.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the pipeline tests run eBPF agents and create cgroups: expected root, found uid {}; run scripts/test.sh or `sudo -E cargo test`",
+        nix::unistd::geteuid()
+    );
+}
+
+/// Paths of our own binaries.
+#[derive(Debug)]
+pub struct Bins {
+    pub agent: PathBuf,
+    pub operator: PathBuf,
+}
+
+/// Builds (once per process) and locates `flamefleet-agent` and `flamefleet-operator`.
+pub fn bins() -> &'static Bins {
+    static BINS: OnceLock<Bins> = OnceLock::new();
+    BINS.get_or_init(|| {
+        if let (Some(agent), Some(operator)) = (
+            std::env::var_os("FLAMEFLEET_AGENT_BIN"),
+            std::env::var_os("FLAMEFLEET_OPERATOR_BIN"),
+        ) {
+            return Bins {
+                agent: agent.into(),
+                operator: operator.into(),
+            };
+        }
+        let exe = std::env::current_exe().expect("the test executable's path");
+        // <target>/<profile>/deps/<test-exe>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executable under <target>/<profile>/deps");
+        let target_dir = profile_dir.parent().expect("<target>/<profile>");
+        let profile = profile_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("debug");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .args([
+                "build",
+                "-p",
+                "flamefleet-agent",
+                "-p",
+                "flamefleet-operator",
+                "--bins",
+            ])
+            .env("CARGO_TARGET_DIR", target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile == "release" {
+            build.arg("--release");
+        }
+        let out = build
+            .output()
+            .expect("running cargo build for the agent and operator");
+        assert!(
+            out.status.success(),
+            "building flamefleet-agent and flamefleet-operator failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Bins {
+            agent: profile_dir.join("flamefleet-agent"),
+            operator: profile_dir.join("flamefleet-operator"),
+        }
+    })
+}
+
+/// The workload binary (spin / alloc / wake), compiled once per process with frame pointers.
+pub fn workload_bin() -> &'static PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("flamefleet-e2e-workload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("workload dir");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pipeline_support/workload.c");
+        let bin = dir.join("workload");
+        let out = Command::new("cc")
+            .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .output()
+            .expect("running cc (install gcc)");
+        assert!(
+            out.status.success(),
+            "cc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        bin
+    })
+}
+
+/// The cgroup2 mount point (`/sys/fs/cgroup` or `/sys/fs/cgroup/unified`).
+pub fn cgroup2_mount() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/mounts").expect("/proc/mounts");
+    mounts
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 2 && f[2] == "cgroup2").then(|| PathBuf::from(f[1]))
+        })
+        .expect("a cgroup2 mount in /proc/mounts")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    let mut f = std::fs::File::open("/dev/urandom").expect("/dev/urandom");
+    std::io::Read::read_exact(&mut f, &mut buf).expect("random bytes");
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A child process killed (SIGKILL) on drop, its output in a log file.
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Fails when the process has exited.
+    pub fn assert_alive(&mut self) {
+        if let Some(c) = self.child.as_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            panic!("{} exited ({status}):\n{}", self.name, self.log_tail());
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Spawns `cmd` with stderr to `log`; returns the first stdout line matching `ready` (or
+/// panics with the log after `timeout`). Stdout keeps being drained.
+fn spawn_logged(
+    name: &str,
+    mut cmd: Command,
+    log: &Path,
+    ready: Option<&str>,
+    timeout: Duration,
+) -> (Proc, Option<String>) {
+    let err = std::fs::File::create(log).unwrap();
+    cmd.stderr(err).stdout(Stdio::piped()).stdin(Stdio::null());
+    // Die with the test process.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {name}: {e}"));
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut proc = Proc {
+        name: name.to_string(),
+        child: Some(child),
+        log: log.to_path_buf(),
+    };
+    let Some(marker) = ready else {
+        return (proc, None);
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) if line.contains(marker) => return (proc, Some(line)),
+            Ok(_) => {}
+            Err(_) => {
+                proc.assert_alive();
+                assert!(
+                    Instant::now() < deadline,
+                    "{name} did not print {marker:?} within {timeout:?}:\n{}",
+                    proc.log_tail()
+                );
+            }
+        }
+    }
+}
+
+/// Processes in a pod's container cgroup (cgroupfs kubelet layout).
+#[derive(Debug)]
+pub struct PodWorkload {
+    pub pod: Pod,
+    pub cgroup: PathBuf,
+    children: Vec<Child>,
+}
+
+impl PodWorkload {
+    /// PIDs of the workload processes.
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(Child::id).collect()
+    }
+}
+
+impl Drop for PodWorkload {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.cgroup.join("cgroup.kill"), b"1");
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn_in_cgroup(cgroup: &Path, program: &Path, args: &[&str]) -> Child {
+    use std::os::unix::ffi::OsStrExt as _;
+    let procs = std::ffi::CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
+    let mut cmd = Command::new(program);
+    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: only async-signal-safe calls between fork and exec, on memory prepared before.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+            libc::close(fd);
+            if ok {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    cmd.spawn().unwrap_or_else(|e| {
+        panic!(
+            "spawning {} in {}: {e}",
+            program.display(),
+            cgroup.display()
+        )
+    })
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::write(dir.join("cgroup.kill"), b"1");
+    for _ in 0..100 {
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Options of a fixture.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    pub nodes: usize,
+    pub capture_grace: Duration,
+    pub lease_seconds: u64,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        Self {
+            nodes: 2,
+            capture_grace: Duration::from_secs(20),
+            lease_seconds: 4,
+        }
+    }
+}
+
+/// A running pipeline: agents on `nodes`, one operator, and the workloads of the pods.
+pub struct Pipeline {
+    pub id: String,
+    pub agent_ns: TestNamespace,
+    pub client: kube::Client,
+    pub kubeconfig: PathBuf,
+    pub dir: tempfile::TempDir,
+    pub pki: AgentPkiFiles,
+    pub cgroup_root: PathBuf,
+    pub nodes: Vec<String>,
+    pub agents: Vec<Proc>,
+    pub agent_ports: Vec<u16>,
+    pub operator: Option<Proc>,
+    operator_starts: u32,
+    pub store_port: u16,
+    pub metrics_port: u16,
+    options: PipelineOptions,
+    workloads: Vec<PodWorkload>,
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.operator = None;
+        self.agents.clear();
+        self.workloads.clear();
+        remove_cgroup_tree(&self.cgroup_root);
+    }
+}
+
+static FIXTURES: AtomicU32 = AtomicU32::new(0);
+
+impl Pipeline {
+    /// Starts agents and an operator.
+    pub async fn start(options: PipelineOptions) -> Self {
+        require_root();
+        let bins = bins();
+        let agent_ns = TestNamespace::create("ff-agents")
+            .await
+            .expect("control plane and namespace");
+        let client = agent_ns.client();
+        let kubeconfig = agent_ns.control_plane().kubeconfig().to_path_buf();
+        let n = FIXTURES.fetch_add(1, Ordering::Relaxed);
+        let id = format!("pl-{}-{n}", std::process::id());
+        let dir = tempfile::Builder::new()
+            .prefix("flamefleet-pipeline-")
+            .tempdir()
+            .unwrap();
+        let pki = AgentPki::generate(&dir.path().join("pki"), "flamefleet-operator-ca")
+            .expect("generating the agent PKI")
+            .files;
+        let cgroup_root = cgroup2_mount().join(format!("flamefleet-e2e-{id}"));
+        std::fs::create_dir_all(cgroup_root.join("kubepods/burstable"))
+            .unwrap_or_else(|e| panic!("creating {}: {e}", cgroup_root.display()));
+        let nodes: Vec<String> = (1..=options.nodes).map(|i| format!("{id}-n{i}")).collect();
+        let mut pipeline = Self {
+            id,
+            agent_ns,
+            client,
+            kubeconfig,
+            pki,
+            cgroup_root,
+            nodes: nodes.clone(),
+            agents: Vec::new(),
+            agent_ports: Vec::new(),
+            operator: None,
+            operator_starts: 0,
+            store_port: free_port(),
+            metrics_port: free_port(),
+            options,
+            workloads: Vec::new(),
+            dir,
+        };
+        for i in 0..nodes.len() {
+            let (proc, port) = pipeline.spawn_agent(i);
+            pipeline.agents.push(proc);
+            pipeline.agent_ports.push(port);
+            pipeline.agent_pod(i, port).await;
+        }
+        let _ = bins;
+        pipeline.start_operator();
+        pipeline
+    }
+
+    fn spawn_agent(&self, i: usize) -> (Proc, u16) {
+        let node = &self.nodes[i];
+        let mut cmd = Command::new(&bins().agent);
+        cmd.arg("serve")
+            .args(["--node-name", node, "--listen", "127.0.0.1:0"])
+            .arg("--tls-ca")
+            .arg(&self.pki.ca_cert)
+            .arg("--tls-cert")
+            .arg(&self.pki.agent_cert)
+            .arg("--tls-key")
+            .arg(&self.pki.agent_key)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cgroup-root")
+            .arg(&self.cgroup_root)
+            .env("RUST_LOG", "info");
+        let log = self
+            .dir
+            .path()
+            .join(format!("agent-{node}-{}.log", self.agents.len()));
+        let (proc, line) = spawn_logged(
+            &format!("agent {node}"),
+            cmd,
+            &log,
+            Some("listening on"),
+            Duration::from_secs(60),
+        );
+        let line = line.unwrap_or_default();
+        let port: u16 = line
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| {
+                panic!("agent printed {line:?}, expected `listening on <addr>:<port>`")
+            });
+        (proc, port)
+    }
+
+    /// The agent Pod object of node `i` (as the DaemonSet and kubelet would make it).
+    async fn agent_pod(&self, i: usize, port: u16) {
+        let node = &self.nodes[i];
+        let name = format!("agent-{node}");
+        let api: Api<Pod> = self.agent_ns.api();
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "flamefleet-agent"}},
+            "spec": {"nodeName": node, "containers": [{
+                "name": "agent", "image": "registry.invalid/flamefleet-agent:e2e",
+                "ports": [{"name": "grpc", "containerPort": port}]
+            }]}
+        }))
+        .unwrap();
+        match api.create(&PostParams::default(), &pod).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                api.patch(
+                    &name,
+                    &PatchParams::apply("e2e").force(),
+                    &Patch::Apply(&pod),
+                )
+                .await
+                .unwrap();
+            }
+            Err(e) => panic!("creating agent pod {name}: {e}"),
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+            }})),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Starts (or restarts) the operator process.
+    pub fn start_operator(&mut self) {
+        let mut cmd = Command::new(&bins().operator);
+        let store_dir = self.dir.path().join("store");
+        let secret = self.dir.path().join("store.secret");
+        if !secret.exists() {
+            std::fs::write(&secret, random_hex(32)).unwrap();
+        }
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--agent-namespace", self.agent_ns.name()])
+            .arg("--tls-ca")
+            .arg(&self.pki.ca_cert)
+            .arg("--tls-cert")
+            .arg(&self.pki.operator_cert)
+            .arg("--tls-key")
+            .arg(&self.pki.operator_key)
+            .args(["--store", "builtin"])
+            .arg("--store-dir")
+            .arg(&store_dir)
+            .arg("--store-secret-file")
+            .arg(&secret)
+            .args(["--store-listen", &format!("127.0.0.1:{}", self.store_port)])
+            .args([
+                "--store-url",
+                &format!("http://127.0.0.1:{}/", self.store_port),
+            ])
+            .args([
+                "--metrics-listen",
+                &format!("127.0.0.1:{}", self.metrics_port),
+            ])
+            .args(["--lease-name", &format!("flamefleet-operator-{}", self.id)])
+            .args(["--lease-duration", &self.options.lease_seconds.to_string()])
+            .args([
+                "--identity",
+                &format!("operator-{}-{}", self.id, self.operator_starts),
+            ])
+            .args([
+                "--capture-grace",
+                &format!("{}s", self.options.capture_grace.as_secs()),
+            ])
+            .args(["--request-selector", &format!("{RUN_LABEL}={}", self.id)])
+            .env(
+                "RUST_LOG",
+                "info,flamefleet_operator=debug,kube_lease_manager=warn",
+            );
+        let log = self
+            .dir
+            .path()
+            .join(format!("operator-{}.log", self.operator_starts));
+        self.operator_starts += 1;
+        let (proc, _) = spawn_logged("operator", cmd, &log, None, Duration::ZERO);
+        self.operator = Some(proc);
+    }
+
+    /// SIGKILLs the operator (no Lease release: the next one waits for the Lease to expire).
+    pub fn kill_operator(&mut self) {
+        if let Some(mut p) = self.operator.take() {
+            p.kill();
+            // Keep the log under a stable name for the assertions' messages.
+            self.operator = None;
+        }
+    }
+
+    /// SIGKILLs the agent of node `i`.
+    pub fn kill_agent(&mut self, i: usize) {
+        self.agents[i].kill();
+    }
+
+    /// The operator's log (all starts).
+    pub fn operator_logs(&self) -> String {
+        (0..self.operator_starts)
+            .map(|i| {
+                std::fs::read_to_string(self.dir.path().join(format!("operator-{i}.log")))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n--- restart ---\n")
+    }
+
+    /// Agent logs, for failure messages.
+    pub fn agent_logs(&self) -> String {
+        self.agents
+            .iter()
+            .map(|a| format!("--- {} ---\n{}", a.name, a.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Creates a Running pod in `ns` on node `node` whose container cgroup holds `procs`
+    /// workload processes in `mode` (spin, alloc, wake).
+    pub async fn pod(
+        &mut self,
+        ns: &TestNamespace,
+        name: &str,
+        node: usize,
+        labels: &[(&str, &str)],
+        mode: &str,
+        procs: usize,
+    ) -> Pod {
+        let container_id = random_hex(32);
+        let mut fixture = PodFixture::new(
+            name,
+            &self.nodes[node],
+            &format!("containerd://{container_id}"),
+        );
+        for (k, v) in labels {
+            fixture = fixture.label(k, v);
+        }
+        let pod = ns
+            .running_pod(&fixture)
+            .await
+            .expect("creating a running pod");
+        let uid = pod.metadata.uid.clone().expect("pod uid");
+        let cgroup = self
+            .cgroup_root
+            .join(format!("kubepods/burstable/pod{uid}/{container_id}"));
+        std::fs::create_dir_all(&cgroup)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", cgroup.display()));
+        let children = (0..procs)
+            .map(|_| spawn_in_cgroup(&cgroup, workload_bin(), &[mode]))
+            .collect();
+        self.workloads.push(PodWorkload {
+            pod: pod.clone(),
+            cgroup,
+            children,
+        });
+        pod
+    }
+
+    /// A ProfileRequest labelled for this fixture.
+    pub fn request(&self, name: &str, spec: serde_json::Value) -> ProfileRequest {
+        serde_json::from_value(json!({
+            "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",
+            "metadata": {"name": name, "labels": {RUN_LABEL: self.id}},
+            "spec": spec,
+        }))
+        .expect("a valid ProfileRequest")
+    }
+
+    /// Creates `request` in `ns` and follows it to a terminal phase; returns the final
+    /// object and every phase seen on the way, in order.
+    pub async fn run(
+        &mut self,
+        ns: &TestNamespace,
+        request: &ProfileRequest,
+        timeout: Duration,
+    ) -> (ProfileRequest, Vec<RequestPhase>) {
+        let api: Api<ProfileRequest> = ns.api();
+        let name = request.metadata.name.clone().unwrap();
+        let phases = self.watch_phases(&api, &name);
+        api.create(&PostParams::default(), request)
+            .await
+            .expect("creating the ProfileRequest");
+        self.wait_terminal(&api, &name, timeout, phases).await
+    }
+
+    /// Starts recording the phases of `name`.
+    pub fn watch_phases(
+        &self,
+        api: &Api<ProfileRequest>,
+        name: &str,
+    ) -> Arc<Mutex<Vec<RequestPhase>>> {
+        let phases = Arc::new(Mutex::new(Vec::new()));
+        let seen = phases.clone();
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let stream = watcher::watcher(api.clone(), config);
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                if let Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) = event
+                    && let Some(phase) = obj.status.and_then(|s| s.phase)
+                {
+                    let mut v = seen.lock().unwrap();
+                    if v.last() != Some(&phase) {
+                        v.push(phase);
+                    }
+                    if phase.is_terminal() {
+                        break;
+                    }
+                }
+            }
+        });
+        phases
+    }
+
+    /// Waits for `name` to reach a terminal phase.
+    pub async fn wait_terminal(
+        &mut self,
+        api: &Api<ProfileRequest>,
+        name: &str,
+        timeout: Duration,
+        phases: Arc<Mutex<Vec<RequestPhase>>>,
+    ) -> (ProfileRequest, Vec<RequestPhase>) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let current = api.get(name).await.expect("getting the ProfileRequest");
+            if current
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(RequestPhase::is_terminal)
+            {
+                // Let the watcher see the last event.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let seen = phases.lock().unwrap().clone();
+                return (current, seen);
+            }
+            if let Some(op) = self.operator.as_mut() {
+                op.assert_alive();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ProfileRequest {name} not terminal after {timeout:?}: {:#?}\n--- operator ---\n{}\n{}",
+                current.status,
+                self.operator_logs(),
+                self.agent_logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Downloads an artifact with its signed URL, checks its sha256 and size, saves it in
+    /// the fixture directory and returns the path.
+    pub async fn download(&self, artifact: &Artifact) -> PathBuf {
+        let url = artifact.url.as_deref().expect("artifact url");
+        let response = reqwest::get(url).await.expect("downloading the artifact");
+        assert_eq!(response.status(), 200, "GET {url}");
+        let body = response.bytes().await.unwrap();
+        check_digest(artifact, &body);
+        let path = self
+            .dir
+            .path()
+            .join(format!("{}-{}", random_hex(4), artifact.name));
+        std::fs::write(&path, &body).unwrap();
+        path
+    }
+
+    /// The operator's /metrics text.
+    pub async fn operator_metrics(&self) -> String {
+        reqwest::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+/// Asserts that `body` has the artifact's sha256 and size.
+pub fn check_digest(artifact: &Artifact, body: &[u8]) {
+    use sha2::Digest;
+    let sha = hex::encode(sha2::Sha256::digest(body));
+    assert_eq!(
+        Some(sha.as_str()),
+        artifact.sha256.as_deref(),
+        "sha256 of {}",
+        artifact.name
+    );
+    assert_eq!(
+        artifact.size_bytes,
+        Some(body.len() as i64),
+        "size of {}",
+        artifact.name
+    );
+}
+
+/// `go tool pprof -top` of a file; panics when pprof cannot read it.
+pub fn pprof_top(file: &Path) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(file)
+        .output()
+        .expect("running `go tool pprof` (install Go)");
+    assert!(
+        out.status.success(),
+        "go tool pprof could not read {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Node entries of a request by node name.
+pub fn nodes_of(request: &ProfileRequest) -> BTreeMap<String, flamefleet_api::NodeStatus> {
+    request
+        .status
+        .iter()
+        .flat_map(|s| s.nodes.iter())
+        .map(|n| (n.node.clone(), n.clone()))
+        .collect()
+}

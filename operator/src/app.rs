@@ -1,0 +1,321 @@
+//! The operator process: flags, and the wiring of store, probes, election and controller.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, ValueEnum};
+use kube::runtime::events::{Recorder, Reporter};
+
+use crate::controller::agent_client::AgentConnector;
+use crate::controller::dispatch::{DispatchSettings, Dispatcher};
+use crate::controller::uploads::UrlPolicy;
+use crate::controller::{self, Context};
+use crate::leader::{Election, LeaseConfig};
+use crate::metrics::Metrics;
+use crate::probes::{self, ProbeState};
+use crate::store::authorize::{CachedAuthorizer, KubeAuthorizer};
+use crate::store::builtin::{BuiltinConfig, BuiltinStore, http};
+use crate::store::s3::{S3Config, S3Store};
+use crate::store::{ArtifactStore, install_default_crypto_provider};
+
+/// Which artifact store backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// The built-in HTTP store over a directory, served by the operator.
+    Builtin,
+    /// An S3-compatible bucket.
+    S3,
+}
+
+/// Flags of `flamefleet-operator`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "flamefleet-operator",
+    version,
+    about = "Flamefleet operator: ProfileRequest controller and artifact store"
+)]
+pub struct Options {
+    /// Kubeconfig file; in-cluster configuration (or $KUBECONFIG) when absent.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the agent pods (and of the leader Lease).
+    #[arg(long, default_value = "flamefleet")]
+    pub agent_namespace: String,
+    /// CA certificate (PEM) that signed the agents' serving certificates.
+    #[arg(long)]
+    pub tls_ca: PathBuf,
+    /// The operator's client certificate (PEM), presented to agents.
+    #[arg(long)]
+    pub tls_cert: PathBuf,
+    /// The operator's client key (PEM).
+    #[arg(long)]
+    pub tls_key: PathBuf,
+    /// Artifact store backend.
+    #[arg(long, value_enum, default_value = "builtin")]
+    pub store: StoreKind,
+    /// Directory of the built-in store.
+    #[arg(long, default_value = "/var/lib/flamefleet/artifacts")]
+    pub store_dir: PathBuf,
+    /// File holding the built-in store's HMAC secret (at least 32 bytes; same on every replica).
+    #[arg(long)]
+    pub store_secret_file: Option<PathBuf>,
+    /// Address the built-in store listens on.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub store_listen: SocketAddr,
+    /// Base URL at which agents and users reach the built-in store.
+    #[arg(long)]
+    pub store_url: Option<url::Url>,
+    /// Largest artifact accepted, bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub store_max_bytes: u64,
+    /// S3 endpoint URL.
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// S3 bucket (must exist).
+    #[arg(long)]
+    pub s3_bucket: Option<String>,
+    /// S3 region.
+    #[arg(long, default_value = "us-east-1")]
+    pub s3_region: String,
+    /// S3 access key ID.
+    #[arg(long, env = "AWS_ACCESS_KEY_ID", hide_env_values = true)]
+    pub s3_access_key_id: Option<String>,
+    /// S3 secret access key.
+    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
+    pub s3_secret_access_key: Option<String>,
+    /// Allow a plain-HTTP S3 endpoint.
+    #[arg(long)]
+    pub s3_allow_http: bool,
+    /// How long download URLs recorded in the status stay valid (SigV4 allows at most 7 days).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "6d")]
+    pub download_url_ttl: Duration,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    pub metrics_listen: SocketAddr,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "flamefleet-operator")]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: the agent namespace).
+    #[arg(long)]
+    pub lease_namespace: Option<String>,
+    /// Seconds a leader's lock stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration: u64,
+    /// This replica's identity in the election (default: $POD_NAME, else host name and PID).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Only handle ProfileRequests matching this label selector (e.g. `shard=a`).
+    #[arg(long)]
+    pub request_selector: Option<String>,
+    /// Time allowed beyond the capture duration before a node is declared timed out.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub capture_grace: Duration,
+    /// Timeout of a connection attempt to an agent.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub agent_connect_timeout: Duration,
+}
+
+async fn kube_client(options: &Options) -> anyhow::Result<kube::Client> {
+    let config = match &options.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no --kubeconfig and no in-cluster configuration")?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+async fn open_store(
+    options: &Options,
+    client: &kube::Client,
+) -> anyhow::Result<Arc<dyn ArtifactStore>> {
+    match options.store {
+        StoreKind::Builtin => {
+            let Some(secret_file) = &options.store_secret_file else {
+                bail!(
+                    "--store builtin needs --store-secret-file (at least 32 random bytes, the same for every replica)"
+                );
+            };
+            let secret = std::fs::read(secret_file)
+                .with_context(|| format!("reading the store secret {}", secret_file.display()))?;
+            let public_url = match &options.store_url {
+                Some(url) => url.clone(),
+                None => format!("http://{}/", options.store_listen)
+                    .parse()
+                    .context("building the store URL from --store-listen; pass --store-url")?,
+            };
+            let store = Arc::new(
+                BuiltinStore::open(BuiltinConfig {
+                    root: options.store_dir.clone(),
+                    public_url,
+                    secret,
+                    max_upload_bytes: options.store_max_bytes,
+                })
+                .await
+                .context("opening the built-in artifact store")?,
+            );
+            let authorizer = Arc::new(CachedAuthorizer::new(
+                KubeAuthorizer::new(client.clone()),
+                Duration::from_secs(10),
+                4096,
+            ));
+            let listener = tokio::net::TcpListener::bind(options.store_listen)
+                .await
+                .with_context(|| format!("binding the store to {}", options.store_listen))?;
+            let router = http::router(store.clone(), authorizer);
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, router).await {
+                    tracing::error!("artifact store server stopped: {e}");
+                }
+            });
+            tracing::info!(listen = %options.store_listen, "built-in artifact store serving");
+            Ok(store)
+        }
+        StoreKind::S3 => {
+            let need = |v: &Option<String>, flag: &str| {
+                v.clone()
+                    .with_context(|| format!("--store s3 needs {flag}"))
+            };
+            let store = S3Store::new(S3Config {
+                endpoint: need(&options.s3_endpoint, "--s3-endpoint")?,
+                bucket: need(&options.s3_bucket, "--s3-bucket")?,
+                region: options.s3_region.clone(),
+                access_key_id: need(&options.s3_access_key_id, "--s3-access-key-id")?,
+                secret_access_key: need(&options.s3_secret_access_key, "--s3-secret-access-key")?,
+                allow_http: options.s3_allow_http,
+            })
+            .context("configuring the S3 artifact store")?;
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}
+
+/// Runs the operator until SIGTERM/Ctrl-C, or fails when it loses the leader Lease.
+pub async fn run(options: Options) -> anyhow::Result<()> {
+    install_default_crypto_provider();
+    let client = kube_client(&options).await?;
+    let metrics = Arc::new(Metrics::new());
+    let probe_state = ProbeState::new(metrics.clone());
+    let listener = tokio::net::TcpListener::bind(options.metrics_listen)
+        .await
+        .with_context(|| format!("binding the metrics server to {}", options.metrics_listen))?;
+    let probe_router = probes::router(probe_state.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, probe_router).await {
+            tracing::error!("metrics server stopped: {e}");
+        }
+    });
+    let store = open_store(&options, &client).await?;
+    let connector = AgentConnector::from_files(
+        &options.tls_ca,
+        &options.tls_cert,
+        &options.tls_key,
+        options.agent_connect_timeout,
+    )?;
+    let identity = options.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    client
+        .apiserver_version()
+        .await
+        .context("reaching the API server")?;
+    probe_state.set_ready(true);
+
+    let lease = LeaseConfig {
+        namespace: options
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| options.agent_namespace.clone()),
+        name: options.lease_name.clone(),
+        identity: identity.clone(),
+        duration_seconds: options.lease_duration.max(2),
+        grace_seconds: (options.lease_duration / 3).max(1),
+    };
+    let mut election = Election::start(client.clone(), &lease).await?;
+    tracing::info!(lease = %lease.name, %identity, "waiting for the leader Lease");
+    tokio::select! {
+        acquired = election.acquired() => acquired?,
+        () = shutdown_signal() => return Ok(()),
+    }
+    metrics.set_leader(true);
+    tracing::info!(%identity, "leading; starting the ProfileRequest controller");
+
+    let (trigger, triggers) = tokio::sync::mpsc::unbounded_channel();
+    let dispatcher = Arc::new(Dispatcher::new(
+        connector,
+        store.clone(),
+        trigger,
+        DispatchSettings {
+            grace: options.capture_grace,
+            urls: UrlPolicy {
+                max_bytes: options.store_max_bytes,
+                download_ttl: options.download_url_ttl,
+            },
+        },
+        metrics.clone(),
+    ));
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "flamefleet-operator".into(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let context = Arc::new(Context {
+        client,
+        store,
+        dispatcher,
+        recorder,
+        metrics: metrics.clone(),
+        agent_namespace: options.agent_namespace.clone(),
+    });
+    let lost = election.lost();
+    let (lost_tx, mut lost_rx) = tokio::sync::oneshot::channel::<bool>();
+    let shutdown = async move {
+        let leadership_lost = tokio::select! {
+            () = lost => true,
+            () = shutdown_signal() => false,
+        };
+        let _ = lost_tx.send(leadership_lost);
+    };
+    controller::run(
+        context,
+        triggers,
+        options.request_selector.as_deref(),
+        shutdown,
+    )
+    .await;
+    metrics.set_leader(false);
+    if lost_rx.try_recv().unwrap_or(false) {
+        bail!(
+            "lost the leader Lease {}; exiting so that only the new leader acts",
+            lease.name
+        );
+    }
+    Ok(())
+}

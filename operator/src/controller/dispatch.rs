@@ -1,0 +1,549 @@
+//! Running one request's captures: a `Capture` call per node, all concurrent, each bounded
+//! by the capture duration plus a grace period; outcomes are collected in a [`Session`] and
+//! the request is re-queued as each node ends.
+//!
+//! `Capture` is idempotent per (request UID, node), so a session started again for the same
+//! request (after an operator restart, or by a new leader) attaches to the running capture
+//! instead of starting a second one.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flamefleet_api::{Artifact, HeapSource, ProfileRequestSpec, ProfileType, RunqlatUnit};
+use flamefleet_proto::agent::{self as pb, CancelRequest, CaptureRequest, capture_progress::Stage};
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::AbortHandle;
+
+use super::agent_client::AgentConnector;
+use super::agents::AgentEndpoint;
+use super::node_outcome::{NodeFailure, NodeOutcome};
+use super::resolve::TargetPod;
+use super::uploads::{UrlPolicy, upload_slots};
+use crate::metrics::Metrics;
+use crate::store::{ArtifactStore, RequestRef, Sha256Digest};
+use flamefleet_api::ProfileRequest;
+
+/// What one node should capture.
+#[derive(Debug, Clone)]
+pub struct NodePlan {
+    /// Node name.
+    pub node: String,
+    /// Its agent.
+    pub agent: AgentEndpoint,
+    /// The pods of the request on that node.
+    pub targets: Vec<TargetPod>,
+}
+
+/// Everything needed to run a request's captures.
+#[derive(Debug, Clone)]
+pub struct CapturePlan {
+    /// The request (store key prefix, and namespace/name/uid for the agent).
+    pub request: RequestRef,
+    /// The request's spec.
+    pub spec: ProfileRequestSpec,
+    /// Capture duration.
+    pub duration: Duration,
+    /// Nodes to dispatch to.
+    pub nodes: Vec<NodePlan>,
+    /// Nodes that already have an outcome (e.g. no agent, pods vanished). Nodes whose
+    /// outcome the status already records are in neither list.
+    pub settled: BTreeMap<String, NodeOutcome>,
+}
+
+/// The captures of one request in progress.
+#[derive(Debug)]
+pub struct Session {
+    expected: BTreeSet<String>,
+    outcomes: Mutex<BTreeMap<String, NodeOutcome>>,
+    tasks: Mutex<Vec<AbortHandle>>,
+    agents: BTreeMap<String, AgentEndpoint>,
+}
+
+impl Session {
+    /// The outcomes so far, by node.
+    pub fn outcomes(&self) -> BTreeMap<String, NodeOutcome> {
+        self.outcomes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// True when every dispatched node has an outcome.
+    pub fn settled(&self) -> bool {
+        let outcomes = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
+        self.expected.iter().all(|n| outcomes.contains_key(n))
+    }
+
+    fn record(&self, node: &str, outcome: NodeOutcome) {
+        self.outcomes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node.to_string(), outcome);
+    }
+}
+
+/// Tunables of dispatching.
+#[derive(Debug, Clone)]
+pub struct DispatchSettings {
+    /// Added to the capture duration before a node is declared timed out.
+    pub grace: Duration,
+    /// Artifact URL policy.
+    pub urls: UrlPolicy,
+}
+
+/// Starts and tracks sessions, one per request UID.
+#[derive(Debug)]
+pub struct Dispatcher {
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    connector: AgentConnector,
+    store: Arc<dyn ArtifactStore>,
+    trigger: UnboundedSender<ObjectRef<ProfileRequest>>,
+    settings: DispatchSettings,
+    metrics: Arc<Metrics>,
+}
+
+impl Dispatcher {
+    /// A dispatcher that re-queues requests through `trigger`.
+    pub fn new(
+        connector: AgentConnector,
+        store: Arc<dyn ArtifactStore>,
+        trigger: UnboundedSender<ObjectRef<ProfileRequest>>,
+        settings: DispatchSettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            sessions: Mutex::new(HashMap::new()),
+            connector,
+            store,
+            trigger,
+            settings,
+            metrics,
+        }
+    }
+
+    /// The session of request `uid`, if this process runs one.
+    pub fn get(&self, uid: &str) -> Option<Arc<Session>> {
+        self.lock().get(uid).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of sessions in progress.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when no session is in progress.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Starts the captures of `plan` (or returns the session already running for it).
+    pub fn start(self: &Arc<Self>, plan: CapturePlan) -> Arc<Session> {
+        let uid = plan.request.uid().to_string();
+        let mut sessions = self.lock();
+        if let Some(existing) = sessions.get(&uid) {
+            return existing.clone();
+        }
+        let expected: BTreeSet<String> = plan
+            .nodes
+            .iter()
+            .map(|n| n.node.clone())
+            .chain(plan.settled.keys().cloned())
+            .collect();
+        let session = Arc::new(Session {
+            expected,
+            outcomes: Mutex::new(plan.settled.clone()),
+            tasks: Mutex::new(Vec::new()),
+            agents: plan
+                .nodes
+                .iter()
+                .map(|n| (n.node.clone(), n.agent.clone()))
+                .collect(),
+        });
+        sessions.insert(uid, session.clone());
+        drop(sessions);
+        self.metrics.set_sessions(self.len());
+        let object_ref =
+            ObjectRef::<ProfileRequest>::new(plan.request.name()).within(plan.request.namespace());
+        let plan = Arc::new(plan);
+        let mut handles = Vec::new();
+        for node in plan.nodes.iter().cloned() {
+            let this = self.clone();
+            let session = session.clone();
+            let plan = plan.clone();
+            let object_ref = object_ref.clone();
+            let task = tokio::spawn(async move {
+                let outcome = this.run_node(&plan, &node).await;
+                if let NodeOutcome::Failed(failure) = &outcome {
+                    tracing::warn!(request = %plan.request.prefix(), node = %node.node, reason = failure.reason(), "{failure}");
+                    this.metrics.node_failed(failure.reason());
+                } else {
+                    this.metrics.node_succeeded();
+                }
+                session.record(&node.node, outcome);
+                let _ = this.trigger.send(object_ref);
+            });
+            handles.push(task.abort_handle());
+        }
+        *session.tasks.lock().unwrap_or_else(|e| e.into_inner()) = handles;
+        if session.settled() {
+            let _ = self.trigger.send(object_ref);
+        }
+        session
+    }
+
+    /// Forgets the session of `uid` (the request reached a terminal phase).
+    pub fn finish(&self, uid: &str) {
+        self.lock().remove(uid);
+        self.metrics.set_sessions(self.len());
+    }
+
+    /// Stops the session of `uid` (the request is being deleted): aborts its calls and asks
+    /// the agents of unfinished nodes to cancel.
+    pub async fn cancel(&self, uid: &str) {
+        let Some(session) = self.lock().remove(uid) else {
+            return;
+        };
+        self.metrics.set_sessions(self.len());
+        for task in session
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            task.abort();
+        }
+        let outcomes = session.outcomes();
+        for (node, agent) in &session.agents {
+            if !outcomes.contains_key(node) {
+                self.cancel_on(agent, uid).await;
+            }
+        }
+    }
+
+    async fn cancel_on(&self, agent: &AgentEndpoint, uid: &str) {
+        let call = async {
+            let mut client = self.connector.connect(agent).await?;
+            client
+                .cancel(CancelRequest {
+                    request_uid: uid.to_string(),
+                })
+                .await
+                .map_err(|s| s.message().to_string())
+        };
+        if let Err(e) = tokio::time::timeout(Duration::from_secs(3), call)
+            .await
+            .unwrap_or_else(|_| Err("timed out".into()))
+        {
+            tracing::info!(agent = %agent.pod, uid, "cancel on agent failed: {e}");
+        }
+    }
+
+    async fn run_node(&self, plan: &CapturePlan, node: &NodePlan) -> NodeOutcome {
+        let deadline = plan.duration + self.settings.grace;
+        let upload_ttl = deadline + Duration::from_secs(600);
+        let slots = match upload_slots(
+            self.store.as_ref(),
+            &plan.request,
+            plan.spec.profile_type,
+            &node.node,
+            &self.settings.urls,
+            upload_ttl,
+        )
+        .await
+        {
+            Ok(slots) => slots,
+            Err(e) => {
+                return NodeOutcome::Failed(NodeFailure::Preparation {
+                    error: e.to_string(),
+                });
+            }
+        };
+        let request = capture_request(plan, node, slots.clone());
+        self.metrics.capture_dispatched();
+        let outcome = match tokio::time::timeout(deadline, self.call_capture(node, request)).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                self.cancel_on(&node.agent, plan.request.uid()).await;
+                return NodeOutcome::Failed(NodeFailure::TimedOut { after: deadline });
+            }
+        };
+        match outcome {
+            Ok(done) => self.verify(plan, &slots, done).await,
+            Err(failure) => NodeOutcome::Failed(failure),
+        }
+    }
+
+    async fn call_capture(
+        &self,
+        node: &NodePlan,
+        request: CaptureRequest,
+    ) -> std::result::Result<pb::CaptureProgress, NodeFailure> {
+        let unreachable = |error: String| NodeFailure::Unreachable {
+            agent: node.agent.pod.clone(),
+            address: node.agent.address.clone(),
+            error,
+        };
+        // A few quick attempts: an agent that is just starting refuses connections briefly.
+        let mut client = None;
+        let mut last_error = String::new();
+        for attempt in 0..3u32 {
+            match self.connector.connect(&node.agent).await {
+                Ok(c) => {
+                    client = Some(c);
+                    break;
+                }
+                Err(e) => last_error = e,
+            }
+            tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt + 1))).await;
+        }
+        let Some(mut client) = client else {
+            return Err(unreachable(last_error));
+        };
+        let mut stream = match client.capture(request).await {
+            Ok(response) => response.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                return Err(unreachable(status_text(&status)));
+            }
+            Err(status) => {
+                return Err(NodeFailure::CaptureFailed {
+                    reason: status_text(&status),
+                });
+            }
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(progress)) => match progress.stage() {
+                    Stage::Done => return Ok(progress),
+                    Stage::Failed => {
+                        return Err(NodeFailure::CaptureFailed {
+                            reason: progress.message,
+                        });
+                    }
+                    stage => {
+                        tracing::debug!(node = %node.node, ?stage, elapsed_ms = progress.elapsed_ms, "capture progress");
+                    }
+                },
+                Ok(None) => {
+                    return Err(NodeFailure::Interrupted {
+                        agent: node.agent.pod.clone(),
+                        error: "the stream ended without a result".into(),
+                    });
+                }
+                Err(status) => {
+                    return Err(NodeFailure::Interrupted {
+                        agent: node.agent.pod.clone(),
+                        error: status_text(&status),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Checks every artifact the agent reported against the store (size, sha256), and
+    /// builds the status artifacts from what the store holds.
+    async fn verify(
+        &self,
+        plan: &CapturePlan,
+        slots: &[pb::UploadSlot],
+        done: pb::CaptureProgress,
+    ) -> NodeOutcome {
+        let mut artifacts = Vec::new();
+        for reported in &done.artifacts {
+            let rejected = |error: String| {
+                NodeOutcome::Failed(NodeFailure::UploadRejected {
+                    artifact: reported.name.clone(),
+                    error,
+                })
+            };
+            let Some(slot) = slots.iter().find(|s| s.artifact_name == reported.name) else {
+                return rejected("the agent reported an artifact the operator never signed".into());
+            };
+            let expected = match reported.sha256.parse::<Sha256Digest>() {
+                Ok(d) => Some(d),
+                Err(e) => return rejected(e.to_string()),
+            };
+            let key = match plan.request.artifact(reported.name.clone()) {
+                Ok(k) => k,
+                Err(e) => return rejected(e.to_string()),
+            };
+            let digest = match self
+                .store
+                .verify_upload(&key, slot.max_bytes, expected)
+                .await
+            {
+                Ok(d) => d,
+                Err(e) => return rejected(e.to_string()),
+            };
+            artifacts.push(Artifact {
+                name: reported.name.clone(),
+                url: Some(slot.download_url.clone()),
+                size_bytes: i64::try_from(digest.size_bytes).ok(),
+                sha256: Some(digest.sha256.to_string()),
+                samples: i64::try_from(reported.samples).ok(),
+                sample_type: Some(reported.sample_type.clone()).filter(|s| !s.is_empty()),
+            });
+        }
+        if artifacts.is_empty() {
+            return NodeOutcome::Failed(NodeFailure::CaptureFailed {
+                reason: format!(
+                    "the agent reported DONE without artifacts ({})",
+                    done.message
+                ),
+            });
+        }
+        NodeOutcome::Done {
+            artifacts,
+            summary: done.summary.into_iter().collect(),
+        }
+    }
+}
+
+fn status_text(status: &tonic::Status) -> String {
+    let mut text = format!("{:?}: {}", status.code(), status.message());
+    if let Some(source) = std::error::Error::source(status) {
+        text.push_str(": ");
+        text.push_str(&super::agent_client::describe(source));
+    }
+    text
+}
+
+/// The CaptureRequest of one node (pure).
+pub fn capture_request(
+    plan: &CapturePlan,
+    node: &NodePlan,
+    uploads: Vec<pb::UploadSlot>,
+) -> CaptureRequest {
+    let spec = &plan.spec;
+    let profile_type = match spec.profile_type {
+        ProfileType::Cpu => pb::ProfileType::Cpu,
+        ProfileType::Heap => pb::ProfileType::Heap,
+        ProfileType::Runqlat => pb::ProfileType::Runqlat,
+    };
+    let heap = (spec.profile_type == ProfileType::Heap).then(|| {
+        let options = spec.heap_options();
+        pb::HeapOptions {
+            source: match options.source {
+                HeapSource::Auto => "auto",
+                HeapSource::Endpoint => "endpoint",
+                HeapSource::Ebpf => "ebpf",
+            }
+            .into(),
+            endpoint_port: options
+                .endpoint
+                .as_ref()
+                .and_then(|e| u32::try_from(e.port).ok())
+                .unwrap_or(0),
+            endpoint_path: options.endpoint.map(|e| e.path).unwrap_or_default(),
+            sample_bytes: options
+                .sample_bytes
+                .and_then(|b| u64::try_from(b).ok())
+                .unwrap_or(0),
+        }
+    });
+    let runqlat = (spec.profile_type == ProfileType::Runqlat).then(|| {
+        let options = spec.runqlat_options();
+        pb::RunqlatOptions {
+            per_process: options.per_process,
+            unit: match options.unit {
+                RunqlatUnit::Us => "us",
+                RunqlatUnit::Ms => "ms",
+            }
+            .into(),
+        }
+    });
+    let cpu = (spec.profile_type == ProfileType::Cpu).then(|| pb::CpuOptions {
+        frequency_hz: u32::try_from(spec.frequency_hz()).unwrap_or(99),
+    });
+    let mut request = CaptureRequest {
+        request_uid: plan.request.uid().to_string(),
+        request_namespace: plan.request.namespace().to_string(),
+        request_name: plan.request.name().to_string(),
+        r#type: 0,
+        duration_ms: u32::try_from(plan.duration.as_millis()).unwrap_or(u32::MAX),
+        cpu,
+        heap,
+        runqlat,
+        targets: node
+            .targets
+            .iter()
+            .map(|t| pb::Target {
+                pod_uid: t.uid.clone(),
+                namespace: t.namespace.clone(),
+                pod_name: t.name.clone(),
+                containers: t
+                    .containers
+                    .iter()
+                    .map(|c| pb::Container {
+                        name: c.name.clone(),
+                        container_id: c.container_id.clone(),
+                    })
+                    .collect(),
+                annotations: t.annotations.clone().into_iter().collect(),
+                pod_ip: t.pod_ip.clone().unwrap_or_default(),
+            })
+            .collect(),
+        uploads,
+    };
+    request.set_type(profile_type);
+    request
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::resolve::TargetContainer;
+    use super::*;
+
+    #[test]
+    fn capture_request_carries_targets_options_and_slots() {
+        let spec: ProfileRequestSpec = serde_json::from_value(serde_json::json!({
+            "type": "runqlat", "podNames": ["web-1"], "duration": "2500ms",
+            "runqlat": {"perProcess": true, "unit": "ms"}
+        }))
+        .unwrap();
+        let plan = CapturePlan {
+            request: RequestRef::new("shop", "req", "0c7e3a40-0000-4000-8000-000000000001")
+                .unwrap(),
+            duration: spec.capture_duration().unwrap(),
+            spec,
+            nodes: Vec::new(),
+            settled: BTreeMap::new(),
+        };
+        let node = NodePlan {
+            node: "n1".into(),
+            agent: AgentEndpoint {
+                pod: "agent-n1".into(),
+                address: "127.0.0.1:7070".into(),
+            },
+            targets: vec![TargetPod {
+                name: "web-1".into(),
+                namespace: "shop".into(),
+                uid: "pod-uid".into(),
+                node: "n1".into(),
+                pod_ip: None,
+                containers: vec![TargetContainer {
+                    name: "app".into(),
+                    container_id: "containerd://abc".into(),
+                }],
+                annotations: BTreeMap::new(),
+            }],
+        };
+        let request = capture_request(&plan, &node, Vec::new());
+        assert_eq!(request.r#type(), pb::ProfileType::Runqlat);
+        assert_eq!(request.duration_ms, 2500);
+        assert_eq!(request.request_namespace, "shop");
+        let runqlat = request.runqlat.unwrap();
+        assert!(runqlat.per_process);
+        assert_eq!(runqlat.unit, "ms");
+        assert!(request.cpu.is_none() && request.heap.is_none());
+        assert_eq!(
+            request.targets[0].containers[0].container_id,
+            "containerd://abc"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! The ProfileRequest controller: resolve targets, dispatch captures to agents, aggregate
+//! their results into the request's status, clean up artifacts, expire finished requests.
+
+pub mod agent_client;
+pub mod agents;
+pub mod aggregate;
+pub mod dispatch;
+pub mod node_outcome;
+pub mod profile_request;
+pub mod resolve;
+pub mod status;
+pub mod ttl;
+pub mod uploads;
+
+use std::sync::Arc;
+
+use flamefleet_api::ProfileRequest;
+use futures::StreamExt;
+use kube::Api;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::metrics::Metrics;
+use crate::store::ArtifactStore;
+use dispatch::Dispatcher;
+
+/// What every reconcile shares.
+pub struct Context {
+    /// Kubernetes client.
+    pub client: kube::Client,
+    /// The artifact store.
+    pub store: Arc<dyn ArtifactStore>,
+    /// Capture sessions in progress.
+    pub dispatcher: Arc<Dispatcher>,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Namespace of the agent pods.
+    pub agent_namespace: String,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("agent_namespace", &self.agent_namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs the controller until `shutdown` resolves. `triggers` re-queues requests whose
+/// captures progressed (the dispatcher's sender end). With `request_selector`, only
+/// ProfileRequests carrying those labels are handled (sharding, canaries, tests sharing one
+/// API server).
+pub async fn run(
+    context: Arc<Context>,
+    triggers: UnboundedReceiver<ObjectRef<ProfileRequest>>,
+    request_selector: Option<&str>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let api: Api<ProfileRequest> = Api::all(context.client.clone());
+    let mut config = watcher::Config::default().any_semantic();
+    if let Some(selector) = request_selector {
+        config = config.labels(selector);
+    }
+    Controller::new(api, config)
+        .reconcile_on(UnboundedReceiverStream::new(triggers))
+        .graceful_shutdown_on(shutdown)
+        .run(
+            profile_request::reconcile,
+            profile_request::error_policy,
+            context,
+        )
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!("controller: {e}");
+            }
+        })
+        .await;
+}

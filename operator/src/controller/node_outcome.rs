@@ -1,0 +1,162 @@
+//! How one node's capture ended, as the dispatcher saw it, with the message the status shows.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use flamefleet_api::Artifact;
+
+/// The end of one node's capture.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeOutcome {
+    /// The agent reported DONE; its artifacts passed the store's checks.
+    Done {
+        /// The uploaded artifacts.
+        artifacts: Vec<Artifact>,
+        /// The agent's summary (e.g. `p50_us`, `p99_us`, `heap_source`).
+        summary: BTreeMap<String, String>,
+    },
+    /// The node's capture failed.
+    Failed(NodeFailure),
+}
+
+/// Why a node's capture failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeFailure {
+    /// No agent pod serves the node.
+    NoAgent {
+        /// The node.
+        node: String,
+        /// Where agents were looked for.
+        agent_namespace: String,
+    },
+    /// The agent could not be reached.
+    Unreachable {
+        /// Agent pod.
+        agent: String,
+        /// `host:port`.
+        address: String,
+        /// The transport error.
+        error: String,
+    },
+    /// Every target pod of the node vanished before the capture started.
+    PodsVanished {
+        /// Pod names and what happened to them.
+        pods: Vec<(String, String)>,
+    },
+    /// The agent reported FAILED.
+    CaptureFailed {
+        /// The agent's reason.
+        reason: String,
+    },
+    /// The agent's stream broke before a result (agent killed or restarted mid-capture).
+    Interrupted {
+        /// Agent pod.
+        agent: String,
+        /// The stream error.
+        error: String,
+    },
+    /// No result within duration + grace.
+    TimedOut {
+        /// How long the operator waited.
+        after: Duration,
+    },
+    /// An uploaded artifact failed the store's checks (size, sha256) or is missing.
+    UploadRejected {
+        /// The artifact.
+        artifact: String,
+        /// The store's error.
+        error: String,
+    },
+    /// The operator could not prepare the capture (e.g. the store could not sign URLs).
+    Preparation {
+        /// What failed.
+        error: String,
+    },
+}
+
+impl NodeFailure {
+    /// A short, stable label for metrics and event reasons.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NoAgent { .. } => "NoAgent",
+            Self::Unreachable { .. } => "AgentUnreachable",
+            Self::PodsVanished { .. } => "PodsVanished",
+            Self::CaptureFailed { .. } => "CaptureFailed",
+            Self::Interrupted { .. } => "AgentInterrupted",
+            Self::TimedOut { .. } => "TimedOut",
+            Self::UploadRejected { .. } => "UploadRejected",
+            Self::Preparation { .. } => "PreparationFailed",
+        }
+    }
+}
+
+impl std::fmt::Display for NodeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoAgent {
+                node,
+                agent_namespace,
+            } => f.write_str(&super::agents::no_agent_message(node, agent_namespace)),
+            Self::Unreachable {
+                agent,
+                address,
+                error,
+            } => write!(
+                f,
+                "agent {agent} at {address} is unreachable: {error}; check that the agent pod runs and that its TLS certificate chains to the operator's CA"
+            ),
+            Self::PodsVanished { pods } => {
+                let list: Vec<String> =
+                    pods.iter().map(|(p, why)| format!("{p} ({why})")).collect();
+                write!(
+                    f,
+                    "pod vanished before the capture started: {}",
+                    list.join(", ")
+                )
+            }
+            Self::CaptureFailed { reason } => write!(f, "capture failed on the agent: {reason}"),
+            Self::Interrupted { agent, error } => write!(
+                f,
+                "agent {agent} stopped responding mid-capture ({error}); it was killed or restarted, nothing was uploaded"
+            ),
+            Self::TimedOut { after } => write!(
+                f,
+                "timed out: no result from the agent after {}s (capture duration plus grace); the capture was cancelled",
+                after.as_secs()
+            ),
+            Self::UploadRejected { artifact, error } => {
+                write!(f, "artifact {artifact} was rejected by the store: {error}")
+            }
+            Self::Preparation { error } => {
+                write!(f, "the operator could not prepare the capture: {error}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_say_what_happened_and_what_to_do() {
+        let msg = NodeFailure::Unreachable {
+            agent: "agent-x".into(),
+            address: "10.0.0.1:7070".into(),
+            error: "connection refused".into(),
+        }
+        .to_string();
+        assert!(msg.contains("agent agent-x at 10.0.0.1:7070 is unreachable: connection refused"));
+        let msg = NodeFailure::TimedOut {
+            after: Duration::from_secs(62),
+        }
+        .to_string();
+        assert!(msg.starts_with("timed out"), "{msg}");
+        assert!(msg.contains("62s"), "{msg}");
+        let msg = NodeFailure::PodsVanished {
+            pods: vec![("web-1".into(), "deleted".into())],
+        }
+        .to_string();
+        assert!(msg.contains("web-1 (deleted)"), "{msg}");
+    }
+}

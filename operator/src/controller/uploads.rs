@@ -1,0 +1,75 @@
+//! Pre-signed upload slots: one per artifact the agent of a node produces for a profile type.
+
+use std::time::Duration;
+
+use flamefleet_api::ProfileType;
+use flamefleet_proto::agent::UploadSlot;
+
+use crate::Result;
+use crate::store::{ArtifactStore, RequestRef, UploadLimits};
+
+/// Lifetimes and limits of artifact URLs.
+#[derive(Debug, Clone)]
+pub struct UrlPolicy {
+    /// Largest artifact accepted, bytes.
+    pub max_bytes: u64,
+    /// How long a download URL recorded in the status stays valid.
+    pub download_ttl: Duration,
+}
+
+/// The artifact names of one node for a profile type (the agent contract).
+pub fn artifact_names(profile_type: ProfileType, node: &str) -> Vec<String> {
+    match profile_type {
+        ProfileType::Cpu => vec![format!("cpu-{node}.pb.gz")],
+        ProfileType::Heap => vec![format!("heap-{node}.pb.gz")],
+        ProfileType::Runqlat => vec![
+            format!("runqlat-{node}.pb.gz"),
+            format!("runqlat-{node}.txt"),
+        ],
+    }
+}
+
+/// Signs one upload slot per artifact of `node`; the PUT URLs live for `upload_ttl` (the
+/// capture's deadline plus a margin, so an agent finishing late can still upload).
+pub async fn upload_slots(
+    store: &dyn ArtifactStore,
+    request: &RequestRef,
+    profile_type: ProfileType,
+    node: &str,
+    policy: &UrlPolicy,
+    upload_ttl: Duration,
+) -> Result<Vec<UploadSlot>> {
+    let mut slots = Vec::new();
+    for name in artifact_names(profile_type, node) {
+        let key = request.artifact(name.clone())?;
+        let limits = UploadLimits {
+            max_bytes: policy.max_bytes,
+            sha256: None,
+            ttl: upload_ttl,
+        };
+        let target = store.upload_target(&key, &limits).await?;
+        let download = store.download_url(&key, policy.download_ttl).await?;
+        slots.push(UploadSlot {
+            artifact_name: name,
+            put_url: target.url.to_string(),
+            download_url: download.to_string(),
+            max_bytes: target.max_bytes,
+        });
+    }
+    Ok(slots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_agent_contract() {
+        assert_eq!(artifact_names(ProfileType::Cpu, "w1"), ["cpu-w1.pb.gz"]);
+        assert_eq!(artifact_names(ProfileType::Heap, "w1"), ["heap-w1.pb.gz"]);
+        assert_eq!(
+            artifact_names(ProfileType::Runqlat, "w1"),
+            ["runqlat-w1.pb.gz", "runqlat-w1.txt"]
+        );
+    }
+}

@@ -1,0 +1,243 @@
+//! Prometheus metrics of the operator (prometheus-client), exposed on `/metrics`.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label of an error count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// The error variant (see `Error::metric_label`).
+    pub error: String,
+}
+
+/// Label of a per-node outcome count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `Succeeded`, or the failure reason (e.g. `AgentUnreachable`, `TimedOut`).
+    pub outcome: String,
+}
+
+/// Label of a finished-request count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// The terminal phase.
+    pub phase: String,
+}
+
+/// The operator's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    reconciles: Counter,
+    errors: Family<ErrorLabels, Counter>,
+    duration: Histogram,
+    captures: Counter,
+    node_outcomes: Family<OutcomeLabels, Counter>,
+    finished: Family<PhaseLabels, Counter>,
+    sessions: Gauge,
+    leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `flamefleet_operator` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("flamefleet_operator");
+        let reconciles = Counter::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let duration = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        let captures = Counter::default();
+        let node_outcomes = Family::<OutcomeLabels, Counter>::default();
+        let finished = Family::<PhaseLabels, Counter>::default();
+        let sessions = Gauge::default();
+        let leader = Gauge::default();
+        registry.register(
+            "reconciles",
+            "Reconciles of ProfileRequests",
+            reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles by error",
+            errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of one reconcile",
+            duration.clone(),
+        );
+        registry.register(
+            "captures_dispatched",
+            "Capture calls sent to agents",
+            captures.clone(),
+        );
+        registry.register(
+            "node_outcomes",
+            "Per-node capture outcomes",
+            node_outcomes.clone(),
+        );
+        registry.register(
+            "requests_finished",
+            "Requests that reached a terminal phase",
+            finished.clone(),
+        );
+        registry.register(
+            "capture_sessions",
+            "Requests whose captures are in progress",
+            sessions.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            leader.clone(),
+        );
+        Self {
+            registry: Mutex::new(registry),
+            reconciles,
+            errors,
+            duration,
+            captures,
+            node_outcomes,
+            finished,
+            sessions,
+            leader,
+        }
+    }
+
+    /// Counts a reconcile and times it until the returned guard drops.
+    pub fn reconcile(&self) -> ReconcileTimer<'_> {
+        self.reconciles.inc();
+        ReconcileTimer {
+            start: Instant::now(),
+            histogram: &self.duration,
+        }
+    }
+
+    /// Counts a failed reconcile.
+    pub fn reconcile_failed(&self, error: &crate::Error) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                error: error.metric_label().to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a Capture call.
+    pub fn capture_dispatched(&self) {
+        self.captures.inc();
+    }
+
+    /// Counts a node that succeeded.
+    pub fn node_succeeded(&self) {
+        self.node_outcome("Succeeded");
+    }
+
+    /// Counts a node that failed, by reason.
+    pub fn node_failed(&self, reason: &str) {
+        self.node_outcome(reason);
+    }
+
+    fn node_outcome(&self, outcome: &str) {
+        self.node_outcomes
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a request that reached `phase`.
+    pub fn request_finished(&self, phase: &str) {
+        self.finished
+            .get_or_create(&PhaseLabels {
+                phase: phase.to_string(),
+            })
+            .inc();
+    }
+
+    /// Sets the number of sessions in progress.
+    pub fn set_sessions(&self, n: usize) {
+        self.sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Records whether this replica leads.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// Total reconciles so far.
+    pub fn reconcile_count(&self) -> u64 {
+        self.reconciles.get()
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+}
+
+/// Observes a reconcile's duration when dropped, whichever way the reconcile returns.
+#[derive(Debug)]
+pub struct ReconcileTimer<'a> {
+    start: Instant,
+    histogram: &'a Histogram,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.histogram.observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_counts_errors_and_durations() {
+        let m = Metrics::new();
+        {
+            let _t = m.reconcile();
+        }
+        m.reconcile_failed(&crate::Error::MissingMetadata("uid"));
+        m.node_failed("TimedOut");
+        m.request_finished("Succeeded");
+        m.set_leader(true);
+        let text = m.encode();
+        assert!(
+            text.contains("flamefleet_operator_reconciles_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "flamefleet_operator_reconcile_errors_total{error=\"missing_metadata\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("flamefleet_operator_reconcile_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("flamefleet_operator_node_outcomes_total{outcome=\"TimedOut\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("flamefleet_operator_leader 1"), "{text}");
+        assert_eq!(m.reconcile_count(), 1);
+    }
+}
