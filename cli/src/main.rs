@@ -1,1 +1,162 @@
-fn main() {}
+//! `kubectl-profile`: on PATH it runs as `kubectl profile`. Thin: parse flags, dispatch.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use flamefleet_api::ProfileType;
+use kubectl_profile::cluster::{Cluster, ConnectOptions};
+use kubectl_profile::commands::{capture, get, list, merge};
+use kubectl_profile::{Error, Result};
+
+#[derive(Parser)]
+#[command(name = "kubectl profile", version, about = "Request, follow and download Flamefleet profiles")]
+struct Cli {
+    /// Path to the kubeconfig file (default: KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// The namespace (default: the context's namespace).
+    #[arg(short = 'n', long, global = true)]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct CaptureArgs {
+    /// POD, pod/NAME, deploy/NAME or sts/NAME.
+    target: Option<String>,
+    /// Label selector instead of a target, e.g. app=web.
+    #[arg(short = 'l', long)]
+    selector: Option<String>,
+    /// How long to capture.
+    #[arg(long, default_value = "30s")]
+    duration: String,
+    /// CPU samples per second (cpu only; default 99).
+    #[arg(long)]
+    frequency: Option<i32>,
+    /// Create the request and return without waiting.
+    #[arg(long)]
+    no_wait: bool,
+    /// Directory for the downloaded files.
+    #[arg(short = 'o', long, default_value = ".")]
+    output: PathBuf,
+    /// What to write besides the pprof files.
+    #[arg(long, value_enum, default_value = "svg")]
+    format: get::Format,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Capture a CPU profile.
+    Cpu(CaptureArgs),
+    /// Capture a heap profile.
+    Heap(CaptureArgs),
+    /// Capture a run-queue latency histogram.
+    Runqlat(CaptureArgs),
+    /// Download (and render) the artifacts of a request.
+    Get {
+        /// The ProfileRequest's name.
+        name: String,
+        /// Directory for the files.
+        #[arg(short = 'o', long, default_value = ".")]
+        output: PathBuf,
+        /// What to write besides the pprof files.
+        #[arg(long, value_enum, default_value = "pprof")]
+        format: get::Format,
+    },
+    /// List the namespace's requests.
+    List,
+    /// Delete a request (its artifacts go with it).
+    Delete {
+        /// The ProfileRequest's name.
+        name: String,
+    },
+    /// Merge profiles of one type (files or request names) into one pprof.
+    Merge {
+        /// pprof files or ProfileRequest names.
+        #[arg(required = true)]
+        inputs: Vec<String>,
+        /// The merged file.
+        #[arg(short = 'o', long, default_value = "merged.pb.gz")]
+        output: PathBuf,
+    },
+}
+
+async fn capture_cmd(
+    cluster: &Cluster,
+    profile_type: ProfileType,
+    a: CaptureArgs,
+    out: &mut dyn std::io::Write,
+) -> Result<()> {
+    let target = capture::parse_target(a.target.as_deref(), a.selector.as_deref())?;
+    let opts = capture::CaptureOptions {
+        profile_type,
+        target,
+        duration: a.duration,
+        frequency_hz: a.frequency,
+    };
+    let (name, duration) = capture::create(cluster, &opts).await?;
+    let _ = writeln!(out, "profilerequest.flamefleet.dev/{name} created");
+    if a.no_wait {
+        return Ok(());
+    }
+    let request = capture::wait(cluster, &name, duration, out).await?;
+    get::download_request(cluster, &request, &a.output, a.format, out).await?;
+    Ok(())
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let opts = ConnectOptions {
+        kubeconfig: cli.kubeconfig,
+        context: cli.context,
+        namespace: cli.namespace,
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if let Command::Merge { inputs, output } = &cli.command {
+        // Files alone need no cluster.
+        let cluster = if inputs.iter().all(|i| std::path::Path::new(i).is_file()) {
+            None
+        } else {
+            Some(Cluster::connect(&opts).await?)
+        };
+        return merge::run(inputs, cluster.as_ref(), output, &mut out).await;
+    }
+    let cluster = Cluster::connect(&opts).await?;
+    match cli.command {
+        Command::Cpu(a) => capture_cmd(&cluster, ProfileType::Cpu, a, &mut out).await,
+        Command::Heap(a) => capture_cmd(&cluster, ProfileType::Heap, a, &mut out).await,
+        Command::Runqlat(a) => capture_cmd(&cluster, ProfileType::Runqlat, a, &mut out).await,
+        Command::Get {
+            name,
+            output,
+            format,
+        } => get::run(&cluster, &name, &output, format, &mut out)
+            .await
+            .map(|_| ()),
+        Command::List => list::list(&cluster, &mut out).await,
+        Command::Delete { name } => list::delete(&cluster, &name, &mut out).await,
+        Command::Merge { .. } => Err(Error::Usage("unreachable".into())),
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(run(cli)) {
+        eprintln!("error: {e}");
+        std::process::exit(e.exit_code());
+    }
+}

@@ -1,0 +1,74 @@
+//! `kubectl profile merge FILE|NAME... -o merged.pb.gz`.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::cluster::Cluster;
+use crate::download::{fetch, write_atomic};
+use crate::error::{Error, Result};
+use crate::{merge, profile_file, requests};
+
+/// Merges local files and the pprof artifacts of named requests into `output`.
+/// A cluster is only needed (and connected lazily by the caller) when a name is given.
+pub async fn run(
+    inputs: &[String],
+    cluster: Option<&Cluster>,
+    output: &Path,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let mut profiles = Vec::new();
+    for input in inputs {
+        let path = Path::new(input);
+        if path.is_file() {
+            let bytes = std::fs::read(path).map_err(Error::io(format!("reading {input}")))?;
+            profiles.push((input.clone(), profile_file::decode(&bytes, input)?));
+            continue;
+        }
+        let cluster = cluster.ok_or_else(|| {
+            Error::Usage(format!("{input} is neither a file nor a request name"))
+        })?;
+        let request = requests::get(cluster, input).await?;
+        let http = reqwest::Client::new();
+        let artifacts: Vec<_> = request
+            .status
+            .iter()
+            .flat_map(|s| s.nodes.iter())
+            .flat_map(|n| n.artifacts.iter())
+            .filter(|a| a.name.ends_with(".pb.gz") || a.name.ends_with(".pb"))
+            .collect();
+        if artifacts.is_empty() {
+            return Err(Error::NoArtifacts {
+                name: input.clone(),
+                phase: request
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .map_or("Pending", |p| p.as_str())
+                    .to_string(),
+            });
+        }
+        for a in artifacts {
+            let d = fetch(&http, a, cluster.token.as_deref()).await?;
+            let source = format!("{input}/{}", d.name);
+            profiles.push((source.clone(), profile_file::decode(&d.bytes, &source)?));
+        }
+    }
+    let merged = merge::merge(&profiles)?;
+    let dir = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = output
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::Usage(format!("{} is not a file path", output.display())))?;
+    let path = write_atomic(dir, name, &profile_file::encode_gzip(&merged))?;
+    let _ = writeln!(
+        out,
+        "merged {} profiles ({} samples) into {}",
+        profiles.len(),
+        merged.sample.len(),
+        path.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! The CLI's error type and the exit code of each failure (documented in docs/cli.md).
+
+/// Everything `kubectl profile` can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The named ProfileRequest does not exist.
+    #[error(
+        "profilerequest {name:?} not found in namespace {namespace:?}; list them with `kubectl profile list -n {namespace}`"
+    )]
+    NotFound {
+        /// The request's name.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+    },
+    /// The ProfileRequest finished as Failed.
+    #[error("profilerequest {name:?} failed:\n{details}")]
+    RequestFailed {
+        /// The request's name.
+        name: String,
+        /// One line per node: its phase and message.
+        details: String,
+    },
+    /// The request lists no artifact (yet).
+    #[error(
+        "profilerequest {name:?} has no artifacts yet (phase {phase}); wait until it finishes, e.g. `kubectl get preq {name} -w`"
+    )]
+    NoArtifacts {
+        /// The request's name.
+        name: String,
+        /// Its current phase.
+        phase: String,
+    },
+    /// The artifact store could not be reached or answered with an error.
+    #[error("cannot download artifact {artifact} from {url}: {reason}")]
+    StoreUnreachable {
+        /// The artifact's name.
+        artifact: String,
+        /// The URL without its query (signatures stay out of logs).
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A downloaded artifact's SHA-256 differs from the status.
+    #[error(
+        "checksum mismatch for artifact {artifact}: the status says sha256 {expected}, the store sent {found}; nothing was written. Retry; if it persists the stored file is corrupt"
+    )]
+    ChecksumMismatch {
+        /// The artifact's name.
+        artifact: String,
+        /// The SHA-256 in the status.
+        expected: String,
+        /// The SHA-256 of the downloaded bytes.
+        found: String,
+    },
+    /// The API server refused the operation.
+    #[error(
+        "forbidden: {message}; ask your cluster admin for the RBAC permission (e.g. `kubectl auth can-i {verb} profilerequests.flamefleet.dev -n {namespace}`)"
+    )]
+    Forbidden {
+        /// The API server's message.
+        message: String,
+        /// The verb that was refused.
+        verb: String,
+        /// The namespace.
+        namespace: String,
+    },
+    /// The ProfileRequest CRD is not installed.
+    #[error(
+        "Flamefleet is not installed on this cluster: the API server has no profilerequests.flamefleet.dev resource; install the CRDs with `kubectl apply -f crds/` (or `helm install flamefleet charts/flamefleet`)"
+    )]
+    NotInstalled,
+    /// Waiting for the request timed out.
+    #[error(
+        "timed out after {seconds}s waiting for profilerequest {name:?} to finish (phase {phase}); it keeps running: fetch it later with `kubectl profile get {name}`"
+    )]
+    Timeout {
+        /// The request's name.
+        name: String,
+        /// How long we waited.
+        seconds: u64,
+        /// The last phase seen.
+        phase: String,
+    },
+    /// Profiles with different sample types cannot be merged.
+    #[error(
+        "cannot merge profiles of different sample types: {first_source} has [{first}] but {other_source} has [{other}]; merge profiles of one type only"
+    )]
+    MixedSampleTypes {
+        /// The first input.
+        first_source: String,
+        /// Its sample types.
+        first: String,
+        /// The disagreeing input.
+        other_source: String,
+        /// Its sample types.
+        other: String,
+    },
+    /// A profile could not be decoded.
+    #[error("{source_name} is not a pprof profile: {reason}")]
+    BadProfile {
+        /// Where it came from.
+        source_name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Bad command-line input.
+    #[error("{0}")]
+    Usage(String),
+    /// Kubeconfig could not be loaded.
+    #[error("cannot load kubeconfig: {0}; pass --kubeconfig FILE or set KUBECONFIG")]
+    Kubeconfig(String),
+    /// Any other API error.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// kube's error.
+        source: kube::Error,
+    },
+    /// A local file operation failed.
+    #[error("{action}: {source}")]
+    Io {
+        /// What was being done.
+        action: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Rendering the flame graph failed.
+    #[error("cannot render the flame graph of {artifact}: {reason}")]
+    Render {
+        /// The artifact.
+        artifact: String,
+        /// inferno's error.
+        reason: String,
+    },
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The process exit code for this error (see docs/cli.md).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Usage(_) => 2,
+            Self::NotFound { .. } => 3,
+            Self::RequestFailed { .. } => 4,
+            Self::NoArtifacts { .. } => 5,
+            Self::StoreUnreachable { .. } => 6,
+            Self::ChecksumMismatch { .. } => 7,
+            Self::Forbidden { .. } => 8,
+            Self::NotInstalled => 9,
+            Self::Timeout { .. } => 10,
+            Self::MixedSampleTypes { .. } | Self::BadProfile { .. } => 11,
+            Self::Kubeconfig(_) | Self::Kube { .. } | Self::Io { .. } | Self::Render { .. } => 1,
+        }
+    }
+
+    /// Wraps an io::Error with what was being done.
+    pub fn io(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let action = action.into();
+        move |source| Self::Io { action, source }
+    }
+}

@@ -1,0 +1,99 @@
+//! ProfileRequest API calls with kubectl-like error mapping (404 → not found or not
+//! installed, 403 → forbidden).
+
+use flamefleet_api::ProfileRequest;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+
+use crate::cluster::Cluster;
+use crate::error::{Error, Result};
+
+/// The ProfileRequest API of the cluster's namespace.
+pub fn api(cluster: &Cluster) -> Api<ProfileRequest> {
+    Api::namespaced(cluster.client.clone(), &cluster.namespace)
+}
+
+fn status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// Maps an API error: 403 → Forbidden, 404 on the collection → NotInstalled.
+fn map_err(cluster: &Cluster, verb: &str, action: String, e: kube::Error) -> Error {
+    match (status_code(&e), &e) {
+        (Some(403), kube::Error::Api(status)) => Error::Forbidden {
+            message: status.message.clone(),
+            verb: verb.to_string(),
+            namespace: cluster.namespace.clone(),
+        },
+        _ => Error::Kube { action, source: e },
+    }
+}
+
+/// Whether the ProfileRequest resource exists: a list on a missing CRD is a 404.
+async fn check_installed(cluster: &Cluster) -> Result<()> {
+    match api(cluster).list(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(e) if status_code(&e) == Some(404) => Err(Error::NotInstalled),
+        Err(e) => Err(map_err(cluster, "list", "listing profilerequests".into(), e)),
+    }
+}
+
+/// Gets one request.
+pub async fn get(cluster: &Cluster, name: &str) -> Result<ProfileRequest> {
+    match api(cluster).get(name).await {
+        Ok(r) => Ok(r),
+        Err(e) if status_code(&e) == Some(404) => {
+            check_installed(cluster).await?;
+            Err(Error::NotFound {
+                name: name.to_string(),
+                namespace: cluster.namespace.clone(),
+            })
+        }
+        Err(e) => Err(map_err(cluster, "get", format!("getting profilerequest {name}"), e)),
+    }
+}
+
+/// Lists the namespace's requests.
+pub async fn list(cluster: &Cluster) -> Result<Vec<ProfileRequest>> {
+    match api(cluster).list(&ListParams::default()).await {
+        Ok(l) => Ok(l.items),
+        Err(e) if status_code(&e) == Some(404) => Err(Error::NotInstalled),
+        Err(e) => Err(map_err(cluster, "list", "listing profilerequests".into(), e)),
+    }
+}
+
+/// Deletes one request (the operator's finalizer then removes its artifacts).
+pub async fn delete(cluster: &Cluster, name: &str) -> Result<()> {
+    match api(cluster).delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(e) if status_code(&e) == Some(404) => {
+            check_installed(cluster).await?;
+            Err(Error::NotFound {
+                name: name.to_string(),
+                namespace: cluster.namespace.clone(),
+            })
+        }
+        Err(e) => Err(map_err(
+            cluster,
+            "delete",
+            format!("deleting profilerequest {name}"),
+            e,
+        )),
+    }
+}
+
+/// Creates a request.
+pub async fn create(cluster: &Cluster, request: &ProfileRequest) -> Result<ProfileRequest> {
+    match api(cluster).create(&PostParams::default(), request).await {
+        Ok(r) => Ok(r),
+        Err(e) if status_code(&e) == Some(404) => Err(Error::NotInstalled),
+        Err(e) => Err(map_err(
+            cluster,
+            "create",
+            "creating the profilerequest".into(),
+            e,
+        )),
+    }
+}
