@@ -59,6 +59,9 @@ pub struct Session {
     outcomes: Mutex<BTreeMap<String, NodeOutcome>>,
     tasks: Mutex<Vec<AbortHandle>>,
     agents: BTreeMap<String, AgentEndpoint>,
+    /// Set once the terminal status is written; the session is forgotten when a reconcile
+    /// sees the terminal phase (until then the cache may still show Running).
+    completed: std::sync::atomic::AtomicBool,
 }
 
 impl Session {
@@ -74,6 +77,17 @@ impl Session {
     pub fn settled(&self) -> bool {
         let outcomes = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
         self.expected.iter().all(|n| outcomes.contains_key(n))
+    }
+
+    /// True once the request's terminal status was written.
+    pub fn completed(&self) -> bool {
+        self.completed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the terminal status written.
+    pub fn mark_completed(&self) {
+        self.completed
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     fn record(&self, node: &str, outcome: NodeOutcome) {
@@ -164,6 +178,7 @@ impl Dispatcher {
                 .iter()
                 .map(|n| (n.node.clone(), n.agent.clone()))
                 .collect(),
+            completed: std::sync::atomic::AtomicBool::new(false),
         });
         sessions.insert(uid, session.clone());
         drop(sessions);
@@ -197,7 +212,7 @@ impl Dispatcher {
         session
     }
 
-    /// Forgets the session of `uid` (the request reached a terminal phase).
+    /// Forgets the session of `uid` (the request is terminal in the cache).
     pub fn finish(&self, uid: &str) {
         self.lock().remove(uid);
         self.metrics.set_sessions(self.len());

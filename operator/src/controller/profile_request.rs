@@ -125,6 +125,15 @@ async fn apply(
     api: &Api<ProfileRequest>,
 ) -> Result<Action> {
     let phase = request.status.as_ref().and_then(|s| s.phase);
+    let started_here = request
+        .metadata
+        .uid
+        .as_deref()
+        .is_some_and(|uid| ctx.dispatcher.get(uid).is_some());
+    if started_here && matches!(phase, None | Some(RequestPhase::Pending)) {
+        // This process already wrote Running and dispatched; the cache is behind.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     match phase {
         None => {
             let pending = write_pending(&request, api).await?;
@@ -355,6 +364,10 @@ async fn progress(
 ) -> Result<Action> {
     let ids = ids(&request)?;
     let session = match ctx.dispatcher.get(&ids.uid) {
+        // The terminal status is written; this is a stale copy from the cache.
+        Some(session) if session.completed() => {
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
         Some(session) => session,
         None => resume(&request, ctx).await?,
     };
@@ -428,7 +441,7 @@ async fn progress(
     if !terminal {
         return Ok(Action::requeue(RUNNING_RESYNC));
     }
-    ctx.dispatcher.finish(&ids.uid);
+    session.mark_completed();
     ctx.metrics.request_finished(agg.phase.as_str());
     let kind = if agg.phase == RequestPhase::Succeeded {
         EventType::Normal
@@ -436,7 +449,7 @@ async fn progress(
         EventType::Warning
     };
     publish(ctx, &request, kind, agg.phase.as_str(), message).await;
-    finished(&updated, ctx, api).await
+    expire(&updated, api).await
 }
 
 /// Marks the whole request Failed (nothing can be captured) with a reason and message.
@@ -481,10 +494,11 @@ async fn fail_request(
     let updated = status::apply(api, &ids.name, &status, false).await?;
     ctx.metrics.request_finished(RequestPhase::Failed.as_str());
     publish(ctx, request, EventType::Warning, reason, message).await;
-    finished(&updated, ctx, api).await
+    expire(&updated, api).await
 }
 
-/// A terminal request: nothing left but `ttlSecondsAfterFinished`.
+/// A terminal request (as the cache shows it): forget its session, then apply
+/// `ttlSecondsAfterFinished`.
 async fn finished(
     request: &ProfileRequest,
     ctx: &Context,
@@ -494,6 +508,12 @@ async fn finished(
     if ctx.dispatcher.get(&ids.uid).is_some() {
         ctx.dispatcher.finish(&ids.uid);
     }
+    expire(request, api).await
+}
+
+/// Deletes a finished request whose TTL passed, or says when to look again.
+async fn expire(request: &ProfileRequest, api: &Api<ProfileRequest>) -> Result<Action> {
+    let ids = ids(request)?;
     let completed = request
         .status
         .as_ref()

@@ -1,0 +1,241 @@
+//! End to end, failures: each failing node gets a clear message in the status; some nodes
+//! failing gives PartiallySucceeded; an agent killed mid-capture fails only its node; an
+//! operator killed mid-capture and restarted finishes the request with one capture per node.
+
+mod pipeline_support;
+
+use std::time::{Duration, Instant};
+
+use flamefleet_api::{NodePhase, ProfileRequest, RequestPhase};
+use flamefleet_e2e::TestNamespace;
+use flamefleet_e2e::pods::PodFixture;
+use kube::api::Api;
+use pipeline_support::{Pipeline, PipelineOptions, nodes_of, serial};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn wait_phase(api: &Api<ProfileRequest>, name: &str, phase: RequestPhase) -> ProfileRequest {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let r = api.get(name).await.unwrap();
+        if r.status.as_ref().and_then(|s| s.phase) == Some(phase) {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never reached {phase}: {:#?}",
+            r.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_mid_capture_fails_its_node_only() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let ns = TestNamespace::create("ff-agent-killed").await.unwrap();
+    pipeline
+        .pod(&ns, "web-1", 0, &[("app", "web")], "spin", 1)
+        .await;
+    pipeline
+        .pod(&ns, "web-2", 1, &[("app", "web")], "spin", 1)
+        .await;
+    let api: Api<ProfileRequest> = ns.api();
+    let request = pipeline.request(
+        "killed",
+        json!({"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "4s"}),
+    );
+    let phases = pipeline.watch_phases(&api, "killed");
+    api.create(&Default::default(), &request).await.unwrap();
+    wait_phase(&api, "killed", RequestPhase::Running).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    pipeline.kill_agent(1);
+    let (done, _) = pipeline
+        .wait_terminal(&api, "killed", TIMEOUT, phases)
+        .await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::PartiallySucceeded),
+        "{status:#?}\n{}",
+        pipeline.operator_logs()
+    );
+    let nodes = nodes_of(&done);
+    let ok = &nodes[&pipeline.nodes[0]];
+    assert_eq!(ok.phase, Some(NodePhase::Succeeded), "{ok:?}");
+    assert!(!ok.artifacts.is_empty());
+    let failed = &nodes[&pipeline.nodes[1]];
+    assert_eq!(failed.phase, Some(NodePhase::Failed), "{failed:?}");
+    let message = failed.message.as_deref().unwrap_or_default();
+    assert!(
+        message.contains("stopped responding mid-capture"),
+        "{message}"
+    );
+    let degraded = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .unwrap();
+    assert_eq!(degraded.status, "True");
+    assert!(
+        degraded.message.contains("1 of 2 nodes succeeded"),
+        "{}",
+        degraded.message
+    );
+}
+
+/// One request whose every node fails differently: the agent cannot find the pod's cgroup
+/// (capture failed, with the agent's reason), the agent process is gone (unreachable), and
+/// a node has no agent at all. The request is Failed and each node says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_failing_node_says_why() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let ns = TestNamespace::create("ff-failures").await.unwrap();
+    // A pod on node 0 whose container has no cgroup on this machine.
+    let no_cgroup = PodFixture::new(
+        "no-cgroup",
+        &pipeline.nodes[0],
+        &format!("containerd://{}", "ab".repeat(32)),
+    )
+    .label("app", "web");
+    ns.running_pod(&no_cgroup).await.unwrap();
+    // A pod on node 1 whose agent is dead (its pod object still says Running).
+    pipeline
+        .pod(&ns, "orphan", 1, &[("app", "web")], "spin", 1)
+        .await;
+    pipeline.kill_agent(1);
+    // A pod on a node without any agent.
+    let ghost_node = format!("{}-ghost", pipeline.id);
+    let ghost = PodFixture::new(
+        "ghost",
+        &ghost_node,
+        &format!("containerd://{}", "cd".repeat(32)),
+    )
+    .label("app", "web");
+    ns.running_pod(&ghost).await.unwrap();
+
+    let request = pipeline.request(
+        "failing",
+        json!({"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "1s"}),
+    );
+    let (done, _) = pipeline.run(&ns, &request, TIMEOUT).await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::Failed),
+        "{status:#?}\n{}",
+        pipeline.operator_logs()
+    );
+    let nodes = nodes_of(&done);
+    let message = |node: &str| nodes[node].message.clone().unwrap_or_default();
+    for node in nodes.values() {
+        assert_eq!(node.phase, Some(NodePhase::Failed), "{node:?}");
+    }
+    let m0 = message(&pipeline.nodes[0]);
+    // The agent wrote this entry itself, with its reason.
+    assert!(m0.contains("no cgroup found for pod"), "{m0}");
+    let m1 = message(&pipeline.nodes[1]);
+    assert!(m1.contains("is unreachable"), "{m1}");
+    let m2 = message(&ghost_node);
+    assert!(
+        m2.contains(&format!("no Flamefleet agent runs on node {ghost_node}")),
+        "{m2}"
+    );
+    let completed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Completed")
+        .unwrap();
+    assert_eq!(completed.reason, "Failed");
+    assert!(
+        completed.message.contains("0 of 3 nodes succeeded"),
+        "{}",
+        completed.message
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_restarted_mid_capture_completes_the_request_once() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let ns = TestNamespace::create("ff-restart").await.unwrap();
+    pipeline
+        .pod(&ns, "web-1", 0, &[("app", "web")], "spin", 1)
+        .await;
+    pipeline
+        .pod(&ns, "web-2", 1, &[("app", "web")], "spin", 1)
+        .await;
+    let api: Api<ProfileRequest> = ns.api();
+    let request = pipeline.request(
+        "restart",
+        json!({"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "6s"}),
+    );
+    let phases = pipeline.watch_phases(&api, "restart");
+    api.create(&Default::default(), &request).await.unwrap();
+    let running = wait_phase(&api, "restart", RequestPhase::Running).await;
+    let uid = running.metadata.uid.clone().unwrap();
+    let started = running.status.unwrap().start_time;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    pipeline.kill_operator();
+    pipeline.start_operator();
+    let (done, seen) = pipeline
+        .wait_terminal(&api, "restart", TIMEOUT, phases)
+        .await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::Succeeded),
+        "{status:#?}\n{}",
+        pipeline.operator_logs()
+    );
+    assert_eq!(
+        seen,
+        [
+            RequestPhase::Pending,
+            RequestPhase::Running,
+            RequestPhase::Succeeded
+        ]
+    );
+    assert_eq!(
+        status.start_time, started,
+        "the restarted operator started the request again"
+    );
+    // Each agent started exactly one capture for the request; the new operator attached to it
+    // (or got its replayed result).
+    for agent in &pipeline.agents {
+        let log = agent.log_text();
+        let new = log
+            .lines()
+            .filter(|l| l.contains("new capture") && l.contains(&uid))
+            .count();
+        let rejoined = log
+            .lines()
+            .filter(|l| {
+                (l.contains("attaching to running capture")
+                    || l.contains("replaying finished capture"))
+                    && l.contains(&uid)
+            })
+            .count();
+        assert_eq!(
+            new,
+            1,
+            "{}: captures started for {uid}:\n{}",
+            agent.name,
+            agent.log_tail()
+        );
+        assert!(
+            rejoined >= 1,
+            "{}: the restarted operator did not re-attach:\n{}",
+            agent.name,
+            agent.log_tail()
+        );
+    }
+    assert!(
+        pipeline
+            .operator_logs()
+            .contains("resuming the captures of a Running request")
+    );
+}
