@@ -43,17 +43,7 @@ async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
     )
     .await;
     let took = started.elapsed();
-    assert_eq!(
-        stages(&progress),
-        vec![
-            Stage::Accepted,
-            Stage::Running,
-            Stage::Uploading,
-            Stage::Done
-        ],
-        "{progress:#?}\n{}",
-        agent.log()
-    );
+    assert_full_lifecycle(&progress, &agent);
     assert!(took >= Duration::from_millis(2500), "took {took:?}");
     // Periodic RUNNING progress with elapsed and remaining time.
     let running: Vec<_> = progress
@@ -348,17 +338,7 @@ async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
     req.uploads = upload.slots(&uid, &[format!("heap-{node}.pb.gz")]);
 
     let progress = collect(&mut client, req).await;
-    assert_eq!(
-        stages(&progress),
-        vec![
-            Stage::Accepted,
-            Stage::Running,
-            Stage::Uploading,
-            Stage::Done
-        ],
-        "{progress:#?}\n{}",
-        agent.log()
-    );
+    assert_full_lifecycle(&progress, &agent);
     let last = done(&progress);
     assert_eq!(
         last.summary.get("heap_source").map(String::as_str),

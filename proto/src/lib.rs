@@ -11,4 +11,19 @@ pub mod pprof {
 pub mod agent {
     #![allow(missing_docs, clippy::all)]
     include!(concat!(env!("OUT_DIR"), "/flamefleet.agent.v1.rs"));
+
+    /// The artifacts an agent on `node` uploads for a capture of type `ty`,
+    /// one `UploadSlot` each (the operator-agent contract): `cpu-<node>.pb.gz`,
+    /// `heap-<node>.pb.gz`, or `runqlat-<node>.pb.gz` and `runqlat-<node>.txt`.
+    pub fn artifact_names(ty: ProfileType, node: &str) -> Vec<String> {
+        match ty {
+            ProfileType::Cpu => vec![format!("cpu-{node}.pb.gz")],
+            ProfileType::Heap => vec![format!("heap-{node}.pb.gz")],
+            ProfileType::Runqlat => vec![
+                format!("runqlat-{node}.pb.gz"),
+                format!("runqlat-{node}.txt"),
+            ],
+            ProfileType::Unspecified => Vec::new(),
+        }
+    }
 }

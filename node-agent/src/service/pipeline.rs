@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use flamefleet_api::{Artifact as StatusArtifact, NodePhase};
 use flamefleet_proto::agent::capture_progress::Stage;
-use flamefleet_proto::agent::{Artifact, CaptureProgress, CaptureRequest, ProfileType, UploadSlot};
+use flamefleet_proto::agent::{
+    Artifact, CaptureProgress, CaptureRequest, ProfileType, UploadSlot, artifact_names,
+};
 use flamefleet_proto::pprof::Profile;
 
 use super::captures::CaptureHandle;
@@ -95,19 +97,6 @@ pub fn progress(stage: Stage, message: impl Into<String>) -> CaptureProgress {
 
 fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
-}
-
-/// Artifact names for `ty` on `node`, as the contract fixes them.
-pub fn artifact_names(ty: ProfileType, node: &str) -> Vec<String> {
-    match ty {
-        ProfileType::Cpu => vec![format!("cpu-{node}.pb.gz")],
-        ProfileType::Heap => vec![format!("heap-{node}.pb.gz")],
-        ProfileType::Runqlat => vec![
-            format!("runqlat-{node}.pb.gz"),
-            format!("runqlat-{node}.txt"),
-        ],
-        ProfileType::Unspecified => Vec::new(),
-    }
 }
 
 /// Checks what can be checked before capturing.

@@ -194,6 +194,21 @@ pub async fn collect(
     out
 }
 
+/// Asserts the stream went ACCEPTED → RUNNING → UPLOADING → DONE.
+pub fn assert_full_lifecycle(progress: &[CaptureProgress], agent: &AgentProcess) {
+    assert_eq!(
+        stages(progress),
+        vec![
+            Stage::Accepted,
+            Stage::Running,
+            Stage::Uploading,
+            Stage::Done
+        ],
+        "{progress:#?}\n{}",
+        agent.log()
+    );
+}
+
 pub fn stages(progress: &[CaptureProgress]) -> Vec<Stage> {
     let mut s: Vec<Stage> = progress.iter().map(CaptureProgress::stage).collect();
     s.dedup();
