@@ -53,7 +53,7 @@ pub async fn fetch(
     let resp = req
         .send()
         .await
-        .map_err(|e| unreachable(redacted(&url), e.to_string()))?;
+        .map_err(|e| unreachable(redacted(&url), e.without_url().to_string()))?;
     let status = resp.status();
     if !status.is_success() {
         let body = resp.text().await.unwrap_or_default();
@@ -65,7 +65,7 @@ pub async fn fetch(
     let bytes = resp
         .bytes()
         .await
-        .map_err(|e| unreachable(redacted(&url), e.to_string()))?
+        .map_err(|e| unreachable(redacted(&url), e.without_url().to_string()))?
         .to_vec();
     if let Some(expected) = &artifact.sha256 {
         let found = hex::encode(Sha256::digest(&bytes));
@@ -93,8 +93,10 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
         .ok_or_else(|| Error::Usage(format!("artifact name {name:?} is not a plain file name")))?;
     std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
     let path = dir.join(file_name);
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .map_err(Error::io(format!("creating a temporary file in {}", dir.display())))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(Error::io(format!(
+        "creating a temporary file in {}",
+        dir.display()
+    )))?;
     tmp.write_all(bytes)
         .map_err(Error::io(format!("writing {}", path.display())))?;
     tmp.persist(&path)

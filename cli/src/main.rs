@@ -9,7 +9,11 @@ use kubectl_profile::commands::{capture, get, list, merge};
 use kubectl_profile::{Error, Result};
 
 #[derive(Parser)]
-#[command(name = "kubectl profile", version, about = "Request, follow and download Flamefleet profiles")]
+#[command(
+    name = "kubectl profile",
+    version,
+    about = "Request, follow and download Flamefleet profiles"
+)]
 struct Cli {
     /// Path to the kubeconfig file (default: KUBECONFIG, then ~/.kube/config).
     #[arg(long, global = true)]
@@ -145,6 +149,9 @@ async fn run(cli: Cli) -> Result<()> {
 
 fn main() {
     let cli = Cli::parse();
+    // The dependency tree enables both ring and aws-lc-rs, so rustls cannot pick one itself;
+    // an Err only means a provider is already installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

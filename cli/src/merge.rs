@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 
-use flamefleet_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
+use flamefleet_proto::pprof::{
+    Function, Label, Line, Location, Mapping, Profile, Sample, ValueType,
+};
 
 use crate::error::{Error, Result};
 use crate::profile_file::{sample_types, string};
@@ -36,7 +38,13 @@ impl Merger {
         for m in &p.mapping {
             let filename = s(self, m.filename);
             let build_id = s(self, m.build_id);
-            let key = (m.memory_start, m.memory_limit, m.file_offset, filename, build_id);
+            let key = (
+                m.memory_start,
+                m.memory_limit,
+                m.file_offset,
+                filename,
+                build_id,
+            );
             let next = self.out.mapping.len() as u64 + 1;
             let id = *self.mappings.entry(key).or_insert_with(|| {
                 self.out.mapping.push(Mapping {
@@ -223,7 +231,10 @@ mod tests {
         let b = profile(&[("inuse_space", "bytes")], &[]);
         let err = merge(&[("a.pb.gz".into(), a), ("b.pb.gz".into(), b)]).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("a.pb.gz") && msg.contains("inuse_space/bytes"), "{msg}");
+        assert!(
+            msg.contains("a.pb.gz") && msg.contains("inuse_space/bytes"),
+            "{msg}"
+        );
         assert_eq!(err.exit_code(), 11);
     }
 }

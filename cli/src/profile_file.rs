@@ -58,7 +58,13 @@ pub fn sample_types(profile: &Profile) -> Vec<String> {
     profile
         .sample_type
         .iter()
-        .map(|vt| format!("{}/{}", string(profile, vt.r#type), string(profile, vt.unit)))
+        .map(|vt| {
+            format!(
+                "{}/{}",
+                string(profile, vt.r#type),
+                string(profile, vt.unit)
+            )
+        })
         .collect()
 }
 

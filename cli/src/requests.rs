@@ -36,7 +36,12 @@ async fn check_installed(cluster: &Cluster) -> Result<()> {
     match api(cluster).list(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(()),
         Err(e) if status_code(&e) == Some(404) => Err(Error::NotInstalled),
-        Err(e) => Err(map_err(cluster, "list", "listing profilerequests".into(), e)),
+        Err(e) => Err(map_err(
+            cluster,
+            "list",
+            "listing profilerequests".into(),
+            e,
+        )),
     }
 }
 
@@ -51,7 +56,12 @@ pub async fn get(cluster: &Cluster, name: &str) -> Result<ProfileRequest> {
                 namespace: cluster.namespace.clone(),
             })
         }
-        Err(e) => Err(map_err(cluster, "get", format!("getting profilerequest {name}"), e)),
+        Err(e) => Err(map_err(
+            cluster,
+            "get",
+            format!("getting profilerequest {name}"),
+            e,
+        )),
     }
 }
 
@@ -60,7 +70,12 @@ pub async fn list(cluster: &Cluster) -> Result<Vec<ProfileRequest>> {
     match api(cluster).list(&ListParams::default()).await {
         Ok(l) => Ok(l.items),
         Err(e) if status_code(&e) == Some(404) => Err(Error::NotInstalled),
-        Err(e) => Err(map_err(cluster, "list", "listing profilerequests".into(), e)),
+        Err(e) => Err(map_err(
+            cluster,
+            "list",
+            "listing profilerequests".into(),
+            e,
+        )),
     }
 }
 

@@ -241,7 +241,8 @@ pub async fn wait(
 
 /// Creates the request and returns its name and capture duration.
 pub async fn create(cluster: &Cluster, opts: &CaptureOptions) -> Result<(String, Duration)> {
-    let capture = parse_capture_duration(&opts.duration).map_err(|e| Error::Usage(e.to_string()))?;
+    let capture =
+        parse_capture_duration(&opts.duration).map_err(|e| Error::Usage(e.to_string()))?;
     let request = build_request(cluster, opts).await?;
     let created = requests::create(cluster, &request).await?;
     Ok((created.metadata.name.unwrap_or_default(), capture))
@@ -276,7 +277,10 @@ mod tests {
             parse_target(Some("deploy/web"), None).unwrap(),
             Target::Deployment("web".into())
         );
-        assert_eq!(parse_target(Some("web-0"), None).unwrap(), Target::Pod("web-0".into()));
+        assert_eq!(
+            parse_target(Some("web-0"), None).unwrap(),
+            Target::Pod("web-0".into())
+        );
         assert!(parse_target(Some("job/x"), None).is_err());
         assert!(parse_target(None, None).is_err());
     }

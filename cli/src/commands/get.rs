@@ -126,7 +126,12 @@ fn render(d: &Downloaded, dir: &Path, format: Format, out: &mut dyn Write) -> Re
     match format {
         Format::Pprof => {}
         Format::Text => {
-            let _ = writeln!(out, "{}:\n{}", d.name, top_functions::render(&profile, index, 20));
+            let _ = writeln!(
+                out,
+                "{}:\n{}",
+                d.name,
+                top_functions::render(&profile, index, 20)
+            );
         }
         Format::Folded => {
             let text = stacks::folded_text(&stacks::folded(&profile, index));

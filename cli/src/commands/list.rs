@@ -72,10 +72,18 @@ pub fn table(requests: &[ProfileRequest], now: k8s_openapi::jiff::Timestamp) -> 
 pub async fn list(cluster: &Cluster, out: &mut dyn Write) -> Result<()> {
     let items = requests::list(cluster).await?;
     if items.is_empty() {
-        let _ = writeln!(out, "No profilerequests found in {} namespace.", cluster.namespace);
+        let _ = writeln!(
+            out,
+            "No profilerequests found in {} namespace.",
+            cluster.namespace
+        );
         return Ok(());
     }
-    let _ = write!(out, "{}", table(&items, k8s_openapi::jiff::Timestamp::now()));
+    let _ = write!(
+        out,
+        "{}",
+        table(&items, k8s_openapi::jiff::Timestamp::now())
+    );
     Ok(())
 }
 

@@ -24,9 +24,8 @@ pub async fn run(
             profiles.push((input.clone(), profile_file::decode(&bytes, input)?));
             continue;
         }
-        let cluster = cluster.ok_or_else(|| {
-            Error::Usage(format!("{input} is neither a file nor a request name"))
-        })?;
+        let cluster = cluster
+            .ok_or_else(|| Error::Usage(format!("{input} is neither a file nor a request name")))?;
         let request = requests::get(cluster, input).await?;
         let http = reqwest::Client::new();
         let artifacts: Vec<_> = request

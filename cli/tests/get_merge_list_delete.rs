@@ -1,0 +1,313 @@
+//! `kubectl profile` against the real local control plane and a real built-in artifact store:
+//! the test writes each request's status through the status subresource, as the operator and
+//! agents do, with artifacts uploaded to the store through signed URLs.
+
+mod support;
+
+use flamefleet_api::{NodePhase, RequestPhase};
+use flamefleet_e2e::TestNamespace;
+use support::{Store, cli, cpu_profile, create_request, files, node, pprof, write_status};
+
+async fn namespace(prefix: &str) -> TestNamespace {
+    TestNamespace::create(prefix)
+        .await
+        .unwrap_or_else(|e| panic!("the CLI tests need the local control plane: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_renders_every_format_then_list_merge_delete() {
+    let ns = namespace("cli-get").await;
+    let kc = support::admin_kubeconfig(&ns);
+    let store = Store::start().await;
+    let req = create_request(&ns, "checkout-cpu").await;
+    let a1 = store
+        .upload(&req, "cpu-node-a.pb.gz", &cpu_profile("crc32_hot_loop"))
+        .await;
+    let a2 = store
+        .upload(&req, "cpu-node-b.pb.gz", &cpu_profile("crc32_hot_loop"))
+        .await;
+    write_status(
+        &ns,
+        "checkout-cpu",
+        RequestPhase::Succeeded,
+        vec![
+            node("node-a", NodePhase::Succeeded, None, vec![a1]),
+            node("node-b", NodePhase::Succeeded, None, vec![a2]),
+        ],
+    )
+    .await;
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+
+    // pprof: the bytes as stored, decodable, same sha as the status.
+    let r = cli(&kc, ns.name(), &["get", "checkout-cpu", "-o", dir]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz", "cpu-node-b.pb.gz"]);
+    let bytes = std::fs::read(out.path().join("cpu-node-a.pb.gz")).unwrap();
+    assert_eq!(bytes, cpu_profile("crc32_hot_loop"));
+
+    // svg: valid XML naming the hot function.
+    let r = cli(
+        &kc,
+        ns.name(),
+        &["get", "checkout-cpu", "-o", dir, "--format", "svg"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let svg = std::fs::read_to_string(out.path().join("cpu-node-a.svg")).unwrap();
+    // inferno writes a DOCTYPE; the DTD itself is not fetched.
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&svg, options)
+        .expect("the flame graph is valid XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let titles: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.tag_name().name() == "title")
+        .filter_map(|n| n.text())
+        .collect();
+    assert!(
+        titles.iter().any(|t| t.starts_with("crc32_hot_loop")),
+        "no frame titled crc32_hot_loop in {titles:?}"
+    );
+
+    // text: the hot function is the first row, with 80% flat.
+    let r = cli(
+        &kc,
+        ns.name(),
+        &["get", "checkout-cpu", "-o", dir, "--format", "text"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let first_row = r
+        .stdout
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        first_row.ends_with("crc32_hot_loop") && first_row.contains("80.00%"),
+        "first row {first_row:?} of\n{}",
+        r.stdout
+    );
+
+    // folded: root→leaf collapsed stacks.
+    let r = cli(
+        &kc,
+        ns.name(),
+        &["get", "checkout-cpu", "-o", dir, "--format", "folded"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let folded = std::fs::read_to_string(out.path().join("cpu-node-a.folded")).unwrap();
+    assert!(
+        folded.contains("main;handle_request;crc32_hot_loop 800000000\n"),
+        "{folded}"
+    );
+
+    // merge by request name: both nodes' samples in one file.
+    let merged = out.path().join("merged.pb.gz");
+    let r = cli(
+        &kc,
+        ns.name(),
+        &["merge", "checkout-cpu", "-o", merged.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let m = kubectl_profile::profile_file::decode(&std::fs::read(&merged).unwrap(), "m").unwrap();
+    assert_eq!(m.sample.len(), 6);
+    let stacks = kubectl_profile::stacks::folded(&m, 0);
+    assert_eq!(
+        stacks.get("main;handle_request;crc32_hot_loop"),
+        Some(&1_600_000_000)
+    );
+
+    // merge refuses mixed types, with exit code 11.
+    let heap = out.path().join("heap.pb.gz");
+    std::fs::write(
+        &heap,
+        pprof(("inuse_space", "bytes"), &[(&["malloc", "main"], 4096)]),
+    )
+    .unwrap();
+    let r = cli(
+        &kc,
+        ns.name(),
+        &[
+            "merge",
+            merged.to_str().unwrap(),
+            heap.to_str().unwrap(),
+            "-o",
+            out.path().join("x.pb.gz").to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 11, "{r:?}");
+    assert!(r.stderr.contains("different sample types"), "{}", r.stderr);
+    assert!(!out.path().join("x.pb.gz").exists());
+
+    // list: a kubectl-like table.
+    let r = cli(&kc, ns.name(), &["list"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let mut lines = r.stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "TYPE", "PHASE", "PODS", "NODES", "AGE"]);
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(&row[..5], ["checkout-cpu", "cpu", "Succeeded", "1", "2"]);
+
+    // delete, then it is gone (exit 3).
+    let r = cli(&kc, ns.name(), &["delete", "checkout-cpu"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let r = cli(&kc, ns.name(), &["get", "checkout-cpu"]).await;
+    assert_eq!(r.code, 3, "{r:?}");
+    assert!(r.stderr.contains("not found"), "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checksum_mismatch_writes_nothing() {
+    let ns = namespace("cli-sha").await;
+    let kc = support::admin_kubeconfig(&ns);
+    let store = Store::start().await;
+    let req = create_request(&ns, "bad-sha").await;
+    let good = store
+        .upload(&req, "cpu-node-a.pb.gz", &cpu_profile("ok_fn"))
+        .await;
+    let mut bad = store
+        .upload(&req, "cpu-node-b.pb.gz", &cpu_profile("ok_fn"))
+        .await;
+    bad.sha256 = Some("0".repeat(64));
+    write_status(
+        &ns,
+        "bad-sha",
+        RequestPhase::Succeeded,
+        vec![
+            node("node-a", NodePhase::Succeeded, None, vec![good]),
+            node("node-b", NodePhase::Succeeded, None, vec![bad]),
+        ],
+    )
+    .await;
+    let out = tempfile::tempdir().unwrap();
+    let r = cli(
+        &kc,
+        ns.name(),
+        &[
+            "get",
+            "bad-sha",
+            "-o",
+            out.path().to_str().unwrap(),
+            "--format",
+            "svg",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 7, "{r:?}");
+    assert!(
+        r.stderr
+            .contains("checksum mismatch for artifact cpu-node-b.pb.gz"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        files(out.path()),
+        Vec::<String>::new(),
+        "nothing may be written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_pending_unreachable_and_missing_requests() {
+    let ns = namespace("cli-err").await;
+    let kc = support::admin_kubeconfig(&ns);
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+
+    let r = cli(&kc, ns.name(), &["get", "nope", "-o", dir]).await;
+    assert_eq!(r.code, 3, "{r:?}");
+    assert!(r.stderr.contains("\"nope\" not found"), "{}", r.stderr);
+
+    create_request(&ns, "pending").await;
+    let r = cli(&kc, ns.name(), &["get", "pending", "-o", dir]).await;
+    assert_eq!(r.code, 5, "{r:?}");
+    assert!(r.stderr.contains("no artifacts yet"), "{}", r.stderr);
+
+    create_request(&ns, "failed").await;
+    write_status(
+        &ns,
+        "failed",
+        RequestPhase::Failed,
+        vec![
+            node(
+                "node-a",
+                NodePhase::Failed,
+                Some("no agent on node node-a"),
+                vec![],
+            ),
+            node(
+                "node-b",
+                NodePhase::Failed,
+                Some("timed out after 70s"),
+                vec![],
+            ),
+        ],
+    )
+    .await;
+    let r = cli(&kc, ns.name(), &["get", "failed", "-o", dir]).await;
+    assert_eq!(r.code, 4, "{r:?}");
+    assert!(
+        r.stderr.contains("node-a: Failed: no agent on node node-a")
+            && r.stderr.contains("node-b: Failed: timed out after 70s"),
+        "{}",
+        r.stderr
+    );
+
+    // A store that is not there: a closed port.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    create_request(&ns, "gone").await;
+    let artifact = flamefleet_api::Artifact {
+        name: "cpu-node-a.pb.gz".into(),
+        url: Some(format!("http://127.0.0.1:{port}/v1/artifacts/x?sig=abc")),
+        size_bytes: Some(10),
+        sha256: Some("0".repeat(64)),
+        samples: None,
+        sample_type: None,
+    };
+    write_status(
+        &ns,
+        "gone",
+        RequestPhase::Succeeded,
+        vec![node("node-a", NodePhase::Succeeded, None, vec![artifact])],
+    )
+    .await;
+    let r = cli(&kc, ns.name(), &["get", "gone", "-o", dir]).await;
+    assert_eq!(r.code, 6, "{r:?}");
+    assert!(
+        r.stderr
+            .contains("cannot download artifact cpu-node-a.pb.gz")
+            && !r.stderr.contains("sig="),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(files(out.path()), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forbidden_user_gets_exit_8() {
+    let ns = namespace("cli-rbac").await;
+    create_request(&ns, "secret").await;
+    let kc = ns
+        .control_plane()
+        .kubeconfig_for_user(&ns.unique("nobody"), &[])
+        .unwrap();
+    for args in [
+        &["get", "secret"][..],
+        &["list"][..],
+        &["delete", "secret"][..],
+    ] {
+        let r = cli(&kc, ns.name(), args).await;
+        assert_eq!(r.code, 8, "{args:?}: {r:?}");
+        assert!(r.stderr.contains("forbidden"), "{}", r.stderr);
+    }
+}

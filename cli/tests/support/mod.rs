@@ -1,0 +1,248 @@
+//! Fixtures of the CLI tests: a real built-in artifact store on 127.0.0.1, real pprof files,
+//! ProfileRequests whose status the test writes through the status subresource (as the
+//! operator and agents do), and a runner for the built binary.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flamefleet_api::{Artifact, NodePhase, NodeStatus, ProfileRequest, RequestPhase};
+use flamefleet_e2e::TestNamespace;
+use flamefleet_operator::store::{
+    ArtifactStore, RequestRef, UploadLimits,
+    authorize::RejectTokens,
+    builtin::{BuiltinConfig, BuiltinStore, http::router},
+};
+use flamefleet_proto::pprof::{Function, Line, Location, Profile, Sample, ValueType};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+/// A built-in store serving a temporary directory over real HTTP.
+pub struct Store {
+    pub store: Arc<BuiltinStore>,
+    _root: tempfile::TempDir,
+}
+
+impl Store {
+    /// Starts the store on a free port.
+    pub async fn start() -> Self {
+        flamefleet_operator::store::install_default_crypto_provider();
+        let root = tempfile::tempdir().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base: url::Url = format!("http://{}/", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let store = Arc::new(
+            BuiltinStore::open(BuiltinConfig {
+                root: root.path().to_path_buf(),
+                public_url: base,
+                secret: b"cli-test-secret-0123456789abcdef0123".to_vec(),
+                max_upload_bytes: 64 << 20,
+            })
+            .await
+            .unwrap(),
+        );
+        let app = router(store.clone(), Arc::new(RejectTokens));
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { store, _root: root }
+    }
+
+    /// Uploads `bytes` as artifact `name` of `request` through a signed PUT, and returns the
+    /// status entry an agent would write (signed download URL, size, sha256).
+    pub async fn upload(&self, request: &ProfileRequest, name: &str, bytes: &[u8]) -> Artifact {
+        let rr = RequestRef::new(
+            request.metadata.namespace.clone().unwrap(),
+            request.metadata.name.clone().unwrap(),
+            request.metadata.uid.clone().unwrap(),
+        )
+        .unwrap();
+        let key = rr.artifact(name).unwrap();
+        let target = self
+            .store
+            .upload_target(
+                &key,
+                &UploadLimits {
+                    max_bytes: 64 << 20,
+                    sha256: None,
+                    ttl: Duration::from_secs(300),
+                },
+            )
+            .await
+            .unwrap();
+        let resp = reqwest::Client::new()
+            .put(target.url)
+            .body(bytes.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "upload failed: {resp:?}");
+        let url = self
+            .store
+            .download_url(&key, Duration::from_secs(600))
+            .await
+            .unwrap();
+        Artifact {
+            name: name.to_string(),
+            url: Some(url.to_string()),
+            size_bytes: Some(bytes.len() as i64),
+            sha256: Some(hex::encode(Sha256::digest(bytes))),
+            samples: None,
+            sample_type: None,
+        }
+    }
+}
+
+/// A gzipped pprof with the given sample type and (leaf-first stack, value) samples.
+pub fn pprof(kind: (&str, &str), samples: &[(&[&str], i64)]) -> Vec<u8> {
+    let mut p = Profile {
+        string_table: vec![String::new(), kind.0.into(), kind.1.into()],
+        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+        ..Default::default()
+    };
+    for (stack, value) in samples {
+        let mut ids = Vec::new();
+        for name in *stack {
+            let idx = match p.string_table.iter().position(|s| s == name) {
+                Some(i) => i as i64,
+                None => {
+                    p.string_table.push((*name).to_string());
+                    (p.string_table.len() - 1) as i64
+                }
+            };
+            let id = match p.function.iter().find(|f| f.name == idx) {
+                Some(f) => f.id,
+                None => {
+                    let id = p.function.len() as u64 + 1;
+                    p.function.push(Function {
+                        id,
+                        name: idx,
+                        ..Default::default()
+                    });
+                    p.location.push(Location {
+                        id,
+                        address: 0x40_0000 + id * 16,
+                        line: vec![Line {
+                            function_id: id,
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    });
+                    id
+                }
+            };
+            ids.push(id);
+        }
+        p.sample.push(Sample {
+            location_id: ids,
+            value: vec![*value],
+            label: vec![],
+        });
+    }
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, &p.encode_to_vec()).unwrap();
+    enc.finish().unwrap()
+}
+
+/// A CPU profile where `hot_function` dominates.
+pub fn cpu_profile(hot_function: &str) -> Vec<u8> {
+    pprof(
+        ("cpu", "nanoseconds"),
+        &[
+            (&[hot_function, "handle_request", "main"], 800_000_000),
+            (&["parse_json", "handle_request", "main"], 150_000_000),
+            (&["main"], 50_000_000),
+        ],
+    )
+}
+
+/// Creates a cpu ProfileRequest named `name` targeting pod `web-0`.
+pub async fn create_request(ns: &TestNamespace, name: &str) -> ProfileRequest {
+    let api: Api<ProfileRequest> = ns.api();
+    let req: ProfileRequest = serde_json::from_value(serde_json::json!({
+        "apiVersion": "flamefleet.dev/v1alpha1",
+        "kind": "ProfileRequest",
+        "metadata": {"name": name},
+        "spec": {"type": "cpu", "podNames": ["web-0"], "duration": "10s"}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &req).await.unwrap()
+}
+
+/// Writes `status.phase` and node entries through the status subresource.
+pub async fn write_status(
+    ns: &TestNamespace,
+    name: &str,
+    phase: RequestPhase,
+    nodes: Vec<NodeStatus>,
+) {
+    let api: Api<ProfileRequest> = ns.api();
+    let patch = serde_json::json!({
+        "status": {"phase": phase, "nodeCount": nodes.len(), "podCount": 1, "nodes": nodes}
+    });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// A node entry.
+pub fn node(
+    name: &str,
+    phase: NodePhase,
+    message: Option<&str>,
+    artifacts: Vec<Artifact>,
+) -> NodeStatus {
+    NodeStatus {
+        node: name.to_string(),
+        phase: Some(phase),
+        pods: vec!["web-0".into()],
+        message: message.map(str::to_string),
+        artifacts,
+    }
+}
+
+/// The result of one CLI run.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the built `kubectl-profile` with `--kubeconfig` and `-n` of the test namespace.
+pub async fn cli(kubeconfig: &Path, namespace: &str, args: &[&str]) -> Run {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-profile"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["-n", namespace])
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
+        .unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The admin kubeconfig of the shared control plane.
+pub fn admin_kubeconfig(ns: &TestNamespace) -> PathBuf {
+    ns.control_plane().kubeconfig().to_path_buf()
+}
+
+/// Files in `dir`, sorted.
+pub fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
