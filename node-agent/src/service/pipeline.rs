@@ -363,6 +363,9 @@ async fn capture(
             )?;
             request.targets =
                 targets::heap_targets(resolved, opts.endpoint_port, &opts.endpoint_path);
+            // The heap engine runs its whole window in one blocking call: on
+            // Cancel the caller is answered at once and the engine's thread
+            // finishes its window (at most the requested duration) unobserved.
             let work = blocking("heap", move || heap::capture(&request));
             let result = run_with_progress(handle, started, duration, work).await???;
             let samples = result.profile.sample.len() as u64;
@@ -425,6 +428,12 @@ async fn execute(
     req: &CaptureRequest,
 ) -> Result<(Vec<Artifact>, HashMap<String, String>), PipelineError> {
     let (ty, duration, slots) = validate(req, &ctx.node)?;
+    if !req.request_name.is_empty() && req.request_namespace.is_empty() {
+        return Err(PipelineError::Invalid(format!(
+            "request_namespace is empty for ProfileRequest {}; expected its namespace",
+            req.request_name
+        )));
+    }
     let root = ctx.cgroup_root.clone();
     let wanted = req.targets.clone();
     let resolved = blocking("resolve", move || targets::resolve(&root, &wanted))
