@@ -11,6 +11,10 @@ use flamefleet_proto::pprof::{
 use crate::error::{Error, Result};
 use crate::profile_file::{sample_types, string};
 
+/// A location's identity in the merged profile: mapping, address, (function, line, column)
+/// per line, is_folded.
+type LocationKey = (u64, u64, Vec<(u64, i64, i64)>, bool);
+
 /// Builds the merged profile's tables.
 #[derive(Default)]
 struct Merger {
@@ -18,7 +22,7 @@ struct Merger {
     strings: HashMap<String, i64>,
     functions: HashMap<(i64, i64, i64, i64), u64>,
     mappings: HashMap<(u64, u64, u64, i64, i64), u64>,
-    locations: HashMap<(u64, u64, Vec<(u64, i64, i64)>, bool), u64>,
+    locations: HashMap<LocationKey, u64>,
 }
 
 impl Merger {
@@ -51,7 +55,7 @@ impl Merger {
                     id: next,
                     filename,
                     build_id,
-                    ..m.clone()
+                    ..*m
                 });
                 next
             });

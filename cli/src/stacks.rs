@@ -147,7 +147,7 @@ pub(crate) mod tests {
             string_table: vec![String::new()],
             ..Default::default()
         };
-        let mut intern = |p: &mut Profile, s: &str| -> i64 {
+        let intern = |p: &mut Profile, s: &str| -> i64 {
             if let Some(i) = p.string_table.iter().position(|x| x == s) {
                 return i as i64;
             }

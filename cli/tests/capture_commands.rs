@@ -1,0 +1,185 @@
+//! `kubectl profile cpu|heap|runqlat`: the request it creates (pod, deploy/NAME, -l), and
+//! create → wait → download, with the test playing operator and agent on the status
+//! subresource while the CLI waits.
+
+mod support;
+
+use flamefleet_api::{NodePhase, ProfileRequest, ProfileType, RequestPhase};
+use flamefleet_e2e::TestNamespace;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, PostParams};
+use support::{Store, cli, cpu_profile, files, node, write_status};
+
+async fn namespace(prefix: &str) -> TestNamespace {
+    TestNamespace::create(prefix)
+        .await
+        .unwrap_or_else(|e| panic!("the CLI tests need the local control plane: {e}"))
+}
+
+fn created_name(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("profilerequest.flamefleet.dev/"))
+        .and_then(|l| l.strip_suffix(" created"))
+        .unwrap_or_else(|| panic!("no created line in {stdout:?}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_wait_creates_the_request_for_pod_deployment_and_selector() {
+    let ns = namespace("cli-create").await;
+    let kc = support::admin_kubeconfig(&ns);
+    let api: Api<ProfileRequest> = ns.api();
+
+    let r = cli(
+        &kc,
+        ns.name(),
+        &[
+            "cpu",
+            "web-0",
+            "--duration",
+            "5s",
+            "--frequency",
+            "49",
+            "--no-wait",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let req = api.get(&created_name(&r.stdout)).await.unwrap();
+    assert_eq!(req.spec.profile_type, ProfileType::Cpu);
+    assert_eq!(req.spec.pod_names, ["web-0"]);
+    assert_eq!(req.spec.duration, "5s");
+    assert_eq!(req.spec.frequency_hz(), 49);
+
+    let deploy: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "web", "tier": "front"}},
+            "template": {
+                "metadata": {"labels": {"app": "web", "tier": "front"}},
+                "spec": {"containers": [{"name": "web", "image": "example.invalid/web:1"}]}
+            }
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(ns.client(), ns.name())
+        .create(&PostParams::default(), &deploy)
+        .await
+        .unwrap();
+    let r = cli(&kc, ns.name(), &["heap", "deploy/web", "--no-wait"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let req = api.get(&created_name(&r.stdout)).await.unwrap();
+    assert_eq!(req.spec.profile_type, ProfileType::Heap);
+    let labels = req.spec.selector.unwrap().match_labels.unwrap();
+    assert_eq!(labels.get("tier").map(String::as_str), Some("front"));
+
+    let r = cli(&kc, ns.name(), &["runqlat", "-l", "app=db", "--no-wait"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let req = api.get(&created_name(&r.stdout)).await.unwrap();
+    assert_eq!(req.spec.profile_type, ProfileType::Runqlat);
+    assert_eq!(
+        req.spec
+            .selector
+            .unwrap()
+            .match_labels
+            .unwrap()
+            .get("app")
+            .map(String::as_str),
+        Some("db")
+    );
+
+    // Usage errors exit 2 and create nothing.
+    let before = api.list(&Default::default()).await.unwrap().items.len();
+    let r = cli(&kc, ns.name(), &["cpu", "sts/missing", "--no-wait"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stderr.contains("statefulset \"missing\" not found"),
+        "{}",
+        r.stderr
+    );
+    let r = cli(
+        &kc,
+        ns.name(),
+        &["heap", "web-0", "--frequency", "10", "--no-wait"],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert_eq!(
+        api.list(&Default::default()).await.unwrap().items.len(),
+        before
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_waits_shows_progress_and_downloads() {
+    let ns = namespace("cli-wait").await;
+    let kc = support::admin_kubeconfig(&ns);
+    let store = Store::start().await;
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap().to_string();
+    let ns_name = ns.name().to_string();
+    let cli_run = tokio::spawn(async move {
+        cli(
+            &kc,
+            &ns_name,
+            &[
+                "cpu",
+                "web-0",
+                "--duration",
+                "2s",
+                "-o",
+                &dir,
+                "--format",
+                "text",
+            ],
+        )
+        .await
+    });
+
+    // Play the operator and the agent: find the request, mark it Running, then Succeeded.
+    let api: Api<ProfileRequest> = ns.api();
+    let req = loop {
+        if let Some(r) = api.list(&Default::default()).await.unwrap().items.pop() {
+            break r;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let name = req.metadata.name.clone().unwrap();
+    let running = node("node-a", NodePhase::Running, None, vec![]);
+    write_status(&ns, &name, RequestPhase::Running, vec![running]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let artifact = store
+        .upload(&req, "cpu-node-a.pb.gz", &cpu_profile("sha256_block"))
+        .await;
+    write_status(
+        &ns,
+        &name,
+        RequestPhase::Succeeded,
+        vec![node("node-a", NodePhase::Succeeded, None, vec![artifact])],
+    )
+    .await;
+
+    let r = cli_run.await.unwrap();
+    assert_eq!(r.code, 0, "{r:?}");
+    // Not a terminal: one plain line per state change.
+    assert!(
+        r.stdout.contains(" Running ") && r.stdout.contains("node-a=Running"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(" Succeeded ") && r.stdout.contains("node-a=Succeeded"),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains('\r'), "{}", r.stdout);
+    let first_row = r
+        .stdout
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(first_row.ends_with("sha256_block"), "{}", r.stdout);
+    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
+}
