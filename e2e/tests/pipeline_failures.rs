@@ -239,3 +239,61 @@ async fn operator_restarted_mid_capture_completes_the_request_once() {
             .contains("resuming the captures of a Running request")
     );
 }
+
+/// Two replicas share one Lease: only one leads and acts; when it is killed, the standby
+/// takes over and finishes the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_never_both_act() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let ns = TestNamespace::create("ff-leader").await.unwrap();
+    pipeline
+        .pod(&ns, "web-1", 0, &[("app", "web")], "spin", 1)
+        .await;
+    // Let the first replica win the Lease before the second starts.
+    let first = pipeline_support::metrics_at(pipeline.metrics_port).await;
+    let deadline = Instant::now() + TIMEOUT;
+    let mut first_leads = pipeline_support::is_leader(&first);
+    while !first_leads {
+        assert!(Instant::now() < deadline, "the first replica never led");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        first_leads = pipeline_support::is_leader(&pipeline.operator_metrics().await);
+    }
+    let (mut standby, standby_port) = pipeline.start_replica();
+    let request = pipeline.request(
+        "led",
+        json!({"type": "cpu", "podNames": ["web-1"], "duration": "1s"}),
+    );
+    let (done, _) = pipeline.run(&ns, &request, TIMEOUT).await;
+    assert_eq!(done.status.unwrap().phase, Some(RequestPhase::Succeeded));
+    let standby_metrics = pipeline_support::metrics_at(standby_port).await;
+    assert!(
+        !pipeline_support::is_leader(&standby_metrics),
+        "both replicas lead:\n{standby_metrics}"
+    );
+    assert!(
+        standby_metrics.contains("flamefleet_operator_reconciles_total 0"),
+        "the standby reconciled:\n{standby_metrics}"
+    );
+    assert!(
+        pipeline
+            .operator_metrics()
+            .await
+            .contains("flamefleet_operator_captures_dispatched_total 1")
+    );
+
+    // The leader dies; the standby takes over once the Lease expires.
+    pipeline.kill_operator();
+    let request = pipeline.request(
+        "after-failover",
+        json!({"type": "cpu", "podNames": ["web-1"], "duration": "1s"}),
+    );
+    let (done, _) = pipeline.run(&ns, &request, TIMEOUT).await;
+    assert_eq!(done.status.unwrap().phase, Some(RequestPhase::Succeeded));
+    let standby_metrics = pipeline_support::metrics_at(standby_port).await;
+    assert!(
+        pipeline_support::is_leader(&standby_metrics),
+        "{standby_metrics}"
+    );
+    standby.kill();
+}

@@ -516,6 +516,18 @@ impl Pipeline {
 
     /// Starts (or restarts) the operator process.
     pub fn start_operator(&mut self) {
+        let proc = self.spawn_operator(self.store_port, self.metrics_port);
+        self.operator = Some(proc);
+    }
+
+    /// Starts another operator replica (same Lease, same store directory and secret) on
+    /// its own ports; returns it with its metrics port.
+    pub fn start_replica(&mut self) -> (Proc, u16) {
+        let metrics_port = free_port();
+        (self.spawn_operator(free_port(), metrics_port), metrics_port)
+    }
+
+    fn spawn_operator(&mut self, store_port: u16, metrics_port: u16) -> Proc {
         let mut cmd = Command::new(&bins().operator);
         let store_dir = self.dir.path().join("store");
         let secret = self.dir.path().join("store.secret");
@@ -536,15 +548,9 @@ impl Pipeline {
             .arg(&store_dir)
             .arg("--store-secret-file")
             .arg(&secret)
-            .args(["--store-listen", &format!("127.0.0.1:{}", self.store_port)])
-            .args([
-                "--store-url",
-                &format!("http://127.0.0.1:{}/", self.store_port),
-            ])
-            .args([
-                "--metrics-listen",
-                &format!("127.0.0.1:{}", self.metrics_port),
-            ])
+            .args(["--store-listen", &format!("127.0.0.1:{store_port}")])
+            .args(["--store-url", &format!("http://127.0.0.1:{store_port}/")])
+            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .args(["--lease-name", &format!("flamefleet-operator-{}", self.id)])
             .args(["--lease-duration", &self.options.lease_seconds.to_string()])
             .args([
@@ -566,7 +572,7 @@ impl Pipeline {
             .join(format!("operator-{}.log", self.operator_starts));
         self.operator_starts += 1;
         let (proc, _) = spawn_logged("operator", cmd, &log, None, Duration::ZERO);
-        self.operator = Some(proc);
+        proc
     }
 
     /// SIGKILLs the operator (no Lease release: the next one waits for the Lease to expire).
@@ -754,13 +760,27 @@ impl Pipeline {
 
     /// The operator's /metrics text.
     pub async fn operator_metrics(&self) -> String {
-        reqwest::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
-            .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .unwrap()
+        metrics_at(self.metrics_port).await
     }
+}
+
+/// The /metrics text of the operator whose metrics listen on `port` (retried while it starts).
+pub async fn metrics_at(port: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+            Ok(r) => return r.text().await.unwrap(),
+            Err(e) => assert!(Instant::now() < deadline, "GET /metrics on {port}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Value of the leader gauge in a /metrics text.
+pub fn is_leader(metrics: &str) -> bool {
+    metrics
+        .lines()
+        .any(|l| l.trim() == "flamefleet_operator_leader 1")
 }
 
 /// Asserts that `body` has the artifact's sha256 and size.
