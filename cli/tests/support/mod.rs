@@ -12,7 +12,7 @@ use flamefleet_api::{Artifact, NodePhase, NodeStatus, ProfileRequest, RequestPha
 use flamefleet_e2e::TestNamespace;
 use flamefleet_operator::store::{
     ArtifactStore, RequestRef, UploadLimits,
-    authorize::RejectTokens,
+    authorize::{DownloadAuthorizer, RejectTokens},
     builtin::{BuiltinConfig, BuiltinStore, http::router},
 };
 use flamefleet_proto::pprof::{Function, Line, Location, Profile, Sample, ValueType};
@@ -27,8 +27,13 @@ pub struct Store {
 }
 
 impl Store {
-    /// Starts the store on a free port.
+    /// Starts the store on a free port; bearer tokens are refused (signed URLs only).
     pub async fn start() -> Self {
+        Self::start_with(Arc::new(RejectTokens)).await
+    }
+
+    /// Starts the store on a free port with `authorizer` deciding bearer-token downloads.
+    pub async fn start_with(authorizer: Arc<dyn DownloadAuthorizer>) -> Self {
         flamefleet_operator::store::install_default_crypto_provider();
         let root = tempfile::tempdir().unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -45,7 +50,7 @@ impl Store {
             .await
             .unwrap(),
         );
-        let app = router(store.clone(), Arc::new(RejectTokens));
+        let app = router(store.clone(), authorizer);
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         Self { store, _root: root }
     }
