@@ -41,6 +41,9 @@ struct CaptureArgs {
     /// CPU samples per second (cpu only; default 99).
     #[arg(long)]
     frequency: Option<i32>,
+    /// Give up waiting after this long, e.g. 2m (default: duration + 90s).
+    #[arg(long)]
+    timeout: Option<String>,
     /// Create the request and return without waiting.
     #[arg(long)]
     no_wait: bool,
@@ -96,6 +99,12 @@ async fn capture_cmd(
     out: &mut dyn std::io::Write,
 ) -> Result<()> {
     let target = capture::parse_target(a.target.as_deref(), a.selector.as_deref())?;
+    let timeout = a
+        .timeout
+        .as_deref()
+        .map(flamefleet_api::duration::parse_duration)
+        .transpose()
+        .map_err(|e| Error::Usage(format!("--timeout: {e}")))?;
     let opts = capture::CaptureOptions {
         profile_type,
         target,
@@ -107,7 +116,7 @@ async fn capture_cmd(
     if a.no_wait {
         return Ok(());
     }
-    let request = capture::wait(cluster, &name, duration, out).await?;
+    let request = capture::wait(cluster, &name, duration, timeout, out).await?;
     get::download_request(cluster, &request, &a.output, a.format, out).await?;
     Ok(())
 }

@@ -183,3 +183,21 @@ async fn cpu_waits_shows_progress_and_downloads() {
     assert!(first_row.ends_with("sha256_block"), "{}", r.stdout);
     assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nobody_answers_so_the_wait_times_out_with_exit_10() {
+    let ns = namespace("cli-timeout").await;
+    let kc = support::admin_kubeconfig(&ns);
+    let r = cli(
+        &kc,
+        ns.name(),
+        &["runqlat", "web-0", "--duration", "1s", "--timeout", "3s"],
+    )
+    .await;
+    assert_eq!(r.code, 10, "{r:?}");
+    assert!(
+        r.stderr.contains("timed out after 3s") && r.stderr.contains("(phase Pending)"),
+        "{}",
+        r.stderr
+    );
+}

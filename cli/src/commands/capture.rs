@@ -195,15 +195,17 @@ pub fn progress_line(request: &ProfileRequest, left: Duration) -> String {
 }
 
 /// Polls the request until its phase is terminal, printing progress (rewritten in place on a
-/// terminal, one line per change otherwise).
+/// terminal, one line per change otherwise); gives up after `deadline` (by default the
+/// capture duration + [`GRACE`]).
 pub async fn wait(
     cluster: &Cluster,
     name: &str,
     capture: Duration,
+    deadline: Option<Duration>,
     out: &mut dyn Write,
 ) -> Result<ProfileRequest> {
     let start = Instant::now();
-    let deadline = capture + GRACE;
+    let deadline = deadline.unwrap_or(capture + GRACE);
     let tty = std::io::stdout().is_terminal();
     let mut last = String::new();
     loop {
