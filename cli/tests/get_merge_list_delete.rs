@@ -311,3 +311,53 @@ async fn forbidden_user_gets_exit_8() {
         assert!(r.stderr.contains("forbidden"), "{}", r.stderr);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runqlat_prints_the_histogram_and_top_buckets() {
+    let ns = namespace("cli-rq").await;
+    let kc = support::admin_kubeconfig(&ns);
+    let store = Store::start().await;
+    let req = create_request(&ns, "rq").await;
+    let histogram = "     usecs               : count    distribution\n         0 -> 1          : 12       |****************************************|\n         2 -> 3          : 3        |**********                              |\n";
+    let txt = store
+        .upload(&req, "runqlat-node-a.txt", histogram.as_bytes())
+        .await;
+    let pb = store
+        .upload(
+            &req,
+            "runqlat-node-a.pb.gz",
+            &pprof(
+                ("count", "count"),
+                &[(&["0-1us", "web-0"], 12), (&["2-3us", "web-0"], 3)],
+            ),
+        )
+        .await;
+    write_status(
+        &ns,
+        "rq",
+        RequestPhase::Succeeded,
+        vec![node("node-a", NodePhase::Succeeded, None, vec![pb, txt])],
+    )
+    .await;
+    let out = tempfile::tempdir().unwrap();
+    let r = cli(
+        &kc,
+        ns.name(),
+        &[
+            "get",
+            "rq",
+            "-o",
+            out.path().to_str().unwrap(),
+            "--format",
+            "text",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains(histogram), "{}", r.stdout);
+    assert!(r.stdout.contains("Type: count"), "{}", r.stdout);
+    assert_eq!(
+        files(out.path()),
+        ["runqlat-node-a.pb.gz", "runqlat-node-a.txt"]
+    );
+}
