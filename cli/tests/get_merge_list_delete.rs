@@ -123,6 +123,21 @@ async fn get_renders_every_format_then_list_merge_delete() {
         stacks.get("main;handle_request;crc32_hot_loop"),
         Some(&1_600_000_000)
     );
+    // `go tool pprof` is the referee for every pprof file we write.
+    let referee = tokio::process::Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(&merged)
+        .output()
+        .await
+        .expect("`go` must be installed (scripts/setup.sh) to check the merged pprof");
+    let top = String::from_utf8_lossy(&referee.stdout);
+    assert!(referee.status.success(), "go tool pprof: {referee:?}");
+    let first = top
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(first.ends_with("crc32_hot_loop"), "{top}");
 
     // merge refuses mixed types, with exit code 11.
     let heap = out.path().join("heap.pb.gz");
