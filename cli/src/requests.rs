@@ -45,17 +45,22 @@ async fn check_installed(cluster: &Cluster) -> Result<()> {
     }
 }
 
+/// The error for a 404 on one request: NotInstalled when the collection is missing too.
+async fn not_found(cluster: &Cluster, name: &str) -> Error {
+    match check_installed(cluster).await {
+        Err(e) => e,
+        Ok(()) => Error::NotFound {
+            name: name.to_string(),
+            namespace: cluster.namespace.clone(),
+        },
+    }
+}
+
 /// Gets one request.
 pub async fn get(cluster: &Cluster, name: &str) -> Result<ProfileRequest> {
     match api(cluster).get(name).await {
         Ok(r) => Ok(r),
-        Err(e) if status_code(&e) == Some(404) => {
-            check_installed(cluster).await?;
-            Err(Error::NotFound {
-                name: name.to_string(),
-                namespace: cluster.namespace.clone(),
-            })
-        }
+        Err(e) if status_code(&e) == Some(404) => Err(not_found(cluster, name).await),
         Err(e) => Err(map_err(
             cluster,
             "get",
@@ -83,13 +88,7 @@ pub async fn list(cluster: &Cluster) -> Result<Vec<ProfileRequest>> {
 pub async fn delete(cluster: &Cluster, name: &str) -> Result<()> {
     match api(cluster).delete(name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
-        Err(e) if status_code(&e) == Some(404) => {
-            check_installed(cluster).await?;
-            Err(Error::NotFound {
-                name: name.to_string(),
-                namespace: cluster.namespace.clone(),
-            })
-        }
+        Err(e) if status_code(&e) == Some(404) => Err(not_found(cluster, name).await),
         Err(e) => Err(map_err(
             cluster,
             "delete",

@@ -79,9 +79,7 @@ fn token_kubeconfig(admin: &Path, token: &str, out: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bearer_token_downloads_follow_rbac() {
-    let ns = TestNamespace::create("cli-token")
-        .await
-        .unwrap_or_else(|e| panic!("the CLI tests need the local control plane: {e}"));
+    let ns = support::namespace("cli-token").await;
     let store = Store::start_with(Arc::new(KubeAuthorizer::new(ns.client()))).await;
     let req = create_request(&ns, "tokened").await;
     let mut artifact = store

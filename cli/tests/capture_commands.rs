@@ -5,16 +5,9 @@
 mod support;
 
 use flamefleet_api::{NodePhase, ProfileRequest, ProfileType, RequestPhase};
-use flamefleet_e2e::TestNamespace;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, PostParams};
-use support::{Store, cli, cpu_profile, files, node, write_status};
-
-async fn namespace(prefix: &str) -> TestNamespace {
-    TestNamespace::create(prefix)
-        .await
-        .unwrap_or_else(|e| panic!("the CLI tests need the local control plane: {e}"))
-}
+use support::{Store, cli, cpu_profile, files, namespace, node, write_status};
 
 fn created_name(stdout: &str) -> String {
     stdout

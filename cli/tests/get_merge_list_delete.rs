@@ -5,14 +5,9 @@
 mod support;
 
 use flamefleet_api::{NodePhase, RequestPhase};
-use flamefleet_e2e::TestNamespace;
-use support::{Store, cli, cpu_profile, create_request, files, node, pprof, write_status};
-
-async fn namespace(prefix: &str) -> TestNamespace {
-    TestNamespace::create(prefix)
-        .await
-        .unwrap_or_else(|e| panic!("the CLI tests need the local control plane: {e}"))
-}
+use support::{
+    Store, cli, cpu_profile, create_request, files, namespace, node, pprof, write_status,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_renders_every_format_then_list_merge_delete() {

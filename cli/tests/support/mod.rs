@@ -163,6 +163,13 @@ pub fn cpu_profile(hot_function: &str) -> Vec<u8> {
     )
 }
 
+/// A namespace of its own on the shared control plane; fails clearly when there is none.
+pub async fn namespace(prefix: &str) -> TestNamespace {
+    TestNamespace::create(prefix)
+        .await
+        .unwrap_or_else(|e| panic!("the CLI tests need the local control plane: {e}"))
+}
+
 /// Creates a cpu ProfileRequest named `name` targeting pod `web-0`.
 pub async fn create_request(ns: &TestNamespace, name: &str) -> ProfileRequest {
     let api: Api<ProfileRequest> = ns.api();
