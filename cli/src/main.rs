@@ -11,6 +11,7 @@ use kubectl_profile::{Error, Result};
 #[derive(Parser)]
 #[command(
     name = "kubectl profile",
+    bin_name = "kubectl profile",
     version,
     about = "Request, follow and download Flamefleet profiles"
 )]
