@@ -375,6 +375,11 @@ pub struct Pipeline {
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
+        // FLAMEFLEET_E2E_KEEP=1 keeps the logs, store and PKI for inspection.
+        if std::env::var_os("FLAMEFLEET_E2E_KEEP").is_some() {
+            self.dir.disable_cleanup(true);
+            eprintln!("kept {}", self.dir.path().display());
+        }
         self.operator = None;
         self.agents.clear();
         self.workloads.clear();
