@@ -1,0 +1,87 @@
+// The demo workload: a toy "checkout" service with three things worth
+// profiling, each in a function whose name says what it is.
+//
+//  - CPU:     price_basket() is the hot spot (about 3/4 of the work);
+//             render_receipt() is the rest.
+//  - heap:    cache_session() is a slow allocation path that keeps memory
+//             live (a leaky session cache, capped at ~48 MiB), while
+//             scratch_buffer() churns short-lived allocations.
+//  - runqlat: it runs more busy threads than the machine has CPUs, so its
+//             threads wait in the run queue.
+//
+// Build: cc -O1 -g -fno-omit-frame-pointer -pthread checkout.c -o checkout
+// (frame pointers let the kernel walk user stacks).
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile uint64_t sink;
+
+__attribute__((noinline)) static uint64_t price_basket(uint64_t seed) {
+    uint64_t h = seed;
+    for (int i = 0; i < 3000000; i++)
+        h = h * 6364136223846793005ULL + 1442695040888963407ULL;
+    return h;
+}
+
+__attribute__((noinline)) static uint64_t render_receipt(uint64_t seed) {
+    uint64_t h = seed;
+    for (int i = 0; i < 1000000; i++)
+        h ^= (h << 13) ^ (h >> 7) ^ (uint64_t)i;
+    return h;
+}
+
+#define SESSION_CAP (48u << 20)
+static size_t session_bytes;
+static pthread_mutex_t session_lock = PTHREAD_MUTEX_INITIALIZER;
+
+__attribute__((noinline)) static void cache_session(size_t size) {
+    pthread_mutex_lock(&session_lock);
+    if (session_bytes + size <= SESSION_CAP) {
+        char *p = malloc(size);
+        if (p) {
+            memset(p, 1, size);
+            session_bytes += size; // kept: the "leak"
+        }
+    }
+    pthread_mutex_unlock(&session_lock);
+}
+
+__attribute__((noinline)) static void scratch_buffer(size_t size) {
+    char *p = malloc(size);
+    if (p) {
+        memset(p, 2, size < 4096 ? size : 4096);
+        sink += (uint64_t)p[0];
+        free(p);
+    }
+}
+
+static void *worker(void *arg) {
+    uint64_t seed = (uint64_t)(uintptr_t)arg;
+    for (uint64_t n = 0;; n++) {
+        sink += price_basket(seed + n);
+        sink += render_receipt(seed ^ n);
+        scratch_buffer(64 * 1024 + (n % 16) * 4096);
+        if (n % 4 == 0)
+            cache_session(16 * 1024 + (n % 8) * 8192);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = (int)(cpus > 0 ? cpus : 1) + 2; // more runnable threads than CPUs
+    if (argc > 1)
+        threads = atoi(argv[1]);
+    printf("checkout: %d worker threads\n", threads);
+    fflush(stdout);
+    for (int i = 1; i < threads; i++) {
+        pthread_t t;
+        pthread_create(&t, NULL, worker, (void *)(uintptr_t)(i * 7919));
+    }
+    worker((void *)(uintptr_t)1);
+    return 0;
+}
