@@ -297,3 +297,43 @@ async fn two_replicas_never_both_act() {
     );
     standby.kill();
 }
+
+/// `ttlSecondsAfterFinished` deletes a finished request, and the finalizer its artifacts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_deletes_finished_requests_and_their_artifacts() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let ns = TestNamespace::create("ff-ttl").await.unwrap();
+    pipeline
+        .pod(&ns, "web-1", 0, &[("app", "web")], "spin", 1)
+        .await;
+    let request = pipeline.request(
+        "short-lived",
+        json!({"type": "cpu", "podNames": ["web-1"], "duration": "1s", "ttlSecondsAfterFinished": 2}),
+    );
+    let (done, _) = pipeline.run(&ns, &request, TIMEOUT).await;
+    assert_eq!(
+        done.status.clone().unwrap().phase,
+        Some(RequestPhase::Succeeded)
+    );
+    let url = nodes_of(&done)[&pipeline.nodes[0]].artifacts[0]
+        .url
+        .clone()
+        .unwrap();
+    assert_eq!(reqwest::get(&url).await.unwrap().status(), 200);
+    let api: Api<ProfileRequest> = ns.api();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while api.get_opt("short-lived").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "not deleted after its TTL\n{}",
+            pipeline.operator_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        reqwest::get(&url).await.unwrap().status(),
+        404,
+        "artifact kept after the TTL deletion"
+    );
+}
