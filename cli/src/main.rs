@@ -45,6 +45,9 @@ struct CaptureArgs {
     /// Give up waiting after this long, e.g. 2m (default: duration + 90s).
     #[arg(long)]
     timeout: Option<String>,
+    /// A label for the created ProfileRequest, key=value (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
     /// Create the request and return without waiting.
     #[arg(long)]
     no_wait: bool,
@@ -111,6 +114,7 @@ async fn capture_cmd(
         target,
         duration: a.duration,
         frequency_hz: a.frequency,
+        labels: a.labels,
     };
     let (name, duration) = capture::create(cluster, &opts).await?;
     let _ = writeln!(out, "profilerequest.flamefleet.dev/{name} created");

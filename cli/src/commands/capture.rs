@@ -101,6 +101,26 @@ pub struct CaptureOptions {
     pub duration: String,
     /// CPU sampling frequency.
     pub frequency_hz: Option<i32>,
+    /// Labels for the created ProfileRequest (`key=value`), e.g. for an operator that
+    /// handles only requests with a given label.
+    pub labels: Vec<String>,
+}
+
+/// Parses `key=value` labels.
+fn parse_labels(labels: &[String]) -> Result<Option<std::collections::BTreeMap<String, String>>> {
+    if labels.is_empty() {
+        return Ok(None);
+    }
+    labels
+        .iter()
+        .map(|l| match l.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(Error::Usage(format!(
+                "--label expects key=value, found {l:?}"
+            ))),
+        })
+        .collect::<Result<_>>()
+        .map(Some)
 }
 
 async fn workload_selector(cluster: &Cluster, target: &Target) -> Result<Option<LabelSelector>> {
@@ -156,6 +176,7 @@ pub async fn build_request(cluster: &Cluster, opts: &CaptureOptions) -> Result<P
         metadata: ObjectMeta {
             generate_name: Some(format!("{}-", opts.profile_type)),
             namespace: Some(cluster.namespace.clone()),
+            labels: parse_labels(&opts.labels)?,
             ..Default::default()
         },
         spec: ProfileRequestSpec {

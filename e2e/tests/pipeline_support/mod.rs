@@ -55,9 +55,12 @@ pub fn require_root() {
 pub struct Bins {
     pub agent: PathBuf,
     pub operator: PathBuf,
+    /// The kubectl plugin (`kubectl profile`), built beside them.
+    pub kubectl_profile: PathBuf,
 }
 
-/// Builds (once per process) and locates `flamefleet-agent` and `flamefleet-operator`.
+/// Builds (once per process) and locates `flamefleet-agent`, `flamefleet-operator` and
+/// `kubectl-profile`.
 pub fn bins() -> &'static Bins {
     static BINS: OnceLock<Bins> = OnceLock::new();
     BINS.get_or_init(|| {
@@ -65,9 +68,14 @@ pub fn bins() -> &'static Bins {
             std::env::var_os("FLAMEFLEET_AGENT_BIN"),
             std::env::var_os("FLAMEFLEET_OPERATOR_BIN"),
         ) {
+            let agent = PathBuf::from(agent);
+            let kubectl_profile = std::env::var_os("FLAMEFLEET_KUBECTL_PROFILE_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| agent.with_file_name("kubectl-profile"));
             return Bins {
-                agent: agent.into(),
+                agent,
                 operator: operator.into(),
+                kubectl_profile,
             };
         }
         let exe = std::env::current_exe().expect("the test executable's path");
@@ -90,6 +98,8 @@ pub fn bins() -> &'static Bins {
                 "flamefleet-agent",
                 "-p",
                 "flamefleet-operator",
+                "-p",
+                "kubectl-profile",
                 "--bins",
             ])
             .env("CARGO_TARGET_DIR", target_dir)
@@ -108,6 +118,7 @@ pub fn bins() -> &'static Bins {
         Bins {
             agent: profile_dir.join("flamefleet-agent"),
             operator: profile_dir.join("flamefleet-operator"),
+            kubectl_profile: profile_dir.join("kubectl-profile"),
         }
     })
 }
