@@ -19,6 +19,7 @@ pub mod kubectl;
 pub mod pki;
 pub mod pods;
 pub mod test_namespace;
+pub mod workload;
 
 pub use control_plane::{ControlPlane, Lifetime};
 pub use test_namespace::TestNamespace;

@@ -17,6 +17,9 @@ use clap::Parser;
 use flamefleet_e2e::agent_pki::AgentPki;
 use flamefleet_e2e::control_plane::client_from_kubeconfig;
 use flamefleet_e2e::pods::{PodFixture, create_running_pod};
+use flamefleet_e2e::workload::{
+    cgroup2_mount, free_port, random_hex, remove_cgroup_tree, spawn_in_cgroup,
+};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -64,46 +67,6 @@ fn die_with_parent(cmd: &mut Command) {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             Ok(())
         });
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn random_hex(bytes: usize) -> Result<String> {
-    let mut buf = vec![0u8; bytes];
-    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-fn cgroup2_mount() -> Result<PathBuf> {
-    let mounts = std::fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
-    mounts
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() > 2 && f[2] == "cgroup2").then(|| PathBuf::from(f[1]))
-        })
-        .context("no cgroup2 mount in /proc/mounts: Flamefleet needs cgroup v2")
-}
-
-fn remove_cgroup_tree(dir: &Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
-    }
-    let _ = std::fs::write(dir.join("cgroup.kill"), b"1");
-    for _ in 0..100 {
-        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -244,30 +207,9 @@ async fn main() -> Result<()> {
     let cgroup = cgroup_root.join(format!("kubepods/burstable/pod{uid}/{container_id}"));
     std::fs::create_dir_all(&cgroup).with_context(|| format!("creating {}", cgroup.display()))?;
     let mut procs = Procs(Vec::new());
-    let mut cmd = Command::new(&workload_bin);
-    cmd.stdout(Stdio::null()).stderr(Stdio::null());
-    let procs_file = cgroup.join("cgroup.procs");
-    let procs_c = std::ffi::CString::new(procs_file.as_os_str().as_encoded_bytes())?;
-    // SAFETY: only async-signal-safe calls between fork and exec, on memory prepared before.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            let fd = libc::open(procs_c.as_ptr(), libc::O_WRONLY);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-            libc::close(fd);
-            if ok {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
     procs.0.push((
         "workload".into(),
-        cmd.spawn().context("starting the workload")?,
+        spawn_in_cgroup(&cgroup, &workload_bin, &[])?,
     ));
     println!(
         "pod {DEMO_NS}/{pod_name} on node {NODE}: cgroup {}",

@@ -26,6 +26,24 @@ use flamefleet_api::{Artifact, ProfileRequest, RequestPhase};
 use flamefleet_e2e::TestNamespace;
 use flamefleet_e2e::agent_pki::{AgentPki, AgentPkiFiles};
 use flamefleet_e2e::pods::PodFixture;
+use flamefleet_e2e::workload::{self, remove_cgroup_tree};
+
+/// The cgroup2 mount point (`/sys/fs/cgroup` or `/sys/fs/cgroup/unified`).
+pub fn cgroup2_mount() -> PathBuf {
+    workload::cgroup2_mount().expect("a cgroup2 mount")
+}
+
+fn free_port() -> u16 {
+    workload::free_port().expect("a free port")
+}
+
+fn random_hex(bytes: usize) -> String {
+    workload::random_hex(bytes).expect("random bytes")
+}
+
+fn spawn_in_cgroup(cgroup: &Path, program: &Path, args: &[&str]) -> Child {
+    workload::spawn_in_cgroup(cgroup, program, args).expect("starting a workload in its cgroup")
+}
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -145,32 +163,6 @@ pub fn workload_bin() -> &'static PathBuf {
         );
         bin
     })
-}
-
-/// The cgroup2 mount point (`/sys/fs/cgroup` or `/sys/fs/cgroup/unified`).
-pub fn cgroup2_mount() -> PathBuf {
-    let mounts = std::fs::read_to_string("/proc/mounts").expect("/proc/mounts");
-    mounts
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() > 2 && f[2] == "cgroup2").then(|| PathBuf::from(f[1]))
-        })
-        .expect("a cgroup2 mount in /proc/mounts")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    let mut f = std::fs::File::open("/dev/urandom").expect("/dev/urandom");
-    std::io::Read::read_exact(&mut f, &mut buf).expect("random bytes");
-    buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A child process killed (SIGKILL) on drop, its output in a log file.
@@ -295,54 +287,6 @@ impl Drop for PodWorkload {
             let _ = c.kill();
             let _ = c.wait();
         }
-    }
-}
-
-fn spawn_in_cgroup(cgroup: &Path, program: &Path, args: &[&str]) -> Child {
-    use std::os::unix::ffi::OsStrExt as _;
-    let procs = std::ffi::CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
-    let mut cmd = Command::new(program);
-    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::null());
-    // SAFETY: only async-signal-safe calls between fork and exec, on memory prepared before.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-            libc::close(fd);
-            if ok {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-    cmd.spawn().unwrap_or_else(|e| {
-        panic!(
-            "spawning {} in {}: {e}",
-            program.display(),
-            cgroup.display()
-        )
-    })
-}
-
-fn remove_cgroup_tree(dir: &Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
-    }
-    let _ = std::fs::write(dir.join("cgroup.kill"), b"1");
-    for _ in 0..100 {
-        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
