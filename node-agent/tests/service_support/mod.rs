@@ -496,11 +496,17 @@ pub fn cpu_request(
 
 /// `go tool pprof -top` of `bytes`; panics when go fails.
 pub fn pprof_top(bytes: &[u8]) -> String {
+    pprof_top_with(bytes, &[])
+}
+
+/// `go tool pprof -top [extra args]` on a profile's bytes.
+pub fn pprof_top_with(bytes: &[u8], extra: &[&str]) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("profile.pb.gz");
     std::fs::write(&file, bytes).expect("write profile");
     let out = Command::new("go")
         .args(["tool", "pprof", "-top"])
+        .args(extra)
         .arg(&file)
         .output()
         .expect("running `go tool pprof` (install Go)");
