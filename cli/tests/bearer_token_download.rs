@@ -9,60 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flamefleet_api::{NodePhase, RequestPhase};
-use flamefleet_e2e::TestNamespace;
 use flamefleet_operator::store::authorize::KubeAuthorizer;
-use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::ServiceAccount,
-    rbac::v1::{Role, RoleBinding},
-};
-use kube::api::{Api, PostParams};
 use kube::config::Kubeconfig;
-use serde_json::json;
 use support::{Store, cli, cpu_profile, create_request, files, node, write_status};
-
-async fn token(ns: &TestNamespace, name: &str) -> String {
-    let sas: Api<ServiceAccount> = ns.api();
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    sas.create(&PostParams::default(), &sa).await.unwrap();
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    sas.create_token_request(name, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
-}
-
-async fn grant_get(ns: &TestNamespace, sa: &str, request: &str) {
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "reader"},
-        "rules": [{"apiGroups": ["flamefleet.dev"], "resources": ["profilerequests"],
-                   "resourceNames": [request], "verbs": ["get"]}],
-    }))
-    .unwrap();
-    ns.api::<Role>()
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns.name()}],
-    }))
-    .unwrap();
-    ns.api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-}
 
 /// The admin kubeconfig with its user replaced by `token` only.
 fn token_kubeconfig(admin: &Path, token: &str, out: &Path) -> PathBuf {
@@ -96,10 +45,16 @@ async fn bearer_token_downloads_follow_rbac() {
         vec![node("node-a", NodePhase::Succeeded, None, vec![artifact])],
     )
     .await;
-    grant_get(&ns, "reader", "tokened").await;
+    ns.grant_get_profile_request("reader", "tokened")
+        .await
+        .unwrap();
     let kcdir = tempfile::tempdir().unwrap();
     let admin = support::admin_kubeconfig(&ns);
-    let reader = token_kubeconfig(&admin, &token(&ns, "reader").await, &kcdir.path().join("r"));
+    let reader = token_kubeconfig(
+        &admin,
+        &ns.service_account_token("reader").await.unwrap(),
+        &kcdir.path().join("r"),
+    );
 
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().to_str().unwrap();

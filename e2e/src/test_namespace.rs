@@ -2,7 +2,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PostParams};
 use kube::{Client, Resource};
 use serde_json::json;
@@ -88,6 +90,67 @@ impl TestNamespace {
     /// Creates a Running pod in this namespace (see [`create_running_pod`]).
     pub async fn running_pod(&self, fixture: &PodFixture) -> Result<Pod> {
         create_running_pod(&self.api(), fixture).await
+    }
+
+    /// Creates service account `name` and returns a 10-minute token for it.
+    ///
+    /// # Errors
+    /// When the account or the token cannot be created.
+    pub async fn service_account_token(&self, name: &str) -> Result<String> {
+        let sas: Api<ServiceAccount> = self.api();
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))
+            .map_err(|source| Error::Json {
+                what: "a service account",
+                source,
+            })?;
+        sas.create(&PostParams::default(), &sa)
+            .await
+            .map_err(kube_err(format!("creating service account {name}")))?;
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                expiration_seconds: Some(600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = sas
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .map_err(kube_err(format!("requesting a token for {name}")))?;
+        Ok(answer.status.map(|s| s.token).unwrap_or_default())
+    }
+
+    /// Lets service account `sa` `get` the ProfileRequest `request` (and only that one).
+    ///
+    /// # Errors
+    /// When the Role or RoleBinding cannot be created.
+    pub async fn grant_get_profile_request(&self, sa: &str, request: &str) -> Result<()> {
+        let role_name = format!("get-{request}");
+        let json_err = |source| Error::Json {
+            what: "an RBAC object",
+            source,
+        };
+        let role: Role = serde_json::from_value(json!({
+            "metadata": {"name": role_name},
+            "rules": [{"apiGroups": ["flamefleet.dev"], "resources": ["profilerequests"],
+                       "resourceNames": [request], "verbs": ["get"]}],
+        }))
+        .map_err(json_err)?;
+        self.api::<Role>()
+            .create(&PostParams::default(), &role)
+            .await
+            .map_err(kube_err(format!("creating role {role_name}")))?;
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": format!("{role_name}-{sa}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": self.name}],
+        }))
+        .map_err(json_err)?;
+        self.api::<RoleBinding>()
+            .create(&PostParams::default(), &binding)
+            .await
+            .map_err(kube_err(format!("binding role {role_name} to {sa}")))?;
+        Ok(())
     }
 
     /// A name unique in this process and namespace-prefixed, for cluster-scoped objects.

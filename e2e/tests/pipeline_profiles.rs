@@ -9,10 +9,7 @@ use std::time::Duration;
 
 use flamefleet_api::{NodePhase, ProfileRequest, RequestPhase};
 use flamefleet_e2e::TestNamespace;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use pipeline_support::{Pipeline, PipelineOptions, check_digest, nodes_of, pprof_top, serial};
 use serde_json::json;
 
@@ -156,47 +153,6 @@ async fn heap_request_succeeds_with_ebpf_allocation_profiles() {
     assert!(samples > 0, "no heap samples");
 }
 
-async fn service_account_token(ns: &TestNamespace, name: &str) -> String {
-    let sas: Api<ServiceAccount> = ns.api();
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    sas.create(&PostParams::default(), &sa).await.unwrap();
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            expiration_seconds: Some(600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    sas.create_token_request(name, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
-}
-
-async fn grant_get(ns: &TestNamespace, sa: &str, request: &str) {
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "reader"},
-        "rules": [{"apiGroups": ["flamefleet.dev"], "resources": ["profilerequests"], "resourceNames": [request], "verbs": ["get"]}],
-    }))
-    .unwrap();
-    ns.api::<Role>()
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns.name()}],
-    }))
-    .unwrap();
-    ns.api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-}
-
 /// Namespace isolation and download permissions in one pipeline: a request in A that names
 /// B's pods (by selector and by name) profiles A's pod only; B's pod is never a target. Then
 /// the artifacts: a token that may get the request downloads, others are refused.
@@ -274,9 +230,11 @@ async fn requests_stay_in_their_namespace_and_downloads_need_permission() {
     let mut plain = signed.clone();
     plain.set_query(None);
     let http = reqwest::Client::new();
-    let reader = service_account_token(&a, "reader").await;
-    let stranger = service_account_token(&a, "stranger").await;
-    grant_get(&a, "reader", "cross").await;
+    let reader = a.service_account_token("reader").await.unwrap();
+    let stranger = a.service_account_token("stranger").await.unwrap();
+    a.grant_get_profile_request("reader", "cross")
+        .await
+        .unwrap();
     let ok = http
         .get(plain.clone())
         .bearer_auth(&reader)

@@ -10,72 +10,19 @@ use flamefleet_operator::store::{
     authorize::{CachedAuthorizer, Decision, DownloadAuthorizer, KubeAuthorizer},
     builtin::{BuiltinConfig, BuiltinStore, http::router},
 };
-use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::ServiceAccount,
-    rbac::v1::{Role, RoleBinding},
-};
-use kube::api::{Api, PostParams};
 use reqwest::StatusCode;
-use serde_json::json;
 
 const UID: &str = "5c0ffee0-1234-4abc-8def-000000000001";
-
-async fn service_account_token(ns: &TestNamespace, name: &str) -> String {
-    let sas: Api<ServiceAccount> = ns.api();
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    sas.create(&PostParams::default(), &sa).await.unwrap();
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    sas.create_token_request(name, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
-}
-
-/// Lets service account `sa` get the ProfileRequest `request` (and only that one).
-async fn grant_get(ns: &TestNamespace, sa: &str, request: &str) {
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "profilerequest-reader"},
-        "rules": [{
-            "apiGroups": ["flamefleet.dev"],
-            "resources": ["profilerequests"],
-            "resourceNames": [request],
-            "verbs": ["get"],
-        }],
-    }))
-    .unwrap();
-    ns.api::<Role>()
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "profilerequest-reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "profilerequest-reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns.name()}],
-    }))
-    .unwrap();
-    ns.api::<RoleBinding>()
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-}
 
 #[tokio::test]
 async fn kube_authorizer_follows_rbac_on_profilerequests() {
     flamefleet_operator::store::install_default_crypto_provider();
     let ns = TestNamespace::create("store-authz").await.unwrap();
-    let reader = service_account_token(&ns, "reader").await;
-    let stranger = service_account_token(&ns, "stranger").await;
-    grant_get(&ns, "reader", "readable").await;
+    let reader = ns.service_account_token("reader").await.unwrap();
+    let stranger = ns.service_account_token("stranger").await.unwrap();
+    ns.grant_get_profile_request("reader", "readable")
+        .await
+        .unwrap();
 
     let readable = RequestRef::new(ns.name(), "readable", UID).unwrap();
     let other = RequestRef::new(ns.name(), "other", UID).unwrap();
