@@ -23,6 +23,14 @@ static __always_inline long ff_task_state(struct task_struct *t)
 	return BPF_CORE_READ((struct task_struct___pre_5_14 *)t, state);
 }
 
+/* The same for a BTF pointer (tp_btf arguments): a direct load, no helper call. */
+static __always_inline long ff_task_state_btf(struct task_struct *t)
+{
+	if (bpf_core_field_exists(t->__state))
+		return t->__state;
+	return ((struct task_struct___pre_5_14 *)t)->state;
+}
+
 /*
  * Linux 5.5, commit 67c0496e87d1 ("kernfs: convert kernfs_node->id from union
  * kernfs_node_id to u64"): before it the cgroup ID lived in kn->id.id.
@@ -41,13 +49,28 @@ struct kernfs_node___pre_5_5 {
 	union kernfs_node_id___pre_5_5 id;
 } __attribute__((preserve_access_index));
 
-static __always_inline __u64 ff_task_cgroup_id(struct task_struct *t)
+static __always_inline __u64 ff_kernfs_id(struct kernfs_node *kn)
 {
-	struct kernfs_node *kn = BPF_CORE_READ(t, cgroups, dfl_cgrp, kn);
-
 	if (bpf_core_type_exists(union kernfs_node_id___pre_5_5))
 		return BPF_CORE_READ((struct kernfs_node___pre_5_5 *)kn, id.id);
 	return BPF_CORE_READ(kn, id);
 }
+
+static __always_inline __u64 ff_task_cgroup_id(struct task_struct *t)
+{
+	return ff_kernfs_id(BPF_CORE_READ(t, cgroups, dfl_cgrp, kn));
+}
+
+/*
+ * Linux 6.1, commit 7f203bc89eb6 ("cgroup: Replace cgroup->ancestor_ids[]
+ * with ->ancestors[]"): before it a cgroup kept its ancestors' IDs, after it
+ * pointers to them. ff_walk_ancestors() (targets.bpf.h) tests which with
+ * bpf_core_field_exists() *outside* its loops, so that no relocation of the
+ * missing layout is hoisted into code the verifier must accept.
+ */
+struct cgroup___pre_6_1 {
+	int level;
+	__u64 ancestor_ids[];
+} __attribute__((preserve_access_index));
 
 #endif

@@ -88,16 +88,15 @@ SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
 	struct cpu_sample_key key = {};
-	struct ff_target *t;
+	struct ff_target t;
 	__u64 id, one = 1, *n;
 	__u8 yes = 1;
 
-	t = ff_target_of(bpf_get_current_cgroup_id());
-	if (!t)
+	if (!ff_current_target(&t))
 		return 0;
 
 	id = bpf_get_current_pid_tgid();
-	key.target = t->index;
+	key.target = t.index;
 	key.tgid = id >> 32;
 	key.pid = (__u32)id;
 	key.user_stack_id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
@@ -129,16 +128,16 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
-	struct ff_target *t = ff_target_of(bpf_get_current_cgroup_id());
+	struct ff_target t;
 	__u32 tgid;
 
-	if (!t)
+	if (!ff_current_target(&t))
 		return 0;
 	tgid = bpf_get_current_pid_tgid() >> 32;
 	/* Shared libraries are not mapped yet: forget the process so that its
 	 * first sample announces it again, with its libraries. */
 	bpf_map_delete_elem(&seen_tgids, &tgid);
-	announce(tgid, t->index, FF_PROC_EXEC);
+	announce(tgid, t.index, FF_PROC_EXEC);
 	return 0;
 }
 

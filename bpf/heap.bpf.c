@@ -132,9 +132,12 @@ static __always_inline __u32 size_class(__u64 size)
 	return lg * 4 + (__u32)((size >> (lg - 2)) & 3);
 }
 
-static __always_inline struct ff_target *target_of_current(void)
+/* Whether the current task is in a target cgroup (or below one); the target's index. */
+static __always_inline __u32 target_of_current(void)
 {
-	return ff_target_of(bpf_get_current_cgroup_id());
+	struct ff_target t;
+
+	return ff_current_target(&t) ? t.index : 0;
 }
 
 /* Ask user space to snapshot the process's mappings while it is alive. */
@@ -160,7 +163,7 @@ static __always_inline struct heap_thread *enter(struct pt_regs *ctx, bool with_
 {
 	struct task_struct *task;
 	struct heap_thread *ts;
-	struct ff_target *target;
+	__u32 target;
 	__u64 sp;
 
 	target = target_of_current();
@@ -183,7 +186,7 @@ static __always_inline struct heap_thread *enter(struct pt_regs *ctx, bool with_
 	}
 	ts->depth = with_return ? 1 : 0;
 	ts->outer_sp = sp;
-	ts->target = target->index;
+	ts->target = target;
 	ts->sampled = 0;
 	ts->old_ptr = 0;
 	ts->memptr = 0;

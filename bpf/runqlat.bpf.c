@@ -6,8 +6,17 @@
  * the cgroup of the *current* task (the waker), we attribute each wait to the
  * cgroup of the task that waits.
  *
- * The start timestamp lives in task storage where the kernel has it (5.11+);
- * user space disables one of the two program sets with set_autoload(false).
+ * The hot path is built to cost a fraction of libbpf-tools' runqlat per
+ * scheduler event: BTF tracepoints read task fields with plain loads (no
+ * probe helpers); the target lookup is one cgroup-storage hit
+ * (targets.bpf.h); the start timestamp lives in task storage; the histogram
+ * is a per-CPU array slot indexed by the target (no hash map, no atomics).
+ * Only per-process histograms, asked for explicitly, use a hash map.
+ *
+ * Kernels without task storage (before 5.11) get the hash-map variants of the
+ * programs (raw tracepoints, start times keyed by thread ID, entries removed
+ * when the thread exits); user space disables one of the two program sets
+ * with set_autoload(false).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -34,6 +43,15 @@ struct {
 	__type(value, struct runqlat_start);
 } start_hash SEC(".maps");
 
+/* Per-target histograms: element i belongs to target index i. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct runqlat_slots);
+} target_hists SEC(".maps");
+
+/* Per-process histograms, for targets with FF_TARGET_PER_PROCESS. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 10240);
@@ -78,32 +96,31 @@ static __always_inline __u32 log2_slot(__u64 v)
 	return r < RUNQLAT_SLOTS ? r : RUNQLAT_SLOTS - 1;
 }
 
-/* Fills `s` when `p` belongs to a target; returns false otherwise. */
-static __always_inline bool start_of(struct task_struct *p, struct runqlat_start *s)
-{
-	struct ff_target *t;
-
-	if (!BPF_CORE_READ(p, pid))
-		return false;
-	t = ff_target_of(ff_task_cgroup_id(p));
-	if (!t)
-		return false;
-	s->ts = bpf_ktime_get_ns();
-	s->target = t->index;
-	s->flags = t->flags;
-	return true;
-}
-
-static __always_inline void record(struct task_struct *next, struct runqlat_start *s)
+/* Adds one wait of `delta` ns to the histogram `s` names. `tgid` and `comm`
+ * are only read for per-process histograms. */
+static __always_inline void record(const struct runqlat_start *s, __s64 delta, __u32 tgid,
+				   const char *comm)
 {
 	struct runqlat_key key = { .target = s->target };
+	struct runqlat_slots *slots;
 	struct runqlat_hist *h;
-	__s64 delta = bpf_ktime_get_ns() - s->ts;
+	__u32 slot;
 
 	if (delta < 0)
 		return;
-	if (s->flags & FF_TARGET_PER_PROCESS)
-		key.tgid = BPF_CORE_READ(next, tgid);
+	slot = log2_slot((__u64)delta / ((s->flags & FF_TARGET_UNIT_MS) ? 1000000U : 1000U));
+	if (!(s->flags & FF_TARGET_PER_PROCESS)) {
+		slots = bpf_map_lookup_elem(&target_hists, &key.target);
+		if (!slots) {
+			count_drop(hists_full);
+			return;
+		}
+		/* Per-CPU element, and tracing programs do not nest on one CPU
+		 * for the same tracepoint: a plain increment is exact. */
+		slots->slots[slot] += 1;
+		return;
+	}
+	key.tgid = tgid;
 	h = bpf_map_lookup_elem(&hists, &key);
 	if (!h) {
 		bpf_map_update_elem(&hists, &key, &zero_hist, BPF_NOEXIST);
@@ -114,24 +131,27 @@ static __always_inline void record(struct task_struct *next, struct runqlat_star
 		}
 	}
 	if (!h->comm[0])
-		bpf_probe_read_kernel_str(h->comm, sizeof(h->comm), next->comm);
-	delta /= (s->flags & FF_TARGET_UNIT_MS) ? 1000000U : 1000U;
-	__sync_fetch_and_add(&h->slots[log2_slot(delta)], 1);
+		bpf_probe_read_kernel_str(h->comm, sizeof(h->comm), comm);
+	__sync_fetch_and_add(&h->slots[slot], 1);
 }
 
-/* ---- task storage variant ---- */
+/* ---- task storage variant (BTF tracepoints) ---- */
 
 static __always_inline void enqueue_task(struct task_struct *p)
 {
-	struct runqlat_start s, *slot;
+	struct runqlat_start *s;
+	struct ff_target t;
 
-	if (!start_of(p, &s))
+	if (!p->pid || !ff_task_target(p, &t))
 		return;
-	slot = bpf_task_storage_get(&start_task, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (slot)
-		*slot = s;
-	else
+	s = bpf_task_storage_get(&start_task, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!s) {
 		count_drop(start_full);
+		return;
+	}
+	s->ts = bpf_ktime_get_ns();
+	s->target = t.index;
+	s->flags = t.flags;
 }
 
 SEC("tp_btf/sched_wakeup")
@@ -152,26 +172,32 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(switch_task, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
 	struct runqlat_start *s;
+	__u64 ts;
 
-	if (ff_task_state(prev) == TASK_RUNNING)
+	if (ff_task_state_btf(prev) == TASK_RUNNING)
 		enqueue_task(prev);
 	s = bpf_task_storage_get(&start_task, next, 0, 0);
 	if (!s || !s->ts)
 		return 0;
-	record(next, s);
+	ts = s->ts;
 	s->ts = 0;
+	record(s, bpf_ktime_get_ns() - ts, next->tgid, next->comm);
 	return 0;
 }
 
-/* ---- hash-map fallback ---- */
+/* ---- hash-map fallback (raw tracepoints) ---- */
 
 static __always_inline void enqueue_hash(struct task_struct *p)
 {
 	struct runqlat_start s;
+	struct ff_target t;
 	__u32 pid = BPF_CORE_READ(p, pid);
 
-	if (!start_of(p, &s))
+	if (!pid || !ff_task_target_raw(p, &t))
 		return;
+	s.ts = bpf_ktime_get_ns();
+	s.target = t.index;
+	s.flags = t.flags;
 	if (bpf_map_update_elem(&start_hash, &pid, &s, BPF_ANY))
 		count_drop(start_full);
 }
@@ -193,7 +219,7 @@ int BPF_PROG(wakeup_new_hash, struct task_struct *p)
 SEC("raw_tp/sched_switch")
 int BPF_PROG(switch_hash, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	struct runqlat_start *s;
+	struct runqlat_start *s, copy;
 	__u32 pid;
 
 	if (ff_task_state(prev) == TASK_RUNNING)
@@ -202,7 +228,23 @@ int BPF_PROG(switch_hash, bool preempt, struct task_struct *prev, struct task_st
 	s = bpf_map_lookup_elem(&start_hash, &pid);
 	if (!s)
 		return 0;
-	record(next, s);
+	copy = *s;
+	bpf_map_delete_elem(&start_hash, &pid);
+	record(&copy, bpf_ktime_get_ns() - copy.ts, BPF_CORE_READ(next, tgid),
+	       (const char *)__builtin_preserve_access_index(&next->comm));
+	return 0;
+}
+
+/*
+ * A thread that was woken while running (a signal, say) and then exits is
+ * never switched in again: without this its start entry would stay until the
+ * map fills. Task storage needs no such hook (it is freed with the task).
+ */
+SEC("raw_tp/sched_process_exit")
+int BPF_PROG(exit_hash, struct task_struct *p)
+{
+	__u32 pid = BPF_CORE_READ(p, pid);
+
 	bpf_map_delete_elem(&start_hash, &pid);
 	return 0;
 }

@@ -8,16 +8,20 @@
 /* log2 slots; slot i counts latencies in [2^i, 2^(i+1)) units (slot 0: [0, 2)). */
 #define RUNQLAT_SLOTS 27
 
-/* One histogram per target, or per (target, process) with FF_TARGET_PER_PROCESS. */
+/* Per-process histograms (FF_TARGET_PER_PROCESS): one per (target, process). */
 struct runqlat_key {
 	__u32 target;
-	/* 0 unless the target asked for per-process histograms. */
 	__u32 tgid;
 };
 
 struct runqlat_hist {
 	__u64 slots[RUNQLAT_SLOTS];
 	char comm[FF_COMM_LEN];
+};
+
+/* Per-target histogram, one per CPU (element = target index). */
+struct runqlat_slots {
+	__u64 slots[RUNQLAT_SLOTS];
 };
 
 /* When a task became runnable, and for which target. */
@@ -29,7 +33,7 @@ struct runqlat_start {
 
 /* Loss counters (one per CPU, summed by user space); never silent. */
 struct runqlat_drops {
-	__u64 hists_full;  /* `hists` map full: event lost */
+	__u64 hists_full;  /* histogram map full (or target index beyond it): event lost */
 	__u64 start_full;  /* start map full (hash fallback) or no task storage: event lost */
 };
 

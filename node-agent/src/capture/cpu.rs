@@ -16,7 +16,7 @@ use flamefleet_proto::pprof::Profile;
 
 pub use super::perf_event::PerfEventKind;
 use super::sampler_thread::{self, OwnerThread};
-use super::target_table::{TargetTable, delete_target_entries};
+use super::target_table::{TargetMaps, TargetTable, delete_target_entries};
 use super::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event};
 use crate::bpf::cpu_sampler::types::{cpu_drops, cpu_sample_key, ff_proc_event, ff_target};
 use crate::bpf::cpu_sampler::{CpuSamplerSkel, CpuSamplerSkelBuilder};
@@ -95,6 +95,7 @@ impl CpuDrops {
 
 struct Maps {
     targets: MapHandle,
+    generation: MapHandle,
     counts: MapHandle,
     stacks: MapHandle,
     drops: MapHandle,
@@ -103,6 +104,15 @@ struct Maps {
 struct Shared {
     maps: Maps,
     table: TargetTable,
+}
+
+impl Maps {
+    fn target_maps(&self) -> TargetMaps<'_> {
+        TargetMaps {
+            targets: &self.targets,
+            generation: &self.generation,
+        }
+    }
 }
 
 /// The node's CPU sampler: the loaded program attached to one perf event per
@@ -136,7 +146,7 @@ impl CpuSampler {
         options.validate()?;
         super::check_btf()?;
         let cpus = perf_event::online_cpus()?;
-        let max_targets = config.max_targets;
+        let (max_targets, max_indices) = (config.max_targets, config.max_target_indices);
         let config = config.clone();
         let thread_catalog = catalog.clone();
         let thread_cpus = cpus.clone();
@@ -162,7 +172,7 @@ impl CpuSampler {
         Ok(Self {
             shared: Mutex::new(Shared {
                 maps,
-                table: TargetTable::new(max_targets),
+                table: TargetTable::new(max_targets, max_indices),
             }),
             options,
             perf_events: cpus.len(),
@@ -197,13 +207,14 @@ impl CpuSampler {
                 "no target cgroup given".into(),
             ));
         }
-        // A target covers its cgroup and the descendants existing now (a pod
-        // cgroup's processes live in its container cgroups).
-        let (cgroup_ids, owner_of) = super::expand_targets(targets);
+        // A target covers its cgroup and, live, everything below it.
+        let (cgroups, owner_of) = super::expand_targets(targets);
         let mut shared = self.lock();
         let Shared { maps, table } = &mut *shared;
-        let indices = table.acquire::<ff_target>(&maps.targets, &cgroup_ids, 0, |a, _| Ok(a))?;
-        let baseline = read_counts(&maps.counts, &indices.iter().copied().collect())?;
+        table.acquire::<ff_target>(&maps.target_maps(), &cgroups, 0, |a, _| Ok(a))?;
+        let cgroup_ids: Vec<u64> = cgroups.iter().map(|c| c.id).collect();
+        let covered = table.covered(&cgroup_ids);
+        let baseline = read_counts(&maps.counts, &covered.keys().copied().collect())?;
         let drops_before = read_drops(&maps.drops);
         drop(shared);
         // Processes running already will not announce themselves by exec.
@@ -216,7 +227,7 @@ impl CpuSampler {
             sampler: self.clone(),
             targets: targets.to_vec(),
             cgroup_ids,
-            target_of_index: indices.into_iter().zip(owner_of).collect(),
+            owner_of,
             baseline,
             drops_before,
             started: SystemTime::now(),
@@ -243,9 +254,15 @@ fn load<'obj>(
     let mut open = CpuSamplerSkelBuilder::default()
         .open(object)
         .map_err(|e| CaptureError::bpf("opening the CPU sampler BPF object", e))?;
+    let cache = super::target_cache_enabled(config);
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
         ro.kernel_stacks = options.kernel_stacks;
+        ro.ff_cgrp_cache = cache;
     }
+    open.maps
+        .target_cache
+        .set_autocreate(cache)
+        .map_err(|e| CaptureError::bpf("configuring the target cache", e))?;
     let sizes = [
         (&mut open.maps.targets, config.max_targets),
         (&mut open.maps.counts, config.max_cpu_entries),
@@ -282,6 +299,7 @@ fn load<'obj>(
     };
     let maps = Maps {
         targets: handle(&skel.maps.targets, "targets")?,
+        generation: handle(&skel.maps.target_generation, "target_generation")?,
         counts: handle(&skel.maps.counts, "counts")?,
         stacks: handle(&skel.maps.stacks, "stacks")?,
         drops: handle(&skel.maps.drops, "drops")?,
@@ -311,8 +329,10 @@ fn load<'obj>(
 pub struct CpuCapture {
     sampler: Arc<CpuSampler>,
     targets: Vec<CaptureTarget>,
+    /// The target cgroups, deduplicated; `owner_of[i]` is the position in
+    /// `targets` of `cgroup_ids[i]`.
     cgroup_ids: Vec<u64>,
-    target_of_index: HashMap<u32, usize>,
+    owner_of: Vec<usize>,
     baseline: HashMap<Vec<u8>, u64>,
     drops_before: CpuDrops,
     started: SystemTime,
@@ -331,7 +351,7 @@ impl Drop for CpuCapture {
     fn drop(&mut self) {
         let mut shared = self.sampler.lock();
         let Shared { maps, table } = &mut *shared;
-        let removed = table.release(&maps.targets, &self.cgroup_ids);
+        let removed = table.release(&maps.target_maps(), &self.cgroup_ids);
         delete_target_entries::<cpu_sample_key>(&maps.counts, &removed, |k| k.target);
     }
 }
@@ -347,7 +367,14 @@ impl CpuCapture {
     pub fn finish(self) -> Result<CpuSamples> {
         let duration = self.started_at.elapsed();
         let shared = self.sampler.lock();
-        let own: HashSet<u32> = self.target_of_index.keys().copied().collect();
+        // Indices nested below a target (another capture's) count for it too.
+        let target_of_index: HashMap<u32, usize> = shared
+            .table
+            .covered(&self.cgroup_ids)
+            .into_iter()
+            .map(|(index, pos)| (index, self.owner_of[pos]))
+            .collect();
+        let own: HashSet<u32> = target_of_index.keys().copied().collect();
         let now = read_counts(&shared.maps.counts, &own)?;
         let drops = read_drops(&shared.maps.drops).since(self.drops_before);
         let mut stack_cache: HashMap<i32, Vec<u64>> = HashMap::new();
@@ -370,7 +397,7 @@ impl CpuCapture {
                     .clone()
             };
             samples.push(CpuSample {
-                target: self.target_of_index.get(&key.target).copied().unwrap_or(0),
+                target: target_of_index.get(&key.target).copied().unwrap_or(0),
                 tgid: key.tgid,
                 pid: key.pid,
                 comm: super::comm_string(&key.comm),

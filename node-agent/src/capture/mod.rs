@@ -67,6 +67,17 @@ pub enum CaptureError {
         /// The libbpf error.
         source: libbpf_rs::Error,
     },
+    /// The sampler handed out all its target indices; the registry starts a
+    /// fresh sampler when it sees this.
+    #[error(
+        "the sampler has {left} target indices left, {wanted} are wanted; a fresh sampler is needed"
+    )]
+    IndicesExhausted {
+        /// Indices left.
+        left: u32,
+        /// New entries wanted.
+        wanted: usize,
+    },
     /// The sampler's thread stopped unexpectedly.
     #[error("the {0} sampler stopped unexpectedly; see the agent log")]
     SamplerGone(&'static str),
@@ -133,6 +144,13 @@ impl CaptureTarget {
 pub struct SamplerConfig {
     /// Capacity of the target map (cgroups captured at once, all captures).
     pub max_targets: u32,
+    /// Target indices one sampler hands out over its life (each new target
+    /// entry takes one; runqlat keeps a per-CPU histogram per index). When
+    /// they run out the registry starts a fresh sampler.
+    pub max_target_indices: u32,
+    /// Walk the cgroup ancestry on every event instead of caching the result
+    /// in cgroup-local storage (what kernels before 6.2 get; tests use it).
+    pub no_target_cache: bool,
     /// Capacity of the CPU sampler's count map (distinct stacks × processes).
     pub max_cpu_entries: u32,
     /// Capacity of the stack map (distinct stacks).
@@ -151,6 +169,8 @@ impl Default for SamplerConfig {
     fn default() -> Self {
         Self {
             max_targets: 1024,
+            max_target_indices: 1024,
+            no_target_cache: false,
             max_cpu_entries: 16384,
             max_stacks: 16384,
             max_histograms: 10240,
@@ -161,6 +181,20 @@ impl Default for SamplerConfig {
                 .unwrap_or_default(),
         }
     }
+}
+
+/// Whether the kernel has cgroup-local storage (6.2+), which the samplers
+/// use to cache target lookups.
+pub(crate) fn target_cache_supported() -> bool {
+    use libbpf_rs::libbpf_sys as sys;
+    // SAFETY: probing takes no pointers besides the (null) options.
+    unsafe { sys::libbpf_probe_bpf_map_type(sys::BPF_MAP_TYPE_CGRP_STORAGE, std::ptr::null()) == 1 }
+}
+
+/// Whether the samplers cache target lookups: the kernel can and the config
+/// does not turn it off.
+pub(crate) fn target_cache_enabled(config: &SamplerConfig) -> bool {
+    !config.no_target_cache && target_cache_supported()
 }
 
 /// Fails early, with advice, when the kernel has no BTF (CO-RE needs it).
@@ -179,21 +213,24 @@ pub fn check_btf() -> Result<()> {
     }
 }
 
-/// The cgroup IDs a capture puts in the target map (each target's cgroup
-/// and its descendants existing now, without repeats) and, for each, the
-/// index of the target it belongs to.
-pub(crate) fn expand_targets(targets: &[CaptureTarget]) -> (Vec<u64>, Vec<usize>) {
-    let mut cgroup_ids = Vec::new();
+/// The cgroups a capture puts in the target map (each target's own cgroup,
+/// without repeats; the kernel covers their descendants, live) and, for each,
+/// the index of the target it belongs to.
+pub(crate) fn expand_targets(
+    targets: &[CaptureTarget],
+) -> (Vec<target_table::TargetCgroup>, Vec<usize>) {
+    let mut cgroups: Vec<target_table::TargetCgroup> = Vec::new();
     let mut owner_of = Vec::new();
     for (i, t) in targets.iter().enumerate() {
-        for id in subtree_ids(&t.cgroup) {
-            if !cgroup_ids.contains(&id) {
-                cgroup_ids.push(id);
-                owner_of.push(i);
-            }
+        if !cgroups.iter().any(|c| c.id == t.cgroup.id) {
+            cgroups.push(target_table::TargetCgroup {
+                id: t.cgroup.id,
+                path: t.cgroup.path.clone(),
+            });
+            owner_of.push(i);
         }
     }
-    (cgroup_ids, owner_of)
+    (cgroups, owner_of)
 }
 
 /// A NUL-terminated `comm` array from BPF as a string.
@@ -204,26 +241,6 @@ pub(crate) fn comm_string(raw: &[i8]) -> String {
         .map(|&c| c as u8)
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// IDs of a cgroup and of its descendants existing now.
-pub(crate) fn subtree_ids(cgroup: &Cgroup) -> Vec<u64> {
-    let mut out = vec![cgroup.id];
-    let mut stack = vec![cgroup.path.clone()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                if let Ok(meta) = entry.metadata() {
-                    out.push(std::os::unix::fs::MetadataExt::ino(&meta));
-                }
-                stack.push(entry.path());
-            }
-        }
-    }
-    out
 }
 
 /// The caller-supplied Kubernetes labels of a target plus `node`.

@@ -3,13 +3,19 @@
 //! The registry holds weak references: the first capture of a type starts
 //! the sampler, later ones join it, and when the last capture of a type
 //! ends the sampler stops (detaching its programs and freeing its maps, so
-//! an idle node pays nothing and a long-lived stack map never fills up).
+//! an idle node pays nothing).
+//!
+//! Under continuous use captures overlap and a sampler would never stop, so
+//! a sampler also has a bounded life: when it has handed out all its target
+//! indices, the next capture starts a fresh sampler and the old one stops
+//! once its last capture ends. Every kernel map is thereby bounded in size
+//! *and* in lifetime.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::cpu::{CpuCapture, CpuOptions, CpuSampler};
 use super::runqlat::{RunqlatCapture, RunqlatOptions, RunqlatSampler};
-use super::{CaptureTarget, Result, SamplerConfig};
+use super::{CaptureError, CaptureTarget, Result, SamplerConfig};
 use crate::symbolize::ProcessCatalog;
 
 /// The node's samplers. Thread-safe; share it behind an `Arc`.
@@ -45,22 +51,8 @@ impl Samplers {
     /// sampler and their results report the effective options.
     pub fn start_cpu(&self, targets: &[CaptureTarget], options: &CpuOptions) -> Result<CpuCapture> {
         options.validate()?;
-        let sampler = {
-            let mut slot = self.cpu.lock().unwrap_or_else(PoisonError::into_inner);
-            match slot.upgrade() {
-                Some(s) => s,
-                None => {
-                    let s = Arc::new(CpuSampler::start(
-                        &self.config,
-                        *options,
-                        self.catalog.clone(),
-                    )?);
-                    *slot = Arc::downgrade(&s);
-                    s
-                }
-            }
-        };
-        sampler.capture(targets)
+        let start = || CpuSampler::start(&self.config, *options, self.catalog.clone());
+        with_sampler(&self.cpu, start, |s| s.capture(targets))
     }
 
     /// Starts a run-queue latency capture of `targets`.
@@ -69,17 +61,47 @@ impl Samplers {
         targets: &[CaptureTarget],
         options: &RunqlatOptions,
     ) -> Result<RunqlatCapture> {
-        let sampler = {
-            let mut slot = self.runqlat.lock().unwrap_or_else(PoisonError::into_inner);
-            match slot.upgrade() {
-                Some(s) => s,
-                None => {
-                    let s = Arc::new(RunqlatSampler::start(&self.config)?);
-                    *slot = Arc::downgrade(&s);
-                    s
-                }
+        let start = || RunqlatSampler::start(&self.config);
+        with_sampler(&self.runqlat, start, |s| s.capture(targets, options))
+    }
+}
+
+/// Runs `capture` on the running sampler of `slot` (starting one if none
+/// runs); when that sampler has no target indices left, on a fresh one that
+/// replaces it for later captures.
+fn with_sampler<S, C>(
+    slot: &Mutex<Weak<S>>,
+    start: impl Fn() -> Result<S>,
+    capture: impl Fn(&Arc<S>) -> Result<C>,
+) -> Result<C> {
+    let current = {
+        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        match slot.upgrade() {
+            Some(s) => s,
+            None => {
+                let s = Arc::new(start()?);
+                *slot = Arc::downgrade(&s);
+                s
             }
-        };
-        sampler.capture(targets, options)
+        }
+    };
+    match capture(&current) {
+        Err(CaptureError::IndicesExhausted { .. }) => {
+            let fresh = {
+                let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+                // Another capture may have replaced it meanwhile.
+                match slot.upgrade().filter(|s| !Arc::ptr_eq(s, &current)) {
+                    Some(s) => s,
+                    None => {
+                        let s = Arc::new(start()?);
+                        *slot = Arc::downgrade(&s);
+                        s
+                    }
+                }
+            };
+            tracing::info!("sampler used all its target indices; a fresh one takes over");
+            capture(&fresh)
+        }
+        other => other,
     }
 }

@@ -18,10 +18,12 @@ use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 use flamefleet_proto::pprof::Profile;
 
 use super::sampler_thread::{self, OwnerThread};
-use super::target_table::{TargetTable, delete_target_entries};
+use super::target_table::{TargetMaps, TargetTable, delete_target_entries};
 use super::{CaptureError, CaptureTarget, Result, SamplerConfig};
 use crate::bpf::from_bytes;
-use crate::bpf::runqlat::types::{ff_target, runqlat_drops, runqlat_hist, runqlat_key};
+use crate::bpf::runqlat::types::{
+    ff_target, runqlat_drops, runqlat_hist, runqlat_key, runqlat_slots,
+};
 use crate::bpf::runqlat::{RunqlatSkel, RunqlatSkelBuilder};
 use crate::pprof::{Frame, FrameLine, Label, ProfileBuilder};
 
@@ -29,6 +31,8 @@ use crate::pprof::{Frame, FrameLine, Label, ProfileBuilder};
 const FLAG_PER_PROCESS: u32 = 1;
 /// `FF_TARGET_UNIT_MS` of bpf/targets.h.
 const FLAG_UNIT_MS: u32 = 2;
+/// `RUNQLAT_SLOTS` of bpf/runqlat.h.
+const RUNQLAT_SLOTS: usize = 27;
 
 /// Unit of the histogram buckets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -87,8 +91,21 @@ pub struct RunqlatDrops {
 
 struct Maps {
     targets: MapHandle,
+    generation: MapHandle,
+    /// Per-CPU histogram per target index.
+    target_hists: MapHandle,
+    /// Per-process histograms.
     hists: MapHandle,
     drops: MapHandle,
+}
+
+impl Maps {
+    fn target_maps(&self) -> TargetMaps<'_> {
+        TargetMaps {
+            targets: &self.targets,
+            generation: &self.generation,
+        }
+    }
 }
 
 struct Shared {
@@ -127,7 +144,7 @@ impl RunqlatSampler {
         } else {
             StartStorage::HashMap
         };
-        let max_targets = config.max_targets;
+        let (max_targets, max_indices) = (config.max_targets, config.max_target_indices);
         let config = config.clone();
         let (maps, owner) = sampler_thread::spawn("runqlat", move |ready, stop| {
             let mut object = MaybeUninit::uninit();
@@ -149,7 +166,7 @@ impl RunqlatSampler {
         Ok(Self {
             shared: Mutex::new(Shared {
                 maps,
-                table: TargetTable::new(max_targets),
+                table: TargetTable::new(max_targets, max_indices),
             }),
             storage,
             _owner: owner,
@@ -184,10 +201,10 @@ impl RunqlatSampler {
         if options.unit == LatencyUnit::Millis {
             flags |= FLAG_UNIT_MS;
         }
-        let (cgroup_ids, owner_of) = super::expand_targets(targets);
+        let (cgroups, owner_of) = super::expand_targets(targets);
         let mut shared = self.lock();
         let Shared { maps, table } = &mut *shared;
-        let indices = table.acquire::<ff_target>(&maps.targets, &cgroup_ids, flags, |old, new| {
+        table.acquire::<ff_target>(&maps.target_maps(), &cgroups, flags, |old, new| {
             if (old ^ new) & FLAG_UNIT_MS != 0 {
                 return Err(CaptureError::InvalidOptions(
                     "a runqlat capture in the other unit (us/ms) is running on the same cgroup; use the same unit or wait for it to finish".into(),
@@ -195,8 +212,9 @@ impl RunqlatSampler {
             }
             Ok(old | new)
         })?;
-        let own: HashSet<u32> = indices.iter().copied().collect();
-        let baseline = read_hists(&maps.hists, &own)?;
+        let cgroup_ids: Vec<u64> = cgroups.iter().map(|c| c.id).collect();
+        let own: HashSet<u32> = table.covered(&cgroup_ids).into_keys().collect();
+        let baseline = read_hists(maps, &own)?;
         let drops_before = read_drops(&maps.drops);
         drop(shared);
         Ok(RunqlatCapture {
@@ -204,7 +222,7 @@ impl RunqlatSampler {
             targets: targets.to_vec(),
             options: *options,
             cgroup_ids,
-            target_of_index: indices.into_iter().zip(owner_of).collect(),
+            owner_of,
             baseline,
             drops_before,
             started: SystemTime::now(),
@@ -229,13 +247,22 @@ fn load<'obj>(
     p.wakeup_hash.set_autoload(!task);
     p.wakeup_new_hash.set_autoload(!task);
     p.switch_hash.set_autoload(!task);
+    p.exit_hash.set_autoload(!task);
+    let cache = super::target_cache_enabled(config);
+    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+        ro.ff_cgrp_cache = cache;
+    }
     let m = &mut open.maps;
     let sizing = (|| {
+        m.target_cache.set_autocreate(cache)?;
         m.start_task.set_autocreate(task)?;
         m.start_hash
             .set_max_entries(config.max_start_entries.max(1))?;
         m.start_hash.set_autocreate(!task)?;
         m.targets.set_max_entries(config.max_targets.max(1))?;
+        // Element i is target index i; index 0 is never handed out.
+        m.target_hists
+            .set_max_entries(config.max_target_indices.saturating_add(1))?;
         m.hists.set_max_entries(config.max_histograms.max(1))
     })();
     sizing.map_err(|e| CaptureError::bpf("sizing runqlat maps", e))?;
@@ -249,6 +276,8 @@ fn load<'obj>(
     };
     let maps = Maps {
         targets: handle(&skel.maps.targets, "targets")?,
+        generation: handle(&skel.maps.target_generation, "target_generation")?,
+        target_hists: handle(&skel.maps.target_hists, "target_hists")?,
         hists: handle(&skel.maps.hists, "hists")?,
         drops: handle(&skel.maps.drops, "drops")?,
     };
@@ -260,9 +289,11 @@ pub struct RunqlatCapture {
     sampler: Arc<RunqlatSampler>,
     targets: Vec<CaptureTarget>,
     options: RunqlatOptions,
+    /// The target cgroups, deduplicated; `owner_of[i]` is the position in
+    /// `targets` of `cgroup_ids[i]`.
     cgroup_ids: Vec<u64>,
-    target_of_index: HashMap<u32, usize>,
-    baseline: HashMap<(u32, u32), runqlat_hist>,
+    owner_of: Vec<usize>,
+    baseline: HashMap<(u32, u32), RawHist>,
     drops_before: RunqlatDrops,
     started: SystemTime,
     started_at: Instant,
@@ -280,8 +311,9 @@ impl Drop for RunqlatCapture {
     fn drop(&mut self) {
         let mut shared = self.sampler.lock();
         let Shared { maps, table } = &mut *shared;
-        let removed = table.release(&maps.targets, &self.cgroup_ids);
+        let removed = table.release(&maps.target_maps(), &self.cgroup_ids);
         delete_target_entries::<runqlat_key>(&maps.hists, &removed, |k| k.target);
+        // Per-target slots stay: indices are never reused by this sampler.
     }
 }
 
@@ -296,14 +328,21 @@ impl RunqlatCapture {
     pub fn finish(self) -> Result<RunqlatResult> {
         let duration = self.started_at.elapsed();
         let shared = self.sampler.lock();
-        let own: HashSet<u32> = self.target_of_index.keys().copied().collect();
-        let now = read_hists(&shared.maps.hists, &own)?;
+        // Indices nested below a target (another capture's) count for it too.
+        let target_of_index: HashMap<u32, usize> = shared
+            .table
+            .covered(&self.cgroup_ids)
+            .into_iter()
+            .map(|(index, pos)| (index, self.owner_of[pos]))
+            .collect();
+        let own: HashSet<u32> = target_of_index.keys().copied().collect();
+        let now = read_hists(&shared.maps, &own)?;
         let drops = read_drops(&shared.maps.drops);
         drop(shared);
         let mut merged: HashMap<(usize, u32), Histogram> = HashMap::new();
         for ((index, tgid), h) in now {
             let base = self.baseline.get(&(index, tgid));
-            let target = self.target_of_index.get(&index).copied().unwrap_or(0);
+            let target = target_of_index.get(&index).copied().unwrap_or(0);
             let tgid = if self.options.per_process { tgid } else { 0 };
             let entry = merged.entry((target, tgid)).or_insert_with(|| Histogram {
                 target,
@@ -604,20 +643,61 @@ impl RunqlatResult {
     }
 }
 
-fn read_hists(hists: &MapHandle, own: &HashSet<u32>) -> Result<HashMap<(u32, u32), runqlat_hist>> {
+/// A histogram as read from the kernel (summed over CPUs).
+#[derive(Debug, Clone)]
+struct RawHist {
+    slots: Vec<u64>,
+    comm: [i8; 16],
+}
+
+/// The histograms of the given target indices, keyed by (index, tgid):
+/// tgid 0 for the per-CPU per-target histograms, the process for
+/// per-process ones.
+fn read_hists(maps: &Maps, own: &HashSet<u32>) -> Result<HashMap<(u32, u32), RawHist>> {
     let mut out = HashMap::new();
-    for key in hists.keys() {
+    for &index in own {
+        let per_cpu = maps
+            .target_hists
+            .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| CaptureError::bpf("reading runqlat histograms", e))?
+            .unwrap_or_default();
+        let mut slots = vec![0u64; RUNQLAT_SLOTS];
+        for cpu in &per_cpu {
+            if let Some(h) = from_bytes::<runqlat_slots>(cpu) {
+                for (a, b) in slots.iter_mut().zip(h.slots) {
+                    *a += b;
+                }
+            }
+        }
+        out.insert(
+            (index, 0),
+            RawHist {
+                slots,
+                comm: [0; 16],
+            },
+        );
+    }
+    for key in maps.hists.keys() {
         let Some(k) = from_bytes::<runqlat_key>(&key) else {
             continue;
         };
         if !own.contains(&k.target) {
             continue;
         }
-        let value = hists
+        let value = maps
+            .hists
             .lookup(&key, MapFlags::ANY)
             .map_err(|e| CaptureError::bpf("reading runqlat histograms", e))?;
         if let Some(h) = value.as_deref().and_then(from_bytes::<runqlat_hist>) {
-            out.insert((k.target, k.tgid), h);
+            // A process's tgid is never 0, so this never collides with the
+            // per-target histogram above.
+            out.insert(
+                (k.target, k.tgid),
+                RawHist {
+                    slots: h.slots.to_vec(),
+                    comm: h.comm,
+                },
+            );
         }
     }
     Ok(out)

@@ -109,6 +109,23 @@ impl TestCgroup {
         Duration::from_micros(usec)
     }
 
+    /// Waits until the cgroup's processes have used `amount` more CPU time
+    /// than now, so a test's window holds a known amount of work whatever the
+    /// machine's load (wall-clock sleeps do not: on a busy 2-core machine a
+    /// spinner may get a tenth of a CPU). Panics after a minute.
+    pub fn wait_cpu(&self, amount: Duration) {
+        let start = self.cpu_usage();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while self.cpu_usage() - start < amount {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} used less than {amount:?} of CPU in a minute",
+                self.path().display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills every process of the cgroup.
     pub fn kill_all(&mut self) {
         for c in &mut self.children {
@@ -136,6 +153,29 @@ impl Drop for TestCgroup {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// Times `pid` has been switched in so far (/proc/PID/schedstat, third field).
+pub fn switches(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until `pid` has been switched in `n` more times (each one ends a
+/// run-queue wait), so a runqlat window holds a known number of events
+/// whatever the load. Panics after a minute.
+pub fn wait_switches(pid: u32, n: u64) {
+    let start = switches(pid);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while switches(pid) < start + n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} was switched in fewer than {n} times in a minute"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

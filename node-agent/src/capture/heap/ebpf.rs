@@ -26,7 +26,7 @@ use super::sampling;
 use crate::bpf::heap::types;
 use crate::bpf::heap::{HeapSkel, HeapSkelBuilder};
 use crate::bpf::{Pod, from_bytes};
-use crate::capture::{CaptureError, CaptureTarget, Result, check_btf, subtree_ids, target_labels};
+use crate::capture::{CaptureError, CaptureTarget, Result, check_btf, target_labels};
 use crate::pprof::{Label, ProfileBuilder};
 use crate::symbolize::{ProcessCatalog, StackSymbolizer};
 use flamefleet_proto::pprof::Profile;
@@ -35,7 +35,6 @@ use flamefleet_proto::pprof::Profile;
 unsafe impl Pod for types::heap_agg_key {}
 unsafe impl Pod for types::heap_agg_val {}
 unsafe impl Pod for types::ff_proc_event {}
-unsafe impl Pod for types::ff_target {}
 
 /// Number of entries in the exponential gap table (`HEAP_GAP_TABLE_SIZE`).
 const GAP_TABLE_SIZE: usize = 4096;
@@ -62,6 +61,9 @@ pub struct EbpfHeapOptions {
     /// Use classic entry + return probes even where session uprobes exist
     /// (what kernels before 6.13 get; tests cover both paths with it).
     pub force_classic_uprobes: bool,
+    /// Walk the cgroup ancestry on every call instead of caching the result
+    /// (what kernels before 6.2 get).
+    pub no_target_cache: bool,
 }
 
 impl Default for EbpfHeapOptions {
@@ -76,6 +78,7 @@ impl Default for EbpfHeapOptions {
             rescan: Duration::from_millis(500),
             node: String::new(),
             force_classic_uprobes: false,
+            no_target_cache: false,
         }
     }
 }
@@ -141,24 +144,26 @@ pub fn capture(
             index: i as u32 + 1,
             flags: 0,
         };
-        // A pod's processes live in its containers' child cgroups.
-        for id in subtree_ids(&t.cgroup) {
-            skel.maps
-                .targets
-                .update(
-                    &id.to_ne_bytes(),
-                    crate::bpf::as_bytes(&value),
-                    MapFlags::ANY,
-                )
-                .map_err(|e| CaptureError::bpf("adding a cgroup to the heap target map", e))?;
-        }
+        // The kernel covers the cgroup's descendants (a pod's containers), live.
+        skel.maps
+            .targets
+            .update(
+                &t.cgroup.id.to_ne_bytes(),
+                crate::bpf::as_bytes(&value),
+                MapFlags::ANY,
+            )
+            .map_err(|e| CaptureError::bpf("adding a cgroup to the heap target map", e))?;
     }
+    skel.maps
+        .target_generation
+        .update(&0u32.to_ne_bytes(), &1u64.to_ne_bytes(), MapFlags::ANY)
+        .map_err(|e| CaptureError::bpf("publishing the heap target map", e))?;
     let catalog = ProcessCatalog::new();
     let mut stats = EbpfHeapStats {
         session_uprobes: session,
         ..EbpfHeapStats::default()
     };
-    {
+    let rows = {
         let mut links: Vec<Link> = Vec::new();
         links.push(
             skel.progs
@@ -194,12 +199,18 @@ pub fn capture(
             }
         }
         let _ = rb.consume();
-        // Detach before reading, so the maps no longer change under us.
+        // Read while every probe is still attached: detaching is not atomic
+        // (each uprobe waits for an RCU grace period, tens of milliseconds on
+        // a loaded machine), and while `malloc`'s probe is gone but `free`'s
+        // is not, a process that frees and allocates in a loop would have all
+        // its live samples retired — an empty inuse_space, seen once in CI.
+        read_stats(&skel, &mut stats)?;
+        let rows = read_rows(&skel, opts.sample_bytes)?;
         drop(links);
-    }
-    read_stats(&skel, &mut stats)?;
+        rows
+    };
     let duration = started.elapsed().unwrap_or(opts.duration);
-    let profile = build_profile(&skel, targets, opts, &catalog, started, duration)?;
+    let profile = build_profile(&skel, rows, targets, opts, &catalog, started, duration);
     Ok((profile, stats))
 }
 
@@ -226,6 +237,12 @@ fn load<'obj>(
                         .into(),
             })?;
     rodata.gap_table.copy_from_slice(&table);
+    let cache = !opts.no_target_cache && crate::capture::target_cache_supported();
+    rodata.ff_cgrp_cache = cache;
+    open.maps
+        .target_cache
+        .set_autocreate(cache)
+        .map_err(|e| CaptureError::bpf("configuring the heap target cache", e))?;
     for (map, n) in [
         (&mut open.maps.heap_live, opts.max_live),
         (&mut open.maps.heap_agg, opts.max_rows),
@@ -343,15 +360,8 @@ fn read_stats(skel: &HeapSkel<'_>, stats: &mut EbpfHeapStats) -> Result<()> {
 /// bytes, in-use objects, in-use bytes.
 type Row = [f64; 4];
 
-fn build_profile(
-    skel: &HeapSkel<'_>,
-    targets: &[CaptureTarget],
-    opts: &EbpfHeapOptions,
-    catalog: &ProcessCatalog,
-    started: SystemTime,
-    duration: Duration,
-) -> Result<Profile> {
-    let rate = opts.sample_bytes;
+/// The aggregation rows, scaled, summed over size classes.
+fn read_rows(skel: &HeapSkel<'_>, rate: u64) -> Result<HashMap<(u32, u32, i32), Row>> {
     let mut rows: HashMap<(u32, u32, i32), Row> = HashMap::new();
     for key_bytes in skel.maps.heap_agg.keys() {
         let Some(key) = from_bytes::<types::heap_agg_key>(&key_bytes) else {
@@ -374,7 +384,19 @@ fn build_profile(
         row[2] += ic;
         row[3] += ib;
     }
+    Ok(rows)
+}
 
+fn build_profile(
+    skel: &HeapSkel<'_>,
+    rows: HashMap<(u32, u32, i32), Row>,
+    targets: &[CaptureTarget],
+    opts: &EbpfHeapOptions,
+    catalog: &ProcessCatalog,
+    started: SystemTime,
+    duration: Duration,
+) -> Profile {
+    let rate = opts.sample_bytes;
     let mut b = ProfileBuilder::new(&[
         ("alloc_objects", "count"),
         ("alloc_space", "bytes"),
@@ -419,7 +441,7 @@ fn build_profile(
         let values: Vec<i64> = row.iter().map(|v| v.round() as i64).collect();
         b.add_sample(&frames, &values, &labels);
     }
-    Ok(b.build())
+    b.build()
 }
 
 /// The user stack `id` (leaf first), empty when it was not captured.
