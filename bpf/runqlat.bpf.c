@@ -137,7 +137,7 @@ static __always_inline void record(const struct runqlat_start *s, __s64 delta, _
 
 /* ---- task storage variant (BTF tracepoints) ---- */
 
-static __always_inline void enqueue_task(struct task_struct *p)
+static __always_inline void enqueue_task(struct task_struct *p, __u64 now)
 {
 	struct runqlat_start *s;
 	struct ff_target t;
@@ -149,7 +149,7 @@ static __always_inline void enqueue_task(struct task_struct *p)
 		count_drop(start_full);
 		return;
 	}
-	s->ts = bpf_ktime_get_ns();
+	s->ts = now;
 	s->target = t.index;
 	s->flags = t.flags;
 }
@@ -157,14 +157,14 @@ static __always_inline void enqueue_task(struct task_struct *p)
 SEC("tp_btf/sched_wakeup")
 int BPF_PROG(wakeup_task, struct task_struct *p)
 {
-	enqueue_task(p);
+	enqueue_task(p, bpf_ktime_get_ns());
 	return 0;
 }
 
 SEC("tp_btf/sched_wakeup_new")
 int BPF_PROG(wakeup_new_task, struct task_struct *p)
 {
-	enqueue_task(p);
+	enqueue_task(p, bpf_ktime_get_ns());
 	return 0;
 }
 
@@ -172,16 +172,21 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(switch_task, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
 	struct runqlat_start *s;
-	__u64 ts;
+	__u64 ts, now = 0;
 
-	if (ff_task_state_btf(prev) == TASK_RUNNING)
-		enqueue_task(prev);
+	/* One clock read serves both ends of the switch. */
+	if (ff_task_state_btf(prev) == TASK_RUNNING) {
+		now = bpf_ktime_get_ns();
+		enqueue_task(prev, now);
+	}
 	s = bpf_task_storage_get(&start_task, next, 0, 0);
 	if (!s || !s->ts)
 		return 0;
 	ts = s->ts;
 	s->ts = 0;
-	record(s, bpf_ktime_get_ns() - ts, next->tgid, next->comm);
+	if (!now)
+		now = bpf_ktime_get_ns();
+	record(s, now - ts, next->tgid, next->comm);
 	return 0;
 }
 
