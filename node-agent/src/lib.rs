@@ -13,6 +13,7 @@ pub mod bpf;
 pub mod capture;
 pub mod cgroup;
 pub mod cli;
+pub mod perf_map;
 pub mod pprof;
 pub mod service;
 pub mod symbolize;

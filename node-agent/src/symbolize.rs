@@ -263,6 +263,7 @@ pub struct StackSymbolizer {
     blaze: Symbolizer,
     kernel_mapping: Option<u64>,
     missing: std::collections::HashSet<u32>,
+    jit: HashMap<u32, Option<Arc<crate::perf_map::PerfMap>>>,
     /// Running totals.
     pub stats: SymbolizeStats,
 }
@@ -289,6 +290,7 @@ impl StackSymbolizer {
                 .build(),
             kernel_mapping: None,
             missing: Default::default(),
+            jit: HashMap::new(),
             stats: SymbolizeStats::default(),
         }
     }
@@ -308,6 +310,31 @@ impl StackSymbolizer {
         let mut frames = Vec::with_capacity(stack.len());
         for (depth, &addr) in stack.iter().enumerate() {
             let range = maps.as_ref().and_then(|m| m.find(addr));
+            // Code outside any file (JIT): named by the process's perf map.
+            if range.is_none_or(|r| r.binary.is_none())
+                && let Some(name) = self.jit_name(tgid, addr)
+            {
+                self.stats.user_symbolized += 1;
+                frames.push(Frame {
+                    address: addr,
+                    mapping: range.map(|r| {
+                        out.add_mapping(&MappingInfo {
+                            start: r.start,
+                            limit: r.end,
+                            file_offset: r.offset,
+                            file: r.name.clone(),
+                            build_id: String::new(),
+                            has_functions: true,
+                        })
+                    }),
+                    lines: vec![FrameLine {
+                        function: name,
+                        file: String::new(),
+                        line: 0,
+                    }],
+                });
+                continue;
+            }
             let Some(range) = range else {
                 self.stats.user_unsymbolized += 1;
                 frames.push(Frame {
@@ -356,6 +383,17 @@ impl StackSymbolizer {
             });
         }
         frames
+    }
+
+    /// The JIT symbol of `addr` from the perf map of `tgid`, read once per
+    /// symbolizer.
+    fn jit_name(&mut self, tgid: u32, addr: u64) -> Option<String> {
+        self.jit
+            .entry(tgid)
+            .or_insert_with(|| crate::perf_map::PerfMap::read(tgid).map(Arc::new))
+            .as_ref()?
+            .lookup(addr)
+            .map(str::to_owned)
     }
 
     /// Counts a sample's frames (`weight` samples) for [`SymbolizeStats::unsymbolized_pct`].

@@ -444,7 +444,9 @@ impl CpuCapture {
                 user_stack: if key.user_stack != 0 {
                     user_cache
                         .entry(key.user_stack)
-                        .or_insert_with(|| read_user_stack(&shared.maps.user_stacks, key.user_stack))
+                        .or_insert_with(|| {
+                            read_user_stack(&shared.maps.user_stacks, key.user_stack)
+                        })
                         .clone()
                 } else {
                     stack(key.user_stack_id)

@@ -430,13 +430,20 @@ impl Inner {
             let Some(key) = table_key(bin, tgid) else {
                 continue;
             };
-            let Some((id, pages, bias)) = self.table_for(&key, bin, tgid, r.start, r.offset) else {
+            let Some((id, pages, bias)) =
+                self.table_for(&key, bin, tgid, (r.start, r.end, r.offset))
+            else {
                 continue;
             };
             if !keys.contains(&key) {
                 keys.push(key);
             }
-            mappings.push([r.start, r.end, bias, u64::from(id) | (u64::from(pages) << 32)]);
+            mappings.push([
+                r.start,
+                r.end,
+                bias,
+                u64::from(id) | (u64::from(pages) << 32),
+            ]);
         }
         mappings.sort_unstable_by_key(|m| m[0]);
         let mut st = self.lock();
@@ -486,8 +493,7 @@ impl Inner {
         key: &str,
         bin: &Binary,
         tgid: u32,
-        start: u64,
-        offset: u64,
+        (start, end, offset): (u64, u64, u64),
     ) -> Option<(u32, u32, u64)> {
         {
             let mut st = self.lock();
@@ -496,7 +502,7 @@ impl Inner {
             }
             if let Some(t) = st.tables.get_mut(key) {
                 t.last_used = Instant::now();
-                let bias = table::load_bias(&t.segments, start, offset)?;
+                let bias = table::load_bias(&t.segments, start, end, offset)?;
                 return Some((t.id, t.pages, bias));
             }
         }
@@ -505,7 +511,7 @@ impl Inner {
         let mut st = self.lock();
         if let Some(t) = st.tables.get(key) {
             // Loaded by another thread meanwhile.
-            let bias = table::load_bias(&t.segments, start, offset)?;
+            let bias = table::load_bias(&t.segments, start, end, offset)?;
             return Some((t.id, t.pages, bias));
         }
         let built = match built {
@@ -526,7 +532,7 @@ impl Inner {
         st.stats.max_build_micros = st.stats.max_build_micros.max(micros);
         st.stats.tables_loaded += 1;
         st.stats.cfi_entries_skipped += built.skipped;
-        let bias = table::load_bias(&built.segments, start, offset);
+        let bias = table::load_bias(&built.segments, start, end, offset);
         st.tables.insert(key.to_owned(), loaded);
         let t = st.tables.get(key)?;
         Some((t.id, t.pages, bias?))
@@ -538,7 +544,8 @@ impl Inner {
         let bytes = (pages * PAGE_BYTES) as u64;
         let used: u64 = st.tables.values().map(|t| t.bytes).sum();
         let mut free = self.config.max_table_bytes.saturating_sub(used);
-        let mut slots = self.config.max_tables as usize - st.tables.len().min(self.config.max_tables as usize);
+        let mut slots =
+            self.config.max_tables as usize - st.tables.len().min(self.config.max_tables as usize);
         if bytes > free || slots == 0 {
             let mut idle: Vec<(Instant, String)> = st
                 .tables

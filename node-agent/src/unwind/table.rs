@@ -140,11 +140,19 @@ const RA: Register = X86_64::RA;
 /// rip is.
 fn plt_threshold(expr: &[u8]) -> Option<i16> {
     match expr {
-        [0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, lit, 0x2a, 0x33, 0x24, 0x22]
-            if (0x30..=0x4f).contains(lit) =>
-        {
-            Some(i16::from(*lit - 0x30))
-        }
+        [
+            0x77,
+            0x08,
+            0x80,
+            0x00,
+            0x3f,
+            0x1a,
+            lit,
+            0x2a,
+            0x33,
+            0x24,
+            0x22,
+        ] if (0x30..=0x4f).contains(lit) => Some(i16::from(*lit - 0x30)),
         _ => None,
     }
 }
@@ -332,12 +340,7 @@ fn read_fdes<'a, S>(
     }
 }
 
-fn convert<'a, S>(
-    section: &S,
-    row: &gimli::UnwindTableRow<usize>,
-    pc: u32,
-    go: bool,
-) -> Row
+fn convert<'a, S>(section: &S, row: &gimli::UnwindTableRow<usize>, pc: u32, go: bool) -> Row
 where
     S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
 {
@@ -401,13 +404,16 @@ where
     }
 }
 
-/// Load bias of a mapping at `start` of file offset `offset`: runtime address
-/// minus ELF virtual address. `None` when no segment contains the offset.
-pub fn load_bias(segments: &[Segment], start: u64, offset: u64) -> Option<u64> {
+/// Load bias of the mapping `[start, end)` of file offset `offset`: runtime
+/// address minus ELF virtual address. The kernel maps whole pages, so the
+/// segment is the one whose file start lies in the mapping's file range (a
+/// segment at file offset 0x12800 is mapped from offset 0x12000).
+pub fn load_bias(segments: &[Segment], start: u64, end: u64, offset: u64) -> Option<u64> {
+    let len = end.saturating_sub(start);
     segments
         .iter()
-        .find(|s| s.offset <= offset && offset < s.offset + s.filesz.max(1))
-        .map(|s| start.wrapping_sub(s.vaddr.wrapping_add(offset - s.offset)))
+        .find(|s| s.filesz > 0 && offset <= s.offset && s.offset < offset.saturating_add(len))
+        .map(|s| start.wrapping_add(s.offset - offset).wrapping_sub(s.vaddr))
 }
 
 #[cfg(test)]
@@ -416,7 +422,9 @@ mod tests {
 
     #[test]
     fn recognizes_plt_and_realignment_expressions() {
-        let plt11 = [0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22];
+        let plt11 = [
+            0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22,
+        ];
         assert_eq!(plt_threshold(&plt11), Some(11));
         assert_eq!(plt_threshold(&plt11[..10]), None);
         // DW_OP_breg6 -8; DW_OP_deref
@@ -433,12 +441,34 @@ mod tests {
         assert!(t.rows.iter().any(|r| r.kind == kind::RSP && r.cfa_off == 8));
         assert!(!t.segments.is_empty());
         let seg = t.segments[0];
-        assert_eq!(load_bias(&t.segments, 0x5000_0000, seg.offset), Some(0x5000_0000 - seg.vaddr));
+        assert_eq!(
+            load_bias(&t.segments, 0x5000_0000, 0x5000_1000, seg.offset),
+            Some(0x5000_0000 - seg.vaddr)
+        );
+        // Text at file offset 0x12800, vaddr 0x13800, mapped from offset 0x12000.
+        let segs = [
+            Segment {
+                offset: 0,
+                vaddr: 0,
+                filesz: 0x127f8,
+            },
+            Segment {
+                offset: 0x12800,
+                vaddr: 0x13800,
+                filesz: 0x3c980,
+            },
+        ];
+        let base = 0x5555_0000_0000u64;
+        let bias = load_bias(&segs, base + 0x13000, base + 0x50000, 0x12000).unwrap();
+        assert_eq!(bias, base);
     }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        assert!(matches!(build(&b"\x7fELF garbage"[..]), Err(TableError::Parse(_))));
+        assert!(matches!(
+            build(&b"\x7fELF garbage"[..]),
+            Err(TableError::Parse(_))
+        ));
         // A real ELF header with a corrupted .eh_frame still yields an error or
         // a partial table, never a panic.
         let mut exe = std::fs::read("/proc/self/exe").unwrap();
@@ -448,7 +478,10 @@ mod tests {
             .and_then(|s| s.file_range())
             .unwrap();
         drop(obj);
-        for (i, b) in exe[off as usize..(off + size) as usize].iter_mut().enumerate() {
+        for (i, b) in exe[off as usize..(off + size) as usize]
+            .iter_mut()
+            .enumerate()
+        {
             if i % 7 == 3 {
                 *b = 0xff;
             }
