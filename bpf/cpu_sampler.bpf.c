@@ -94,17 +94,29 @@ static __always_inline __u64 user_stack_of(struct bpf_perf_event_data *ctx, __u3
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct pt_regs *regs;
-	__u64 cs;
+	__u64 cs, ip, sp, bp;
 
 	if (!task->mm)
 		return 0;
 	/* pt_regs.cs is a 16-bit field on recent kernels, but the context only
 	 * allows 8-byte reads: read its whole word. */
 	cs = *(volatile __u64 *)((char *)&ctx->regs + __builtin_offsetof(struct pt_regs, cs));
-	if ((cs & 3) == 3)
-		return ff_unwind_user(ctx->regs.ip, ctx->regs.sp, ctx->regs.bp, tgid);
-	regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	return ff_unwind_user(regs->ip, regs->sp, regs->bp, tgid);
+	if ((cs & 3) == 3) {
+		ip = ctx->regs.ip;
+		sp = ctx->regs.sp;
+		bp = ctx->regs.bp;
+	} else {
+		/* Read with a helper, not loads: clang would otherwise merge the two
+		 * branches into one load at a variable context offset, which the
+		 * verifier refuses. */
+		regs = (struct pt_regs *)bpf_task_pt_regs(task);
+		if (bpf_probe_read_kernel(&ip, sizeof(ip), &regs->ip) ||
+		    bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp) ||
+		    bpf_probe_read_kernel(&bp, sizeof(bp), &regs->bp))
+			return 0;
+	}
+	/* One call site: the walker is verified once. */
+	return ff_unwind_user(ip, sp, bp, tgid);
 }
 
 SEC("perf_event")

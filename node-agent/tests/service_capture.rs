@@ -78,6 +78,13 @@ async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
     // shared with other work, so only require clearly more than noise.
     assert!(a.samples >= 25, "samples {}", a.samples);
     assert_eq!(last.summary.get("samples"), Some(&a.samples.to_string()));
+    // Symbolization quality is reported with every CPU capture.
+    let unsymbolized: f64 = last
+        .summary
+        .get("unsymbolized_frames_pct")
+        .and_then(|v| v.parse().ok())
+        .expect("unsymbolized_frames_pct in the summary");
+    assert!((0.0..=100.0).contains(&unsymbolized), "{unsymbolized}");
 
     let top = pprof_top(&body);
     assert!(top.contains("burn_cpu"), "go tool pprof -top:\n{top}");

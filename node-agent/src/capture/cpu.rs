@@ -242,7 +242,7 @@ impl CpuSampler {
             }
         }
         if let Some(u) = &self.unwinder {
-            u.register_now(running);
+            u.register_now(running, Duration::from_millis(300));
         }
         let mut shared = self.lock();
         let Shared { maps, table } = &mut *shared;
@@ -567,9 +567,12 @@ impl CpuSamples {
         ));
         if let Some(u) = &self.unwinder {
             b.comment(&format!(
-                "unwind tables: {} binaries, {} KiB; {} without usable CFI; {} over budget; {} evicted",
+                "unwind tables: {} binaries, {} KiB; build+load {:.1} ms per binary (max {:.1} ms); \
+                 {} without usable CFI; {} over budget; {} evicted",
                 u.tables,
                 u.table_bytes / 1024,
+                u.build_micros as f64 / 1e3 / u.tables_loaded.max(1) as f64,
+                u.max_build_micros as f64 / 1e3,
                 u.binaries_without_cfi,
                 u.over_budget,
                 u.tables_evicted

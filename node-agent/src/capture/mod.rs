@@ -69,7 +69,7 @@ pub enum CaptureError {
     },
     /// The unwind tables could not be set up.
     #[error(transparent)]
-    Unwind(#[from] crate::unwind::UnwindError),
+    Unwind(crate::unwind::UnwindError),
     /// The sampler's thread stopped unexpectedly.
     #[error("the {0} sampler stopped unexpectedly; see the agent log")]
     SamplerGone(&'static str),
@@ -81,6 +81,15 @@ pub enum CaptureError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+impl From<crate::unwind::UnwindError> for CaptureError {
+    fn from(e: crate::unwind::UnwindError) -> Self {
+        match e {
+            crate::unwind::UnwindError::Map { action, source } => Self::bpf(action, source),
+            other => Self::Unwind(other),
+        }
+    }
 }
 
 /// Result of the capture engines.

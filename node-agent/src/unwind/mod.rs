@@ -363,11 +363,22 @@ impl Unwinder {
         }
     }
 
-    /// Registers processes now, on the caller's thread (e.g. those running
-    /// when a capture starts, so that their first samples have tables).
-    pub fn register_now(&self, procs: impl IntoIterator<Item = (u32, Arc<ProcessMaps>)>) {
+    /// Registers processes on the caller's thread for up to `budget` (e.g.
+    /// those running when a capture starts, so that their first samples have
+    /// tables); the rest are queued for the worker, so a target with many new
+    /// binaries does not hold the capture's start for long.
+    pub fn register_now(
+        &self,
+        procs: impl IntoIterator<Item = (u32, Arc<ProcessMaps>)>,
+        budget: Duration,
+    ) {
+        let deadline = Instant::now() + budget;
         for (tgid, maps) in procs {
-            self.inner.register(tgid, maps);
+            if Instant::now() < deadline {
+                self.inner.register(tgid, maps);
+            } else {
+                self.register(tgid, maps);
+            }
         }
     }
 
