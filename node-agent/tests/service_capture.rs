@@ -124,7 +124,9 @@ async fn the_same_uid_attaches_while_running_and_replays_after() {
     let mut c4 = setup.client().await;
     let r1 = req.clone();
     let first = tokio::spawn(async move { collect(&mut c1, r1).await });
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Past the sampler's start (loading the CPU sampler, its unwinder
+    // included, takes ~1 s on a loaded 2-core machine), inside the 2 s window.
+    tokio::time::sleep(Duration::from_millis(1400)).await;
     // Meanwhile another request (another UID) runs a capture of its own.
     let other_uid = unique("uid-other");
     let other_req = cpu_request(&other_uid, "node-idem", tree, upload, 1500);
