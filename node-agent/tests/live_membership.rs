@@ -161,13 +161,14 @@ fn a_pod_capture_keeps_the_container_a_shorter_capture_targeted() {
     let app_pid = app.spawn(&mut Command::new(&spin));
     let side_pid = sidecar.spawn(&mut Command::new(&spin));
     let samplers = Samplers::new(SamplerConfig::default());
-    let app_before = app.cpu_usage();
     let outer = samplers
         .start_cpu(
             &[CaptureTarget::raw(pod.cgroup.clone())],
             &CpuOptions::default(),
         )
         .expect("pod capture");
+    // Measured from when the capture runs (loading the sampler takes a while).
+    let app_before = app.cpu_usage();
     app.wait_cpu(Duration::from_millis(200));
     // The container's own capture starts and ends inside the pod's window.
     let inner = samplers

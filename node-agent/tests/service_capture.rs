@@ -117,16 +117,23 @@ async fn the_same_uid_attaches_while_running_and_replays_after() {
     let setup = Setup::new("node-idem", burner()).await;
     let (agent, upload, tree) = (&setup.agent, &setup.upload, &setup.tree);
     let uid = unique("uid-idem");
-    let req = cpu_request(&uid, "node-idem", tree, upload, 2000);
+    let req = cpu_request(&uid, "node-idem", tree, upload, 3000);
 
     let mut c1 = setup.client().await;
     let mut c2 = setup.client().await;
     let mut c4 = setup.client().await;
     let r1 = req.clone();
-    let first = tokio::spawn(async move { collect(&mut c1, r1).await });
-    // Past the sampler's start (loading the CPU sampler, its unwinder
-    // included, takes ~1 s on a loaded 2-core machine), inside the 2 s window.
-    tokio::time::sleep(Duration::from_millis(1400)).await;
+    let (attached, running) = tokio::sync::oneshot::channel();
+    let first =
+        tokio::spawn(
+            async move { collect_signalling(&mut c1, r1, sampler_attached, attached).await },
+        );
+    // Inside the 3 s window: once the agent says its sampler runs (loading
+    // the CPU sampler with its unwinder takes about a second on a loaded
+    // 2-core machine, so no fixed delay would do).
+    running
+        .await
+        .expect("the first capture reported its sampler running");
     // Meanwhile another request (another UID) runs a capture of its own.
     let other_uid = unique("uid-other");
     let other_req = cpu_request(&other_uid, "node-idem", tree, upload, 1500);

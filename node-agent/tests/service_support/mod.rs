@@ -194,6 +194,38 @@ pub async fn collect(
     out
 }
 
+/// Like [`collect`], and sends on `ready` when the first message satisfying
+/// `when` arrives (e.g. RUNNING "sampler attached"): the readiness signal a
+/// test waits for instead of sleeping.
+pub async fn collect_signalling(
+    client: &mut AgentServiceClient<Channel>,
+    req: CaptureRequest,
+    when: impl Fn(&CaptureProgress) -> bool,
+    ready: tokio::sync::oneshot::Sender<()>,
+) -> Vec<CaptureProgress> {
+    let mut stream = client
+        .capture(req)
+        .await
+        .expect("Capture call accepted")
+        .into_inner();
+    let mut ready = Some(ready);
+    let mut out = Vec::new();
+    while let Some(p) = stream.message().await.expect("progress message") {
+        if when(&p) {
+            if let Some(tx) = ready.take() {
+                let _ = tx.send(());
+            }
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// True for the RUNNING message the agent sends once the sampler runs.
+pub fn sampler_attached(p: &CaptureProgress) -> bool {
+    p.stage() == Stage::Running && p.message == "sampler attached"
+}
+
 /// Asserts the stream went ACCEPTED → RUNNING → UPLOADING → DONE.
 pub fn assert_full_lifecycle(progress: &[CaptureProgress], agent: &AgentProcess) {
     assert_eq!(
