@@ -211,10 +211,10 @@ pub async fn collect_signalling(
     let mut ready = Some(ready);
     let mut out = Vec::new();
     while let Some(p) = stream.message().await.expect("progress message") {
-        if when(&p) {
-            if let Some(tx) = ready.take() {
-                let _ = tx.send(());
-            }
+        if when(&p)
+            && let Some(tx) = ready.take()
+        {
+            let _ = tx.send(());
         }
         out.push(p);
     }
