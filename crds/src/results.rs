@@ -17,5 +17,7 @@ pub fn node_results(request: &ProfileRequest) -> &[NodeStatus] {
 
 /// Every artifact of `request`, node by node.
 pub fn artifacts(request: &ProfileRequest) -> impl Iterator<Item = &Artifact> {
-    node_results(request).iter().flat_map(|n| n.artifacts.iter())
+    node_results(request)
+        .iter()
+        .flat_map(|n| n.artifacts.iter())
 }

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use crate::profile_request::ProfileRequestSpec;
 
 /// The regular expression the schema enforces on `schedule` (see [`schedule_pattern`]).
-pub static SCHEDULE_PATTERN: std::sync::LazyLock<String> = std::sync::LazyLock::new(schedule_pattern);
+pub static SCHEDULE_PATTERN: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(schedule_pattern);
 
 /// Largest `sampling.maxPods`: one run's pods are listed in `podNames` of its requests.
 pub const MAX_PODS_PER_RUN: i32 = 1000;
@@ -31,7 +32,10 @@ pub fn schedule_pattern() -> String {
             .collect()
     }
     fn names(list: &[&str]) -> String {
-        list.iter().map(|n| any_case(n)).collect::<Vec<_>>().join("|")
+        list.iter()
+            .map(|n| any_case(n))
+            .collect::<Vec<_>>()
+            .join("|")
     }
     fn field(value: &str, question_mark: bool) -> String {
         let step = "/[1-9][0-9]?";
@@ -80,8 +84,16 @@ pub fn schedule_pattern() -> String {
     printcolumn(name = "Type", type_ = "string", json_path = ".spec.template.type"),
     printcolumn(name = "Suspend", type_ = "boolean", json_path = ".spec.suspend"),
     printcolumn(name = "Active", type_ = "integer", json_path = ".status.activeCount"),
-    printcolumn(name = "Coverage", type_ = "string", json_path = ".status.coverage.summary"),
-    printcolumn(name = "Skipped", type_ = "integer", json_path = ".status.skippedForBudget"),
+    printcolumn(
+        name = "Coverage",
+        type_ = "string",
+        json_path = ".status.coverage.summary"
+    ),
+    printcolumn(
+        name = "Skipped",
+        type_ = "integer",
+        json_path = ".status.skippedForBudget"
+    ),
     printcolumn(
         name = "Last Schedule",
         type_ = "date",
@@ -102,11 +114,14 @@ pub fn schedule_pattern() -> String {
 pub struct SamplingPolicySpec {
     /// Cron schedule in the policy's `timeZone`: five fields (`*/5 * * * *`), six with a
     /// leading seconds field (`*/20 * * * * *`), or a macro such as `@hourly`.
-    #[schemars(length(min = 7, max = 256), pattern(SCHEDULE_PATTERN.as_str()))]
+    #[schemars(length(min = 6, max = 256), pattern(SCHEDULE_PATTERN.as_str()))]
     pub schedule: String,
     /// IANA time zone of the schedule, e.g. `Europe/Paris` (default: UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 64), pattern(r"^[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+)*$"))]
+    #[schemars(
+        length(min = 1, max = 64),
+        pattern(r"^[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+)*$")
+    )]
     pub time_zone: Option<String>,
     /// A run whose time was missed (operator down) is still created up to this many seconds
     /// late, and skipped after (default 300).
@@ -147,8 +162,16 @@ pub struct SamplingPolicySpec {
     printcolumn(name = "Type", type_ = "string", json_path = ".spec.template.type"),
     printcolumn(name = "Suspend", type_ = "boolean", json_path = ".spec.suspend"),
     printcolumn(name = "Active", type_ = "integer", json_path = ".status.activeCount"),
-    printcolumn(name = "Coverage", type_ = "string", json_path = ".status.coverage.summary"),
-    printcolumn(name = "Skipped", type_ = "integer", json_path = ".status.skippedForBudget"),
+    printcolumn(
+        name = "Coverage",
+        type_ = "string",
+        json_path = ".status.coverage.summary"
+    ),
+    printcolumn(
+        name = "Skipped",
+        type_ = "integer",
+        json_path = ".status.skippedForBudget"
+    ),
     printcolumn(
         name = "Last Schedule",
         type_ = "date",

@@ -199,7 +199,8 @@ impl Metrics {
 
     /// Counts pods a scheduled run passed over for the node budget.
     pub fn budget_skips(&self, n: usize) {
-        self.budget_skips.inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+        self.budget_skips
+            .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
     }
 
     /// Total reconciles so far.

@@ -25,8 +25,8 @@ use std::time::Duration;
 use flamefleet_api::{NodeBudget, ProfileRequest, ProfileType, RequestPhase};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::{Selector, SelectorExt};
 use kube::ResourceExt;
+use kube::core::{Selector, SelectorExt};
 
 use super::rotation::{NodeGate, SkipReason};
 use super::run_name::{PLANNED_NODES_ANNOTATION, POLICY_UID_LABEL};
@@ -114,7 +114,10 @@ pub struct NodeLoad {
 impl NodeLoad {
     /// Records a capture running on `node`.
     pub fn add_capture(&mut self, node: &str, capture: Capture) {
-        self.running.entry(node.to_string()).or_default().push(capture);
+        self.running
+            .entry(node.to_string())
+            .or_default()
+            .push(capture);
     }
 
     /// Records scheduled capture time.
@@ -408,10 +411,16 @@ fn occupancy(request: &ProfileRequest, placer: &mut PodPlacer<'_>) -> Occupancy 
         .spec
         .capture_duration()
         .map_or(1, |d| i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX));
-    let planned: Option<Vec<String>> = request
-        .annotations()
-        .get(PLANNED_NODES_ANNOTATION)
-        .map(|v| v.split(',').filter(|n| !n.is_empty()).map(str::to_string).collect());
+    let planned: Option<Vec<String>> =
+        request
+            .annotations()
+            .get(PLANNED_NODES_ANNOTATION)
+            .map(|v| {
+                v.split(',')
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            });
     let results = flamefleet_api::results::node_results(request);
     let all_nodes: Vec<String> = if results.is_empty() {
         planned.clone().unwrap_or_default()
@@ -464,7 +473,11 @@ mod tests {
     use serde_json::json;
     use std::sync::Arc;
 
-    fn request(name: &str, labels: serde_json::Value, status: serde_json::Value) -> Arc<ProfileRequest> {
+    fn request(
+        name: &str,
+        labels: serde_json::Value,
+        status: serde_json::Value,
+    ) -> Arc<ProfileRequest> {
         Arc::new(
             serde_json::from_value(json!({
                 "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",

@@ -25,7 +25,10 @@ fn phase(run: &ProfileRequest) -> Option<RequestPhase> {
 }
 
 fn succeeded(p: RequestPhase) -> bool {
-    matches!(p, RequestPhase::Succeeded | RequestPhase::PartiallySucceeded)
+    matches!(
+        p,
+        RequestPhase::Succeeded | RequestPhase::PartiallySucceeded
+    )
 }
 
 /// The runs not finished yet.
@@ -55,9 +58,13 @@ pub fn last_success(runs: &[Arc<ProfileRequest>]) -> Option<Time> {
 /// is finished when all its requests are, and counts as successful when any succeeded;
 /// the newest `successfulRunsHistoryLimit` successful and `failedRunsHistoryLimit` failed
 /// runs are kept.
-pub fn expired(runs: &[Arc<ProfileRequest>], limits: Option<&HistoryLimits>) -> Vec<Arc<ProfileRequest>> {
+pub fn expired(
+    runs: &[Arc<ProfileRequest>],
+    limits: Option<&HistoryLimits>,
+) -> Vec<Arc<ProfileRequest>> {
     let limits = limits.cloned().unwrap_or_default();
-    let keep = |v: Option<i32>, default: usize| v.and_then(|v| usize::try_from(v).ok()).unwrap_or(default);
+    let keep =
+        |v: Option<i32>, default: usize| v.and_then(|v| usize::try_from(v).ok()).unwrap_or(default);
     let keep_ok = keep(limits.successful_runs_history_limit, DEFAULT_SUCCESSFUL);
     let keep_failed = keep(limits.failed_runs_history_limit, DEFAULT_FAILED);
     let mut by_time: BTreeMap<i64, Vec<&Arc<ProfileRequest>>> = BTreeMap::new();
@@ -73,7 +80,10 @@ pub fn expired(runs: &[Arc<ProfileRequest>], limits: Option<&HistoryLimits>) -> 
     let mut out = Vec::new();
     for group in by_time.values().rev() {
         let phases: Vec<Option<RequestPhase>> = group.iter().map(|r| phase(r)).collect();
-        if !phases.iter().all(|p| p.is_some_and(RequestPhase::is_terminal)) {
+        if !phases
+            .iter()
+            .all(|p| p.is_some_and(RequestPhase::is_terminal))
+        {
             continue;
         }
         let kept = if phases.iter().any(|p| p.is_some_and(succeeded)) {
@@ -122,7 +132,10 @@ mod tests {
             successful_runs_history_limit: Some(2),
             failed_runs_history_limit: Some(1),
         };
-        let mut gone: Vec<String> = expired(&runs, Some(&limits)).iter().map(|r| r.name_any()).collect();
+        let mut gone: Vec<String> = expired(&runs, Some(&limits))
+            .iter()
+            .map(|r| r.name_any())
+            .collect();
         gone.sort();
         assert_eq!(gone, ["p-1", "p-2"]);
         assert_eq!(active(&runs).len(), 1);

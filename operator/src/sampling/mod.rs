@@ -76,14 +76,7 @@ impl SamplingContext {
 
 /// The two policy kinds, as the reconciler sees them.
 pub trait Policy:
-    Resource<DynamicType = ()>
-    + Clone
-    + Debug
-    + DeserializeOwned
-    + Serialize
-    + Send
-    + Sync
-    + 'static
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Serialize + Send + Sync + 'static
 {
     /// Which kind.
     const KIND: PolicyKind;

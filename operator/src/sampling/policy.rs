@@ -21,19 +21,19 @@ use flamefleet_api::{
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::finalizer::{Event, finalizer};
-use kube::ResourceExt;
 use tracing::instrument;
 
 use super::budget::{Budget, Reservation};
 use super::fleet::{Scope, selector_of};
 use super::rotation::{self, Limits};
 use super::run_name::{
-    PLANNED_NODES_ANNOTATION, POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL,
-    PolicyKind, SCHEDULED_AT_ANNOTATION, SCHEDULED_TIME_LABEL, is_label_value, run_name,
+    PLANNED_NODES_ANNOTATION, POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL, PolicyKind,
+    SCHEDULED_AT_ANNOTATION, SCHEDULED_TIME_LABEL, is_label_value, run_name,
 };
 use super::{Policy, SamplingContext, history, schedule};
 use crate::{Error, Result};
@@ -109,12 +109,19 @@ async fn write_status<P: Policy>(
     let object: P = serde_json::from_value(body).map_err(json_error)?;
     api.replace_status(&name, &PostParams::default(), &object)
         .await
-        .map_err(Error::kube(format!("writing the status of {} {name}", P::kind(&()))))
+        .map_err(Error::kube(format!(
+            "writing the status of {} {name}",
+            P::kind(&())
+        )))
 }
 
 async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -> Result<Action> {
     let name = policy.name_any();
-    let uid = policy.meta().uid.clone().ok_or(Error::MissingMetadata("uid"))?;
+    let uid = policy
+        .meta()
+        .uid
+        .clone()
+        .ok_or(Error::MissingMetadata("uid"))?;
     // The controller's copy may predate our own last status write; plan from the latest.
     let Some(mut current) = api
         .get_opt(&name)
@@ -141,7 +148,11 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
                     CONDITION_SCHEDULE_VALID,
                     true,
                     "ScheduleParsed",
-                    format!("schedule {:?} in {}", spec.schedule, spec.time_zone.as_deref().unwrap_or("UTC")),
+                    format!(
+                        "schedule {:?} in {}",
+                        spec.schedule,
+                        spec.time_zone.as_deref().unwrap_or("UTC")
+                    ),
                     generation,
                     Time(now),
                 ),
@@ -199,10 +210,14 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
             .map_or(DEFAULT_STARTING_DEADLINE, Duration::from_secs);
         let due = schedule.due(last, now, deadline);
         if due.missed > 0 {
-            status.missed_runs = Some(status.missed_runs.unwrap_or(0) + i64::try_from(due.missed).unwrap_or(i64::MAX));
+            status.missed_runs = Some(
+                status.missed_runs.unwrap_or(0) + i64::try_from(due.missed).unwrap_or(i64::MAX),
+            );
             if due.run.is_empty() {
                 // Record how far the missed times go, so they are not counted again.
-                let oldest_allowed = now.checked_sub(jiff::SignedDuration::try_from(deadline).unwrap_or_default()).unwrap_or(now);
+                let oldest_allowed = now
+                    .checked_sub(jiff::SignedDuration::try_from(deadline).unwrap_or_default())
+                    .unwrap_or(now);
                 status.last_schedule_time = Some(Time(oldest_allowed));
             }
             publish(
@@ -229,7 +244,10 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
     status.active = history::active(&runs);
     status.active_count = Some(i32::try_from(status.active.len()).unwrap_or(i32::MAX));
     if let Some(t) = history::last_success(&runs)
-        && status.last_successful_time.as_ref().is_none_or(|old| old.0 < t.0)
+        && status
+            .last_successful_time
+            .as_ref()
+            .is_none_or(|old| old.0 < t.0)
     {
         status.last_successful_time = Some(t);
     }
@@ -283,16 +301,32 @@ async fn run_at<P: Policy>(
     let eligibility = eligibility(ctx, &current, &spec, uid)?;
     let what = match P::KIND {
         PolicyKind::Namespaced => "the template's selector in this namespace".to_string(),
-        PolicyKind::Cluster => "the template's selector in the namespaces of namespaceSelector".to_string(),
+        PolicyKind::Cluster => {
+            "the template's selector in the namespaces of namespaceSelector".to_string()
+        }
     };
     if eligibility.candidates.is_empty() {
         let message = eligibility.nothing_message(&what);
         set_condition(
             &mut status.conditions,
-            new_condition(CONDITION_PODS_MATCHED, false, "NoEligiblePods", &message, generation, Time(t)),
+            new_condition(
+                CONDITION_PODS_MATCHED,
+                false,
+                "NoEligiblePods",
+                &message,
+                generation,
+                Time(t),
+            ),
         );
         status.last_schedule_time = Some(Time(t));
-        publish(ctx, &current, EventType::Warning, "NoEligiblePods", format!("no run at {t}: {message}")).await;
+        publish(
+            ctx,
+            &current,
+            EventType::Warning,
+            "NoEligiblePods",
+            format!("no run at {t}: {message}"),
+        )
+        .await;
         return Ok(current);
     }
     set_condition(
@@ -313,7 +347,9 @@ async fn run_at<P: Policy>(
     let duration = spec.template.capture_duration()?;
     let _planning = ctx.planning.lock().await;
     let now = ctx.now();
-    let load = ctx.ledger.load(&ctx.fleet.requests.state(), &ctx.fleet.pods.state(), now);
+    let load = ctx
+        .ledger
+        .load(&ctx.fleet.requests.state(), &ctx.fleet.pods.state(), now);
     let mut gate = load.gate(
         Budget::from_spec(spec.budget.as_ref()),
         spec.template.profile_type,
@@ -323,7 +359,11 @@ async fn run_at<P: Policy>(
     let limits = Limits::from_spec(spec.sampling.as_ref(), eligibility.candidates.len());
     let state = status.rotation.clone().unwrap_or_default();
     let selection = rotation::select(&eligibility.candidates, &state, limits, &mut gate, t);
-    let budget_skips = selection.skipped.iter().filter(|(_, r, _)| r.is_budget()).count();
+    let budget_skips = selection
+        .skipped
+        .iter()
+        .filter(|(_, r, _)| r.is_budget())
+        .count();
     status.skipped_for_budget =
         Some(status.skipped_for_budget.unwrap_or(0) + i64::try_from(budget_skips).unwrap_or(0));
     status.last_run_skipped = selection
@@ -447,10 +487,16 @@ pub fn run_request<P: Policy>(
     } else {
         labels.remove(POLICY_NAME_LABEL);
     }
-    labels.insert(SCHEDULED_TIME_LABEL.into(), scheduled.0.as_second().to_string());
+    labels.insert(
+        SCHEDULED_TIME_LABEL.into(),
+        scheduled.0.as_second().to_string(),
+    );
     let annotations = BTreeMap::from([
         (SCHEDULED_AT_ANNOTATION.to_string(), scheduled.0.to_string()),
-        (PLANNED_NODES_ANNOTATION.to_string(), planned.nodes.join(",")),
+        (
+            PLANNED_NODES_ANNOTATION.to_string(),
+            planned.nodes.join(","),
+        ),
     ]);
     let mut template = spec.template.clone();
     template.selector = None;
@@ -494,10 +540,13 @@ async fn create_requests<P: Policy>(
                 let existing = api
                     .get_opt(&planned.name)
                     .await
-                    .map_err(Error::kube(format!("getting ProfileRequest {}/{}", planned.namespace, planned.name)))?;
-                let ours = existing.as_ref().is_some_and(|e| {
-                    e.owner_references().iter().any(|o| o.uid == uid)
-                });
+                    .map_err(Error::kube(format!(
+                        "getting ProfileRequest {}/{}",
+                        planned.namespace, planned.name
+                    )))?;
+                let ours = existing
+                    .as_ref()
+                    .is_some_and(|e| e.owner_references().iter().any(|o| o.uid == uid));
                 if !ours {
                     let message = format!(
                         "ProfileRequest {}/{} exists and is not a run of this policy; rename one of them",
@@ -557,7 +606,10 @@ async fn cleanup<P: Policy>(policy: Arc<P>, ctx: &SamplingContext) -> Result<Act
     let runs = api
         .list(&ListParams::default().labels(&selector))
         .await
-        .map_err(Error::kube(format!("listing the runs of {}", policy.name_any())))?;
+        .map_err(Error::kube(format!(
+            "listing the runs of {}",
+            policy.name_any()
+        )))?;
     for run in &runs.items {
         delete_run(ctx, run).await?;
     }
@@ -583,7 +635,13 @@ fn remember_profiled(ctx: &SamplingContext, uid: &str, namespace: &str, pods: &[
 fn record_profiled(ctx: &SamplingContext, uid: &str, runs: &[Arc<ProfileRequest>]) {
     for run in runs {
         if let Some(t) = history::scheduled_second(run) {
-            remember_profiled(ctx, uid, &run.namespace().unwrap_or_default(), &run.spec.pod_names, t);
+            remember_profiled(
+                ctx,
+                uid,
+                &run.namespace().unwrap_or_default(),
+                &run.spec.pod_names,
+                t,
+            );
         }
     }
 }
@@ -617,10 +675,9 @@ fn coverage(
     let mut out = status.coverage.clone().unwrap_or_default();
     out.matching_pods = i64::try_from(matching).unwrap_or(i64::MAX);
     out.covered_pods = i64::try_from(covered).unwrap_or(i64::MAX);
-    out.summary = if matching == 0 {
-        "0/0".into()
-    } else {
-        format!("{covered}/{matching} ({}%)", covered * 100 / matching)
+    out.summary = match (covered * 100).checked_div(matching) {
+        Some(percent) => format!("{covered}/{matching} ({percent}%)"),
+        None => "0/0".into(),
     };
     out
 }

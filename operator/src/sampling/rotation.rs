@@ -183,13 +183,20 @@ impl<'a, G: NodeGate> Walk<'a, G> {
         if self.taken_uids.contains(c.uid.as_str()) {
             return false;
         }
-        if self.per_namespace.get(c.namespace.as_str()).copied().unwrap_or(0)
+        if self
+            .per_namespace
+            .get(c.namespace.as_str())
+            .copied()
+            .unwrap_or(0)
             >= MAX_PODS_PER_REQUEST
         {
             self.skipped.push((
                 i,
                 SkipReason::NamespaceFull,
-                format!("the run's request in {} lists {MAX_PODS_PER_REQUEST} pods already", c.namespace),
+                format!(
+                    "the run's request in {} lists {MAX_PODS_PER_REQUEST} pods already",
+                    c.namespace
+                ),
             ));
             return false;
         }
@@ -198,7 +205,10 @@ impl<'a, G: NodeGate> Walk<'a, G> {
                 self.skipped.push((
                     i,
                     SkipReason::MaxNodes,
-                    format!("the run spans {} nodes already (maxNodes)", self.nodes.len()),
+                    format!(
+                        "the run spans {} nodes already (maxNodes)",
+                        self.nodes.len()
+                    ),
                 ));
                 return false;
             }
@@ -248,7 +258,11 @@ pub fn select<G: NodeGate>(
     // At most two passes: the rest of this rotation, then (if it completes) the next one.
     for _pass in 0..2 {
         let cursor = state.cursor.as_deref().and_then(parse_position);
-        let mut ahead: BTreeSet<u64> = state.ahead.iter().filter_map(|s| parse_position(s)).collect();
+        let mut ahead: BTreeSet<u64> = state
+            .ahead
+            .iter()
+            .filter_map(|s| parse_position(s))
+            .collect();
         let before = walk.taken.len();
         let skipped_before = walk.skipped.len();
         let mut open_ahead = false;
@@ -274,8 +288,10 @@ pub fn select<G: NodeGate>(
         let took = walk.taken.len() - before;
         let newly_taken: Vec<usize> = walk.taken[before..].to_vec();
         // Advance the cursor over the contiguous prefix of profiled pods.
-        let taken_positions: BTreeSet<u64> =
-            newly_taken.iter().map(|&i| candidates[i].position).collect();
+        let taken_positions: BTreeSet<u64> = newly_taken
+            .iter()
+            .map(|&i| candidates[i].position)
+            .collect();
         let mut new_cursor = cursor;
         for c in candidates {
             if cursor.is_some_and(|cur| c.position <= cur) {
@@ -291,13 +307,15 @@ pub fn select<G: NodeGate>(
         state.profiled += i64::try_from(took).unwrap_or(0);
         state.cursor = new_cursor.map(format_position);
         state.ahead = ahead.iter().map(|p| format_position(*p)).collect();
-        let remaining = candidates.iter().any(|c| {
-            !new_cursor.is_some_and(|cur| c.position <= cur) && !ahead.contains(&c.position)
-        });
+        let remaining = candidates
+            .iter()
+            .any(|c| new_cursor.is_none_or(|cur| c.position > cur) && !ahead.contains(&c.position));
         // Only pods on nodes at their budget are left, and none could be taken: the rotation
         // completes without them rather than stall.
         let only_budget_blocked = took == 0
-            && walk.skipped[skipped_before..].iter().all(|(_, r, _)| r.is_budget())
+            && walk.skipped[skipped_before..]
+                .iter()
+                .all(|(_, r, _)| r.is_budget())
             && walk.skipped.len() > skipped_before;
         if remaining && !only_budget_blocked {
             break;
@@ -404,7 +422,10 @@ mod tests {
         assert_eq!(state.number, 2, "the rotation completed");
         // The next three runs cover everyone once more.
         let counts = run_many(&c, &mut state, limits(4), 3);
-        assert!(counts.len() == 12 && counts.values().all(|&n| n == 1), "{counts:?}");
+        assert!(
+            counts.len() == 12 && counts.values().all(|&n| n == 1),
+            "{counts:?}"
+        );
     }
 
     #[test]
@@ -424,7 +445,10 @@ mod tests {
         // Two rotations' worth of runs (13 pods / 4 per run): everyone at least once and
         // nobody more than twice before the newcomer had its first.
         let counts = run_many(&c, &mut state, limits(4), 7);
-        assert!(counts.get("pod-new").copied().unwrap_or(0) >= 1, "{counts:?}");
+        assert!(
+            counts.get("pod-new").copied().unwrap_or(0) >= 1,
+            "{counts:?}"
+        );
         assert_eq!(counts.len(), 13);
     }
 
@@ -456,14 +480,25 @@ mod tests {
         let c = pods(12, 3);
         // The node of the first pod in rotation order is busy.
         let busy = c[0].node.clone();
-        let s = select(&c, &RotationState::default(), limits(4), &mut Busy(busy.clone()), t(0));
+        let s = select(
+            &c,
+            &RotationState::default(),
+            limits(4),
+            &mut Busy(busy.clone()),
+            t(0),
+        );
         assert_eq!(s.taken.len(), 4);
         assert!(s.taken.iter().all(|&i| c[i].node != busy));
-        assert!(s.skipped.iter().all(|(i, r, _)| c[*i].node == busy && *r == SkipReason::ConcurrentCaptures));
+        assert!(
+            s.skipped
+                .iter()
+                .all(|(i, r, _)| c[*i].node == busy && *r == SkipReason::ConcurrentCaptures)
+        );
         assert!(!s.skipped.is_empty());
         // Once the node is free, its pods are taken before any pod is profiled twice.
         let mut state = s.state;
-        let mut counts: BTreeMap<String, usize> = s.taken.iter().map(|&i| (c[i].name.clone(), 1)).collect();
+        let mut counts: BTreeMap<String, usize> =
+            s.taken.iter().map(|&i| (c[i].name.clone(), 1)).collect();
         for r in 1..3 {
             let s = select(&c, &state, limits(4), &mut Open, t(r));
             for i in s.taken {
@@ -479,7 +514,13 @@ mod tests {
     fn only_budget_blocked_pods_left_completes_the_rotation() {
         let c = pods(4, 2);
         // First run takes the node-1 pods, node-0 is busy.
-        let s = select(&c, &RotationState::default(), limits(4), &mut Busy("node-0".into()), t(0));
+        let s = select(
+            &c,
+            &RotationState::default(),
+            limits(4),
+            &mut Busy("node-0".into()),
+            t(0),
+        );
         assert_eq!(s.taken.len(), 2);
         assert!(s.completed.is_none());
         // Still busy: the rotation completes without node-0's pods; the new rotation starts
@@ -520,8 +561,14 @@ mod tests {
             max_nodes,
         };
         assert_eq!(Limits::from_spec(None, 50).pods, 1);
-        assert_eq!(Limits::from_spec(Some(&s(Some(10), None, None)), 50).pods, 10);
-        assert_eq!(Limits::from_spec(Some(&s(Some(10), Some(10), None)), 50).pods, 5);
+        assert_eq!(
+            Limits::from_spec(Some(&s(Some(10), None, None)), 50).pods,
+            10
+        );
+        assert_eq!(
+            Limits::from_spec(Some(&s(Some(10), Some(10), None)), 50).pods,
+            5
+        );
         assert_eq!(Limits::from_spec(Some(&s(None, Some(1), None)), 50).pods, 1);
         assert_eq!(Limits::from_spec(Some(&s(Some(10), None, None)), 3).pods, 3);
         assert_eq!(Limits::from_spec(Some(&s(None, None, Some(2))), 3).nodes, 2);
@@ -531,7 +578,13 @@ mod tests {
     fn vanished_pods_leave_the_state() {
         let c = pods(12, 3);
         let busy = c[0].node.clone();
-        let s = select(&c, &RotationState::default(), limits(4), &mut Busy(busy.clone()), t(0));
+        let s = select(
+            &c,
+            &RotationState::default(),
+            limits(4),
+            &mut Busy(busy.clone()),
+            t(0),
+        );
         assert!(!s.state.ahead.is_empty());
         let fewer: Vec<Candidate> = c.iter().filter(|p| p.node == busy).cloned().collect();
         let s2 = select(&fewer, &s.state, limits(4), &mut Open, t(1));

@@ -82,8 +82,14 @@ pub fn is_label_value(value: &str) -> bool {
         && value
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        && value.chars().next().is_none_or(|c| c.is_ascii_alphanumeric())
-        && value.chars().last().is_none_or(|c| c.is_ascii_alphanumeric())
+        && value
+            .chars()
+            .next()
+            .is_none_or(|c| c.is_ascii_alphanumeric())
+        && value
+            .chars()
+            .last()
+            .is_none_or(|c| c.is_ascii_alphanumeric())
 }
 
 #[cfg(test)]

@@ -126,7 +126,8 @@ impl Schedule {
 
     /// The scheduled times in `(last, now]` that are due, given a starting deadline.
     pub fn due(&self, last: Timestamp, now: Timestamp, deadline: Duration) -> Due {
-        let deadline = jiff::SignedDuration::try_from(deadline).unwrap_or(jiff::SignedDuration::MAX);
+        let deadline =
+            jiff::SignedDuration::try_from(deadline).unwrap_or(jiff::SignedDuration::MAX);
         let oldest_allowed = now.checked_sub(deadline).unwrap_or(Timestamp::MIN);
         let mut due = Due::default();
         let mut t = last;
@@ -183,7 +184,12 @@ mod tests {
 
     #[test]
     fn rejects_what_the_old_schema_let_through() {
-        for bad in ["99 99 99 99 99", "xyz abc def ghi jkl", "* * * *", "61 * * * *"] {
+        for bad in [
+            "99 99 99 99 99",
+            "xyz abc def ghi jkl",
+            "* * * *",
+            "61 * * * *",
+        ] {
             let err = parse(bad, None, now()).unwrap_err();
             assert_eq!(err.reason(), "InvalidSchedule", "{bad}: {err}");
         }
@@ -199,7 +205,10 @@ mod tests {
         let every_5m = parse("*/5 * * * *", None, now()).unwrap();
         assert_eq!(every_5m.next_after(now()), Some(at("2026-01-05T10:05:00Z")));
         let every_10s = parse("*/10 * * * * *", None, now()).unwrap();
-        assert_eq!(every_10s.next_after(now()), Some(at("2026-01-05T10:00:40Z")));
+        assert_eq!(
+            every_10s.next_after(now()),
+            Some(at("2026-01-05T10:00:40Z"))
+        );
         let hourly = parse("@hourly", None, now()).unwrap();
         assert_eq!(hourly.next_after(now()), Some(at("2026-01-05T11:00:00Z")));
         let weekdays = parse("0 9 * * MON-FRI", None, now()).unwrap();
