@@ -10,6 +10,7 @@
 #include <bpf/bpf_core_read.h>
 #include "compat.bpf.h"
 #include "targets.bpf.h"
+#include "unwind.bpf.h"
 #include "cpu_sampler.h"
 
 #define EEXIST 17
@@ -17,6 +18,9 @@
 
 /* Set before load: also capture kernel stacks. */
 const volatile bool kernel_stacks = true;
+/* Set before load: walk user stacks with CFI tables (unwind.bpf.h); false
+ * keeps the kernel's frame-pointer walk (bpf_get_stackid). */
+const volatile bool cfi_unwind = true;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -84,6 +88,37 @@ static __always_inline bool stack_lost(long id)
 	return id == -EEXIST || id == -ENOMEM;
 }
 
+/* The user registers at the sample: the interrupted ones, or, when the CPU
+ * was in the kernel, those saved at the task's kernel entry. */
+static __always_inline __u64 user_stack_of(struct bpf_perf_event_data *ctx, __u32 tgid)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *regs;
+	__u64 cs, ip, sp, bp;
+
+	if (!task->mm)
+		return 0;
+	/* pt_regs.cs is a 16-bit field on recent kernels, but the context only
+	 * allows 8-byte reads: read its whole word. */
+	cs = *(volatile __u64 *)((char *)&ctx->regs + __builtin_offsetof(struct pt_regs, cs));
+	if ((cs & 3) == 3) {
+		ip = ctx->regs.ip;
+		sp = ctx->regs.sp;
+		bp = ctx->regs.bp;
+	} else {
+		/* Read with a helper, not loads: clang would otherwise merge the two
+		 * branches into one load at a variable context offset, which the
+		 * verifier refuses. */
+		regs = (struct pt_regs *)bpf_task_pt_regs(task);
+		if (bpf_probe_read_kernel(&ip, sizeof(ip), &regs->ip) ||
+		    bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp) ||
+		    bpf_probe_read_kernel(&bp, sizeof(bp), &regs->bp))
+			return 0;
+	}
+	/* One call site: the walker is verified once. */
+	return ff_unwind_user(ip, sp, bp, tgid);
+}
+
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
@@ -100,9 +135,14 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	key.target = t->index;
 	key.tgid = id >> 32;
 	key.pid = (__u32)id;
-	key.user_stack_id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
-	if (stack_lost(key.user_stack_id))
-		count_drop(user_stack);
+	if (cfi_unwind) {
+		key.user_stack_id = -1;
+		key.user_stack = user_stack_of(ctx, key.tgid);
+	} else {
+		key.user_stack_id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+		if (stack_lost(key.user_stack_id))
+			count_drop(user_stack);
+	}
 	key.kernel_stack_id = kernel_stacks ? bpf_get_stackid(ctx, &stacks, 0) : -1;
 	if (stack_lost(key.kernel_stack_id))
 		count_drop(kernel_stack);

@@ -13,6 +13,9 @@ struct cpu_sample_key {
 	/* Stack IDs in the `stacks` map; negative when no stack was taken. */
 	__s32 user_stack_id;
 	__s32 kernel_stack_id;
+	__u32 pad;
+	/* Key of the user stack in `user_stacks` (CFI walk); 0 when none. */
+	__u64 user_stack;
 	char comm[FF_COMM_LEN];
 };
 

@@ -27,6 +27,10 @@ APT_PACKAGES=(
   libbpf-tools
   linux-perf
   python3  # node-agent/benches/heap_overhead.sh: bpftool JSON and the figures
+  # node-agent/tests/full_stacks.rs: workloads without frame pointers and JIT code
+  g++       # a C++ -O2 binary
+  binutils  # objcopy strips .eh_frame for the missing-CFI test
+  nodejs    # node --perf-basic-prof: JIT frames named from the perf map
   # control plane: Debian's etcd is a fallback only (we build etcd 3.6 for kube-apiserver 1.34)
   etcd-server
   # plumbing

@@ -150,6 +150,10 @@ pub struct CaptureArgs {
     /// CPU: do not record kernel stacks.
     #[arg(long)]
     pub no_kernel_stacks: bool,
+    /// CPU: walk user stacks by frame pointers only (no CFI unwind tables);
+    /// code built without frame pointers then loses its callers.
+    #[arg(long)]
+    pub frame_pointers_only: bool,
     /// runqlat: one histogram per process.
     #[arg(long)]
     pub per_process: bool,
@@ -258,6 +262,7 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
                     EventArg::Cycles => PerfEventKind::Cycles,
                 },
                 kernel_stacks: !args.no_kernel_stacks,
+                cfi_unwind: !args.frame_pointers_only,
             };
             let capture = samplers.start_cpu(&targets, &options)?;
             announce("cpu", targets.len(), args.duration);

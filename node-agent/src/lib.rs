@@ -4,7 +4,8 @@
 //!
 //! Layout: [`cgroup`] (targets → cgroups), [`capture`] (one engine per profile
 //! type and the shared sampler registry), [`symbolize`] (blazesym, process
-//! snapshots), [`pprof`] (the profile builder), [`cli`] (the `capture`
+//! snapshots), [`pprof`] (the profile builder), [`unwind`] (CFI tables for the
+//! BPF stack walker), [`cli`] (the `capture`
 //! subcommand), [`bpf`] (generated skeletons), [`service`] (the gRPC
 //! AgentService: capture table, upload, status write-back, mTLS).
 
@@ -12,6 +13,8 @@ pub mod bpf;
 pub mod capture;
 pub mod cgroup;
 pub mod cli;
+pub mod perf_map;
 pub mod pprof;
 pub mod service;
 pub mod symbolize;
+pub mod unwind;

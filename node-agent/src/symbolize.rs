@@ -41,8 +41,8 @@ pub struct Binary {
 }
 
 impl Binary {
-    /// A path blazesym can open now, even if the original was deleted.
-    fn open_path(&self, tgid: u32) -> PathBuf {
+    /// A path that opens this very file now, even if the original was deleted.
+    pub fn open_path(&self, tgid: u32) -> PathBuf {
         match &self.file {
             Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
             None => PathBuf::from(format!("/proc/{tgid}/root{}", self.path)),
@@ -229,6 +229,31 @@ pub struct SymbolizeStats {
     pub user_unsymbolized: u64,
     /// Processes sampled for which no maps snapshot existed.
     pub processes_without_maps: u64,
+    /// Frames of the profile's samples, each counted once per sample
+    /// (user and kernel).
+    pub sampled_frames: u64,
+    /// Of those, frames without a function name.
+    pub sampled_unsymbolized: u64,
+}
+
+impl SymbolizeStats {
+    /// Share of sampled frames left without a function name, in percent.
+    pub fn unsymbolized_pct(&self) -> f64 {
+        if self.sampled_frames == 0 {
+            return 0.0;
+        }
+        100.0 * self.sampled_unsymbolized as f64 / self.sampled_frames as f64
+    }
+
+    /// The profile comment stating symbolization quality.
+    pub fn quality_comment(&self) -> String {
+        format!(
+            "symbolization: {:.2}% of sampled frames unsymbolized ({} of {}, weighted by samples)",
+            self.unsymbolized_pct(),
+            self.sampled_unsymbolized,
+            self.sampled_frames
+        )
+    }
 }
 
 /// Turns raw addresses into pprof frames. One per profile being built:
@@ -238,6 +263,7 @@ pub struct StackSymbolizer {
     blaze: Symbolizer,
     kernel_mapping: Option<u64>,
     missing: std::collections::HashSet<u32>,
+    jit: HashMap<u32, Option<Arc<crate::perf_map::PerfMap>>>,
     /// Running totals.
     pub stats: SymbolizeStats,
 }
@@ -264,6 +290,7 @@ impl StackSymbolizer {
                 .build(),
             kernel_mapping: None,
             missing: Default::default(),
+            jit: HashMap::new(),
             stats: SymbolizeStats::default(),
         }
     }
@@ -283,6 +310,31 @@ impl StackSymbolizer {
         let mut frames = Vec::with_capacity(stack.len());
         for (depth, &addr) in stack.iter().enumerate() {
             let range = maps.as_ref().and_then(|m| m.find(addr));
+            // Code outside any file (JIT): named by the process's perf map.
+            if range.is_none_or(|r| r.binary.is_none())
+                && let Some(name) = self.jit_name(tgid, addr)
+            {
+                self.stats.user_symbolized += 1;
+                frames.push(Frame {
+                    address: addr,
+                    mapping: range.map(|r| {
+                        out.add_mapping(&MappingInfo {
+                            start: r.start,
+                            limit: r.end,
+                            file_offset: r.offset,
+                            file: r.name.clone(),
+                            build_id: String::new(),
+                            has_functions: true,
+                        })
+                    }),
+                    lines: vec![FrameLine {
+                        function: name,
+                        file: String::new(),
+                        line: 0,
+                    }],
+                });
+                continue;
+            }
             let Some(range) = range else {
                 self.stats.user_unsymbolized += 1;
                 frames.push(Frame {
@@ -331,6 +383,24 @@ impl StackSymbolizer {
             });
         }
         frames
+    }
+
+    /// The JIT symbol of `addr` from the perf map of `tgid`, read once per
+    /// symbolizer.
+    fn jit_name(&mut self, tgid: u32, addr: u64) -> Option<String> {
+        self.jit
+            .entry(tgid)
+            .or_insert_with(|| crate::perf_map::PerfMap::read(tgid).map(Arc::new))
+            .as_ref()?
+            .lookup(addr)
+            .map(str::to_owned)
+    }
+
+    /// Counts a sample's frames (`weight` samples) for [`SymbolizeStats::unsymbolized_pct`].
+    pub fn account(&mut self, frames: &[Frame], weight: u64) {
+        let missing = frames.iter().filter(|f| f.lines.is_empty()).count() as u64;
+        self.stats.sampled_frames += frames.len() as u64 * weight;
+        self.stats.sampled_unsymbolized += missing * weight;
     }
 
     /// Symbolizes a kernel stack (leaf first) from kallsyms.

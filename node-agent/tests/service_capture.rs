@@ -78,6 +78,13 @@ async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
     // shared with other work, so only require clearly more than noise.
     assert!(a.samples >= 25, "samples {}", a.samples);
     assert_eq!(last.summary.get("samples"), Some(&a.samples.to_string()));
+    // Symbolization quality is reported with every CPU capture.
+    let unsymbolized: f64 = last
+        .summary
+        .get("unsymbolized_frames_pct")
+        .and_then(|v| v.parse().ok())
+        .expect("unsymbolized_frames_pct in the summary");
+    assert!((0.0..=100.0).contains(&unsymbolized), "{unsymbolized}");
 
     let top = pprof_top(&body);
     assert!(top.contains("burn_cpu"), "go tool pprof -top:\n{top}");
@@ -117,7 +124,9 @@ async fn the_same_uid_attaches_while_running_and_replays_after() {
     let mut c4 = setup.client().await;
     let r1 = req.clone();
     let first = tokio::spawn(async move { collect(&mut c1, r1).await });
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Past the sampler's start (loading the CPU sampler, its unwinder
+    // included, takes ~1 s on a loaded 2-core machine), inside the 2 s window.
+    tokio::time::sleep(Duration::from_millis(1400)).await;
     // Meanwhile another request (another UID) runs a capture of its own.
     let other_uid = unique("uid-other");
     let other_req = cpu_request(&other_uid, "node-idem", tree, upload, 1500);

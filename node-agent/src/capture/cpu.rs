@@ -23,6 +23,7 @@ use crate::bpf::cpu_sampler::{CpuSamplerSkel, CpuSamplerSkelBuilder};
 use crate::bpf::from_bytes;
 use crate::pprof::{Label, ProfileBuilder};
 use crate::symbolize::{ProcessCatalog, StackSymbolizer};
+use crate::unwind::{Unwinder, UnwinderStats, WalkStats};
 
 /// Highest sampling frequency accepted. perf's default
 /// `kernel.perf_event_max_sample_rate` is higher, but beyond a few kHz the
@@ -38,6 +39,9 @@ pub struct CpuOptions {
     pub event: PerfEventKind,
     /// Whether to record kernel stacks too.
     pub kernel_stacks: bool,
+    /// Walk user stacks with CFI tables (code without frame pointers, frameless
+    /// leaves); `false` keeps the kernel's frame-pointer walk.
+    pub cfi_unwind: bool,
 }
 
 impl Default for CpuOptions {
@@ -46,6 +50,7 @@ impl Default for CpuOptions {
             frequency: 99,
             event: PerfEventKind::CpuClock,
             kernel_stacks: true,
+            cfi_unwind: true,
         }
     }
 }
@@ -98,6 +103,8 @@ struct Maps {
     counts: MapHandle,
     stacks: MapHandle,
     drops: MapHandle,
+    user_stacks: MapHandle,
+    unwind_stats: MapHandle,
 }
 
 struct Shared {
@@ -112,6 +119,7 @@ pub struct CpuSampler {
     options: CpuOptions,
     perf_events: usize,
     catalog: ProcessCatalog,
+    unwinder: Option<Arc<Unwinder>>,
     _owner: OwnerThread,
 }
 
@@ -140,9 +148,23 @@ impl CpuSampler {
         let config = config.clone();
         let thread_catalog = catalog.clone();
         let thread_cpus = cpus.clone();
+        let unwinder = if options.cfi_unwind {
+            Some(Unwinder::shared(&config.unwind)?)
+        } else {
+            None
+        };
+        let thread_unwinder = unwinder.clone();
         let (maps, owner) = sampler_thread::spawn("cpu", move |ready, stop| {
             let mut object = MaybeUninit::uninit();
-            match load(&mut object, &config, options, &thread_cpus, thread_catalog) {
+            let loaded = load(
+                &mut object,
+                &config,
+                options,
+                &thread_cpus,
+                thread_catalog,
+                thread_unwinder,
+            );
+            match loaded {
                 Ok(loaded) => {
                     if ready.send(Ok(loaded.maps)).is_err() {
                         return;
@@ -167,6 +189,7 @@ impl CpuSampler {
             options,
             perf_events: cpus.len(),
             catalog,
+            unwinder,
             _owner: owner,
         })
     }
@@ -179,6 +202,12 @@ impl CpuSampler {
     /// Number of perf events opened (one per online CPU).
     pub fn perf_events(&self) -> usize {
         self.perf_events
+    }
+
+    /// The unwind tables the sampler walks user stacks with (`None` with
+    /// `cfi_unwind: false`).
+    pub fn unwinder(&self) -> Option<&Arc<Unwinder>> {
+        self.unwinder.as_ref()
     }
 
     /// Number of cgroups currently in the target map.
@@ -200,18 +229,28 @@ impl CpuSampler {
         // A target covers its cgroup and the descendants existing now (a pod
         // cgroup's processes live in its container cgroups).
         let (cgroup_ids, owner_of) = super::expand_targets(targets);
+        // Processes running already will not announce themselves by exec.
+        // Their tables are loaded before their cgroups become targets, so
+        // that even their first samples unwind fully.
+        let mut running = Vec::new();
+        for t in targets {
+            for pid in t.cgroup.procs_recursive().unwrap_or_default() {
+                self.catalog.snapshot(pid);
+                if let Some(maps) = self.catalog.lookup(pid) {
+                    running.push((pid, maps));
+                }
+            }
+        }
+        if let Some(u) = &self.unwinder {
+            u.register_now(running, Duration::from_millis(300));
+        }
         let mut shared = self.lock();
         let Shared { maps, table } = &mut *shared;
         let indices = table.acquire::<ff_target>(&maps.targets, &cgroup_ids, 0, |a, _| Ok(a))?;
         let baseline = read_counts(&maps.counts, &indices.iter().copied().collect())?;
         let drops_before = read_drops(&maps.drops);
+        let walk_before = WalkStats::read(&maps.unwind_stats);
         drop(shared);
-        // Processes running already will not announce themselves by exec.
-        for t in targets {
-            for pid in t.cgroup.procs_recursive().unwrap_or_default() {
-                self.catalog.snapshot(pid);
-            }
-        }
         Ok(CpuCapture {
             sampler: self.clone(),
             targets: targets.to_vec(),
@@ -219,6 +258,7 @@ impl CpuSampler {
             target_of_index: indices.into_iter().zip(owner_of).collect(),
             baseline,
             drops_before,
+            walk_before,
             started: SystemTime::now(),
             started_at: Instant::now(),
         })
@@ -239,17 +279,35 @@ fn load<'obj>(
     options: CpuOptions,
     cpus: &[u32],
     catalog: ProcessCatalog,
+    unwinder: Option<Arc<Unwinder>>,
 ) -> Result<Loaded<'obj>> {
     let mut open = CpuSamplerSkelBuilder::default()
         .open(object)
         .map_err(|e| CaptureError::bpf("opening the CPU sampler BPF object", e))?;
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
         ro.kernel_stacks = options.kernel_stacks;
+        ro.cfi_unwind = unwinder.is_some();
     }
+    if let Some(u) = &unwinder {
+        u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
+    }
+    // The map not used by the configured walk keeps one entry.
+    let (fp_stacks, cfi_stacks) = match &unwinder {
+        Some(_) => (
+            if options.kernel_stacks {
+                config.max_stacks
+            } else {
+                1
+            },
+            config.max_stacks,
+        ),
+        None => (config.max_stacks, 1),
+    };
     let sizes = [
         (&mut open.maps.targets, config.max_targets),
         (&mut open.maps.counts, config.max_cpu_entries),
-        (&mut open.maps.stacks, config.max_stacks),
+        (&mut open.maps.stacks, fp_stacks),
+        (&mut open.maps.user_stacks, cfi_stacks),
     ];
     for (map, size) in sizes {
         map.set_max_entries(size.max(1))
@@ -285,12 +343,17 @@ fn load<'obj>(
         counts: handle(&skel.maps.counts, "counts")?,
         stacks: handle(&skel.maps.stacks, "stacks")?,
         drops: handle(&skel.maps.drops, "drops")?,
+        user_stacks: handle(&skel.maps.user_stacks, "user_stacks")?,
+        unwind_stats: handle(&skel.maps.unwind_stats, "unwind_stats")?,
     };
     let events = handle(&skel.maps.proc_events, "proc_events")?;
     let mut rb = RingBufferBuilder::new();
     rb.add(&events, move |data: &[u8]| {
         if let Some(ev) = from_bytes::<ff_proc_event>(data) {
             catalog.snapshot(ev.tgid);
+            if let (Some(u), Some(maps)) = (&unwinder, catalog.lookup(ev.tgid)) {
+                u.register(ev.tgid, maps);
+            }
         }
         0
     })
@@ -315,6 +378,7 @@ pub struct CpuCapture {
     target_of_index: HashMap<u32, usize>,
     baseline: HashMap<Vec<u8>, u64>,
     drops_before: CpuDrops,
+    walk_before: WalkStats,
     started: SystemTime,
     started_at: Instant,
 }
@@ -349,8 +413,11 @@ impl CpuCapture {
         let shared = self.sampler.lock();
         let own: HashSet<u32> = self.target_of_index.keys().copied().collect();
         let now = read_counts(&shared.maps.counts, &own)?;
-        let drops = read_drops(&shared.maps.drops).since(self.drops_before);
+        let mut drops = read_drops(&shared.maps.drops).since(self.drops_before);
+        let walk = WalkStats::read(&shared.maps.unwind_stats).since(self.walk_before);
+        drops.user_stack += walk.stack_lost;
         let mut stack_cache: HashMap<i32, Vec<u64>> = HashMap::new();
+        let mut user_cache: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut samples = Vec::new();
         for (raw, count) in now {
             let count = count.saturating_sub(self.baseline.get(&raw).copied().unwrap_or(0));
@@ -374,7 +441,16 @@ impl CpuCapture {
                 tgid: key.tgid,
                 pid: key.pid,
                 comm: super::comm_string(&key.comm),
-                user_stack: stack(key.user_stack_id),
+                user_stack: if key.user_stack != 0 {
+                    user_cache
+                        .entry(key.user_stack)
+                        .or_insert_with(|| {
+                            read_user_stack(&shared.maps.user_stacks, key.user_stack)
+                        })
+                        .clone()
+                } else {
+                    stack(key.user_stack_id)
+                },
                 kernel_stack: stack(key.kernel_stack_id),
                 count,
             });
@@ -385,6 +461,8 @@ impl CpuCapture {
             targets: self.targets.clone(),
             samples,
             drops,
+            walk,
+            unwinder: self.sampler.unwinder.as_ref().map(|u| u.stats()),
             options,
             started: self.started,
             duration,
@@ -420,6 +498,10 @@ pub struct CpuSamples {
     pub samples: Vec<CpuSample>,
     /// Losses during the capture window.
     pub drops: CpuDrops,
+    /// How user stacks were walked during the window (all targets of the node).
+    pub walk: WalkStats,
+    /// The unwind tables' state at the end (`None` without CFI unwinding).
+    pub unwinder: Option<UnwinderStats>,
     /// The sampler's effective options (frequency, event).
     pub options: CpuOptions,
     /// Wall-clock start.
@@ -465,7 +547,36 @@ impl CpuSamples {
             labels.push(Label::Num("thread".into(), i64::from(s.pid), String::new()));
             labels.push(Label::Str("comm".into(), s.comm.clone()));
             let n = s.count as i64;
+            symbolizer.account(&frames, s.count);
             b.add_sample(&frames, &[n, n * period], &labels);
+        }
+        b.comment(&symbolizer.stats.quality_comment());
+        let w = &self.walk;
+        b.comment(&format!(
+            "user stacks: {} walked, frames by CFI {} / by frame pointer {}; without tables (yet): {}; \
+             stopped: unsupported CFI {}, unreadable stack {}, bad step {}, truncated at 127 {}, table evicted {}",
+            w.stacks,
+            w.frames_cfi,
+            w.frames_fp,
+            w.no_process,
+            w.unsupported,
+            w.read_failed,
+            w.bad_step,
+            w.truncated,
+            w.table_missing
+        ));
+        if let Some(u) = &self.unwinder {
+            b.comment(&format!(
+                "unwind tables: {} binaries, {} KiB; build+load {:.1} ms per binary (max {:.1} ms); \
+                 {} without usable CFI; {} over budget; {} evicted",
+                u.tables,
+                u.table_bytes / 1024,
+                u.build_micros as f64 / 1e3 / u.tables_loaded.max(1) as f64,
+                u.max_build_micros as f64 / 1e3,
+                u.binaries_without_cfi,
+                u.over_budget,
+                u.tables_evicted
+            ));
         }
         b.build()
     }
@@ -506,6 +617,16 @@ fn read_drops(drops: &MapHandle) -> CpuDrops {
         }
     }
     sum
+}
+
+fn read_user_stack(stacks: &MapHandle, key: u64) -> Vec<u64> {
+    let Ok(Some(raw)) = stacks.lookup(&key.to_ne_bytes(), MapFlags::ANY) else {
+        return Vec::new();
+    };
+    raw.chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default()))
+        .take_while(|&a| a != 0)
+        .collect()
 }
 
 fn read_stack(stacks: &MapHandle, id: i32) -> Vec<u64> {

@@ -67,6 +67,9 @@ pub enum CaptureError {
         /// The libbpf error.
         source: libbpf_rs::Error,
     },
+    /// The unwind tables could not be set up.
+    #[error(transparent)]
+    Unwind(crate::unwind::UnwindError),
     /// The sampler's thread stopped unexpectedly.
     #[error("the {0} sampler stopped unexpectedly; see the agent log")]
     SamplerGone(&'static str),
@@ -78,6 +81,15 @@ pub enum CaptureError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+impl From<crate::unwind::UnwindError> for CaptureError {
+    fn from(e: crate::unwind::UnwindError) -> Self {
+        match e {
+            crate::unwind::UnwindError::Map { action, source } => Self::bpf(action, source),
+            other => Self::Unwind(other),
+        }
+    }
 }
 
 /// Result of the capture engines.
@@ -145,6 +157,8 @@ pub struct SamplerConfig {
     pub force_start_hash: bool,
     /// The node name put in the `node` label.
     pub node: String,
+    /// Limits of the CFI unwind tables (shared by the CPU and heap samplers).
+    pub unwind: crate::unwind::UnwindConfig,
 }
 
 impl Default for SamplerConfig {
@@ -159,6 +173,7 @@ impl Default for SamplerConfig {
             node: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_owned())
                 .unwrap_or_default(),
+            unwind: crate::unwind::UnwindConfig::default(),
         }
     }
 }

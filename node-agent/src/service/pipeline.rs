@@ -245,15 +245,26 @@ async fn capture(
                 let _ = blocking("cpu", move || drop(running)).await;
                 return Err(e);
             }
-            let (bytes, total, drops, sample_type) = blocking("cpu", move || {
+            let (bytes, total, drops, sample_type, unsymbolized) = blocking("cpu", move || {
                 let result = running.finish()?;
                 let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
                 let profile = result.to_profile(&mut symbolizer, &node);
                 let st = sample_type_of(&profile);
-                Ok::<_, PipelineError>((gzip(&profile)?, result.total(), result.drops.total(), st))
+                let unsymbolized = symbolizer.stats.unsymbolized_pct();
+                Ok::<_, PipelineError>((
+                    gzip(&profile)?,
+                    result.total(),
+                    result.drops.total(),
+                    st,
+                    unsymbolized,
+                ))
             })
             .await??;
             summary.insert("samples".into(), total.to_string());
+            summary.insert(
+                "unsymbolized_frames_pct".into(),
+                format!("{unsymbolized:.2}"),
+            );
             summary.insert("dropped_samples".into(), drops.to_string());
             summary.insert("frequency_hz".into(), options.frequency.to_string());
             Ok(Output {

@@ -1,0 +1,325 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * User-stack walker for code with or without frame pointers (x86-64).
+ *
+ * Each frame's address is looked up in the process's mappings that have a
+ * CFI table (`unwind_procs`), then in that binary's table (`unwind_tables`:
+ * a hash of per-binary arrays of 4 KiB pages of sorted rows; two binary
+ * searches). The row says how to find the caller's stack pointer (CFA),
+ * return address (CFA - 8) and frame pointer. Frames without a table (JIT
+ * code, a process the agent has not registered yet, a binary over the memory
+ * budget) take a frame-pointer step instead, so the walk degrades to what
+ * bpf_get_stackid() gives, never to less.
+ *
+ * The tables and process entries are created by user space and shared by
+ * every program including this header (the agent reuses the same map fds in
+ * each BPF object). The stack itself goes to `user_stacks`, keyed by a 64-bit
+ * hash of its frames, the way a stack-trace map keys stacks by ID.
+ *
+ * The frame loop runs under bpf_loop() (Linux 5.17+) so the verifier checks
+ * one frame, not FF_MAX_FRAMES copies of it.
+ */
+#ifndef FLAMEFLEET_UNWIND_BPF_H
+#define FLAMEFLEET_UNWIND_BPF_H
+
+#include "unwind.h"
+
+#ifndef EEXIST
+#define EEXIST 17
+#endif
+#define FF_BPF_F_INNER_MAP (1U << 12)
+
+/* Page arrays of one binary; their sizes differ, hence BPF_F_INNER_MAP. */
+struct ff_unwind_pages {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, FF_BPF_F_INNER_MAP);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ff_unwind_page);
+};
+
+/* Table ID -> that binary's pages. Created and filled by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__array(values, struct ff_unwind_pages);
+} unwind_tables SEC(".maps");
+
+/* tgid -> mappings with tables. Created and filled by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct ff_unwind_proc);
+} unwind_procs SEC(".maps");
+
+/* Stack hash -> stack; sized by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct ff_user_stack);
+} user_stacks SEC(".maps");
+
+struct ff_unwind_scratch {
+	struct ff_user_stack stack;
+	__u64 pc, sp, bp;
+	__u32 n;
+	__u32 done;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ff_unwind_scratch);
+} unwind_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FF_UW_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_stats SEC(".maps");
+
+/* Never written: makes the shared types part of the BTF for the skeleton. */
+struct ff_unwind_proc ff_unwind_proc_layout SEC(".bss");
+struct ff_unwind_page ff_unwind_page_layout SEC(".bss");
+struct ff_user_stack ff_user_stack_layout SEC(".bss");
+
+/*
+ * FF_UNWIND_PAGE_ROWS, read from writable data so that the verifier sees an
+ * unknown bound: a binary search between constant bounds makes it follow
+ * every path with exact values (2^10 of them) instead of merging states.
+ */
+__u32 ff_page_rows = FF_UNWIND_PAGE_ROWS;
+
+static __always_inline void ff_unwind_count(__u32 stat)
+{
+	__u64 *v = bpf_map_lookup_elem(&unwind_stats, &stat);
+
+	if (v)
+		*v += 1;
+}
+
+struct ff_walk {
+	struct ff_unwind_scratch *s;
+	struct ff_unwind_proc *proc; /* NULL: frame pointers only */
+};
+
+static __always_inline struct ff_unwind_mapping *ff_find_mapping(struct ff_unwind_proc *proc,
+								  __u64 pc)
+{
+	__u32 lo = 0, hi = proc->count, mid, i;
+	struct ff_unwind_mapping *m;
+
+	if (hi > FF_UNWIND_MAX_MAPPINGS)
+		hi = FF_UNWIND_MAX_MAPPINGS;
+	/* lo ends as the number of mappings starting at or below pc. */
+	for (i = 0; i < 7 && lo < hi; i++) {
+		mid = (lo + hi) / 2;
+		if (proc->maps[mid & (FF_UNWIND_MAX_MAPPINGS - 1)].start <= pc)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0)
+		return NULL;
+	m = &proc->maps[(lo - 1) & (FF_UNWIND_MAX_MAPPINGS - 1)];
+	return pc < m->end ? m : NULL;
+}
+
+/* The row covering `addr` (an ELF virtual address) in a table of `pages`. */
+static __always_inline bool ff_find_row(void *table, __u32 pages, __u32 addr,
+					struct ff_unwind_row *out)
+{
+	struct ff_unwind_page *page;
+	__u32 lo = 0, hi = pages, mid, i;
+
+	/* Last page whose first row starts at or below addr (2^20 pages max). */
+	for (i = 0; i < 20 && lo < hi; i++) {
+		mid = (lo + hi) / 2;
+		page = bpf_map_lookup_elem(table, &mid);
+		if (!page)
+			return false;
+		if (page->rows[0].pc <= addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0)
+		return false;
+	mid = lo - 1;
+	page = bpf_map_lookup_elem(table, &mid);
+	if (!page)
+		return false;
+	/* Last row at or below addr; rows[0] qualifies, so lo ends >= 1. */
+	lo = 0;
+	/* A mask, not a comparison: a clamp would give one path the constant. */
+	hi = ff_page_rows & (2 * FF_UNWIND_PAGE_ROWS - 1);
+	for (i = 0; i < 10 && lo < hi; i++) {
+		mid = (lo + hi) / 2;
+		if (page->rows[mid & (FF_UNWIND_PAGE_ROWS - 1)].pc <= addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0)
+		return false;
+	*out = page->rows[(lo - 1) & (FF_UNWIND_PAGE_ROWS - 1)];
+	return true;
+}
+
+static __always_inline int ff_read(__u64 *dst, __u64 addr)
+{
+	return bpf_probe_read_user(dst, sizeof(*dst), (const void *)addr);
+}
+
+/* One frame: record pc, then compute the caller's pc, sp and bp. 0 = go on. */
+static int ff_unwind_step(__u32 index, void *data)
+{
+	struct ff_walk *w = data;
+	struct ff_unwind_scratch *s = w->s;
+	struct ff_unwind_row row = {};
+	struct ff_unwind_mapping *m;
+	__u64 pc, sp, bp, cfa, ra, lookup;
+	__u32 n, kind = FF_CFA_NONE;
+	void *table;
+
+	if (!s)
+		return 1;
+	n = s->n;
+	pc = s->pc;
+	sp = s->sp;
+	bp = s->bp;
+	if (pc == 0)
+		return 1;
+	if (n >= FF_MAX_FRAMES) {
+		ff_unwind_count(FF_UW_TRUNCATED);
+		return 1;
+	}
+	s->stack.pcs[n] = pc;
+	s->n = n + 1;
+
+	/* A return address points after its call, which may be a function's last
+	 * instruction (a noreturn call): look the call itself up. */
+	lookup = n ? pc - 1 : pc;
+	if (w->proc) {
+		m = ff_find_mapping(w->proc, lookup);
+		if (m) {
+			table = bpf_map_lookup_elem(&unwind_tables, &m->table);
+			if (!table)
+				ff_unwind_count(FF_UW_TABLE_MISSING);
+			else if (lookup - m->bias <= 0xffffffffULL &&
+				 ff_find_row(table, m->pages, (__u32)(lookup - m->bias), &row))
+				kind = row.kind;
+		}
+	}
+
+	switch (kind & FF_CFA_KIND_MASK) {
+	case FF_CFA_NONE:
+		/* Frame-pointer step: [bp] = caller's bp, [bp + 8] = return address. */
+		if (bp == 0)
+			return 1;
+		if (ff_read(&ra, bp + 8) || ff_read(&cfa, bp)) {
+			ff_unwind_count(FF_UW_READ_FAILED);
+			return 1;
+		}
+		s->sp = bp + 16;
+		s->bp = cfa;
+		s->pc = ra;
+		ff_unwind_count(FF_UW_FRAMES_FP);
+		return 0;
+	case FF_CFA_RSP:
+		cfa = sp + row.cfa_off;
+		break;
+	case FF_CFA_RBP:
+		cfa = bp + row.cfa_off;
+		break;
+	case FF_CFA_PLT:
+		cfa = sp + 8 + ((pc & 15) >= (__u64)row.cfa_off ? 8 : 0);
+		break;
+	case FF_CFA_DEREF_RBP:
+		if (ff_read(&cfa, bp + row.cfa_off)) {
+			ff_unwind_count(FF_UW_READ_FAILED);
+			return 1;
+		}
+		break;
+	case FF_CFA_END:
+		return 1;
+	default:
+		ff_unwind_count(FF_UW_UNSUPPORTED);
+		return 1;
+	}
+	if (cfa <= sp) {
+		ff_unwind_count(FF_UW_BAD_STEP);
+		return 1;
+	}
+	if (ff_read(&ra, cfa - 8)) {
+		ff_unwind_count(FF_UW_READ_FAILED);
+		return 1;
+	}
+	if (row.rbp_off && ff_read(&bp, cfa + (__s64)row.rbp_off * 8)) {
+		ff_unwind_count(FF_UW_READ_FAILED);
+		return 1;
+	}
+	if (kind & FF_RBP_LOST)
+		bp = 0;
+	s->sp = cfa;
+	s->bp = bp;
+	s->pc = ra;
+	ff_unwind_count(FF_UW_FRAMES_CFI);
+	return 0;
+}
+
+/*
+ * Walks the user stack of `tgid` from (ip, sp, bp), stores it in
+ * `user_stacks` and returns its key; 0 when no stack was stored (counted).
+ */
+static __always_inline __u64 ff_unwind_user(__u64 ip, __u64 sp, __u64 bp, __u32 tgid)
+{
+	struct ff_walk w = {};
+	struct ff_unwind_scratch *s;
+	__u64 h;
+	__u32 zero = 0, i, n;
+	long err;
+
+	s = bpf_map_lookup_elem(&unwind_scratch, &zero);
+	if (!s)
+		return 0;
+	s->pc = ip;
+	s->sp = sp;
+	s->bp = bp;
+	s->n = 0;
+	w.s = s;
+	w.proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
+	ff_unwind_count(FF_UW_STACKS);
+	if (!w.proc)
+		ff_unwind_count(FF_UW_NO_PROC);
+	bpf_loop(FF_MAX_FRAMES + 1, ff_unwind_step, &w, 0);
+
+	n = s->n;
+	if (n == 0 || n > FF_MAX_FRAMES)
+		return 0;
+	if (n < FF_MAX_FRAMES)
+		s->stack.pcs[n] = 0;
+	h = 0x9e3779b97f4a7c15ULL ^ n;
+	for (i = 0; i < FF_MAX_FRAMES; i++) {
+		if (i >= n)
+			break;
+		h ^= s->stack.pcs[i];
+		h *= 0xff51afd7ed558ccdULL;
+		h ^= h >> 33;
+	}
+	if (h == 0)
+		h = 1;
+	err = bpf_map_update_elem(&user_stacks, &h, &s->stack, BPF_NOEXIST);
+	if (err && err != -EEXIST) {
+		ff_unwind_count(FF_UW_STACK_LOST);
+		return 0;
+	}
+	return h;
+}
+
+#endif

@@ -1,0 +1,491 @@
+//! Compact unwind tables from a binary's DWARF CFI (`.eh_frame`, and
+//! `.debug_frame` for what `.eh_frame` lacks, e.g. Go functions).
+//!
+//! gimli evaluates the CFI programs; this module reduces each row to the three
+//! things the BPF walker needs on x86-64 — where the caller's stack pointer
+//! (CFA) is, that the return address sits at CFA − 8, and where the caller's
+//! rbp was saved — in 8 bytes (`struct ff_unwind_row` in `bpf/unwind.h`).
+//! Consecutive rows with the same rule are merged.
+//!
+//! The input is untrusted (any binary a tenant maps): the file is read with
+//! `pread` through a cache rather than mapped (a tenant truncating its own
+//! library would otherwise SIGBUS the agent), section sizes are capped before
+//! anything is decompressed, and every malformed entry is skipped and counted.
+
+use std::fs::File;
+
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, LittleEndian, Register, RegisterRule,
+    UnwindContext, UnwindSection, X86_64,
+};
+use object::read::ReadCache;
+use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+
+/// Largest CFI section read (`.eh_frame` of the largest binaries is tens of MiB).
+pub const MAX_SECTION_BYTES: u64 = 256 << 20;
+
+/// `enum ff_cfa_kind` of `bpf/unwind.h`.
+pub mod kind {
+    /// No CFI for this address: frame-pointer step.
+    pub const NONE: u8 = 0;
+    /// CFA = rsp + off.
+    pub const RSP: u8 = 1;
+    /// CFA = rbp + off.
+    pub const RBP: u8 = 2;
+    /// PLT stub expression; off is the threshold of `rip & 15`.
+    pub const PLT: u8 = 3;
+    /// CFA = *(rbp + off) (stack realignment).
+    pub const DEREF_RBP: u8 = 4;
+    /// Outermost frame (return address undefined).
+    pub const END: u8 = 5;
+    /// Rule the walker cannot evaluate.
+    pub const UNSUPPORTED: u8 = 6;
+    /// Flag: rbp cannot be recovered after this frame.
+    pub const RBP_LOST: u8 = 0x10;
+}
+
+/// One row of a compact table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    /// ELF virtual address where the rule starts.
+    pub pc: u32,
+    /// CFA offset (meaning depends on the kind).
+    pub cfa_off: i16,
+    /// `kind::*`, possibly with `kind::RBP_LOST`.
+    pub kind: u8,
+    /// Caller's rbp at CFA + 8 × this; 0: unchanged.
+    pub rbp_off: i8,
+}
+
+impl Row {
+    fn none(pc: u32) -> Self {
+        Self {
+            pc,
+            cfa_off: 0,
+            kind: kind::NONE,
+            rbp_off: 0,
+        }
+    }
+
+    fn same_rule(&self, other: &Self) -> bool {
+        (self.cfa_off, self.kind, self.rbp_off) == (other.cfa_off, other.kind, other.rbp_off)
+    }
+
+    /// The 8 bytes of `struct ff_unwind_row` (little endian, as on x86-64).
+    pub fn to_bytes(self) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        b[..4].copy_from_slice(&self.pc.to_le_bytes());
+        b[4..6].copy_from_slice(&self.cfa_off.to_le_bytes());
+        b[6] = self.kind;
+        b[7] = self.rbp_off.to_le_bytes()[0];
+        b
+    }
+}
+
+/// A loadable segment: how file offsets map to virtual addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// File offset of the segment.
+    pub offset: u64,
+    /// Its virtual address.
+    pub vaddr: u64,
+    /// Its size in the file.
+    pub filesz: u64,
+}
+
+/// What was learnt from one binary.
+#[derive(Debug, Clone, Default)]
+pub struct BinaryTable {
+    /// Sorted rows, merged.
+    pub rows: Vec<Row>,
+    /// Loadable segments, to compute a mapping's load bias.
+    pub segments: Vec<Segment>,
+    /// FDEs read.
+    pub fdes: u64,
+    /// Entries skipped as malformed or out of range (the table covers the rest).
+    pub skipped: u64,
+    /// A Go binary (its `.debug_frame` omits rbp; Go's ABI fixes it at CFA − 16).
+    pub go: bool,
+}
+
+/// Why a binary has no table.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// Not an ELF file we can read.
+    #[error("not a readable ELF file: {0}")]
+    Parse(String),
+    /// Another architecture than x86-64.
+    #[error("unwinding {0:?} binaries is not supported (x86-64 only)")]
+    Architecture(object::Architecture),
+    /// Neither `.eh_frame` nor `.debug_frame` has usable entries.
+    #[error("no usable CFI (.eh_frame / .debug_frame) in the binary")]
+    NoCfi,
+    /// A section above [`MAX_SECTION_BYTES`].
+    #[error("{section} is {size} bytes, above the {MAX_SECTION_BYTES}-byte limit")]
+    TooLarge {
+        /// Section name.
+        section: &'static str,
+        /// Its (uncompressed) size.
+        size: u64,
+    },
+}
+
+const RSP: Register = X86_64::RSP;
+const RBP: Register = X86_64::RBP;
+const RA: Register = X86_64::RA;
+
+/// `DW_OP_breg7 8; DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_lit{10,11};
+/// DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus`: the CFA of a PLT entry
+/// (binutils' lazy-binding stubs), which depends on where in the 16-byte stub
+/// rip is.
+fn plt_threshold(expr: &[u8]) -> Option<i16> {
+    match expr {
+        [
+            0x77,
+            0x08,
+            0x80,
+            0x00,
+            0x3f,
+            0x1a,
+            lit,
+            0x2a,
+            0x33,
+            0x24,
+            0x22,
+        ] if (0x30..=0x4f).contains(lit) => Some(i16::from(*lit - 0x30)),
+        _ => None,
+    }
+}
+
+/// `DW_OP_breg6 off; DW_OP_deref`: CFA saved below rbp (GCC's stack realignment).
+fn deref_rbp(expr: &[u8]) -> Option<i16> {
+    let [0x76, rest @ ..] = expr else {
+        return None;
+    };
+    let mut r = gimli::EndianSlice::new(rest, LittleEndian);
+    let off = gimli::Reader::read_sleb128(&mut r).ok()?;
+    (r.slice() == [0x06]).then_some(i16::try_from(off).ok()?)
+}
+
+/// Builds the table of the ELF file at `path` (e.g. `/proc/self/fd/N`).
+pub fn build_from_path(path: &std::path::Path) -> Result<BinaryTable, TableError> {
+    let file = File::open(path).map_err(|e| TableError::Parse(e.to_string()))?;
+    let cache = ReadCache::new(file);
+    build(&cache)
+}
+
+/// Builds the table of an ELF image (anything object can read).
+pub fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<BinaryTable, TableError> {
+    let obj = object::File::parse(data).map_err(|e| TableError::Parse(e.to_string()))?;
+    if obj.architecture() != object::Architecture::X86_64 {
+        return Err(TableError::Architecture(obj.architecture()));
+    }
+    let mut out = BinaryTable {
+        go: obj.section_by_name(".gopclntab").is_some()
+            || obj.section_by_name(".go.buildinfo").is_some(),
+        segments: obj
+            .segments()
+            .map(|s| {
+                let (offset, filesz) = s.file_range();
+                Segment {
+                    offset,
+                    vaddr: s.address(),
+                    filesz,
+                }
+            })
+            .collect(),
+        ..BinaryTable::default()
+    };
+    // (start, end, rows) per FDE, .eh_frame first so that it wins overlaps.
+    let mut fdes: Vec<(u64, u64, Vec<Row>)> = Vec::new();
+    let text = obj.section_by_name(".text").map_or(0, |s| s.address());
+    if let Some(section) = obj.section_by_name(".eh_frame") {
+        let data = section_bytes(&section, ".eh_frame")?;
+        let eh = EhFrame::new(&data, LittleEndian);
+        let bases = BaseAddresses::default()
+            .set_eh_frame(section.address())
+            .set_text(text);
+        read_fdes(&eh, &bases, &mut out, &mut fdes);
+    }
+    let eh_count = fdes.len();
+    if let Some(section) = obj.section_by_name(".debug_frame") {
+        let data = section_bytes(&section, ".debug_frame")?;
+        let mut df = DebugFrame::new(&data, LittleEndian);
+        df.set_address_size(8);
+        let mut extra = Vec::new();
+        read_fdes(&df, &BaseAddresses::default(), &mut out, &mut extra);
+        // Only what .eh_frame does not cover (a cgo binary has both).
+        let mut covered: Vec<(u64, u64)> = fdes[..eh_count].iter().map(|f| (f.0, f.1)).collect();
+        covered.sort_unstable();
+        for f in extra {
+            let i = covered.partition_point(|c| c.0 < f.1);
+            if i > 0 && covered[i - 1].1 > f.0 {
+                continue;
+            }
+            fdes.push(f);
+        }
+    }
+    if fdes.is_empty() {
+        return Err(TableError::NoCfi);
+    }
+    out.fdes = fdes.len() as u64;
+    fdes.sort_by_key(|f| f.0);
+    let mut rows: Vec<Row> = Vec::new();
+    let mut prev_end = 0u64;
+    for (start, end, frows) in fdes {
+        if start < prev_end {
+            // Overlapping FDEs: the earlier one's rows stand.
+            out.skipped += 1;
+            continue;
+        }
+        // A gap between functions has no CFI.
+        if let Some(last) = rows.last_mut()
+            && u64::from(last.pc) == start
+        {
+            rows.pop();
+        }
+        rows.extend(frows);
+        if let Ok(end32) = u32::try_from(end) {
+            rows.push(Row::none(end32));
+        }
+        prev_end = end;
+    }
+    // Merge rows that repeat the previous rule.
+    let mut merged: Vec<Row> = Vec::with_capacity(rows.len());
+    for r in rows {
+        match merged.last_mut() {
+            Some(last) if last.pc == r.pc => *last = r,
+            Some(last) if last.same_rule(&r) => {}
+            _ => merged.push(r),
+        }
+    }
+    out.rows = merged;
+    Ok(out)
+}
+
+fn section_bytes<'data, R: object::ReadRef<'data>>(
+    section: &object::Section<'data, '_, R>,
+    name: &'static str,
+) -> Result<std::borrow::Cow<'data, [u8]>, TableError> {
+    let size = section
+        .compressed_file_range()
+        .map_or(section.size(), |r| r.uncompressed_size);
+    if size > MAX_SECTION_BYTES {
+        return Err(TableError::TooLarge {
+            section: name,
+            size,
+        });
+    }
+    section
+        .uncompressed_data()
+        .map_err(|e| TableError::Parse(format!("{name}: {e}")))
+}
+
+fn read_fdes<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    out: &mut BinaryTable,
+    fdes: &mut Vec<(u64, u64, Vec<Row>)>,
+) where
+    S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
+{
+    let mut ctx = Box::new(UnwindContext::new());
+    let mut entries = section.entries(bases);
+    loop {
+        let entry = match entries.next() {
+            Ok(Some(e)) => e,
+            Ok(None) => break,
+            // A malformed entry ends the section: its length cannot be trusted.
+            Err(_) => {
+                out.skipped += 1;
+                break;
+            }
+        };
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(S::cie_from_offset) else {
+            out.skipped += 1;
+            continue;
+        };
+        let (start, len) = (fde.initial_address(), fde.len());
+        let end = start.saturating_add(len);
+        if len == 0 || u32::try_from(end).is_err() {
+            out.skipped += 1;
+            continue;
+        }
+        let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
+            out.skipped += 1;
+            continue;
+        };
+        let mut rows = Vec::new();
+        loop {
+            match table.next_row() {
+                Ok(Some(row)) => {
+                    let Ok(pc) = u32::try_from(row.start_address()) else {
+                        break;
+                    };
+                    rows.push(convert(section, row, pc, out.go));
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    out.skipped += 1;
+                    break;
+                }
+            }
+        }
+        if !rows.is_empty() {
+            fdes.push((start, end, rows));
+        }
+    }
+}
+
+fn convert<'a, S>(section: &S, row: &gimli::UnwindTableRow<usize>, pc: u32, go: bool) -> Row
+where
+    S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
+{
+    let unsupported = Row {
+        pc,
+        cfa_off: 0,
+        kind: kind::UNSUPPORTED,
+        rbp_off: 0,
+    };
+    if matches!(row.register(RA), Some(RegisterRule::Undefined)) {
+        return Row {
+            kind: kind::END,
+            ..unsupported
+        };
+    }
+    let (mut k, cfa_off) = match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            let Ok(off) = i16::try_from(*offset) else {
+                return unsupported;
+            };
+            match *register {
+                RSP => (kind::RSP, off),
+                RBP => (kind::RBP, off),
+                _ => return unsupported,
+            }
+        }
+        CfaRule::Expression(e) => {
+            let Ok(expr) = e.get(section) else {
+                return unsupported;
+            };
+            let bytes = expr.0.slice();
+            if let Some(t) = plt_threshold(bytes) {
+                (kind::PLT, t)
+            } else if let Some(off) = deref_rbp(bytes) {
+                (kind::DEREF_RBP, off)
+            } else {
+                return unsupported;
+            }
+        }
+    };
+    let mut rbp_off = 0i8;
+    match row.register(RBP) {
+        Some(RegisterRule::Offset(o)) if o % 8 == 0 && o != 0 => match i8::try_from(o / 8) {
+            Ok(v) => rbp_off = v,
+            Err(_) => k |= kind::RBP_LOST,
+        },
+        None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => {
+            // Go's CFI says nothing of rbp, but every Go frame of 16 bytes or
+            // more has pushed the caller's rbp right below the return address.
+            if go && k == kind::RSP && cfa_off >= 16 {
+                rbp_off = -2;
+            }
+        }
+        _ => k |= kind::RBP_LOST,
+    }
+    Row {
+        pc,
+        cfa_off,
+        kind: k,
+        rbp_off,
+    }
+}
+
+/// Load bias of the mapping `[start, end)` of file offset `offset`: runtime
+/// address minus ELF virtual address. The kernel maps whole pages, so the
+/// segment is the one whose file start lies in the mapping's file range (a
+/// segment at file offset 0x12800 is mapped from offset 0x12000).
+pub fn load_bias(segments: &[Segment], start: u64, end: u64, offset: u64) -> Option<u64> {
+    let len = end.saturating_sub(start);
+    segments
+        .iter()
+        .find(|s| s.filesz > 0 && offset <= s.offset && s.offset < offset.saturating_add(len))
+        .map(|s| start.wrapping_add(s.offset - offset).wrapping_sub(s.vaddr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognizes_plt_and_realignment_expressions() {
+        let plt11 = [
+            0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22,
+        ];
+        assert_eq!(plt_threshold(&plt11), Some(11));
+        assert_eq!(plt_threshold(&plt11[..10]), None);
+        // DW_OP_breg6 -8; DW_OP_deref
+        assert_eq!(deref_rbp(&[0x76, 0x78, 0x06]), Some(-8));
+        assert_eq!(deref_rbp(&[0x76, 0x78]), None);
+    }
+
+    #[test]
+    fn own_binary_has_a_sorted_table_and_bias() {
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        let t = build(exe.as_slice()).expect("the test binary has .eh_frame");
+        assert!(t.rows.len() > 1000, "{} rows", t.rows.len());
+        assert!(t.rows.windows(2).all(|w| w[0].pc < w[1].pc));
+        assert!(t.rows.iter().any(|r| r.kind == kind::RSP && r.cfa_off == 8));
+        assert!(!t.segments.is_empty());
+        let seg = t.segments[0];
+        assert_eq!(
+            load_bias(&t.segments, 0x5000_0000, 0x5000_1000, seg.offset),
+            Some(0x5000_0000 - seg.vaddr)
+        );
+        // Text at file offset 0x12800, vaddr 0x13800, mapped from offset 0x12000.
+        let segs = [
+            Segment {
+                offset: 0,
+                vaddr: 0,
+                filesz: 0x127f8,
+            },
+            Segment {
+                offset: 0x12800,
+                vaddr: 0x13800,
+                filesz: 0x3c980,
+            },
+        ];
+        let base = 0x5555_0000_0000u64;
+        let bias = load_bias(&segs, base + 0x13000, base + 0x50000, 0x12000).unwrap();
+        assert_eq!(bias, base);
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(matches!(
+            build(&b"\x7fELF garbage"[..]),
+            Err(TableError::Parse(_))
+        ));
+        // A real ELF header with a corrupted .eh_frame still yields an error or
+        // a partial table, never a panic.
+        let mut exe = std::fs::read("/proc/self/exe").unwrap();
+        let obj = object::File::parse(exe.as_slice()).unwrap();
+        let (off, size) = obj
+            .section_by_name(".eh_frame")
+            .and_then(|s| s.file_range())
+            .unwrap();
+        drop(obj);
+        for (i, b) in exe[off as usize..(off + size) as usize]
+            .iter_mut()
+            .enumerate()
+        {
+            if i % 7 == 3 {
+                *b = 0xff;
+            }
+        }
+        let _ = build(exe.as_slice());
+    }
+}
