@@ -116,7 +116,7 @@ static __always_inline __u64 user_stack_of(struct bpf_perf_event_data *ctx, __u3
 			return 0;
 	}
 	/* One call site: the walker is verified once. */
-	return ff_unwind_user(ip, sp, bp, tgid);
+	return ff_unwind_user(ff_unwind_percpu_scratch(), ip, sp, bp, tgid, false);
 }
 
 SEC("perf_event")

@@ -21,13 +21,14 @@
  *
  * Allocator entry points call each other (glibc realloc(NULL, n) and memalign() call malloc,
  * a C++ operator new wraps malloc), so each thread counts its nesting depth and only the
- * outermost call is accounted. The stack is captured at return, where the frame-pointer walk
- * starts in the caller; at function entry it would skip the immediate caller.
+ * outermost call is accounted. The stack is captured at return, where the walk starts in the
+ * caller; at function entry it would skip the immediate caller.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "targets.bpf.h"
+#include "unwind.bpf.h"
 #include "heap.h"
 
 #define EEXIST 17
@@ -37,6 +38,18 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Exponential gaps in bytes, mean sample_bytes; all zero means "sample every allocation". */
 const volatile __u64 gap_table[HEAP_GAP_TABLE_SIZE] = {};
+/* Set before load: walk user stacks with the node's CFI tables (unwind.bpf.h), as the CPU
+ * sampler does; false keeps the kernel's frame-pointer walk (bpf_get_stackid). */
+const volatile bool cfi_unwind = false;
+
+/* Stack-walk scratch per thread: uprobe programs can be preempted, so a per-CPU one could be
+ * overwritten mid-walk by another thread's allocation on the same CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct ff_unwind_scratch);
+} heap_unwind_scratch SEC(".maps");
 
 /* Per-thread sampling state; task storage frees it when the thread exits. */
 struct heap_thread {
@@ -242,10 +255,22 @@ static __always_inline void record(struct pt_regs *ctx, struct heap_thread *ts, 
 	lv.agg.target = ts->target;
 	lv.agg.tgid = tgid;
 	lv.agg.size_class = size_class(ts->size);
-	id = bpf_get_stackid(ctx, &heap_stacks, BPF_F_USER_STACK);
-	/* Collisions and a full map lose the stack (the bytes are kept, unattributed). */
-	if (id == -EEXIST || id == -ENOMEM)
-		count(HEAP_DROP_STACK);
+	if (cfi_unwind) {
+		/* Registers at the return: the walk starts at the call site. */
+		lv.agg.user_stack = ff_unwind_user(
+			bpf_task_storage_get(&heap_unwind_scratch, bpf_get_current_task_btf(), 0,
+					     BPF_LOCAL_STORAGE_GET_F_CREATE),
+			PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx), tgid, true);
+		/* Lost (map full, no scratch): the bytes are kept, unattributed. */
+		if (!lv.agg.user_stack)
+			count(HEAP_DROP_STACK);
+		id = -1;
+	} else {
+		id = bpf_get_stackid(ctx, &heap_stacks, BPF_F_USER_STACK);
+		/* Collisions and a full map lose the stack (the bytes are kept, unattributed). */
+		if (id == -EEXIST || id == -ENOMEM)
+			count(HEAP_DROP_STACK);
+	}
 	lv.agg.stack_id = id < 0 ? -1 : (__s32)id;
 
 	av = bpf_map_lookup_elem(&heap_agg, &lv.agg);

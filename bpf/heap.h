@@ -14,6 +14,9 @@ struct heap_agg_key {
 	__u32 tgid;
 	__s32 stack_id; /* -1: no user stack (collisions and a full stack map are counted in drops) */
 	__u32 size_class;
+	/* Key of the user stack in `user_stacks` when walked with CFI tables (unwind.bpf.h);
+	 * 0 when the stack is in `heap_stacks` (stack_id) or was lost. */
+	__u64 user_stack;
 };
 
 /* Sampled (not yet scaled) totals of one aggregation row. */

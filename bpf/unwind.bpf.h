@@ -62,11 +62,14 @@ struct {
 	__type(value, struct ff_user_stack);
 } user_stacks SEC(".maps");
 
+/* State of one walk. Per CPU for programs that cannot be preempted (perf
+ * events); per task for those that can (uprobes run with migration, not
+ * preemption, disabled: two threads could share a CPU's scratch). */
 struct ff_unwind_scratch {
 	struct ff_user_stack stack;
 	__u64 pc, sp, bp;
 	__u32 n;
-	__u32 done;
+	__u32 ret0; /* the first pc is a return address (a return probe) */
 };
 
 struct {
@@ -204,7 +207,7 @@ static int ff_unwind_step(__u32 index, void *data)
 
 	/* A return address points after its call, which may be a function's last
 	 * instruction (a noreturn call): look the call itself up. */
-	lookup = n ? pc - 1 : pc;
+	lookup = (n || s->ret0) ? pc - 1 : pc;
 	if (w->proc) {
 		m = ff_find_mapping(w->proc, lookup);
 		if (m) {
@@ -273,25 +276,35 @@ static int ff_unwind_step(__u32 index, void *data)
 	return 0;
 }
 
+/* This CPU's scratch, for programs that cannot be preempted. */
+static __always_inline struct ff_unwind_scratch *ff_unwind_percpu_scratch(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&unwind_scratch, &zero);
+}
+
 /*
  * Walks the user stack of `tgid` from (ip, sp, bp), stores it in
  * `user_stacks` and returns its key; 0 when no stack was stored (counted).
+ * `ip_is_return`: ip is a return address (registers at a return probe), so
+ * its frame is looked up at the call like every caller's.
  */
-static __always_inline __u64 ff_unwind_user(__u64 ip, __u64 sp, __u64 bp, __u32 tgid)
+static __always_inline __u64 ff_unwind_user(struct ff_unwind_scratch *s, __u64 ip, __u64 sp,
+					    __u64 bp, __u32 tgid, bool ip_is_return)
 {
 	struct ff_walk w = {};
-	struct ff_unwind_scratch *s;
 	__u64 h;
-	__u32 zero = 0, i, n;
+	__u32 i, n;
 	long err;
 
-	s = bpf_map_lookup_elem(&unwind_scratch, &zero);
 	if (!s)
 		return 0;
 	s->pc = ip;
 	s->sp = sp;
 	s->bp = bp;
 	s->n = 0;
+	s->ret0 = ip_is_return;
 	w.s = s;
 	w.proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
 	ff_unwind_count(FF_UW_STACKS);

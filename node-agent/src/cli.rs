@@ -150,8 +150,8 @@ pub struct CaptureArgs {
     /// CPU: do not record kernel stacks.
     #[arg(long)]
     pub no_kernel_stacks: bool,
-    /// CPU: walk user stacks by frame pointers only (no CFI unwind tables);
-    /// code built without frame pointers then loses its callers.
+    /// CPU and heap (eBPF): walk user stacks by frame pointers only (no CFI
+    /// unwind tables); code built without frame pointers then loses its callers.
     #[arg(long)]
     pub frame_pointers_only: bool,
     /// runqlat: one histogram per process.
@@ -289,7 +289,7 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
             (result.to_profile(&node), waits, result.text())
         }
         ProfileType::Heap => {
-            let request = heap::cli_request(
+            let mut request = heap::cli_request(
                 args.heap_source,
                 &targets,
                 heap_endpoint(args)?,
@@ -298,6 +298,7 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
                 args.delta_seconds,
                 &node,
             )?;
+            request.ebpf.cfi_unwind = !args.frame_pointers_only;
             let result = heap::capture(&request)?;
             let samples = result.profile.sample.len() as u64;
             let text = result.text();

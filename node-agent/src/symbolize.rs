@@ -245,10 +245,11 @@ impl SymbolizeStats {
         100.0 * self.sampled_unsymbolized as f64 / self.sampled_frames as f64
     }
 
-    /// The profile comment stating symbolization quality.
-    pub fn quality_comment(&self) -> String {
+    /// The profile comment stating symbolization quality; `weight` names
+    /// what [`StackSymbolizer::account`] was given (e.g. "samples").
+    pub fn quality_comment(&self, weight: &str) -> String {
         format!(
-            "symbolization: {:.2}% of sampled frames unsymbolized ({} of {}, weighted by samples)",
+            "symbolization: {:.2}% of sampled frames unsymbolized ({} of {}, weighted by {weight})",
             self.unsymbolized_pct(),
             self.sampled_unsymbolized,
             self.sampled_frames

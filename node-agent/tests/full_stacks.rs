@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use flamefleet_agent::capture::cpu::{CpuOptions, CpuSamples};
+use flamefleet_agent::capture::heap::ebpf::{self as heap_ebpf, EbpfHeapOptions};
 use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
 use flamefleet_agent::symbolize::StackSymbolizer;
 use support::{TestCgroup, require_root, serial};
@@ -71,15 +72,20 @@ fn traces(file: &Path, extra: &[&str]) -> Vec<Trace> {
     all
 }
 
+/// A trace's weight as `go tool pprof` prints it: a duration (in ns) or a
+/// size (in bytes).
 fn duration_ns(s: &str) -> Option<f64> {
     let split = s.find(|c: char| c.is_ascii_alphabetic())?;
     let (num, unit) = s.split_at(split);
     let v: f64 = num.parse().ok()?;
     Some(match unit {
-        "ns" => v,
+        "ns" | "B" => v,
         "us" => v * 1e3,
         "ms" => v * 1e6,
         "s" => v * 1e9,
+        "kB" => v * 1024.0,
+        "MB" => v * 1024.0 * 1024.0,
+        "GB" => v * 1024.0 * 1024.0 * 1024.0,
         _ => return None,
     })
 }
@@ -557,7 +563,9 @@ fn node_jit_functions_are_named_from_the_perf_map() {
         Command::new("node")
             .arg("--perf-basic-prof")
             .arg(&js)
-            .arg("60"),
+            .arg("60")
+            // V8 may write isolate logs to its working directory: not the source tree.
+            .current_dir(dir.path()),
     );
     // Synchronize on the perf map naming the function (written when V8 compiles it).
     let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
@@ -691,4 +699,85 @@ fn corrupt_or_missing_cfi_falls_back_and_is_counted() {
     let comments = String::from_utf8_lossy(&comments.stdout);
     assert!(comments.contains("without usable CFI"), "{comments}");
     assert!(comments.contains("unsymbolized"), "{comments}");
+}
+
+/// Allocations from one site under main → ff_h1 → ff_h2 → ff_h3 → ff_alloc_site,
+/// with the blocks freed 256 allocations later.
+const HEAP_CHAIN: &str = r#"
+#include <stdlib.h>
+static void *volatile keep[256];
+static volatile unsigned long sink;
+__attribute__((noinline)) void *ff_alloc_site(unsigned long n) {
+    char *p = malloc(n);
+    if (p) p[0] = 1; /* uses the result: malloc is not a tail call */
+    return p;
+}
+__attribute__((noinline)) void ff_h3(long i) {
+    void *p = ff_alloc_site(4096 + (i & 7) * 512);
+    free(keep[i & 255]);
+    keep[i & 255] = p;
+    sink++;
+}
+__attribute__((noinline)) void ff_h2(long i) { ff_h3(i); sink++; }
+__attribute__((noinline)) void ff_h1(long i) { ff_h2(i); sink++; }
+int main(void) { for (long i = 0;; i++) ff_h1(i); }
+"#;
+
+/// A heap capture of `cg` for `secs`; the written profile and the capture's counters.
+fn capture_heap(
+    cg: &TestCgroup,
+    dir: &Path,
+    name: &str,
+    cfi_unwind: bool,
+) -> (PathBuf, heap_ebpf::EbpfHeapStats) {
+    let (profile, stats) = heap_ebpf::capture(
+        &[CaptureTarget::raw(cg.cgroup.clone())],
+        &EbpfHeapOptions {
+            duration: Duration::from_secs(3),
+            sample_bytes: 256 * 1024,
+            cfi_unwind,
+            ..EbpfHeapOptions::default()
+        },
+    )
+    .expect("heap capture");
+    let out = dir.join(format!("{name}.pb.gz"));
+    flamefleet_agent::cli::write_profile(&out, &profile).unwrap();
+    eprintln!("{name}: {stats:?}");
+    (out, stats)
+}
+
+#[test]
+fn heap_allocation_site_without_frame_pointers_has_its_callers() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c(
+        dir.path(),
+        "ffheap",
+        HEAP_CHAIN,
+        &["-O2", "-fomit-frame-pointer", "-g"],
+    );
+    let mut cg = TestCgroup::new("stacks-heap");
+    cg.spawn(&mut Command::new(&bin));
+    let chain = ["ff_h3", "ff_h2", "ff_h1", "main"];
+    let (file, stats) = capture_heap(&cg, dir.path(), "heap", true);
+    assert!(stats.sampled > 100, "too few samples: {stats:?}");
+    let walk = stats.walk.expect("CFI walk counters");
+    assert!(walk.frames_cfi > 0, "{walk:?}");
+    assert_chain(
+        &file,
+        "ff_alloc_site",
+        &chain,
+        &["-sample_index=alloc_space"],
+    );
+    // Control: the frame-pointer walk of the same process loses the chain.
+    let (file, _) = capture_heap(&cg, dir.path(), "heap-fp", false);
+    let ts = traces(&file, &["-sample_index=alloc_space"]);
+    let (leaf, full) = chain_share(&ts, "ff_alloc_site", &chain);
+    assert!(leaf > 0.0, "no allocation attributed to ff_alloc_site");
+    assert!(
+        full / leaf < 0.5,
+        "the frame-pointer walk should not recover this chain (control for the CFI test): {:.1}%",
+        100.0 * full / leaf
+    );
 }

@@ -78,6 +78,7 @@ fn check_inuse_and_call_sites(force_classic_uprobes: bool) {
     noise_cg.spawn(Command::new(&bin).arg(&noise_dir));
 
     let sample_bytes = 128 * 1024;
+    let (ready, attached) = std::sync::mpsc::sync_channel(1);
     let request = HeapRequest {
         source: HeapSource::Auto,
         targets: vec![HeapTarget {
@@ -94,15 +95,20 @@ fn check_inuse_and_call_sites(force_classic_uprobes: bool) {
             sample_bytes,
             node: "test-node".into(),
             force_classic_uprobes,
+            ready: Some(ready),
             ..Default::default()
         },
         fetch: FetchLimits::default(),
         delta_seconds: 0,
     };
     let capture = std::thread::spawn(move || heap::capture(&request));
-    // Probes attach when the capture starts; give it a moment, then let the
-    // workloads allocate.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Let the workloads allocate once the probes are attached.
+    if attached.recv_timeout(Duration::from_secs(60)).is_err() {
+        panic!(
+            "the heap capture never attached its probes: {:?}",
+            capture.join().map(|r| r.err())
+        );
+    }
     std::fs::write(target_dir.join("go"), b"").unwrap();
     std::fs::write(noise_dir.join("go"), b"").unwrap();
     let parent_pid: i64 = wait_report(&target_dir, "ready ").parse().unwrap();

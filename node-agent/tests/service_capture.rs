@@ -123,10 +123,28 @@ async fn the_same_uid_attaches_while_running_and_replays_after() {
     let mut c2 = setup.client().await;
     let mut c4 = setup.client().await;
     let r1 = req.clone();
-    let first = tokio::spawn(async move { collect(&mut c1, r1).await });
-    // Past the sampler's start (loading the CPU sampler, its unwinder
-    // included, takes ~1 s on a loaded 2-core machine), inside the 2 s window.
-    tokio::time::sleep(Duration::from_millis(1400)).await;
+    let (running_tx, running) = tokio::sync::oneshot::channel();
+    let first = tokio::spawn(async move {
+        let mut stream = c1
+            .capture(r1)
+            .await
+            .expect("Capture call accepted")
+            .into_inner();
+        let (mut out, mut running_tx) = (Vec::new(), Some(running_tx));
+        while let Some(p) = stream.message().await.expect("progress message") {
+            if p.stage() == Stage::Running
+                && let Some(tx) = running_tx.take()
+            {
+                let _ = tx.send(());
+            }
+            out.push(p);
+        }
+        out
+    });
+    // Once the first capture runs (its sampler loaded), inside its 2 s window.
+    running
+        .await
+        .expect("the first capture reported no RUNNING stage");
     // Meanwhile another request (another UID) runs a capture of its own.
     let other_uid = unique("uid-other");
     let other_req = cpu_request(&other_uid, "node-idem", tree, upload, 1500);

@@ -550,21 +550,8 @@ impl CpuSamples {
             symbolizer.account(&frames, s.count);
             b.add_sample(&frames, &[n, n * period], &labels);
         }
-        b.comment(&symbolizer.stats.quality_comment());
-        let w = &self.walk;
-        b.comment(&format!(
-            "user stacks: {} walked, frames by CFI {} / by frame pointer {}; without tables (yet): {}; \
-             stopped: unsupported CFI {}, unreadable stack {}, bad step {}, truncated at 127 {}, table evicted {}",
-            w.stacks,
-            w.frames_cfi,
-            w.frames_fp,
-            w.no_process,
-            w.unsupported,
-            w.read_failed,
-            w.bad_step,
-            w.truncated,
-            w.table_missing
-        ));
+        b.comment(&symbolizer.stats.quality_comment("samples"));
+        b.comment(&self.walk.comment());
         if let Some(u) = &self.unwinder {
             b.comment(&format!(
                 "unwind tables: {} binaries, {} KiB; build+load {:.1} ms per binary (max {:.1} ms); \

@@ -149,7 +149,7 @@ pub struct WalkStats {
 
 impl WalkStats {
     /// Reads the per-CPU `unwind_stats` array of a BPF object.
-    pub fn read(map: &MapHandle) -> Self {
+    pub fn read(map: &impl libbpf_rs::MapCore) -> Self {
         let mut v = [0u64; 10];
         for (i, total) in v.iter_mut().enumerate() {
             let per_cpu = map
@@ -175,6 +175,23 @@ impl WalkStats {
             stack_lost: v[8],
             bad_step: v[9],
         }
+    }
+
+    /// The profile comment describing the walks.
+    pub fn comment(&self) -> String {
+        format!(
+            "user stacks: {} walked, frames by CFI {} / by frame pointer {}; without tables (yet): {}; \
+             stopped: unsupported CFI {}, unreadable stack {}, bad step {}, truncated at 127 {}, table evicted {}",
+            self.stacks,
+            self.frames_cfi,
+            self.frames_fp,
+            self.no_process,
+            self.unsupported,
+            self.read_failed,
+            self.bad_step,
+            self.truncated,
+            self.table_missing
+        )
     }
 
     /// The counts since `before`.

@@ -9,6 +9,10 @@
 //! processes every [`EbpfHeapOptions::rescan`] for allocators not yet probed
 //! (a new container image, a `dlopen`ed jemalloc).
 //!
+//! Stacks are walked with the node's CFI unwind tables ([`crate::unwind`],
+//! shared with the CPU sampler), so allocation sites in code built without
+//! frame pointers keep their callers.
+//!
 //! What the profile means: `alloc_*` counts allocations made during the
 //! capture; `inuse_*` those of them still live at its end. Allocations made
 //! before the capture started are not seen (use the endpoint source for a
@@ -16,6 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
@@ -29,6 +34,7 @@ use crate::bpf::{Pod, from_bytes};
 use crate::capture::{CaptureError, CaptureTarget, Result, check_btf, subtree_ids, target_labels};
 use crate::pprof::{Label, ProfileBuilder};
 use crate::symbolize::{ProcessCatalog, StackSymbolizer};
+use crate::unwind::{UnwindConfig, Unwinder, WalkStats};
 use flamefleet_proto::pprof::Profile;
 
 // SAFETY: generated from BTF of plain C structs of integers and arrays.
@@ -62,6 +68,15 @@ pub struct EbpfHeapOptions {
     /// Use classic entry + return probes even where session uprobes exist
     /// (what kernels before 6.13 get; tests cover both paths with it).
     pub force_classic_uprobes: bool,
+    /// Walk stacks with CFI tables (code without frame pointers); `false`
+    /// keeps the kernel's frame-pointer walk.
+    pub cfi_unwind: bool,
+    /// Limits of the unwind tables, when no sampler of the node has created
+    /// them yet (they are shared: the running ones are used as they are).
+    pub unwind: UnwindConfig,
+    /// Told once the probes are attached to the allocators of the targets'
+    /// processes running at the start (allocations from then on are seen).
+    pub ready: Option<std::sync::mpsc::SyncSender<()>>,
 }
 
 impl Default for EbpfHeapOptions {
@@ -76,6 +91,9 @@ impl Default for EbpfHeapOptions {
             rescan: Duration::from_millis(500),
             node: String::new(),
             force_classic_uprobes: false,
+            cfi_unwind: true,
+            unwind: UnwindConfig::default(),
+            ready: None,
         }
     }
 }
@@ -106,6 +124,8 @@ pub struct EbpfHeapStats {
     /// Whether malloc-like entry points used session uprobes (Linux 6.13+),
     /// which skip the return trap for unsampled calls.
     pub session_uprobes: bool,
+    /// How sampled stacks were walked (`None`: frame pointers only).
+    pub walk: Option<WalkStats>,
 }
 
 /// Runs one eBPF heap capture of `targets` and returns the profile.
@@ -125,16 +145,25 @@ pub fn capture(
     }
     check_btf()?;
     let started = SystemTime::now();
+    // The node's unwind tables, shared with the CPU sampler.
+    let unwinder = if opts.cfi_unwind {
+        Some(Unwinder::shared(&opts.unwind)?)
+    } else {
+        None
+    };
     let (mut session_object, mut classic_object) = (MaybeUninit::uninit(), MaybeUninit::uninit());
     let session = if opts.force_classic_uprobes {
         Err(())
     } else {
-        load(&mut session_object, opts, true).map_err(|_| ())
+        load(&mut session_object, opts, true, unwinder.as_deref()).map_err(|_| ())
     };
     let (skel, session) = match session {
         Ok(skel) => (skel, true),
         // Kernels before 6.13 have no session uprobes: classic entry + return probes.
-        Err(()) => (load(&mut classic_object, opts, false)?, false),
+        Err(()) => (
+            load(&mut classic_object, opts, false, unwinder.as_deref())?,
+            false,
+        ),
     };
     for (i, t) in targets.iter().enumerate() {
         let value = types::ff_target {
@@ -158,6 +187,9 @@ pub fn capture(
         session_uprobes: session,
         ..EbpfHeapStats::default()
     };
+    // Tables of the processes running now, before their first sample.
+    let mut known = HashSet::new();
+    register_new_processes(&unwinder, &catalog, targets, &mut known, true);
     {
         let mut links: Vec<Link> = Vec::new();
         links.push(
@@ -173,9 +205,13 @@ pub fn capture(
         attacher.rescan(&skel, targets, &mut links, &mut stats)?;
         let events = catalog.clone();
         let mut rb = libbpf_rs::RingBufferBuilder::new();
+        let events_unwinder = unwinder.clone();
         rb.add(&skel.maps.proc_events, move |data: &[u8]| {
             if let Some(ev) = from_bytes::<types::ff_proc_event>(data) {
                 events.snapshot(ev.tgid);
+                if let (Some(u), Some(maps)) = (&events_unwinder, events.lookup(ev.tgid)) {
+                    u.register(ev.tgid, maps);
+                }
             }
             0
         })
@@ -183,6 +219,10 @@ pub fn capture(
         let rb = rb
             .build()
             .map_err(|e| CaptureError::bpf("opening the process ring buffer", e))?;
+        if let Some(ready) = &opts.ready {
+            // The receiver may have gone: nothing to tell then.
+            let _ = ready.try_send(());
+        }
         let deadline = Instant::now() + opts.duration;
         let mut next_rescan = Instant::now() + opts.rescan;
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
@@ -190,6 +230,7 @@ pub fn capture(
             let _ = rb.poll(left.min(Duration::from_millis(100)));
             if Instant::now() >= next_rescan {
                 attacher.rescan(&skel, targets, &mut links, &mut stats)?;
+                register_new_processes(&unwinder, &catalog, targets, &mut known, false);
                 next_rescan = Instant::now() + opts.rescan;
             }
         }
@@ -198,9 +239,40 @@ pub fn capture(
         drop(links);
     }
     read_stats(&skel, &mut stats)?;
+    if unwinder.is_some() {
+        stats.walk = Some(WalkStats::read(&skel.maps.unwind_stats));
+    }
     let duration = started.elapsed().unwrap_or(opts.duration);
-    let profile = build_profile(&skel, targets, opts, &catalog, started, duration)?;
+    let profile = build_profile(&skel, targets, opts, &catalog, started, duration, &stats)?;
     Ok((profile, stats))
+}
+
+/// Hands the unwinder the targets' processes not seen yet (`known`), so their
+/// stacks unwind with CFI from their first samples: on the caller's thread
+/// for up to 300 ms when `now` (a capture's start), queued otherwise.
+fn register_new_processes(
+    unwinder: &Option<Arc<Unwinder>>,
+    catalog: &ProcessCatalog,
+    targets: &[CaptureTarget],
+    known: &mut HashSet<u32>,
+    now: bool,
+) {
+    let Some(u) = unwinder else { return };
+    let mut new = Vec::new();
+    for t in targets {
+        for pid in t.cgroup.procs_recursive().unwrap_or_default() {
+            if known.insert(pid) && catalog.snapshot(pid) {
+                new.extend(catalog.lookup(pid).map(|maps| (pid, maps)));
+            }
+        }
+    }
+    if now {
+        u.register_now(new, Duration::from_millis(300));
+    } else {
+        for (pid, maps) in new {
+            u.register(pid, maps);
+        }
+    }
 }
 
 /// Opens, sizes and loads the heap programs, with or without the session
@@ -209,6 +281,7 @@ fn load<'obj>(
     open_object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
     opts: &EbpfHeapOptions,
     session: bool,
+    unwinder: Option<&Unwinder>,
 ) -> Result<HeapSkel<'obj>> {
     let mut open = HeapSkelBuilder::default()
         .open(open_object)
@@ -226,10 +299,26 @@ fn load<'obj>(
                         .into(),
             })?;
     rodata.gap_table.copy_from_slice(&table);
+    rodata.cfi_unwind = unwinder.is_some();
+    // The stack map the configured walk does not use keeps one entry.
+    let (fp_stacks, cfi_stacks) = match unwinder {
+        Some(u) => {
+            u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
+            (1, opts.max_stacks)
+        }
+        None => {
+            for map in [&mut open.maps.unwind_tables, &mut open.maps.unwind_procs] {
+                map.set_max_entries(1)
+                    .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;
+            }
+            (opts.max_stacks, 1)
+        }
+    };
     for (map, n) in [
         (&mut open.maps.heap_live, opts.max_live),
         (&mut open.maps.heap_agg, opts.max_rows),
-        (&mut open.maps.heap_stacks, opts.max_stacks),
+        (&mut open.maps.heap_stacks, fp_stacks),
+        (&mut open.maps.user_stacks, cfi_stacks),
     ] {
         map.set_max_entries(n.max(1))
             .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;
@@ -350,9 +439,10 @@ fn build_profile(
     catalog: &ProcessCatalog,
     started: SystemTime,
     duration: Duration,
+    stats: &EbpfHeapStats,
 ) -> Result<Profile> {
     let rate = opts.sample_bytes;
-    let mut rows: HashMap<(u32, u32, i32), Row> = HashMap::new();
+    let mut rows: HashMap<(u32, u32, i32, u64), Row> = HashMap::new();
     for key_bytes in skel.maps.heap_agg.keys() {
         let Some(key) = from_bytes::<types::heap_agg_key>(&key_bytes) else {
             continue;
@@ -367,7 +457,7 @@ fn build_profile(
         let (ac, ab) = sampling::scale(val.alloc_count, val.alloc_bytes, rate);
         let (ic, ib) = sampling::scale(val.inuse_count, val.inuse_bytes, rate);
         let row = rows
-            .entry((key.target, key.tgid, key.stack_id))
+            .entry((key.target, key.tgid, key.stack_id, key.user_stack))
             .or_default();
         row[0] += ac;
         row[1] += ab;
@@ -397,11 +487,11 @@ fn build_profile(
     let mut sorted: Vec<_> = rows.into_iter().collect();
     sorted.sort_by_key(|(k, _)| *k);
     let mut comms: HashMap<u32, String> = HashMap::new();
-    for ((target, tgid, stack_id), row) in sorted {
+    for ((target, tgid, stack_id, user_stack), row) in sorted {
         let Some(t) = targets.get((target as usize).wrapping_sub(1)) else {
             continue;
         };
-        let stack = read_stack(skel, stack_id);
+        let stack = read_stack(skel, stack_id, user_stack);
         let frames = symbolizer.user_frames(&mut b, tgid, &stack);
         let comm = comms
             .entry(tgid)
@@ -417,23 +507,32 @@ fn build_profile(
             labels.push(Label::Str("comm".into(), comm));
         }
         let values: Vec<i64> = row.iter().map(|v| v.round() as i64).collect();
+        symbolizer.account(&frames, values[0].max(1) as u64);
         b.add_sample(&frames, &values, &labels);
+    }
+    b.comment(&symbolizer.stats.quality_comment("allocations"));
+    if let Some(w) = &stats.walk {
+        b.comment(&w.comment());
     }
     Ok(b.build())
 }
 
-/// The user stack `id` (leaf first), empty when it was not captured.
-fn read_stack(skel: &HeapSkel<'_>, id: i32) -> Vec<u64> {
-    let Ok(id) = u32::try_from(id) else {
-        return Vec::new();
+/// The user stack `id` of `heap_stacks`, or `user_stack` of `user_stacks`
+/// when not 0 (leaf first); empty when it was not captured.
+fn read_stack(skel: &HeapSkel<'_>, id: i32, user_stack: u64) -> Vec<u64> {
+    let bytes = if user_stack != 0 {
+        skel.maps
+            .user_stacks
+            .lookup(&user_stack.to_ne_bytes(), MapFlags::ANY)
+    } else {
+        let Ok(id) = u32::try_from(id) else {
+            return Vec::new();
+        };
+        skel.maps
+            .heap_stacks
+            .lookup(&id.to_ne_bytes(), MapFlags::ANY)
     };
-    let bytes = skel
-        .maps
-        .heap_stacks
-        .lookup(&id.to_ne_bytes(), MapFlags::ANY)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+    let bytes = bytes.ok().flatten().unwrap_or_default();
     bytes
         .chunks_exact(8)
         .take(MAX_FRAMES)
