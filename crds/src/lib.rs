@@ -12,6 +12,7 @@ pub mod crd_yaml;
 pub mod duration;
 pub mod phase;
 pub mod profile_request;
+pub mod results;
 pub mod sampling_policy;
 pub mod status_apply;
 
@@ -22,8 +23,9 @@ pub use profile_request::{
     RunqlatOptions, RunqlatUnit,
 };
 pub use sampling_policy::{
-    ClusterSamplingPolicy, ClusterSamplingPolicySpec, HistoryLimits, NodeBudget, RunReference,
-    SamplingLimits, SamplingPolicy, SamplingPolicySpec, SamplingPolicyStatus,
+    ClusterSamplingPolicy, ClusterSamplingPolicySpec, Coverage, HistoryLimits, NodeBudget,
+    PendingRun, PlannedRequest, RotationState, RunReference, SamplingLimits, SamplingPolicy,
+    SamplingPolicySpec, SamplingPolicyStatus, SkippedPod,
 };
 
 /// The API group of every Flamefleet kind.

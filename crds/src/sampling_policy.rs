@@ -11,10 +11,62 @@ use serde::{Deserialize, Serialize};
 
 use crate::profile_request::ProfileRequestSpec;
 
-/// The regular expression the schema enforces on `schedule`: five space-separated cron fields
-/// (minute hour day-of-month month day-of-week), each a comma list of `*`, `?`, numbers or
-/// three-letter names, optional `-` ranges and `/` steps.
-pub const CRON_PATTERN: &str = r"^(\*|\?|[0-9]{1,2}|[A-Za-z]{3})(-([0-9]{1,2}|[A-Za-z]{3}))?(/[0-9]{1,2})?(,(\*|\?|[0-9]{1,2}|[A-Za-z]{3})(-([0-9]{1,2}|[A-Za-z]{3}))?(/[0-9]{1,2})?)*( (\*|\?|[0-9]{1,2}|[A-Za-z]{3})(-([0-9]{1,2}|[A-Za-z]{3}))?(/[0-9]{1,2})?(,(\*|\?|[0-9]{1,2}|[A-Za-z]{3})(-([0-9]{1,2}|[A-Za-z]{3}))?(/[0-9]{1,2})?)*){4}$";
+/// The regular expression the schema enforces on `schedule` (see [`schedule_pattern`]).
+pub static SCHEDULE_PATTERN: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(schedule_pattern);
+
+/// Largest `sampling.maxPods`: one run's pods are listed in `podNames` of its requests.
+pub const MAX_PODS_PER_RUN: i32 = 1000;
+
+/// Builds the schedule pattern: a `@hourly`-style macro, or five cron fields (minute hour
+/// day-of-month month day-of-week) optionally preceded by a seconds field. Each field is a
+/// comma list of `*`, a value or a range `a-b`, where `*` and ranges may take a `/step`;
+/// values are checked against the field's range (minute 0-59, hour 0-23, day 1-31, month
+/// 1-12 or JAN-DEC, weekday 0-7 or SUN-SAT, names in any case), so `99 99 99 99 99` and
+/// `xyz abc def ghi jkl` never reach the controller. The operator parses with a real cron
+/// library and reports anything the pattern lets through in a `ScheduleValid` condition.
+pub fn schedule_pattern() -> String {
+    fn any_case(name: &str) -> String {
+        name.chars()
+            .map(|c| format!("[{}{}]", c.to_ascii_uppercase(), c.to_ascii_lowercase()))
+            .collect()
+    }
+    fn names(list: &[&str]) -> String {
+        list.iter()
+            .map(|n| any_case(n))
+            .collect::<Vec<_>>()
+            .join("|")
+    }
+    fn field(value: &str, question_mark: bool) -> String {
+        let step = "/[1-9][0-9]?";
+        let item = format!("(\\*({step})?|({value})(-({value})({step})?)?)");
+        let list = format!("{item}(,{item})*");
+        if question_mark {
+            format!("(\\?|{list})")
+        } else {
+            format!("({list})")
+        }
+    }
+    let sixty = "[0-5]?[0-9]";
+    let hour = "[01]?[0-9]|2[0-3]";
+    let day = "0?[1-9]|[12][0-9]|3[01]";
+    let months = names(&[
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ]);
+    let month = format!("0?[1-9]|1[0-2]|{months}");
+    let weekdays = names(&["sun", "mon", "tue", "wed", "thu", "fri", "sat"]);
+    let weekday = format!("[0-7]|{weekdays}");
+    let macros = ["yearly", "annually", "monthly", "weekly", "daily", "hourly"].join("|");
+    format!(
+        "^(@({macros})|({seconds} )?{minute} {hour} {day} {month} {weekday})$",
+        seconds = field(sixty, false),
+        minute = field(sixty, false),
+        hour = field(hour, false),
+        day = field(day, true),
+        month = field(&month, false),
+        weekday = field(&weekday, true),
+    )
+}
 
 /// A schedule that samples pods of its own namespace and creates ProfileRequests from `template`.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -31,10 +83,26 @@ pub const CRON_PATTERN: &str = r"^(\*|\?|[0-9]{1,2}|[A-Za-z]{3})(-([0-9]{1,2}|[A
     printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.schedule"),
     printcolumn(name = "Type", type_ = "string", json_path = ".spec.template.type"),
     printcolumn(name = "Suspend", type_ = "boolean", json_path = ".spec.suspend"),
+    printcolumn(name = "Active", type_ = "integer", json_path = ".status.activeCount"),
+    printcolumn(
+        name = "Coverage",
+        type_ = "string",
+        json_path = ".status.coverage.summary"
+    ),
+    printcolumn(
+        name = "Skipped",
+        type_ = "integer",
+        json_path = ".status.skippedForBudget"
+    ),
     printcolumn(
         name = "Last Schedule",
         type_ = "date",
         json_path = ".status.lastScheduleTime"
+    ),
+    printcolumn(
+        name = "Last Success",
+        type_ = "date",
+        json_path = ".status.lastSuccessfulTime"
     ),
     printcolumn(
         name = "Age",
@@ -44,18 +112,33 @@ pub const CRON_PATTERN: &str = r"^(\*|\?|[0-9]{1,2}|[A-Za-z]{3})(-([0-9]{1,2}|[A
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SamplingPolicySpec {
-    /// Five-field cron schedule, e.g. `*/5 * * * *`.
-    #[schemars(length(min = 9, max = 128), pattern(CRON_PATTERN))]
+    /// Cron schedule in the policy's `timeZone`: five fields (`*/5 * * * *`), six with a
+    /// leading seconds field (`*/20 * * * * *`), or a macro such as `@hourly`.
+    #[schemars(length(min = 6, max = 256), pattern(SCHEDULE_PATTERN.as_str()))]
     pub schedule: String,
-    /// Stop creating new runs while true.
+    /// IANA time zone of the schedule, e.g. `Europe/Paris` (default: UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 64),
+        pattern(r"^[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+)*$")
+    )]
+    pub time_zone: Option<String>,
+    /// A run whose time was missed (operator down) is still created up to this many seconds
+    /// late, and skipped after (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub starting_deadline_seconds: Option<i64>,
+    /// Stop creating new runs while true (running ones finish).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspend: Option<bool>,
-    /// The ProfileRequest spec of every run.
+    /// The ProfileRequest spec of every run; `selector` picks the pods to sample from, and
+    /// each run targets the sampled pods by name. A cpu template without `cpu` options
+    /// samples at 19 Hz.
     pub template: ProfileRequestSpec,
     /// How much of the matching fleet one run samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<SamplingLimits>,
-    /// Cost budget per node.
+    /// Cost budget per node, shared with every other policy and ad hoc request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<NodeBudget>,
     /// How many finished runs to keep.
@@ -78,10 +161,26 @@ pub struct SamplingPolicySpec {
     printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.schedule"),
     printcolumn(name = "Type", type_ = "string", json_path = ".spec.template.type"),
     printcolumn(name = "Suspend", type_ = "boolean", json_path = ".spec.suspend"),
+    printcolumn(name = "Active", type_ = "integer", json_path = ".status.activeCount"),
+    printcolumn(
+        name = "Coverage",
+        type_ = "string",
+        json_path = ".status.coverage.summary"
+    ),
+    printcolumn(
+        name = "Skipped",
+        type_ = "integer",
+        json_path = ".status.skippedForBudget"
+    ),
     printcolumn(
         name = "Last Schedule",
         type_ = "date",
         json_path = ".status.lastScheduleTime"
+    ),
+    printcolumn(
+        name = "Last Success",
+        type_ = "date",
+        json_path = ".status.lastSuccessfulTime"
     ),
     printcolumn(
         name = "Age",
@@ -99,15 +198,16 @@ pub struct ClusterSamplingPolicySpec {
     pub policy: SamplingPolicySpec,
 }
 
-/// How many pods and nodes one run samples. All limits apply together.
+/// How many pods and nodes one run samples. All limits apply together; without any, a run
+/// takes one pod.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SamplingLimits {
-    /// At most this many pods per run.
+    /// At most this many pods per run (at most 256 in one namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 10000))]
+    #[schemars(range(min = 1, max = MAX_PODS_PER_RUN))]
     pub max_pods: Option<i32>,
-    /// At most this percentage of the matching pods per run (1 to 100).
+    /// At most this percentage of the matching pods per run (1 to 100, rounded up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub percent: Option<i32>,
@@ -117,55 +217,185 @@ pub struct SamplingLimits {
     pub max_nodes: Option<i32>,
 }
 
-/// Per-node cost budget.
+/// Per-node cost budget. Counted over everything that captures on a node: this policy's
+/// runs, other policies' runs and ad hoc ProfileRequests. Ad hoc requests are never held
+/// back; scheduled runs skip a node at its budget and take another pod.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeBudget {
-    /// At most this many captures running on one node at a time.
+    /// At most this many captures running on one node at a time (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub max_concurrent_captures_per_node: Option<i32>,
+    /// At most this percentage of wall time a node spends under scheduled capture of the
+    /// template's profile type, over `dutyCycleWindowSeconds` (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_duty_cycle_percent: Option<i32>,
+    /// The sliding window of the duty cycle, seconds (default 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 86400))]
+    pub duty_cycle_window_seconds: Option<i64>,
 }
 
 /// How many finished runs to keep.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryLimits {
-    /// Succeeded runs to keep (default decided by the controller).
+    /// Runs that succeeded (fully or partly) to keep (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 1000))]
     pub successful_runs_history_limit: Option<i32>,
-    /// Failed runs to keep (default decided by the controller).
+    /// Failed runs to keep (default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 1000))]
     pub failed_runs_history_limit: Option<i32>,
 }
 
-/// What a sampling policy has done.
+/// What a sampling policy has done. Written by the operator only.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SamplingPolicyStatus {
-    /// When the last run was created.
+    /// The `metadata.generation` the status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The scheduled time of the last run (created or skipped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_schedule_time: Option<Time>,
-    /// When the last run succeeded.
+    /// The next scheduled time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_schedule_time: Option<Time>,
+    /// When the last run that succeeded (fully or partly) completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_successful_time: Option<Time>,
     /// Runs that have not finished yet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active: Vec<RunReference>,
-    /// Standard conditions, one per type.
+    /// Number of runs that have not finished yet (the ACTIVE column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_count: Option<i32>,
+    /// Scheduled times missed past `startingDeadlineSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missed_runs: Option<i64>,
+    /// Pods passed over because their node was at its budget, summed over all runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_for_budget: Option<i64>,
+    /// What the last run passed over, and why (at most 20 entries).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_run_skipped: Vec<SkippedPod>,
+    /// How much of the matching fleet the rotation has covered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Coverage>,
+    /// Where the rotation stands (kept in status so it survives operator restarts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation: Option<RotationState>,
+    /// A run being created: written before its ProfileRequests, cleared after, so a restart
+    /// in between finishes it instead of planning another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_run: Option<PendingRun>,
+    /// Standard conditions, one per type (`ScheduleValid`, `PodsMatched`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
 }
 
 /// A ProfileRequest created by a policy.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunReference {
     /// Namespace of the ProfileRequest.
     pub namespace: String,
     /// Name of the ProfileRequest.
     pub name: String,
+}
+
+/// A pod a run passed over.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedPod {
+    /// Namespace of the pod.
+    pub namespace: String,
+    /// Name of the pod.
+    pub pod: String,
+    /// Its node.
+    pub node: String,
+    /// Why: `ConcurrentCaptures`, `DutyCycle`, `MaxNodes` or `NamespaceFull`.
+    pub reason: String,
+    /// Details, e.g. the captures running on the node.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// Coverage of the rotation.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Coverage {
+    /// Eligible pods matching now (Running, on a node with an agent).
+    pub matching_pods: i64,
+    /// Of those, how many were profiled since the start of the last full rotation.
+    pub covered_pods: i64,
+    /// `covered/matching (percent)`, for the COVERAGE column.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub summary: String,
+    /// Number of completed rotations.
+    #[serde(default)]
+    pub rotations_completed: i64,
+    /// When the last rotation completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rotation_completed_time: Option<Time>,
+    /// Pods profiled in the last completed rotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rotation_pods: Option<i64>,
+}
+
+/// The rotation's position. Pods are walked in the order of a hash of (policy UID, pod
+/// UID); everything at or before `cursor` was visited in this rotation, except new pods,
+/// which wait for the next one. `ahead` lists hashes past the cursor already profiled
+/// (taken out of order because earlier pods were skipped).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RotationState {
+    /// Rotation number, from 1.
+    pub number: i64,
+    /// When this rotation started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the previous rotation started (coverage counts pods profiled since then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_start_time: Option<Time>,
+    /// Hash position (16 hex digits) of the last visited pod; absent at a rotation's start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+    /// Hash positions past the cursor already profiled in this rotation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ahead: Vec<String>,
+    /// Pods profiled in this rotation so far.
+    #[serde(default)]
+    pub profiled: i64,
+}
+
+/// A run whose ProfileRequests are being created.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingRun {
+    /// The scheduled time of the run.
+    pub scheduled_time: Time,
+    /// One ProfileRequest per namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<PlannedRequest>,
+}
+
+/// One ProfileRequest of a run.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedRequest {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The sampled pods.
+    pub pods: Vec<String>,
+    /// Their nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
 }

@@ -267,6 +267,48 @@ async fn invalid_objects_are_rejected_with_a_clear_message() {
         },
         Invalid {
             kind: "SamplingPolicy",
+            pointer: "/spec/schedule",
+            value: Some(json!("99 99 99 99 99")),
+            message: pattern,
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/schedule",
+            value: Some(json!("xyz abc def ghi jkl")),
+            message: pattern,
+        },
+        Invalid {
+            kind: "ClusterSamplingPolicy",
+            pointer: "/spec/schedule",
+            value: Some(json!("0 24 * * *")),
+            message: pattern,
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/schedule",
+            value: Some(json!("*/5 * * * * * *")),
+            message: pattern,
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/timeZone",
+            value: Some(json!("../../etc/passwd")),
+            message: pattern,
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/budget",
+            value: Some(json!({"maxDutyCyclePercent": 0})),
+            message: "should be greater than or equal to 1",
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/sampling",
+            value: Some(json!({"maxPods": 1001})),
+            message: "should be less than or equal to 1000",
+        },
+        Invalid {
+            kind: "SamplingPolicy",
             pointer: "/spec/sampling",
             value: Some(json!({"percent": 101})),
             message: "spec.sampling.percent: Invalid value: 101: spec.sampling.percent in body should be less than or equal to 100",
@@ -709,4 +751,28 @@ async fn operator_and_agent_share_a_node_entry_without_conflicts() {
     let entry = status.node("worker-a").unwrap();
     assert_eq!(entry.phase, Some(NodePhase::Running));
     assert_eq!(entry.pods, pods);
+}
+
+#[tokio::test]
+async fn well_formed_schedules_are_accepted() {
+    let ns = TestNamespace::create("schedules").await.unwrap();
+    let api = dynamic_api::<SamplingPolicy>(&ns.client(), Some(ns.name()));
+    let schedules = [
+        "*/5 * * * *",
+        "0 9-17/2 * * MON-FRI",
+        "30 2 1,15 jan,Jul *",
+        "0 0 ? * sun",
+        "*/20 * * * * *",
+        "5 */2 * * * 0-6",
+        "@hourly",
+        "@daily",
+    ];
+    for (i, schedule) in schedules.iter().enumerate() {
+        let mut object = valid_policy("SamplingPolicy", &format!("valid-{i}"));
+        object["spec"]["schedule"] = json!(schedule);
+        object["spec"]["timeZone"] = json!("America/New_York");
+        create_raw(&api, &object)
+            .await
+            .unwrap_or_else(|e| panic!("{schedule:?} was refused: {e}"));
+    }
 }

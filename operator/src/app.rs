@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
+use futures::FutureExt as _;
 use kube::runtime::events::{Recorder, Reporter};
 
 use crate::controller::agent_client::AgentConnector;
@@ -16,6 +17,7 @@ use crate::controller::{self, Context};
 use crate::leader::{Election, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::probes::{self, ProbeState};
+use crate::sampling::{self, SamplingContext, budget::Ledger, fleet::Fleet};
 use crate::store::authorize::{CachedAuthorizer, KubeAuthorizer};
 use crate::store::builtin::{BuiltinConfig, BuiltinStore, http};
 use crate::store::s3::{S3Config, S3Store};
@@ -35,7 +37,7 @@ pub enum StoreKind {
 #[command(
     name = "flamefleet-operator",
     version,
-    about = "Flamefleet operator: ProfileRequest controller and artifact store"
+    about = "Flamefleet operator: ProfileRequest and sampling-policy controllers, artifact store"
 )]
 pub struct Options {
     /// Kubeconfig file; in-cluster configuration (or $KUBECONFIG) when absent.
@@ -107,7 +109,8 @@ pub struct Options {
     /// This replica's identity in the election (default: $POD_NAME, else host name and PID).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// Only handle ProfileRequests matching this label selector (e.g. `shard=a`).
+    /// Only handle ProfileRequests and sampling policies matching this label selector
+    /// (e.g. `shard=a`); a policy's runs carry its labels.
     #[arg(long)]
     pub request_selector: Option<String>,
     /// Time allowed beyond the capture duration before a node is declared timed out.
@@ -263,7 +266,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         () = shutdown_signal() => return Ok(()),
     }
     metrics.set_leader(true);
-    tracing::info!(%identity, "leading; starting the ProfileRequest controller");
+    tracing::info!(%identity, "leading; starting the ProfileRequest and sampling-policy controllers");
 
     let (trigger, triggers) = tokio::sync::mpsc::unbounded_channel();
     let dispatcher = Arc::new(Dispatcher::new(
@@ -286,6 +289,17 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             instance: Some(identity.clone()),
         },
     );
+    let (fleet, fleet_driver) = Fleet::start(&client, &options.agent_namespace);
+    let fleet_task = tokio::spawn(fleet_driver);
+    let sampling = Arc::new(SamplingContext {
+        client: client.clone(),
+        fleet,
+        ledger: Ledger::default(),
+        planning: tokio::sync::Mutex::new(()),
+        profiled: std::sync::Mutex::new(Default::default()),
+        recorder: recorder.clone(),
+        metrics: metrics.clone(),
+    });
     let context = Arc::new(Context {
         client,
         store,
@@ -302,14 +316,37 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             () = shutdown_signal() => false,
         };
         let _ = lost_tx.send(leadership_lost);
+    }
+    .shared();
+    // The budget reads the caches: policies wait for their first full lists.
+    let policies = {
+        let sampling = sampling.clone();
+        let selector = options.request_selector.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            tokio::select! {
+                ready = sampling.fleet.ready() => {
+                    if let Err(e) = ready {
+                        tracing::error!("sampling policies stopped: {e}");
+                        return;
+                    }
+                }
+                () = shutdown.clone() => return,
+            }
+            tracing::info!("sampling caches ready; starting the policy controllers");
+            sampling::run(sampling, selector, shutdown).await;
+        }
     };
-    controller::run(
-        context,
-        triggers,
-        options.request_selector.as_deref(),
-        shutdown,
-    )
-    .await;
+    futures::join!(
+        controller::run(
+            context,
+            triggers,
+            options.request_selector.as_deref(),
+            shutdown.clone(),
+        ),
+        policies,
+    );
+    fleet_task.abort();
     metrics.set_leader(false);
     if lost_rx.try_recv().unwrap_or(false) {
         bail!(

@@ -34,6 +34,9 @@ pub enum Error {
     /// TLS material for talking to agents is unusable.
     #[error("agent TLS configuration: {0}")]
     Tls(String),
+    /// The sampling controllers' caches failed.
+    #[error("fleet sampling: {0}")]
+    Sampling(String),
     /// Leader election failed.
     #[error("leader election on Lease {lease}: {reason}")]
     Leader {
@@ -83,6 +86,7 @@ impl Error {
             Self::Store(_) => "store",
             Self::Api(_) => "api",
             Self::Tls(_) => "tls",
+            Self::Sampling(_) => "sampling",
             Self::Leader { .. } => "leader",
         }
     }

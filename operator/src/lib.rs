@@ -1,4 +1,5 @@
-//! The Flamefleet operator: the ProfileRequest controller ([`controller`]), the artifact store
+//! The Flamefleet operator: the ProfileRequest controller ([`controller`]), the sampling-policy
+//! controllers ([`sampling`]), the artifact store
 //! ([`store`]), leader election ([`leader`]), metrics ([`metrics`]) and the probe/metrics
 //! HTTP server ([`probes`]). `app` wires them together for `main`.
 
@@ -8,6 +9,7 @@ pub mod error;
 pub mod leader;
 pub mod metrics;
 pub mod probes;
+pub mod sampling;
 pub mod store;
 
 pub use error::{Error, Result};

@@ -43,6 +43,8 @@ pub struct Metrics {
     finished: Family<PhaseLabels, Counter>,
     sessions: Gauge,
     leader: Gauge,
+    policy_runs: Counter,
+    budget_skips: Counter,
 }
 
 impl Default for Metrics {
@@ -63,6 +65,18 @@ impl Metrics {
         let finished = Family::<PhaseLabels, Counter>::default();
         let sessions = Gauge::default();
         let leader = Gauge::default();
+        let policy_runs = Counter::default();
+        let budget_skips = Counter::default();
+        registry.register(
+            "policy_runs",
+            "Runs created by sampling policies",
+            policy_runs.clone(),
+        );
+        registry.register(
+            "budget_skips",
+            "Pods a scheduled run passed over because their node was at its budget",
+            budget_skips.clone(),
+        );
         registry.register(
             "reconciles",
             "Reconciles of ProfileRequests",
@@ -113,6 +127,8 @@ impl Metrics {
             finished,
             sessions,
             leader,
+            policy_runs,
+            budget_skips,
         }
     }
 
@@ -174,6 +190,17 @@ impl Metrics {
     /// Records whether this replica leads.
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+    }
+
+    /// Counts a run created by a sampling policy.
+    pub fn policy_run_created(&self) {
+        self.policy_runs.inc();
+    }
+
+    /// Counts pods a scheduled run passed over for the node budget.
+    pub fn budget_skips(&self, n: usize) {
+        self.budget_skips
+            .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
     }
 
     /// Total reconciles so far.

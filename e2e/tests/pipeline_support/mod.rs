@@ -620,6 +620,55 @@ impl Pipeline {
         .expect("a valid ProfileRequest")
     }
 
+    /// A SamplingPolicy labelled for this fixture (so its runs are too).
+    pub fn policy(&self, name: &str, spec: serde_json::Value) -> flamefleet_api::SamplingPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
+            "metadata": {"name": name, "labels": {RUN_LABEL: self.id}},
+            "spec": spec,
+        }))
+        .expect("a valid SamplingPolicy")
+    }
+
+    /// A ClusterSamplingPolicy labelled for this fixture.
+    pub fn cluster_policy(
+        &self,
+        name: &str,
+        spec: serde_json::Value,
+    ) -> flamefleet_api::ClusterSamplingPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ClusterSamplingPolicy",
+            "metadata": {"name": name, "labels": {RUN_LABEL: self.id}},
+            "spec": spec,
+        }))
+        .expect("a valid ClusterSamplingPolicy")
+    }
+
+    /// Polls `check` (every 200 ms) until it returns `Some`, failing after `timeout` with
+    /// `what` and the operator's log.
+    pub async fn wait_for<T, F, Fut>(&mut self, what: &str, timeout: Duration, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            if let Some(op) = self.operator.as_mut() {
+                op.assert_alive();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {what}\n--- operator ---\n{}\n{}",
+                self.operator_logs(),
+                self.agent_logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Creates `request` in `ns` and follows it to a terminal phase; returns the final
     /// object and every phase seen on the way, in order.
     pub async fn run(
@@ -785,4 +834,35 @@ pub fn nodes_of(request: &ProfileRequest) -> BTreeMap<String, flamefleet_api::No
         .flat_map(|s| s.nodes.iter())
         .map(|n| (n.node.clone(), n.clone()))
         .collect()
+}
+
+/// The runs of the policy with `uid` (any namespace), oldest scheduled time first.
+pub async fn runs_of(client: &kube::Client, uid: &str) -> Vec<ProfileRequest> {
+    let api: Api<ProfileRequest> = Api::all(client.clone());
+    let mut runs = api
+        .list(&kube::api::ListParams::default().labels(&format!("flamefleet.dev/policy-uid={uid}")))
+        .await
+        .expect("listing runs")
+        .items;
+    runs.sort_by_key(|r| (scheduled_second(r), r.metadata.namespace.clone()));
+    runs
+}
+
+/// A run's scheduled time (Unix seconds), from its label.
+pub fn scheduled_second(run: &ProfileRequest) -> i64 {
+    run.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("flamefleet.dev/scheduled-time"))
+        .and_then(|v| v.parse().ok())
+        .expect("a run has a scheduled-time label")
+}
+
+/// True once a request reached a terminal phase.
+pub fn is_terminal(request: &ProfileRequest) -> bool {
+    request
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(RequestPhase::is_terminal)
 }

@@ -1,0 +1,472 @@
+//! End to end, fleet sampling: SamplingPolicies on the real control plane with real agents
+//! capturing real workloads. Schedules use the seconds field (`*/3 * * * * *`) so a test
+//! drives many runs in seconds, through the same code path as minute schedules.
+
+mod pipeline_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use flamefleet_api::conditions::find_condition;
+use flamefleet_api::{ProfileRequest, RequestPhase, SamplingPolicy};
+use flamefleet_e2e::TestNamespace;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use pipeline_support::{Pipeline, PipelineOptions, is_terminal, runs_of, scheduled_second, serial};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+async fn create_policy(ns: &TestNamespace, policy: &SamplingPolicy) -> SamplingPolicy {
+    let api: Api<SamplingPolicy> = ns.api();
+    api.create(&PostParams::default(), policy)
+        .await
+        .expect("creating the SamplingPolicy")
+}
+
+async fn suspend(ns: &TestNamespace, name: &str) {
+    let api: Api<SamplingPolicy> = ns.api();
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"suspend": true}})),
+    )
+    .await
+    .expect("suspending the policy");
+}
+
+async fn policy_now(ns: &TestNamespace, name: &str) -> SamplingPolicy {
+    let api: Api<SamplingPolicy> = ns.api();
+    api.get(name).await.expect("getting the policy")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_runs_repeatedly_and_history_limits_delete_old_runs_and_artifacts() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let ns = TestNamespace::create("ff-sp-runs").await.unwrap();
+    for (i, node) in [0, 1, 0].into_iter().enumerate() {
+        pipeline
+            .pod(&ns, &format!("web-{i}"), node, &[("app", "web")], "spin", 1)
+            .await;
+    }
+    let policy = create_policy(
+        &ns,
+        &pipeline.policy(
+            "web-cpu",
+            json!({
+                "schedule": "*/3 * * * * *",
+                "template": {"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "1s"},
+                "sampling": {"maxPods": 2},
+                "budget": {"maxConcurrentCapturesPerNode": 4},
+                "history": {"successfulRunsHistoryLimit": 2, "failedRunsHistoryLimit": 1},
+            }),
+        ),
+    )
+    .await;
+    let uid = policy.uid().unwrap();
+    let client = ns.client();
+
+    // Three runs succeed, each a ProfileRequest owned by the policy, with artifacts.
+    let mut first_succeeded: Option<ProfileRequest> = None;
+    let mut seen: BTreeMap<String, ProfileRequest> = BTreeMap::new();
+    pipeline
+        .wait_for("three succeeded runs", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move {
+                let runs = runs_of(&client, &uid).await;
+                let ok: Vec<ProfileRequest> = runs
+                    .into_iter()
+                    .filter(|r| {
+                        r.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Succeeded)
+                    })
+                    .collect();
+                (ok.len() >= 3).then_some(ok)
+            }
+        })
+        .await
+        .into_iter()
+        .for_each(|r| {
+            if first_succeeded.is_none() {
+                first_succeeded = Some(r.clone());
+            }
+            seen.insert(r.name_any(), r);
+        });
+    for run in seen.values() {
+        let owner = &run.owner_references()[0];
+        assert_eq!(owner.kind, "SamplingPolicy");
+        assert_eq!(owner.uid, uid);
+        assert_eq!(owner.controller, Some(true));
+        assert_eq!(run.labels()["flamefleet.dev/policy"], "web-cpu");
+        assert_eq!(run.spec.pod_names.len(), 2, "maxPods: 2");
+        assert!(run.spec.selector.is_none());
+        assert_eq!(run.spec.cpu.as_ref().map(|c| c.frequency_hz), Some(19));
+        let artifacts: Vec<_> = flamefleet_api::results::artifacts(run).collect();
+        assert!(!artifacts.is_empty(), "{:#?}", run.status);
+        assert_eq!(
+            run.name_any(),
+            format!("web-cpu-{}", scheduled_second(run)),
+            "run names derive from the scheduled time"
+        );
+    }
+
+    // History limits: the oldest succeeded run goes, and its artifacts with it.
+    let oldest = first_succeeded.unwrap();
+    let artifact = flamefleet_api::results::artifacts(&oldest)
+        .next()
+        .cloned()
+        .unwrap();
+    let oldest_name = oldest.name_any();
+    let api: Api<ProfileRequest> = ns.api();
+    pipeline
+        .wait_for("the oldest run to be deleted", TIMEOUT, || {
+            let api = api.clone();
+            let name = oldest_name.clone();
+            async move { api.get_opt(&name).await.unwrap().is_none().then_some(()) }
+        })
+        .await;
+    let url = artifact.url.clone().unwrap();
+    let status = reqwest::get(&url).await.unwrap().status();
+    assert_eq!(
+        status, 404,
+        "the deleted run's artifact is gone from the store"
+    );
+    suspend(&ns, "web-cpu").await;
+    // Once idle, at most 2 succeeded runs are kept (plus none failed).
+    pipeline
+        .wait_for("history within the limits", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move {
+                let runs = runs_of(&client, &uid).await;
+                let all_done = runs.iter().all(is_terminal);
+                let ok = runs
+                    .iter()
+                    .filter(|r| {
+                        r.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Succeeded)
+                    })
+                    .count();
+                (all_done && ok <= 2 && !runs.is_empty()).then_some(())
+            }
+        })
+        .await;
+    let status = policy_now(&ns, "web-cpu").await.status.unwrap();
+    assert!(status.last_successful_time.is_some(), "{status:#?}");
+    assert!(status.last_schedule_time.is_some(), "{status:#?}");
+    assert!(
+        find_condition(&status.conditions, "ScheduleValid").is_some_and(|c| c.status == "True"),
+        "{status:#?}"
+    );
+    let metrics = pipeline.operator_metrics().await;
+    assert!(
+        metrics.contains("flamefleet_operator_policy_runs_total"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_profiles_every_pod_once_before_any_twice_and_covers_newcomers() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        nodes: 3,
+        ..Default::default()
+    })
+    .await;
+    let ns = TestNamespace::create("ff-sp-rotation").await.unwrap();
+    for i in 0..12 {
+        pipeline
+            .pod(
+                &ns,
+                &format!("svc-{i:02}"),
+                i % 3,
+                &[("app", "svc")],
+                "wake",
+                1,
+            )
+            .await;
+    }
+    let policy = create_policy(
+        &ns,
+        &pipeline.policy(
+            "svc-rotation",
+            json!({
+                "schedule": "*/3 * * * * *",
+                "template": {"type": "cpu", "selector": {"matchLabels": {"app": "svc"}}, "duration": "1s"},
+                "sampling": {"maxPods": 4},
+                "budget": {"maxConcurrentCapturesPerNode": 10},
+            }),
+        ),
+    )
+    .await;
+    let uid = policy.uid().unwrap();
+    let client = ns.client();
+    let first_three = pipeline
+        .wait_for("three runs", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move {
+                let runs = runs_of(&client, &uid).await;
+                (runs.len() >= 3).then(|| runs[..3].to_vec())
+            }
+        })
+        .await;
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for run in &first_three {
+        assert_eq!(run.spec.pod_names.len(), 4, "{}", run.name_any());
+        for pod in &run.spec.pod_names {
+            *counts.entry(pod.clone()).or_default() += 1;
+        }
+    }
+    assert_eq!(counts.len(), 12, "every pod once in three runs: {counts:?}");
+    assert!(counts.values().all(|&n| n == 1), "{counts:?}");
+
+    // The status shows the completed rotation and full coverage.
+    pipeline
+        .wait_for("coverage 12/12 in the status", TIMEOUT, || {
+            let ns = ns.clone();
+            async move {
+                let status = policy_now(&ns, "svc-rotation").await.status?;
+                let c = status.coverage?;
+                (c.rotations_completed >= 1
+                    && c.covered_pods == 12
+                    && c.matching_pods == 12
+                    && c.last_rotation_pods == Some(12))
+                .then_some(())
+            }
+        })
+        .await;
+
+    // A pod added now (mid-rotation) is profiled within the next rotation.
+    let runs_before = runs_of(&client, &uid).await.len();
+    pipeline
+        .pod(&ns, "svc-new", 0, &[("app", "svc")], "wake", 1)
+        .await;
+    let runs = pipeline
+        .wait_for("the new pod in a run", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move {
+                let runs = runs_of(&client, &uid).await;
+                runs.iter()
+                    .any(|r| r.spec.pod_names.iter().any(|p| p == "svc-new"))
+                    .then_some(runs)
+            }
+        })
+        .await;
+    // 13 pods, 4 per run: the rest of this rotation plus the next one is at most 7 runs.
+    let position = runs
+        .iter()
+        .position(|r| r.spec.pod_names.iter().any(|p| p == "svc-new"))
+        .unwrap();
+    assert!(
+        position < runs_before + 7,
+        "svc-new first profiled in run {position}, {runs_before} runs existed when it appeared"
+    );
+    suspend(&ns, "svc-rotation").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_run_yields_a_node_busy_with_an_ad_hoc_capture_and_says_why() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let ns = TestNamespace::create("ff-sp-budget").await.unwrap();
+    pipeline
+        .pod(&ns, "busy", 0, &[("app", "db")], "spin", 1)
+        .await;
+    pipeline
+        .pod(&ns, "idle", 1, &[("app", "db")], "spin", 1)
+        .await;
+    // An ad hoc capture of 30s on node 0.
+    let requests: Api<ProfileRequest> = ns.api();
+    let adhoc = pipeline.request(
+        "adhoc",
+        json!({"type": "cpu", "podNames": ["busy"], "duration": "30s"}),
+    );
+    requests
+        .create(&PostParams::default(), &adhoc)
+        .await
+        .unwrap();
+    pipeline
+        .wait_for("the ad hoc request Running", TIMEOUT, || {
+            let requests = requests.clone();
+            async move {
+                let r = requests.get("adhoc").await.ok()?;
+                (r.status?.phase == Some(RequestPhase::Running)).then_some(())
+            }
+        })
+        .await;
+    let policy = create_policy(
+        &ns,
+        &pipeline.policy(
+            "db-cpu",
+            json!({
+                "schedule": "*/2 * * * * *",
+                "template": {"type": "cpu", "selector": {"matchLabels": {"app": "db"}}, "duration": "1s"},
+                "sampling": {"maxPods": 2},
+                "budget": {"maxConcurrentCapturesPerNode": 1},
+            }),
+        ),
+    )
+    .await;
+    let uid = policy.uid().unwrap();
+    let client = ns.client();
+    let first = pipeline
+        .wait_for("the first run", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move { runs_of(&client, &uid).await.into_iter().next() }
+        })
+        .await;
+    assert_eq!(first.spec.pod_names, ["idle"], "the busy node was skipped");
+    let status = policy_now(&ns, "db-cpu").await.status.unwrap();
+    assert!(status.skipped_for_budget.unwrap_or(0) >= 1, "{status:#?}");
+    let skipped = status
+        .last_run_skipped
+        .iter()
+        .find(|s| s.pod == "busy")
+        .unwrap_or_else(|| panic!("busy not recorded as skipped: {status:#?}"));
+    assert_eq!(skipped.reason, "ConcurrentCaptures");
+    assert!(
+        skipped
+            .message
+            .contains(&format!("{}/adhoc (ad hoc cpu)", ns.name())),
+        "{}",
+        skipped.message
+    );
+    assert_eq!(skipped.node, pipeline.nodes[0]);
+    suspend(&ns, "db-cpu").await;
+    // The ad hoc request was never held back.
+    let phases = pipeline.watch_phases(&requests, "adhoc");
+    let (done, _) = pipeline
+        .wait_terminal(&requests, "adhoc", TIMEOUT, phases)
+        .await;
+    assert_eq!(done.status.unwrap().phase, Some(RequestPhase::Succeeded));
+    let metrics = pipeline.operator_metrics().await;
+    assert!(
+        metrics.contains("flamefleet_operator_budget_skips_total"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_between_scheduled_times_creates_no_duplicate_and_misses_no_run() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let ns = TestNamespace::create("ff-sp-restart").await.unwrap();
+    pipeline
+        .pod(&ns, "api-0", 0, &[("app", "api")], "wake", 1)
+        .await;
+    pipeline
+        .pod(&ns, "api-1", 1, &[("app", "api")], "wake", 1)
+        .await;
+    let policy = create_policy(
+        &ns,
+        &pipeline.policy(
+            "api-cpu",
+            json!({
+                "schedule": "*/5 * * * * *",
+                "startingDeadlineSeconds": 60,
+                "template": {"type": "cpu", "selector": {"matchLabels": {"app": "api"}}, "duration": "1s"},
+                "sampling": {"maxPods": 1},
+                "budget": {"maxConcurrentCapturesPerNode": 10},
+            }),
+        ),
+    )
+    .await;
+    let uid = policy.uid().unwrap();
+    let client = ns.client();
+    let first = pipeline
+        .wait_for("a first run", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move { runs_of(&client, &uid).await.into_iter().next() }
+        })
+        .await;
+    let t0 = scheduled_second(&first);
+    pipeline.kill_operator();
+    // Stay down across two scheduled times (t0+5, t0+10), then restart.
+    let until = t0 + 12;
+    while k8s_openapi::jiff::Timestamp::now().as_second() < until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    pipeline.start_operator();
+    let runs = pipeline
+        .wait_for("runs through t0+15", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move {
+                let runs = runs_of(&client, &uid).await;
+                runs.iter()
+                    .any(|r| scheduled_second(r) >= t0 + 15)
+                    .then_some(runs)
+            }
+        })
+        .await;
+    let times: Vec<i64> = runs.iter().map(scheduled_second).collect();
+    let distinct: BTreeSet<i64> = times.iter().copied().collect();
+    assert_eq!(distinct.len(), times.len(), "a duplicate run: {times:?}");
+    for t in [t0, t0 + 5, t0 + 10, t0 + 15] {
+        assert!(
+            distinct.contains(&t),
+            "no run at {t} (t0 = {t0}): {times:?}"
+        );
+    }
+    let status = policy_now(&ns, "api-cpu").await.status.unwrap();
+    assert_eq!(status.missed_runs.unwrap_or(0), 0, "{status:#?}");
+    suspend(&ns, "api-cpu").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_past_the_schema_and_empty_selectors_are_reported_in_conditions() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let ns = TestNamespace::create("ff-sp-conditions").await.unwrap();
+    let template =
+        json!({"type": "cpu", "selector": {"matchLabels": {"app": "nothing"}}, "duration": "1s"});
+    let cases = [
+        (
+            "feb-30",
+            json!({"schedule": "0 0 30 2 *", "template": template}),
+            "ScheduleValid",
+            "ScheduleNeverMatches",
+        ),
+        (
+            "mars",
+            json!({"schedule": "* * * * *", "timeZone": "Mars/Olympus", "template": template}),
+            "ScheduleValid",
+            "UnknownTimeZone",
+        ),
+        (
+            "nothing",
+            json!({"schedule": "* * * * * *", "template": template}),
+            "PodsMatched",
+            "NoEligiblePods",
+        ),
+    ];
+    for (name, spec, _, _) in &cases {
+        create_policy(&ns, &pipeline.policy(name, spec.clone())).await;
+    }
+    for (name, _, condition, reason) in cases {
+        let ns2 = ns.clone();
+        let status = pipeline
+            .wait_for(&format!("{condition}=False on {name}"), TIMEOUT, || {
+                let ns = ns2.clone();
+                async move {
+                    let status = policy_now(&ns, name).await.status?;
+                    find_condition(&status.conditions, condition)
+                        .is_some_and(|c| c.status == "False")
+                        .then_some(status)
+                }
+            })
+            .await;
+        let c = find_condition(&status.conditions, condition).unwrap();
+        assert_eq!(c.reason, reason, "{name}: {c:?}");
+        assert!(!c.message.is_empty());
+        let uid = policy_now(&ns, name).await.uid().unwrap();
+        assert!(
+            runs_of(&ns.client(), &uid).await.is_empty(),
+            "{name} created runs"
+        );
+    }
+}

@@ -1,0 +1,309 @@
+//! The operator's view of the fleet for sampling: in-memory caches (reflectors) of pods,
+//! namespaces and ProfileRequests, kept small by dropping the fields sampling never reads,
+//! and the eligibility rules of a policy's pods.
+//!
+//! Pods are cached cluster-wide with only their name, namespace, UID, labels, node, phase
+//! and IP, about a tenth of a full Pod object, so that 10,000 pods cost a few MiB.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use flamefleet_api::ProfileRequest;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::Api;
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::rotation::{Candidate, position, sort};
+use super::run_name::POLICY_UID_LABEL;
+use crate::controller::agents::AGENT_LABEL;
+use crate::{Error, Result};
+
+/// Which namespaces a policy samples.
+#[derive(Debug, Clone)]
+pub enum Scope {
+    /// One namespace (a SamplingPolicy's own).
+    Namespace(String),
+    /// The namespaces matching a selector (a ClusterSamplingPolicy); all when `None`.
+    Cluster(Option<Selector>),
+}
+
+/// The caches sampling reads.
+#[derive(Clone)]
+pub struct Fleet {
+    /// Pods, cluster-wide, slimmed.
+    pub pods: Store<Pod>,
+    /// Namespaces (labels only).
+    pub namespaces: Store<Namespace>,
+    /// ProfileRequests, cluster-wide (ad hoc and runs: the budget counts them all).
+    pub requests: Store<ProfileRequest>,
+    /// Namespace of the agent pods.
+    pub agent_namespace: String,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("pods", &self.pods.state().len())
+            .field("requests", &self.requests.state().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Keeps only what sampling reads of a pod.
+pub fn slim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    pod.metadata.annotations = None;
+    pod.metadata.owner_references = None;
+    pod.spec = pod.spec.take().map(|s| PodSpec {
+        node_name: s.node_name,
+        ..Default::default()
+    });
+    pod.status = pod.status.take().map(|s| PodStatus {
+        phase: s.phase,
+        pod_ip: s.pod_ip,
+        ..Default::default()
+    });
+}
+
+/// Keeps only the labels of a namespace.
+fn slim_namespace(ns: &mut Namespace) {
+    ns.metadata.managed_fields = None;
+    ns.metadata.annotations = None;
+    ns.spec = None;
+    ns.status = None;
+}
+
+impl Fleet {
+    /// Starts the reflectors; the returned future drives them (spawn it) and the caches are
+    /// usable once [`Fleet::ready`] returns.
+    pub fn start(
+        client: &kube::Client,
+        agent_namespace: &str,
+    ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
+        let (pods, pods_writer) = reflector::store();
+        let (namespaces, ns_writer) = reflector::store();
+        let (requests, requests_writer) = reflector::store();
+        let pod_stream = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .modify(slim_pod)
+            .reflect(pods_writer)
+            .for_each(|_| futures::future::ready(()));
+        let ns_stream = watcher(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(slim_namespace)
+        .reflect(ns_writer)
+        .for_each(|_| futures::future::ready(()));
+        let request_stream = watcher(
+            Api::<ProfileRequest>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|r: &mut ProfileRequest| r.metadata.managed_fields = None)
+        .reflect(requests_writer)
+        .for_each(|_| futures::future::ready(()));
+        let driver = async move {
+            futures::join!(pod_stream, ns_stream, request_stream);
+        }
+        .boxed();
+        (
+            Self {
+                pods,
+                namespaces,
+                requests,
+                agent_namespace: agent_namespace.to_string(),
+            },
+            driver,
+        )
+    }
+
+    /// Waits until every cache has its first full list.
+    pub async fn ready(&self) -> Result<()> {
+        let closed = |_| Error::Sampling("a sampling cache stopped before its first list".into());
+        self.pods.wait_until_ready().await.map_err(closed)?;
+        self.namespaces.wait_until_ready().await.map_err(closed)?;
+        self.requests.wait_until_ready().await.map_err(closed)?;
+        Ok(())
+    }
+
+    /// Nodes that have a Running agent pod with an IP.
+    pub fn agent_nodes(&self) -> BTreeSet<String> {
+        let (key, value) = AGENT_LABEL.split_once('=').unwrap_or((AGENT_LABEL, ""));
+        self.pods
+            .state()
+            .iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(self.agent_namespace.as_str()))
+            .filter(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(key))
+                    .is_some_and(|v| v == value)
+            })
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                p.status.as_ref().is_some_and(|s| {
+                    s.phase.as_deref() == Some("Running")
+                        && s.pod_ip.as_deref().is_some_and(|ip| !ip.is_empty())
+                })
+            })
+            .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+            .collect()
+    }
+
+    /// The ProfileRequests created by the policy with `uid`.
+    pub fn runs_of(&self, uid: &str) -> Vec<Arc<ProfileRequest>> {
+        self.requests.state_filter(|r| {
+            r.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(POLICY_UID_LABEL))
+                .is_some_and(|v| v == uid)
+        })
+    }
+
+    /// Namespaces in `scope`.
+    fn namespaces_in(&self, scope: &Scope) -> Option<BTreeSet<String>> {
+        match scope {
+            Scope::Namespace(ns) => Some(BTreeSet::from([ns.clone()])),
+            Scope::Cluster(None) => None,
+            Scope::Cluster(Some(selector)) => Some(
+                self.namespaces
+                    .state()
+                    .iter()
+                    .filter(|ns| selector.matches(&ns.metadata.labels.clone().unwrap_or_default()))
+                    .filter_map(|ns| ns.metadata.name.clone())
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The pods a policy may sample, in its rotation order.
+    pub fn eligible(
+        &self,
+        policy_uid: &str,
+        scope: &Scope,
+        selector: Option<&Selector>,
+        pod_names: &[String],
+    ) -> Eligibility {
+        let namespaces = self.namespaces_in(scope);
+        let agents = self.agent_nodes();
+        let mut out = Eligibility::default();
+        for pod in self.pods.state() {
+            let meta = &pod.metadata;
+            let Some(ns) = meta.namespace.as_deref() else {
+                continue;
+            };
+            if namespaces.as_ref().is_some_and(|set| !set.contains(ns)) {
+                continue;
+            }
+            let name = meta.name.clone().unwrap_or_default();
+            let labels = meta.labels.clone().unwrap_or_default();
+            let by_selector = selector.is_some_and(|s| s.matches(&labels));
+            if !(by_selector || pod_names.contains(&name)) {
+                continue;
+            }
+            out.matched += 1;
+            if meta.deletion_timestamp.is_some() {
+                out.not_eligible(ns, &name, "being deleted".into());
+                continue;
+            }
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or("Unknown");
+            if phase != "Running" {
+                out.not_eligible(ns, &name, format!("phase is {phase}, expected Running"));
+                continue;
+            }
+            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                out.not_eligible(ns, &name, "not scheduled on a node".into());
+                continue;
+            };
+            if !agents.contains(&node) {
+                out.not_eligible(
+                    ns,
+                    &name,
+                    format!("node {node} has no Running Flamefleet agent"),
+                );
+                continue;
+            }
+            let uid = meta.uid.clone().unwrap_or_default();
+            out.candidates.push(Candidate {
+                position: position(policy_uid, &uid),
+                uid,
+                namespace: ns.to_string(),
+                name,
+                node,
+            });
+        }
+        sort(&mut out.candidates);
+        out
+    }
+}
+
+/// The pods a policy may sample now.
+#[derive(Debug, Default, Clone)]
+pub struct Eligibility {
+    /// Eligible pods, in rotation order.
+    pub candidates: Vec<Candidate>,
+    /// Pods the selector matched, eligible or not.
+    pub matched: usize,
+    /// Up to ten matched pods that are not eligible, with why.
+    pub reasons: Vec<String>,
+}
+
+impl Eligibility {
+    fn not_eligible(&mut self, ns: &str, name: &str, why: String) {
+        if self.reasons.len() < 10 {
+            self.reasons.push(format!("{ns}/{name}: {why}"));
+        }
+    }
+
+    /// Distinct nodes of the eligible pods.
+    pub fn node_count(&self) -> usize {
+        self.candidates
+            .iter()
+            .map(|c| c.node.as_str())
+            .collect::<BTreeSet<_>>()
+            .len()
+    }
+
+    /// Why nothing can be sampled, for the `PodsMatched` condition.
+    pub fn nothing_message(&self, what: &str) -> String {
+        if self.matched == 0 {
+            format!("no pods match {what}; check the template's selector and labels")
+        } else {
+            format!(
+                "{} pods match {what} but none is Running on a node with an agent: {}",
+                self.matched,
+                self.reasons.join("; ")
+            )
+        }
+    }
+}
+
+/// A policy's label selector as a `Selector`.
+pub fn selector_of(selector: Option<&LabelSelector>) -> Result<Option<Selector>> {
+    selector
+        .cloned()
+        .map(Selector::try_from)
+        .transpose()
+        .map_err(|e| Error::Selector(e.to_string()))
+}
+
+/// Counts per node of the candidates (for messages and tests).
+pub fn pods_per_node(candidates: &[Candidate]) -> BTreeMap<&str, usize> {
+    let mut out = BTreeMap::new();
+    for c in candidates {
+        *out.entry(c.node.as_str()).or_default() += 1;
+    }
+    out
+}

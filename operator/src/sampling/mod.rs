@@ -1,0 +1,180 @@
+//! Fleet sampling: the `SamplingPolicy` and `ClusterSamplingPolicy` controllers.
+//!
+//! Each scheduled time of a policy becomes a *run*: ordinary ProfileRequests (one per
+//! sampled namespace) owned by the policy, which the ProfileRequest controller then
+//! captures like any other. The modules, in the order a run is made:
+//! - [`schedule`]: cron patterns and time zones, what is due now;
+//! - [`fleet`]: the cached pods, namespaces and requests, and which pods are eligible;
+//! - [`rotation`]: which pods this run takes so the whole fleet is covered in turn;
+//! - [`budget`]: which nodes can take another capture;
+//! - [`run_name`]: names and labels that make runs exactly-once;
+//! - [`history`]: active runs, last success, and the history limits;
+//! - [`policy`]: the reconciler tying them together, with the run's coverage and status.
+
+pub mod budget;
+pub mod fleet;
+pub mod history;
+pub mod policy;
+pub mod rotation;
+pub mod run_name;
+pub mod schedule;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+
+use flamefleet_api::{
+    ClusterSamplingPolicy, ProfileRequest, SamplingPolicy, SamplingPolicySpec, SamplingPolicyStatus,
+};
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::metrics::Metrics;
+use fleet::Fleet;
+use run_name::PolicyKind;
+
+/// What the policy controllers share.
+pub struct SamplingContext {
+    /// Kubernetes client.
+    pub client: kube::Client,
+    /// The cached fleet.
+    pub fleet: Fleet,
+    /// Scheduled capture time and fresh reservations, for the budget.
+    pub ledger: budget::Ledger,
+    /// Serializes planning across policies so two runs never book the same last slot.
+    pub planning: tokio::sync::Mutex<()>,
+    /// When each pod (`namespace/name`) was last profiled, per policy UID (coverage).
+    pub profiled: Mutex<HashMap<String, HashMap<String, i64>>>,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Debug for SamplingContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SamplingContext")
+            .field("fleet", &self.fleet)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SamplingContext {
+    /// The current time (one place, so that every decision of a reconcile uses one clock).
+    pub fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}
+
+/// The two policy kinds, as the reconciler sees them.
+pub trait Policy:
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Serialize + Send + Sync + 'static
+{
+    /// Which kind.
+    const KIND: PolicyKind;
+    /// The schedule, template and limits.
+    fn policy_spec(&self) -> &SamplingPolicySpec;
+    /// The status, if any.
+    fn policy_status(&self) -> Option<&SamplingPolicyStatus>;
+    /// The API of this kind for `policy` (its namespace, or cluster-wide).
+    fn api_for(client: &kube::Client, policy: &Self) -> Api<Self>;
+    /// Namespaces to sample, for a cluster policy.
+    fn namespace_selector(&self) -> Option<&LabelSelector> {
+        None
+    }
+}
+
+impl Policy for SamplingPolicy {
+    const KIND: PolicyKind = PolicyKind::Namespaced;
+    fn policy_spec(&self) -> &SamplingPolicySpec {
+        &self.spec
+    }
+    fn policy_status(&self) -> Option<&SamplingPolicyStatus> {
+        self.status.as_ref()
+    }
+    fn api_for(client: &kube::Client, policy: &Self) -> Api<Self> {
+        match policy.metadata.namespace.as_deref() {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::default_namespaced(client.clone()),
+        }
+    }
+}
+
+impl Policy for ClusterSamplingPolicy {
+    const KIND: PolicyKind = PolicyKind::Cluster;
+    fn policy_spec(&self) -> &SamplingPolicySpec {
+        &self.spec.policy
+    }
+    fn policy_status(&self) -> Option<&SamplingPolicyStatus> {
+        self.status.as_ref()
+    }
+    fn namespace_selector(&self) -> Option<&LabelSelector> {
+        self.spec.namespace_selector.as_ref()
+    }
+    fn api_for(client: &kube::Client, _policy: &Self) -> Api<Self> {
+        Api::all(client.clone())
+    }
+}
+
+/// Maps a ProfileRequest to the policy of kind `P` that owns it.
+fn owner_of<P: Policy>(request: ProfileRequest) -> Option<ObjectRef<P>> {
+    let kind = P::kind(&());
+    let owner = request
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == kind && o.api_version == P::api_version(&()))?;
+    let r = ObjectRef::<P>::new(&owner.name);
+    Some(match P::KIND {
+        PolicyKind::Namespaced => r.within(request.metadata.namespace.as_deref()?),
+        PolicyKind::Cluster => r,
+    })
+}
+
+async fn run_kind<P: Policy>(
+    context: Arc<SamplingContext>,
+    selector: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let api: Api<P> = Api::all(context.client.clone());
+    let mut config = watcher::Config::default().any_semantic();
+    let mut runs_config = watcher::Config::default().any_semantic();
+    if let Some(selector) = &selector {
+        config = config.labels(selector);
+        runs_config = runs_config.labels(selector);
+    }
+    let runs: Api<ProfileRequest> = Api::all(context.client.clone());
+    Controller::new(api, config)
+        .watches(runs, runs_config, owner_of::<P>)
+        .graceful_shutdown_on(shutdown)
+        .run(policy::reconcile::<P>, policy::error_policy::<P>, context)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!("sampling controller: {e}");
+            }
+        })
+        .await;
+}
+
+/// Runs both policy controllers until `shutdown` resolves. With `selector`, only policies
+/// carrying those labels are handled (their runs carry the policy's labels, so the same
+/// operator's ProfileRequest controller captures them).
+pub async fn run(
+    context: Arc<SamplingContext>,
+    selector: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) {
+    futures::join!(
+        run_kind::<SamplingPolicy>(context.clone(), selector.clone(), shutdown.clone()),
+        run_kind::<ClusterSamplingPolicy>(context, selector, shutdown),
+    );
+}

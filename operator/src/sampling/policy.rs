@@ -1,0 +1,711 @@
+//! The reconciler of both policy kinds: a `finalizer(...)` wrapper around an idempotent
+//! apply (schedule → history → due runs → status) and a cleanup that deletes the runs.
+//!
+//! Exactly once per scheduled time, across restarts: a run's requests are named from the
+//! policy and the scheduled time ([`run_name`]); before creating them the plan is written to
+//! `status.pendingRun` together with the rotation's next state (one write guarded by the
+//! policy's resourceVersion, so a stale view fails instead of planning twice), and cleared
+//! with `lastScheduleTime` once they exist. A restart at any point either finds the plan
+//! and finishes it (creating what is missing; `AlreadyExists` is success) or finds the time
+//! recorded and moves on.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flamefleet_api::conditions::{new_condition, set_condition};
+use flamefleet_api::profile_request::CpuOptions;
+use flamefleet_api::{
+    Coverage, PendingRun, PlannedRequest, ProfileRequest, ProfileType, RotationState,
+    SamplingPolicyStatus, SkippedPod,
+};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::runtime::finalizer::{Event, finalizer};
+use tracing::instrument;
+
+use super::budget::{Budget, Reservation};
+use super::fleet::{Scope, selector_of};
+use super::rotation::{self, Limits};
+use super::run_name::{
+    PLANNED_NODES_ANNOTATION, POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL, PolicyKind,
+    SCHEDULED_AT_ANNOTATION, SCHEDULED_TIME_LABEL, is_label_value, run_name,
+};
+use super::{Policy, SamplingContext, history, schedule};
+use crate::{Error, Result};
+
+/// The finalizer that deletes a policy's runs (and, through theirs, their artifacts).
+pub const FINALIZER: &str = "flamefleet.dev/runs";
+/// Condition: the schedule parses and matches.
+pub const CONDITION_SCHEDULE_VALID: &str = "ScheduleValid";
+/// Condition: the template's selector matches pods that can be sampled.
+pub const CONDITION_PODS_MATCHED: &str = "PodsMatched";
+/// Default `startingDeadlineSeconds`.
+pub const DEFAULT_STARTING_DEADLINE: Duration = Duration::from_secs(300);
+/// CPU frequency of a run whose template sets none: continuous profiling at 19 Hz costs
+/// about 0.1% of a CPU (seed 004), against the 99 Hz of an ad hoc request.
+pub const DEFAULT_POLICY_FREQUENCY_HZ: i32 = 19;
+/// Longest wait between two looks at a policy (status and coverage refresh).
+const MAX_REQUEUE: Duration = Duration::from_secs(300);
+/// Most skipped pods recorded in `lastRunSkipped`.
+const MAX_SKIPPED_RECORDED: usize = 20;
+
+/// Reconciles one policy.
+#[instrument(skip_all, fields(kind = P::kind(&()).as_ref(), policy = %policy.name_any()))]
+pub async fn reconcile<P: Policy>(policy: Arc<P>, ctx: Arc<SamplingContext>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile();
+    let api = policy_api::<P>(&ctx.client, &policy)?;
+    finalizer(&api, FINALIZER, policy, |event| async {
+        match event {
+            Event::Apply(policy) => apply(policy, &ctx, &api).await,
+            Event::Cleanup(policy) => cleanup(policy, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// Retries failed reconciles: quickly after a write conflict, otherwise after a few seconds.
+pub fn error_policy<P: Policy>(policy: Arc<P>, error: &Error, ctx: Arc<SamplingContext>) -> Action {
+    ctx.metrics.reconcile_failed(error);
+    if error.is_conflict() {
+        tracing::debug!(policy = %policy.name_any(), "policy status changed meanwhile; retrying");
+        Action::requeue(Duration::from_millis(200))
+    } else {
+        tracing::warn!(policy = %policy.name_any(), "reconcile failed: {error}");
+        Action::requeue(Duration::from_secs(5))
+    }
+}
+
+fn policy_api<P: Policy>(client: &kube::Client, policy: &P) -> Result<Api<P>> {
+    if P::KIND == PolicyKind::Namespaced && policy.meta().namespace.is_none() {
+        return Err(Error::MissingMetadata("namespace"));
+    }
+    Ok(P::api_for(client, policy))
+}
+
+fn to_std(d: jiff::SignedDuration) -> Duration {
+    Duration::try_from(d).unwrap_or(Duration::ZERO)
+}
+
+/// Writes `status` on `current` (full replace of the status, guarded by `current`'s
+/// resourceVersion) and returns the updated policy.
+async fn write_status<P: Policy>(
+    api: &Api<P>,
+    current: &P,
+    status: &SamplingPolicyStatus,
+) -> Result<P> {
+    let name = current.name_any();
+    let json_error = |source| flamefleet_api::Error::Json {
+        what: format!("status of {} {name}", P::kind(&())),
+        source,
+    };
+    let mut body = serde_json::to_value(current).map_err(json_error)?;
+    body["status"] = serde_json::to_value(status).map_err(json_error)?;
+    let object: P = serde_json::from_value(body).map_err(json_error)?;
+    api.replace_status(&name, &PostParams::default(), &object)
+        .await
+        .map_err(Error::kube(format!(
+            "writing the status of {} {name}",
+            P::kind(&())
+        )))
+}
+
+async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -> Result<Action> {
+    let name = policy.name_any();
+    let uid = policy
+        .meta()
+        .uid
+        .clone()
+        .ok_or(Error::MissingMetadata("uid"))?;
+    // The controller's copy may predate our own last status write; plan from the latest.
+    let Some(mut current) = api
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube(format!("getting {} {name}", P::kind(&()))))?
+    else {
+        return Ok(Action::await_change());
+    };
+    if current.meta().uid.as_deref() != Some(uid.as_str()) {
+        return Ok(Action::await_change());
+    }
+    let spec = current.policy_spec().clone();
+    let generation = current.meta().generation;
+    let now = ctx.now();
+    let mut status = current.policy_status().cloned().unwrap_or_default();
+    let before = status.clone();
+    status.observed_generation = generation;
+
+    let schedule = match schedule::parse(&spec.schedule, spec.time_zone.as_deref(), now) {
+        Ok(s) => {
+            set_condition(
+                &mut status.conditions,
+                new_condition(
+                    CONDITION_SCHEDULE_VALID,
+                    true,
+                    "ScheduleParsed",
+                    format!(
+                        "schedule {:?} in {}",
+                        spec.schedule,
+                        spec.time_zone.as_deref().unwrap_or("UTC")
+                    ),
+                    generation,
+                    Time(now),
+                ),
+            );
+            s
+        }
+        Err(e) => {
+            set_condition(
+                &mut status.conditions,
+                new_condition(
+                    CONDITION_SCHEDULE_VALID,
+                    false,
+                    e.reason(),
+                    e.to_string(),
+                    generation,
+                    Time(now),
+                ),
+            );
+            status.next_schedule_time = None;
+            if status != before {
+                write_status(api, &current, &status).await?;
+                publish(ctx, &current, EventType::Warning, e.reason(), e.to_string()).await;
+            }
+            return Ok(Action::await_change());
+        }
+    };
+
+    // History: finished runs beyond the limits go (their finalizer deletes the artifacts).
+    let runs = ctx.fleet.runs_of(&uid);
+    for run in history::expired(&runs, spec.history.as_ref()) {
+        delete_run(ctx, &run).await?;
+    }
+    record_profiled(ctx, &uid, &runs);
+
+    // A run planned before a restart: finish it first.
+    if let Some(pending) = status.pending_run.clone() {
+        create_requests(ctx, &current, &spec, &pending).await?;
+        status.pending_run = None;
+        status.last_schedule_time = Some(pending.scheduled_time.clone());
+        current = write_status(api, &current, &status).await?;
+    }
+
+    let mut action = Action::requeue(MAX_REQUEUE);
+    if spec.suspend == Some(true) {
+        status.next_schedule_time = None;
+    } else {
+        let last = status
+            .last_schedule_time
+            .as_ref()
+            .or(current.meta().creation_timestamp.as_ref())
+            .map_or(now, |t| t.0);
+        let deadline = spec
+            .starting_deadline_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(DEFAULT_STARTING_DEADLINE, Duration::from_secs);
+        let due = schedule.due(last, now, deadline);
+        if due.missed > 0 {
+            status.missed_runs = Some(
+                status.missed_runs.unwrap_or(0) + i64::try_from(due.missed).unwrap_or(i64::MAX),
+            );
+            if due.run.is_empty() {
+                // Record how far the missed times go, so they are not counted again.
+                let oldest_allowed = now
+                    .checked_sub(jiff::SignedDuration::try_from(deadline).unwrap_or_default())
+                    .unwrap_or(now);
+                status.last_schedule_time = Some(Time(oldest_allowed));
+            }
+            publish(
+                ctx,
+                &current,
+                EventType::Warning,
+                "MissedSchedule",
+                format!("{} scheduled time(s) passed more than {}s ago without a run (startingDeadlineSeconds)", due.missed, deadline.as_secs()),
+            )
+            .await;
+        }
+        for t in due.run {
+            current = run_at(ctx, api, current, &mut status, &uid, t).await?;
+        }
+        status.next_schedule_time = due.next.map(Time);
+        if let Some(next) = due.next {
+            let wait = to_std(next.duration_since(ctx.now())) + Duration::from_millis(20);
+            action = Action::requeue(wait.min(MAX_REQUEUE));
+        }
+    }
+
+    // Active runs, last success and coverage, from the cache.
+    let runs = ctx.fleet.runs_of(&uid);
+    status.active = history::active(&runs);
+    status.active_count = Some(i32::try_from(status.active.len()).unwrap_or(i32::MAX));
+    if let Some(t) = history::last_success(&runs)
+        && status
+            .last_successful_time
+            .as_ref()
+            .is_none_or(|old| old.0 < t.0)
+    {
+        status.last_successful_time = Some(t);
+    }
+    record_profiled(ctx, &uid, &runs);
+    let eligibility = eligibility(ctx, &current, &spec, &uid)?;
+    status.coverage = Some(coverage(ctx, &uid, &eligibility, &status));
+    let current_status = current.policy_status().cloned().unwrap_or_default();
+    if status != current_status {
+        write_status(api, &current, &status).await?;
+    }
+    Ok(action)
+}
+
+fn scope_of<P: Policy>(policy: &P) -> Result<Scope> {
+    Ok(match P::KIND {
+        PolicyKind::Namespaced => Scope::Namespace(
+            policy
+                .meta()
+                .namespace
+                .clone()
+                .ok_or(Error::MissingMetadata("namespace"))?,
+        ),
+        PolicyKind::Cluster => Scope::Cluster(selector_of(policy.namespace_selector())?),
+    })
+}
+
+fn eligibility<P: Policy>(
+    ctx: &SamplingContext,
+    policy: &P,
+    spec: &flamefleet_api::SamplingPolicySpec,
+    uid: &str,
+) -> Result<super::fleet::Eligibility> {
+    let scope = scope_of(policy)?;
+    let selector = selector_of(spec.template.selector.as_ref())?;
+    Ok(ctx
+        .fleet
+        .eligible(uid, &scope, selector.as_ref(), &spec.template.pod_names))
+}
+
+/// Plans, records and creates the run of scheduled time `t`; returns the updated policy.
+async fn run_at<P: Policy>(
+    ctx: &SamplingContext,
+    api: &Api<P>,
+    current: P,
+    status: &mut SamplingPolicyStatus,
+    uid: &str,
+    t: Timestamp,
+) -> Result<P> {
+    let spec = current.policy_spec().clone();
+    let generation = current.meta().generation;
+    let eligibility = eligibility(ctx, &current, &spec, uid)?;
+    let what = match P::KIND {
+        PolicyKind::Namespaced => "the template's selector in this namespace".to_string(),
+        PolicyKind::Cluster => {
+            "the template's selector in the namespaces of namespaceSelector".to_string()
+        }
+    };
+    if eligibility.candidates.is_empty() {
+        let message = eligibility.nothing_message(&what);
+        set_condition(
+            &mut status.conditions,
+            new_condition(
+                CONDITION_PODS_MATCHED,
+                false,
+                "NoEligiblePods",
+                &message,
+                generation,
+                Time(t),
+            ),
+        );
+        status.last_schedule_time = Some(Time(t));
+        publish(
+            ctx,
+            &current,
+            EventType::Warning,
+            "NoEligiblePods",
+            format!("no run at {t}: {message}"),
+        )
+        .await;
+        return Ok(current);
+    }
+    set_condition(
+        &mut status.conditions,
+        new_condition(
+            CONDITION_PODS_MATCHED,
+            true,
+            "PodsMatched",
+            format!(
+                "{} pods on {} nodes can be sampled",
+                eligibility.candidates.len(),
+                eligibility.node_count()
+            ),
+            generation,
+            Time(t),
+        ),
+    );
+    let duration = spec.template.capture_duration()?;
+    let _planning = ctx.planning.lock().await;
+    let now = ctx.now();
+    let load = ctx
+        .ledger
+        .load(&ctx.fleet.requests.state(), &ctx.fleet.pods.state(), now);
+    let mut gate = load.gate(
+        Budget::from_spec(spec.budget.as_ref()),
+        spec.template.profile_type,
+        duration,
+        now,
+    );
+    let limits = Limits::from_spec(spec.sampling.as_ref(), eligibility.candidates.len());
+    let state = status.rotation.clone().unwrap_or_default();
+    let selection = rotation::select(&eligibility.candidates, &state, limits, &mut gate, t);
+    let budget_skips = selection
+        .skipped
+        .iter()
+        .filter(|(_, r, _)| r.is_budget())
+        .count();
+    status.skipped_for_budget =
+        Some(status.skipped_for_budget.unwrap_or(0) + i64::try_from(budget_skips).unwrap_or(0));
+    status.last_run_skipped = selection
+        .skipped
+        .iter()
+        .take(MAX_SKIPPED_RECORDED)
+        .map(|(i, reason, message)| {
+            let c = &eligibility.candidates[*i];
+            SkippedPod {
+                namespace: c.namespace.clone(),
+                pod: c.name.clone(),
+                node: c.node.clone(),
+                reason: reason.as_str().to_string(),
+                message: message.clone(),
+            }
+        })
+        .collect();
+    if budget_skips > 0 {
+        ctx.metrics.budget_skips(budget_skips);
+    }
+    let mut coverage = status.coverage.clone().unwrap_or_default();
+    if let Some(profiled) = selection.completed {
+        coverage.rotations_completed += 1;
+        coverage.last_rotation_completed_time = Some(Time(t));
+        coverage.last_rotation_pods = Some(profiled);
+    }
+    status.coverage = Some(coverage);
+    status.rotation = Some(selection.state.clone());
+    if selection.taken.is_empty() {
+        status.last_schedule_time = Some(Time(t));
+        let why = status
+            .last_run_skipped
+            .first()
+            .map_or_else(String::new, |s| format!(": {}", s.message));
+        publish(
+            ctx,
+            &current,
+            EventType::Warning,
+            "RunSkipped",
+            format!("no pod of the run at {t} could be captured within the node budget{why}"),
+        )
+        .await;
+        return Ok(current);
+    }
+    // One request per namespace, pods in rotation order.
+    let mut by_namespace: BTreeMap<String, (Vec<String>, BTreeSet<String>)> = BTreeMap::new();
+    for &i in &selection.taken {
+        let c = &eligibility.candidates[i];
+        let entry = by_namespace.entry(c.namespace.clone()).or_default();
+        entry.0.push(c.name.clone());
+        entry.1.insert(c.node.clone());
+    }
+    let name = current.name_any();
+    let pending = PendingRun {
+        scheduled_time: Time(t),
+        requests: by_namespace
+            .into_iter()
+            .map(|(namespace, (pods, nodes))| PlannedRequest {
+                namespace,
+                name: run_name(&name, P::KIND, t),
+                pods,
+                nodes: nodes.into_iter().collect(),
+            })
+            .collect(),
+    };
+    status.pending_run = Some(pending.clone());
+    let mut current = write_status(api, &current, status).await?;
+    create_requests(ctx, &current, &spec, &pending).await?;
+    for r in &pending.requests {
+        ctx.ledger.reserve(Reservation {
+            request: format!("{}/{}", r.namespace, r.name),
+            profile_type: spec.template.profile_type,
+            nodes: r.nodes.clone(),
+            start: now.as_second(),
+            duration: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+        });
+        remember_profiled(ctx, uid, &r.namespace, &r.pods, t.as_second());
+    }
+    status.pending_run = None;
+    status.last_schedule_time = Some(Time(t));
+    current = write_status(api, &current, status).await?;
+    ctx.metrics.policy_run_created();
+    let pods: usize = pending.requests.iter().map(|r| r.pods.len()).sum();
+    publish(
+        ctx,
+        &current,
+        EventType::Normal,
+        "RunCreated",
+        format!(
+            "run at {t}: {pods} pod(s) in {} request(s) ({}), {} passed over",
+            pending.requests.len(),
+            pending
+                .requests
+                .iter()
+                .map(|r| format!("{}/{}", r.namespace, r.name))
+                .collect::<Vec<_>>()
+                .join(", "),
+            selection.skipped.len()
+        ),
+    )
+    .await;
+    Ok(current)
+}
+
+/// The ProfileRequest of one planned request.
+pub fn run_request<P: Policy>(
+    policy: &P,
+    spec: &flamefleet_api::SamplingPolicySpec,
+    planned: &PlannedRequest,
+    scheduled: &Time,
+) -> ProfileRequest {
+    let mut labels = policy.labels().clone();
+    labels.insert(POLICY_KIND_LABEL.into(), P::kind(&()).to_string());
+    labels.insert(
+        POLICY_UID_LABEL.into(),
+        policy.meta().uid.clone().unwrap_or_default(),
+    );
+    let name = policy.name_any();
+    if is_label_value(&name) {
+        labels.insert(POLICY_NAME_LABEL.into(), name.clone());
+    } else {
+        labels.remove(POLICY_NAME_LABEL);
+    }
+    labels.insert(
+        SCHEDULED_TIME_LABEL.into(),
+        scheduled.0.as_second().to_string(),
+    );
+    let annotations = BTreeMap::from([
+        (SCHEDULED_AT_ANNOTATION.to_string(), scheduled.0.to_string()),
+        (
+            PLANNED_NODES_ANNOTATION.to_string(),
+            planned.nodes.join(","),
+        ),
+    ]);
+    let mut template = spec.template.clone();
+    template.selector = None;
+    template.pod_names = planned.pods.clone();
+    if template.profile_type == ProfileType::Cpu && template.cpu.is_none() {
+        template.cpu = Some(CpuOptions {
+            frequency_hz: DEFAULT_POLICY_FREQUENCY_HZ,
+        });
+    }
+    let mut request = ProfileRequest::new(&planned.name, template);
+    request.metadata.namespace = Some(planned.namespace.clone());
+    request.metadata.labels = Some(labels);
+    request.metadata.annotations = Some(annotations);
+    request.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: P::api_version(&()).to_string(),
+        kind: P::kind(&()).to_string(),
+        name,
+        uid: policy.meta().uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
+    request
+}
+
+/// Creates the requests of `pending` that do not exist yet.
+async fn create_requests<P: Policy>(
+    ctx: &SamplingContext,
+    policy: &P,
+    spec: &flamefleet_api::SamplingPolicySpec,
+    pending: &PendingRun,
+) -> Result<()> {
+    let uid = policy.meta().uid.clone().unwrap_or_default();
+    for planned in &pending.requests {
+        let api: Api<ProfileRequest> = Api::namespaced(ctx.client.clone(), &planned.namespace);
+        let request = run_request(policy, spec, planned, &pending.scheduled_time);
+        match api.create(&PostParams::default(), &request).await {
+            Ok(_) => {
+                tracing::info!(namespace = %planned.namespace, request = %planned.name, pods = planned.pods.len(), "created run");
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let existing = api
+                    .get_opt(&planned.name)
+                    .await
+                    .map_err(Error::kube(format!(
+                        "getting ProfileRequest {}/{}",
+                        planned.namespace, planned.name
+                    )))?;
+                let ours = existing
+                    .as_ref()
+                    .is_some_and(|e| e.owner_references().iter().any(|o| o.uid == uid));
+                if !ours {
+                    let message = format!(
+                        "ProfileRequest {}/{} exists and is not a run of this policy; rename one of them",
+                        planned.namespace, planned.name
+                    );
+                    publish(ctx, policy, EventType::Warning, "RunNameTaken", message).await;
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => {
+                // The namespace is gone (or terminating): this part of the run cannot exist.
+                let message = format!(
+                    "cannot create ProfileRequest {}/{}: {}",
+                    planned.namespace, planned.name, s.message
+                );
+                publish(ctx, policy, EventType::Warning, "RunNotCreated", message).await;
+            }
+            Err(e) => {
+                return Err(Error::kube(format!(
+                    "creating ProfileRequest {}/{}",
+                    planned.namespace, planned.name
+                ))(e));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn delete_run(ctx: &SamplingContext, run: &ProfileRequest) -> Result<()> {
+    let ns = run.namespace().unwrap_or_default();
+    let name = run.name_any();
+    let api: Api<ProfileRequest> = Api::namespaced(ctx.client.clone(), &ns);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: run.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => {
+            tracing::info!(namespace = %ns, request = %name, "deleted run beyond the history limit");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube(format!("deleting run {ns}/{name}"))(e)),
+    }
+}
+
+/// The policy is being deleted: delete its runs (their finalizer deletes the artifacts).
+async fn cleanup<P: Policy>(policy: Arc<P>, ctx: &SamplingContext) -> Result<Action> {
+    let uid = policy.meta().uid.clone().unwrap_or_default();
+    let selector = format!("{POLICY_UID_LABEL}={uid}");
+    let api: Api<ProfileRequest> = match &policy.meta().namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    let runs = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::kube(format!(
+            "listing the runs of {}",
+            policy.name_any()
+        )))?;
+    for run in &runs.items {
+        delete_run(ctx, run).await?;
+    }
+    ctx.profiled
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&uid);
+    tracing::info!(runs = runs.items.len(), "deleted the policy's runs");
+    Ok(Action::await_change())
+}
+
+fn remember_profiled(ctx: &SamplingContext, uid: &str, namespace: &str, pods: &[String], at: i64) {
+    let mut all = ctx.profiled.lock().unwrap_or_else(|e| e.into_inner());
+    let map = all.entry(uid.to_string()).or_default();
+    for pod in pods {
+        let slot = map.entry(format!("{namespace}/{pod}")).or_insert(at);
+        *slot = (*slot).max(at);
+    }
+}
+
+/// Learns when pods were profiled from the runs in the cache (after a restart, this is all
+/// there is; runs deleted by the history limits are remembered only by a running operator).
+fn record_profiled(ctx: &SamplingContext, uid: &str, runs: &[Arc<ProfileRequest>]) {
+    for run in runs {
+        if let Some(t) = history::scheduled_second(run) {
+            remember_profiled(
+                ctx,
+                uid,
+                &run.namespace().unwrap_or_default(),
+                &run.spec.pod_names,
+                t,
+            );
+        }
+    }
+}
+
+/// Coverage: of the eligible pods now, those profiled since the start of the last full
+/// rotation (the current one while none has completed).
+fn coverage(
+    ctx: &SamplingContext,
+    uid: &str,
+    eligibility: &super::fleet::Eligibility,
+    status: &SamplingPolicyStatus,
+) -> Coverage {
+    let rotation: RotationState = status.rotation.clone().unwrap_or_default();
+    let since = rotation
+        .previous_start_time
+        .as_ref()
+        .or(rotation.start_time.as_ref())
+        .map_or(i64::MAX, |t| t.0.as_second());
+    let all = ctx.profiled.lock().unwrap_or_else(|e| e.into_inner());
+    let profiled = all.get(uid);
+    let matching = eligibility.candidates.len();
+    let covered = eligibility
+        .candidates
+        .iter()
+        .filter(|c| {
+            profiled
+                .and_then(|m| m.get(&format!("{}/{}", c.namespace, c.name)))
+                .is_some_and(|&at| at >= since)
+        })
+        .count();
+    let mut out = status.coverage.clone().unwrap_or_default();
+    out.matching_pods = i64::try_from(matching).unwrap_or(i64::MAX);
+    out.covered_pods = i64::try_from(covered).unwrap_or(i64::MAX);
+    out.summary = match (covered * 100).checked_div(matching) {
+        Some(percent) => format!("{covered}/{matching} ({percent}%)"),
+        None => "0/0".into(),
+    };
+    out
+}
+
+/// Records an Event on the policy; failures are logged, never fatal.
+async fn publish<P: Policy>(
+    ctx: &SamplingContext,
+    policy: &P,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let mut note = note;
+    if note.len() > 1000 {
+        let mut cut = 1000;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    let event = KubeEvent {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Schedule".to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
+        tracing::warn!("recording event {reason}: {e}");
+    }
+}
