@@ -1,8 +1,11 @@
-//! Certificates for the operator ↔ agent mutual TLS: a CA (the operator's), an
-//! agent serving certificate for `flamefleet-agent.flamefleet.svc` (plus
-//! `localhost` and `127.0.0.1`), and an operator client certificate. ECDSA
-//! P-256, generated with rcgen. [`AgentPki::issue_client`] makes more client
-//! certificates; a second `AgentPki` is "another CA" for refusal tests.
+//! Certificates for the operator ↔ agent mutual TLS, as files (for agents run with
+//! `--tls-bootstrap files` and operators with `--tls-ca/--tls-cert/--tls-key`): a CA (the
+//! operator's), the operator's client certificate (DNS name
+//! [`OPERATOR_DNS_NAME`], the only client agents accept), and per-node agent serving
+//! certificates ([`AgentPki::issue_agent`]: [`agent_dns_name`] of the node, plus
+//! `localhost` and `127.0.0.1`). ECDSA P-256, generated with rcgen.
+//! [`AgentPki::issue_client`] makes other client certificates; a second `AgentPki` is
+//! "another CA" for refusal tests.
 
 use std::path::{Path, PathBuf};
 
@@ -13,18 +16,13 @@ use rcgen::{
 
 use crate::{Error, Result, io_err};
 
-/// The DNS name the operator checks on the agent's certificate.
-pub const AGENT_DNS_NAME: &str = "flamefleet-agent.flamefleet.svc";
+pub use flamefleet_proto::identity::{OPERATOR_DNS_NAME, agent_dns_name};
 
 /// Files of an agent PKI.
 #[derive(Debug, Clone)]
 pub struct AgentPkiFiles {
     /// The CA certificate (give it to both sides as `--tls-ca`).
     pub ca_cert: PathBuf,
-    /// The agent's serving certificate.
-    pub agent_cert: PathBuf,
-    /// The agent's serving key.
-    pub agent_key: PathBuf,
     /// The operator's client certificate.
     pub operator_cert: PathBuf,
     /// The operator's client key.
@@ -57,8 +55,8 @@ fn write(path: &Path, contents: &str) -> Result<()> {
 }
 
 impl AgentPki {
-    /// Generates the CA (named `ca_name`), the agent serving pair and the
-    /// operator client pair into `dir`.
+    /// Generates the CA (named `ca_name`) and the operator client pair into `dir`; agents'
+    /// certificates come from [`AgentPki::issue_agent`].
     ///
     /// # Errors
     /// When a key or certificate cannot be generated or written.
@@ -84,27 +82,37 @@ impl AgentPki {
             ca: Issuer::new(params, ca_key),
             files: AgentPkiFiles {
                 ca_cert: ca_path,
-                agent_cert: PathBuf::new(),
-                agent_key: PathBuf::new(),
                 operator_cert: PathBuf::new(),
                 operator_key: PathBuf::new(),
             },
         };
         let (cert, key) = pki.issue(
-            "agent",
-            "flamefleet-agent",
-            &[AGENT_DNS_NAME, "localhost", "127.0.0.1"],
-            ExtendedKeyUsagePurpose::ServerAuth,
+            "client-flamefleet-operator",
+            "flamefleet-operator",
+            &[OPERATOR_DNS_NAME],
+            ExtendedKeyUsagePurpose::ClientAuth,
         )?;
-        pki.files.agent_cert = cert;
-        pki.files.agent_key = key;
-        let (cert, key) = pki.issue_client("flamefleet-operator")?;
         pki.files.operator_cert = cert;
         pki.files.operator_key = key;
         Ok(pki)
     }
 
-    /// Issues a client certificate with common name `name`; returns (certificate, key) paths.
+    /// Issues the serving certificate of the agent on `node`; returns (certificate, key)
+    /// paths.
+    ///
+    /// # Errors
+    /// When it cannot be generated or written.
+    pub fn issue_agent(&self, node: &str) -> Result<(PathBuf, PathBuf)> {
+        self.issue(
+            &format!("agent-{node}"),
+            &format!("flamefleet-agent:{node}"),
+            &[&agent_dns_name(node), "localhost", "127.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
+    }
+
+    /// Issues a client certificate with common name `name` (and no operator name: agents
+    /// refuse it); returns (certificate, key) paths.
     ///
     /// # Errors
     /// When it cannot be generated or written.

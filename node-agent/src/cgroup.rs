@@ -96,6 +96,27 @@ impl CgroupRoot {
         Ok(Self(path))
     }
 
+    /// The cgroup2 hierarchy at or directly under `path`: `path` itself when it is cgroup2,
+    /// else `path/unified` (the hybrid layout). This lets a container that mounts the host's
+    /// whole `/sys/fs/cgroup` (e.g. at `/host/sys/fs/cgroup`) work on both layouts.
+    ///
+    /// # Errors
+    /// As [`CgroupRoot::new`] for `path` when neither is cgroup2.
+    pub fn at_or_under(path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        match check_cgroup2(&path) {
+            Ok(()) => Ok(Self(path)),
+            Err(e) => {
+                let unified = path.join("unified");
+                if check_cgroup2(&unified).is_ok() {
+                    Ok(Self(unified))
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
     /// The root directory.
     pub fn path(&self) -> &Path {
         &self.0

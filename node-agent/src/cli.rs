@@ -52,19 +52,29 @@ pub struct ServeArgs {
     /// Address to listen on; port 0 picks a free port (printed on stdout).
     #[arg(long, default_value = "0.0.0.0:7070")]
     pub listen: std::net::SocketAddr,
-    /// CA certificate (PEM) client certificates must chain to.
+    /// Where this node's serving certificate comes from: `files` (--tls-ca, --tls-cert,
+    /// --tls-key) or `csr` (a Kubernetes CertificateSigningRequest the operator signs for
+    /// this node alone; renewed automatically).
+    #[arg(long, value_enum, default_value = "files")]
+    pub tls_bootstrap: TlsBootstrap,
+    /// CA certificate (PEM) the operator's client certificate must chain to (files mode).
+    #[arg(long, required_if_eq("tls_bootstrap", "files"))]
+    pub tls_ca: Option<PathBuf>,
+    /// Serving certificate (PEM) for this node (files mode).
+    #[arg(long, required_if_eq("tls_bootstrap", "files"))]
+    pub tls_cert: Option<PathBuf>,
+    /// Serving private key (PEM) (files mode).
+    #[arg(long, required_if_eq("tls_bootstrap", "files"))]
+    pub tls_key: Option<PathBuf>,
+    /// Address of the probe server (`/healthz`, `/readyz`, `/metrics`); none when absent.
     #[arg(long)]
-    pub tls_ca: PathBuf,
-    /// Serving certificate (PEM).
-    #[arg(long)]
-    pub tls_cert: PathBuf,
-    /// Serving private key (PEM).
-    #[arg(long)]
-    pub tls_key: PathBuf,
+    pub probe_listen: Option<std::net::SocketAddr>,
     /// Kubeconfig for the status write-back (default: in-cluster config).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// cgroup2 directory pod cgroups are looked up under (default: the cgroup2 mount).
+    /// cgroup2 directory pod cgroups are looked up under, or a directory holding the host's
+    /// cgroup filesystem (its `unified/` is used on hybrid hosts), e.g. /host/sys/fs/cgroup
+    /// in a container (default: the cgroup2 mount).
     #[arg(long)]
     pub cgroup_root: Option<PathBuf>,
     /// Container runtime hint (accepted for compatibility; every runtime's layout is tried).
@@ -77,11 +87,25 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<()> {
     let config = crate::service::AgentConfig {
         node_name: args.node_name.clone(),
         listen: args.listen,
-        tls: crate::service::TlsFiles {
-            ca: args.tls_ca.clone(),
-            cert: args.tls_cert.clone(),
-            key: args.tls_key.clone(),
+        tls: match (
+            args.tls_bootstrap,
+            &args.tls_ca,
+            &args.tls_cert,
+            &args.tls_key,
+        ) {
+            (TlsBootstrap::Csr, ..) => crate::service::TlsSource::Csr,
+            (TlsBootstrap::Files, Some(ca), Some(cert), Some(key)) => {
+                crate::service::TlsSource::Files(crate::service::TlsFiles {
+                    ca: ca.clone(),
+                    cert: cert.clone(),
+                    key: key.clone(),
+                })
+            }
+            (TlsBootstrap::Files, ..) => anyhow::bail!(
+                "--tls-bootstrap files needs --tls-ca, --tls-cert and --tls-key (or use --tls-bootstrap csr in a cluster)"
+            ),
         },
+        probe_listen: args.probe_listen,
         kubeconfig: args.kubeconfig.clone(),
         cgroup_root: args.cgroup_root.clone(),
     };
@@ -98,6 +122,15 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<()> {
         crate::service::serve(config, shutdown).await?;
         Ok(())
     })
+}
+
+/// Sources of the agent's serving certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TlsBootstrap {
+    /// PEM files.
+    Files,
+    /// A Kubernetes CSR signed by the operator.
+    Csr,
 }
 
 /// Profile types the `capture` subcommand knows.

@@ -1,13 +1,29 @@
-//! The agent serves mutual TLS: a client without a certificate, or with one
-//! from another CA, is refused; the operator's certificate gets answers.
+//! The agent serves mutual TLS with one identity per node and one client: the operator.
+//! A client without a certificate, with one from another CA, or with one from the right
+//! CA that does not name the operator is refused; a client expecting another node's
+//! agent refuses this one; the operator's certificate gets answers.
 
 mod service_support;
 
 use flamefleet_proto::agent::{InfoRequest, ProfileType};
 use service_support::*;
 
+/// Calls Info with `tls`; Ok when served, the error text when refused at any step.
+async fn info_refusal(
+    agent: &AgentProcess,
+    tls: tonic::transport::ClientTlsConfig,
+) -> Result<(), String> {
+    match connect(agent, tls).await {
+        Err(e) => Err(e),
+        Ok(mut c) => match c.info(InfoRequest {}).await {
+            Ok(_) => Ok(()),
+            Err(status) => Err(format!("{status:?}")),
+        },
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_clients_of_the_configured_ca_are_served() {
+async fn only_the_operator_is_served_and_only_as_this_node() {
     require_root();
     let pki = TestPki::new("flamefleet-operator-ca");
     let other = TestPki::new("some-other-ca");
@@ -43,32 +59,72 @@ async fn only_clients_of_the_configured_ca_are_served() {
         info.missing_features
     );
 
-    // No client certificate: the handshake (or the first call) fails.
     let f = &pki.pki.files;
-    let refused = match connect(&agent, tls(&f.ca_cert, None)).await {
-        Err(e) => e,
-        Ok(mut c) => match c.info(InfoRequest {}).await {
-            Ok(_) => panic!("a client without a certificate was served"),
-            Err(status) => format!("{status:?}"),
-        },
-    };
-    assert!(!refused.is_empty());
+    let operator = Some((f.operator_cert.as_path(), f.operator_key.as_path()));
+
+    // No client certificate: refused.
+    let refused = info_refusal(&agent, tls("node-tls-a", &f.ca_cert, None)).await;
+    assert!(
+        refused.is_err(),
+        "a client without a certificate was served"
+    );
 
     // A certificate from another CA (trusting the right server CA): refused.
     let o = &other.pki.files;
-    let refused = match connect(
+    let refused = info_refusal(
         &agent,
-        tls(&f.ca_cert, Some((&o.operator_cert, &o.operator_key))),
+        tls(
+            "node-tls-a",
+            &f.ca_cert,
+            Some((&o.operator_cert, &o.operator_key)),
+        ),
     )
-    .await
-    {
-        Err(e) => e,
-        Ok(mut c) => match c.info(InfoRequest {}).await {
-            Ok(_) => panic!("a client with another CA's certificate was served"),
-            Err(status) => format!("{status:?}"),
-        },
-    };
-    assert!(!refused.is_empty());
+    .await;
+    assert!(refused.is_err(), "another CA's certificate was served");
+
+    // A client certificate of the right CA that does not name the operator: refused.
+    let (mallory_cert, mallory_key) = pki.pki.issue_client("mallory").expect("client cert");
+    let refused = info_refusal(
+        &agent,
+        tls(
+            "node-tls-a",
+            &f.ca_cert,
+            Some((&mallory_cert, &mallory_key)),
+        ),
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "a same-CA client without the operator's name was served"
+    );
+    assert!(
+        agent
+            .log()
+            .contains("only the Flamefleet operator may call agents"),
+        "the agent says why it refused; log:\n{}",
+        agent.log()
+    );
+
+    // Another node's agent certificate used as a client: refused (server auth only).
+    let (b_cert, b_key) = pki.pki.issue_agent("node-tls-b").expect("agent cert");
+    let refused = info_refusal(
+        &agent,
+        tls("node-tls-a", &f.ca_cert, Some((&b_cert, &b_key))),
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "an agent certificate was accepted as a client"
+    );
+
+    // The operator expecting node B reaches this agent (node A): the operator refuses it,
+    // so node A's key cannot answer for node B's captures.
+    let refused = info_refusal(&agent, tls("node-tls-b", &f.ca_cert, operator)).await;
+    let err = refused.expect_err("node A's agent passed for node B");
+    assert!(
+        err.contains("certificate") || err.contains("NotValidForName"),
+        "{err}"
+    );
 
     // The refused handshakes did not hurt the server.
     let mut again = operator_client(&pki, &agent).await;
@@ -82,13 +138,14 @@ async fn only_clients_of_the_configured_ca_are_served() {
 fn bad_tls_files_and_node_names_fail_with_clear_messages() {
     let pki = TestPki::new("ca");
     let f = &pki.pki.files;
+    let (agent_cert, agent_key) = pki.pki.issue_agent("node-x").expect("agent cert");
     let run = |node: &str, key: &std::path::Path| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"))
             .args(["serve", "--node-name", node, "--listen", "127.0.0.1:0"])
             .arg("--tls-ca")
             .arg(&f.ca_cert)
             .arg("--tls-cert")
-            .arg(&f.agent_cert)
+            .arg(&agent_cert)
             .arg("--tls-key")
             .arg(key)
             .output()
@@ -102,6 +159,10 @@ fn bad_tls_files_and_node_names_fail_with_clear_messages() {
         err.contains("--tls-key") && err.contains("missing.key"),
         "{err}"
     );
-    let err = run("Bad_Name", &f.agent_key);
+    let err = run("Bad_Name", &agent_key);
     assert!(err.contains("invalid node name"), "{err}");
+    // A key that does not belong to the certificate.
+    let (_, other_key) = pki.pki.issue_agent("node-y").expect("agent cert");
+    let err = run("node-x", &other_key);
+    assert!(err.contains("does not match"), "{err}");
 }

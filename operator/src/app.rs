@@ -14,20 +14,25 @@ use crate::controller::agent_client::AgentConnector;
 use crate::controller::dispatch::{DispatchSettings, Dispatcher};
 use crate::controller::uploads::UrlPolicy;
 use crate::controller::{self, Context};
+use crate::identity::ca::OperatorCa;
+use crate::identity::csr_signer::{AgentIdentityPolicy, CsrSigner};
 use crate::leader::{Election, LeaseConfig};
 use crate::metrics::Metrics;
+use crate::owned_secret;
 use crate::probes::{self, ProbeState};
 use crate::sampling::{self, SamplingContext, budget::Ledger, fleet::Fleet};
-use crate::store::authorize::{CachedAuthorizer, KubeAuthorizer};
-use crate::store::builtin::{BuiltinConfig, BuiltinStore, http};
+use crate::store::builtin::{BuiltinConfig, server};
+use crate::store::remote::{RemoteConfig, RemoteStore};
 use crate::store::s3::{S3Config, S3Store};
 use crate::store::{ArtifactStore, install_default_crypto_provider};
 
 /// Which artifact store backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StoreKind {
-    /// The built-in HTTP store over a directory, served by the operator.
+    /// The built-in HTTP store over a directory, served by the operator itself.
     Builtin,
+    /// The built-in store served by `flamefleet-store` at --store-url (the chart's layout).
+    Remote,
     /// An S3-compatible bucket.
     S3,
 }
@@ -46,15 +51,24 @@ pub struct Options {
     /// Namespace of the agent pods (and of the leader Lease).
     #[arg(long, default_value = "flamefleet")]
     pub agent_namespace: String,
-    /// CA certificate (PEM) that signed the agents' serving certificates.
-    #[arg(long)]
-    pub tls_ca: PathBuf,
-    /// The operator's client certificate (PEM), presented to agents.
-    #[arg(long)]
-    pub tls_cert: PathBuf,
-    /// The operator's client key (PEM).
-    #[arg(long)]
-    pub tls_key: PathBuf,
+    /// Secret (`kubernetes.io/tls`, in the agent namespace) holding the operator's CA; created
+    /// with a new CA on first start when missing. The CA signs agents' per-node serving
+    /// certificates (their CSRs, signer `flamefleet.dev/agent-serving`) and the operator's
+    /// own client certificate. Alternative to --tls-ca/--tls-cert/--tls-key.
+    #[arg(long, conflicts_with_all = ["tls_ca", "tls_cert", "tls_key"])]
+    pub ca_secret: Option<String>,
+    /// ServiceAccount of the agent pods (only it may request agent certificates).
+    #[arg(long, default_value = "flamefleet-agent")]
+    pub agent_service_account: String,
+    /// CA certificate (PEM) that signed the agents' serving certificates (file-based TLS).
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// The operator's client certificate (PEM), presented to agents (file-based TLS).
+    #[arg(long, requires = "tls_ca")]
+    pub tls_cert: Option<PathBuf>,
+    /// The operator's client key (PEM) (file-based TLS).
+    #[arg(long, requires = "tls_ca")]
+    pub tls_key: Option<PathBuf>,
     /// Artifact store backend.
     #[arg(long, value_enum, default_value = "builtin")]
     pub store: StoreKind,
@@ -62,14 +76,22 @@ pub struct Options {
     #[arg(long, default_value = "/var/lib/flamefleet/artifacts")]
     pub store_dir: PathBuf,
     /// File holding the built-in store's HMAC secret (at least 32 bytes; same on every replica).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "store_secret_name")]
     pub store_secret_file: Option<PathBuf>,
+    /// Secret (in the agent namespace, key `secret`) holding the store's HMAC secret; created
+    /// with 48 random bytes on first start when missing.
+    #[arg(long)]
+    pub store_secret_name: Option<String>,
     /// Address the built-in store listens on.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub store_listen: SocketAddr,
-    /// Base URL at which agents and users reach the built-in store.
+    /// Base URL at which agents (and, without --store-public-url, users) reach the built-in
+    /// store.
     #[arg(long)]
     pub store_url: Option<url::Url>,
+    /// Base URL users download artifacts from (default: --store-url).
+    #[arg(long)]
+    pub store_public_url: Option<url::Url>,
     /// Largest artifact accepted, bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub store_max_bytes: u64,
@@ -121,8 +143,12 @@ pub struct Options {
     pub agent_connect_timeout: Duration,
 }
 
-async fn kube_client(options: &Options) -> anyhow::Result<kube::Client> {
-    let config = match &options.kubeconfig {
+/// A client from `kubeconfig`, or the in-cluster configuration when `None`.
+///
+/// # Errors
+/// An unreadable kubeconfig or no configuration at all.
+pub async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -137,51 +163,81 @@ async fn kube_client(options: &Options) -> anyhow::Result<kube::Client> {
     kube::Client::try_from(config).context("building the Kubernetes client")
 }
 
+/// The store's URL-signing secret: from --store-secret-file, or the --store-secret-name
+/// Secret (created when missing).
+async fn store_secret(options: &Options, client: &kube::Client) -> anyhow::Result<Vec<u8>> {
+    if let Some(file) = &options.store_secret_file {
+        return std::fs::read(file)
+            .with_context(|| format!("reading the store secret {}", file.display()));
+    }
+    let Some(name) = &options.store_secret_name else {
+        bail!(
+            "the built-in store needs --store-secret-file or --store-secret-name (at least 32 random bytes, the same for every replica)"
+        );
+    };
+    let secret =
+        owned_secret::get_or_create(client, &options.agent_namespace, name, "Opaque", || {
+            let mut bytes = [0u8; 48];
+            getrandom_fill(&mut bytes)?;
+            Ok(std::collections::BTreeMap::from([(
+                STORE_SECRET_KEY.to_owned(),
+                k8s_openapi::ByteString(bytes.to_vec()),
+            )]))
+        })
+        .await?;
+    Ok(owned_secret::field(&secret, STORE_SECRET_KEY)?.to_vec())
+}
+
+/// Key of the store's signing secret in its Secret.
+pub const STORE_SECRET_KEY: &str = "secret";
+
+fn getrandom_fill(buf: &mut [u8]) -> crate::Result<()> {
+    use std::io::Read as _;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .map_err(|e| crate::Error::Tls(format!("reading /dev/urandom: {e}")))
+}
+
 async fn open_store(
     options: &Options,
     client: &kube::Client,
 ) -> anyhow::Result<Arc<dyn ArtifactStore>> {
     match options.store {
         StoreKind::Builtin => {
-            let Some(secret_file) = &options.store_secret_file else {
-                bail!(
-                    "--store builtin needs --store-secret-file (at least 32 random bytes, the same for every replica)"
-                );
-            };
-            let secret = std::fs::read(secret_file)
-                .with_context(|| format!("reading the store secret {}", secret_file.display()))?;
+            let secret = store_secret(options, client).await?;
             let public_url = match &options.store_url {
                 Some(url) => url.clone(),
                 None => format!("http://{}/", options.store_listen)
                     .parse()
                     .context("building the store URL from --store-listen; pass --store-url")?,
             };
-            let store = Arc::new(
-                BuiltinStore::open(BuiltinConfig {
+            let (store, _) = server::spawn(
+                BuiltinConfig {
                     root: options.store_dir.clone(),
                     public_url,
                     secret,
                     max_upload_bytes: options.store_max_bytes,
-                })
-                .await
-                .context("opening the built-in artifact store")?,
-            );
-            let authorizer = Arc::new(CachedAuthorizer::new(
-                KubeAuthorizer::new(client.clone()),
-                Duration::from_secs(10),
-                4096,
-            ));
-            let listener = tokio::net::TcpListener::bind(options.store_listen)
-                .await
-                .with_context(|| format!("binding the store to {}", options.store_listen))?;
-            let router = http::router(store.clone(), authorizer);
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).await {
-                    tracing::error!("artifact store server stopped: {e}");
-                }
-            });
-            tracing::info!(listen = %options.store_listen, "built-in artifact store serving");
+                },
+                options.store_listen,
+                client.clone(),
+            )
+            .await
+            .context("starting the built-in artifact store")?;
             Ok(store)
+        }
+        StoreKind::Remote => {
+            let Some(internal_url) = options.store_url.clone() else {
+                bail!("--store remote needs --store-url (where flamefleet-store serves)");
+            };
+            let secret = store_secret(options, client).await?;
+            let store = RemoteStore::new(RemoteConfig {
+                internal_url,
+                public_url: options.store_public_url.clone(),
+                secret,
+                max_upload_bytes: options.store_max_bytes,
+            })
+            .context("configuring the remote artifact store")?;
+            Ok(Arc::new(store))
         }
         StoreKind::S3 => {
             let need = |v: &Option<String>, flag: &str| {
@@ -202,7 +258,8 @@ async fn open_store(
     }
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
@@ -220,7 +277,7 @@ async fn shutdown_signal() {
 /// Runs the operator until SIGTERM/Ctrl-C, or fails when it loses the leader Lease.
 pub async fn run(options: Options) -> anyhow::Result<()> {
     install_default_crypto_provider();
-    let client = kube_client(&options).await?;
+    let client = kube_client(options.kubeconfig.as_ref()).await?;
     let metrics = Arc::new(Metrics::new());
     let probe_state = ProbeState::new(metrics.clone());
     let listener = tokio::net::TcpListener::bind(options.metrics_listen)
@@ -233,12 +290,23 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         }
     });
     let store = open_store(&options, &client).await?;
-    let connector = AgentConnector::from_files(
-        &options.tls_ca,
-        &options.tls_cert,
-        &options.tls_key,
-        options.agent_connect_timeout,
-    )?;
+    let ca = match &options.ca_secret {
+        Some(name) => Some(Arc::new(
+            OperatorCa::load_or_create(&client, &options.agent_namespace, name)
+                .await
+                .with_context(|| format!("loading the operator CA from Secret {name}"))?,
+        )),
+        None => None,
+    };
+    let connector = match (&ca, &options.tls_ca, &options.tls_cert, &options.tls_key) {
+        (Some(ca), ..) => AgentConnector::from_ca(ca.clone(), options.agent_connect_timeout)?,
+        (None, Some(ca), Some(cert), Some(key)) => {
+            AgentConnector::from_files(ca, cert, key, options.agent_connect_timeout)?
+        }
+        _ => bail!(
+            "agent TLS is not configured: pass --ca-secret NAME (the operator manages a CA and signs agents' certificates) or --tls-ca, --tls-cert and --tls-key"
+        ),
+    };
     let identity = options.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
@@ -268,6 +336,17 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     metrics.set_leader(true);
     tracing::info!(%identity, "leading; starting the ProfileRequest and sampling-policy controllers");
 
+    let signer = ca.map(|ca| {
+        let signer = CsrSigner::new(
+            client.clone(),
+            ca,
+            AgentIdentityPolicy {
+                namespace: options.agent_namespace.clone(),
+                service_account: options.agent_service_account.clone(),
+            },
+        );
+        tokio::spawn(signer.run(std::future::pending::<()>()))
+    });
     let (trigger, triggers) = tokio::sync::mpsc::unbounded_channel();
     let dispatcher = Arc::new(Dispatcher::new(
         connector,
@@ -347,6 +426,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         policies,
     );
     fleet_task.abort();
+    if let Some(signer) = signer {
+        signer.abort();
+    }
     metrics.set_leader(false);
     if lost_rx.try_recv().unwrap_or(false) {
         bail!(

@@ -1,5 +1,7 @@
 //! Flamefleet wire formats.
 
+pub mod identity;
+
 /// The pprof `Profile` messages (package `perftools.profiles`), as read by
 /// `go tool pprof` and every other pprof consumer.
 pub mod pprof {

@@ -217,7 +217,9 @@ async fn main() -> Result<()> {
     );
 
     step("node agent and operator (mTLS between them, built-in artifact store)");
-    let pki = AgentPki::generate(&dir.join("pki"), "flamefleet-demo-ca")?.files;
+    let ca = AgentPki::generate(&dir.join("pki"), "flamefleet-demo-ca")?;
+    let (agent_cert, agent_key) = ca.issue_agent(NODE)?;
+    let pki = ca.files;
     let agent_port = free_port()?;
     let mut agent = Command::new(args.bins.join("flamefleet-agent"));
     agent
@@ -231,9 +233,9 @@ async fn main() -> Result<()> {
         .arg("--tls-ca")
         .arg(&pki.ca_cert)
         .arg("--tls-cert")
-        .arg(&pki.agent_cert)
+        .arg(&agent_cert)
         .arg("--tls-key")
-        .arg(&pki.agent_key)
+        .arg(&agent_key)
         .arg("--kubeconfig")
         .arg(&args.kubeconfig)
         .arg("--cgroup-root")

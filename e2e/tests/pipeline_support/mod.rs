@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use flamefleet_api::{Artifact, ProfileRequest, RequestPhase};
 use flamefleet_e2e::TestNamespace;
-use flamefleet_e2e::agent_pki::{AgentPki, AgentPkiFiles};
+use flamefleet_e2e::agent_pki::AgentPki;
 use flamefleet_e2e::pods::PodFixture;
 use flamefleet_e2e::workload::{self, remove_cgroup_tree};
 
@@ -315,7 +315,7 @@ pub struct Pipeline {
     pub client: kube::Client,
     pub kubeconfig: PathBuf,
     pub dir: tempfile::TempDir,
-    pub pki: AgentPkiFiles,
+    pub ca: AgentPki,
     pub cgroup_root: PathBuf,
     pub nodes: Vec<String>,
     pub agents: Vec<Proc>,
@@ -360,9 +360,8 @@ impl Pipeline {
             .prefix("flamefleet-pipeline-")
             .tempdir()
             .unwrap();
-        let pki = AgentPki::generate(&dir.path().join("pki"), "flamefleet-operator-ca")
-            .expect("generating the agent PKI")
-            .files;
+        let ca = AgentPki::generate(&dir.path().join("pki"), "flamefleet-operator-ca")
+            .expect("generating the agent PKI");
         let cgroup_root = cgroup2_mount().join(format!("flamefleet-e2e-{id}"));
         std::fs::create_dir_all(cgroup_root.join("kubepods/burstable"))
             .unwrap_or_else(|e| panic!("creating {}: {e}", cgroup_root.display()));
@@ -372,7 +371,7 @@ impl Pipeline {
             agent_ns,
             client,
             kubeconfig,
-            pki,
+            ca,
             cgroup_root,
             nodes: nodes.clone(),
             agents: Vec::new(),
@@ -398,15 +397,19 @@ impl Pipeline {
 
     fn spawn_agent(&self, i: usize) -> (Proc, u16) {
         let node = &self.nodes[i];
+        let (agent_cert, agent_key) = self
+            .ca
+            .issue_agent(node)
+            .expect("issuing the agent's certificate");
         let mut cmd = Command::new(&bins().agent);
         cmd.arg("serve")
             .args(["--node-name", node, "--listen", "127.0.0.1:0"])
             .arg("--tls-ca")
-            .arg(&self.pki.ca_cert)
+            .arg(&self.ca.files.ca_cert)
             .arg("--tls-cert")
-            .arg(&self.pki.agent_cert)
+            .arg(&agent_cert)
             .arg("--tls-key")
-            .arg(&self.pki.agent_key)
+            .arg(&agent_key)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .arg("--cgroup-root")
@@ -498,11 +501,11 @@ impl Pipeline {
             .arg(&self.kubeconfig)
             .args(["--agent-namespace", self.agent_ns.name()])
             .arg("--tls-ca")
-            .arg(&self.pki.ca_cert)
+            .arg(&self.ca.files.ca_cert)
             .arg("--tls-cert")
-            .arg(&self.pki.operator_cert)
+            .arg(&self.ca.files.operator_cert)
             .arg("--tls-key")
-            .arg(&self.pki.operator_key)
+            .arg(&self.ca.files.operator_key)
             .args(["--store", "builtin"])
             .arg("--store-dir")
             .arg(&store_dir)

@@ -2,15 +2,19 @@
 //! TLS: `Capture` (idempotent per request UID, streaming progress), `Cancel`
 //! and `Info`.
 //!
-//! Layout: [`tls`] (certificates, client auth), [`captures`] (the UID table:
+//! Layout: [`tls`] (certificates, operator-only client auth), [`identity`] (this node's
+//! certificate from a Kubernetes CSR, renewed), [`probes`] (`/healthz`, `/readyz`,
+//! `/metrics`), [`captures`] (the UID table:
 //! start / attach / replay / cancel), [`targets`] (pods → cgroups and labels),
 //! [`pipeline`] (one capture: engine, artifacts, upload, report), [`upload`]
 //! (HTTP PUT with sha256 and retries), [`status`] (server-side apply of this
 //! node's status entry), [`info`] (kernel release and features).
 
 pub mod captures;
+pub mod identity;
 pub mod info;
 pub mod pipeline;
+pub mod probes;
 pub mod status;
 pub mod targets;
 pub mod tls;
@@ -31,8 +35,9 @@ use tonic::{Request, Response, Status};
 
 use self::captures::{CacheLimits, CaptureTable, Joined, is_terminal};
 use self::pipeline::{Context, progress};
+use self::probes::ProbeState;
 use self::status::StatusWriter;
-pub use self::tls::TlsFiles;
+pub use self::tls::{ServingIdentity, TlsFiles};
 use self::upload::{UploadPolicy, Uploader};
 use crate::capture::{SamplerConfig, Samplers};
 use crate::cgroup::{CgroupError, CgroupRoot};
@@ -88,10 +93,27 @@ pub enum ServiceError {
     /// The gRPC server failed.
     #[error("the gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// TLS material is unusable, or the node certificate could not be obtained.
+    #[error("agent TLS: {0}")]
+    Tls(String),
+    /// `--tls-bootstrap csr` without a Kubernetes configuration.
+    #[error(
+        "--tls-bootstrap csr needs a Kubernetes client (in-cluster configuration or --kubeconfig) to request this node's certificate"
+    )]
+    NoKubernetesForCsr,
 }
 
 /// Result of this module.
 pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
+
+/// Where the agent's serving certificate comes from.
+#[derive(Debug, Clone)]
+pub enum TlsSource {
+    /// PEM files set up by hand.
+    Files(TlsFiles),
+    /// A Kubernetes CSR signed by the operator (renewed automatically).
+    Csr,
+}
 
 /// Everything `serve` needs.
 #[derive(Debug, Clone)]
@@ -100,8 +122,10 @@ pub struct AgentConfig {
     pub node_name: String,
     /// Address to listen on (port 0: any free port, printed at start).
     pub listen: SocketAddr,
-    /// TLS files.
-    pub tls: TlsFiles,
+    /// Where the serving certificate comes from.
+    pub tls: TlsSource,
+    /// Address of `/healthz`, `/readyz` and `/metrics` (none: not served).
+    pub probe_listen: Option<SocketAddr>,
     /// Kubeconfig for status write-back; `None`: in-cluster or default config.
     pub kubeconfig: Option<PathBuf>,
     /// cgroup2 root pods are looked up under; `None`: the cgroup2 mount.
@@ -109,10 +133,20 @@ pub struct AgentConfig {
 }
 
 /// The tonic service.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Agent {
     ctx: Arc<Context>,
     table: Arc<CaptureTable>,
+    probes: Arc<ProbeState>,
+    kube: Option<kube::Client>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("node", &self.ctx.node)
+            .finish_non_exhaustive()
+    }
 }
 
 fn valid_node_name(n: &str) -> bool {
@@ -169,11 +203,12 @@ impl Agent {
             return Err(ServiceError::NodeName(config.node_name.clone()));
         }
         let cgroup_root = match &config.cgroup_root {
-            Some(p) => CgroupRoot::new(p)?,
+            Some(p) => CgroupRoot::at_or_under(p)?,
             None => CgroupRoot::detect()?,
         };
-        let status = kube_client(config)
-            .await?
+        let kube = kube_client(config).await?;
+        let status = kube
+            .clone()
             .map(|c| StatusWriter::new(c, config.node_name.clone()));
         let samplers = Arc::new(Samplers::new(SamplerConfig {
             node: config.node_name.clone(),
@@ -188,6 +223,8 @@ impl Agent {
                 status,
             }),
             table: Arc::new(CaptureTable::new(CacheLimits::default())),
+            probes: ProbeState::new("starting"),
+            kube,
         })
     }
 }
@@ -236,7 +273,13 @@ impl AgentService for Agent {
         let stream = match self.table.join(&uid, accepted) {
             Joined::New(handle, rx) => {
                 tracing::info!(%uid, name = %req.request_name, "new capture");
-                tokio::spawn(pipeline::run(Arc::clone(&self.ctx), handle, req));
+                let ctx = Arc::clone(&self.ctx);
+                let probes = Arc::clone(&self.probes);
+                probes.capture_delta(true);
+                tokio::spawn(async move {
+                    pipeline::run(ctx, handle, req).await;
+                    probes.capture_delta(false);
+                });
                 follow(rx)
             }
             Joined::Attached(rx) => {
@@ -266,11 +309,18 @@ impl AgentService for Agent {
     }
 }
 
+/// How long a client may take to complete the TLS handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Serves the agent until `shutdown` resolves. Prints `listening on ADDR`
-/// on stdout once bound (useful with port 0).
+/// on stdout once bound (useful with port 0), and `probes on ADDR` for the
+/// probe server.
+///
+/// With [`TlsSource::Csr`] the agent first obtains this node's certificate (the probes
+/// answer meanwhile: healthy, not ready), then renews it in the background.
 ///
 /// # Errors
-/// Configuration errors (see [`Agent::new`], [`TlsFiles::server_config`]),
+/// Configuration errors (see [`Agent::new`], [`TlsFiles::read`]),
 /// a port in use, or a failure of the server.
 pub async fn serve(
     config: AgentConfig,
@@ -279,8 +329,16 @@ pub async fn serve(
     // kube (ring) and other dependencies may link more than one rustls
     // provider; pick ring explicitly so TLS setup never has to guess.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let tls = config.tls.server_config()?;
+    let material = match &config.tls {
+        TlsSource::Files(files) => Some(files.read()?),
+        TlsSource::Csr => None,
+    };
     let agent = Agent::new(&config).await?;
+    let probes = Arc::clone(&agent.probes);
+    if let Some(listen) = config.probe_listen {
+        let bound = probes::spawn(listen, Arc::clone(&probes)).await?;
+        println!("probes on {bound}");
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServiceError::Bind {
@@ -291,15 +349,35 @@ pub async fn serve(
         addr: config.listen,
         source,
     })?;
+    let identity = match material {
+        Some(material) => ServingIdentity::new(&material)?,
+        None => {
+            let client = agent.kube.clone().ok_or(ServiceError::NoKubernetesForCsr)?;
+            probes.set_waiting("waiting for the operator to sign this node's certificate (CSR)");
+            let issued = identity::first_certificate(&client, &config.node_name).await;
+            let serving = ServingIdentity::new(&issued.material)?;
+            probes.set_cert_expiry(issued.not_after);
+            tokio::spawn(identity::keep_renewed(
+                client,
+                config.node_name.clone(),
+                Arc::clone(&serving),
+                issued.not_after,
+            ));
+            serving
+        }
+    };
     tracing::info!(%addr, node = %config.node_name, "agent serving");
     println!("listening on {addr}");
-    tonic::transport::Server::builder()
-        .tls_config(tls)?
+    probes.set_waiting("");
+    probes.set_serving(true);
+    let result = tonic::transport::Server::builder()
         .add_service(AgentServiceServer::new(agent))
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            tls::incoming(listener, identity.server_config(), HANDSHAKE_TIMEOUT),
             shutdown,
         )
-        .await?;
+        .await;
+    probes.set_serving(false);
+    result?;
     Ok(())
 }

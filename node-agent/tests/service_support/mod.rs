@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use flamefleet_agent::cgroup::CgroupRoot;
-use flamefleet_e2e::agent_pki::{AGENT_DNS_NAME, AgentPki};
+use flamefleet_e2e::agent_pki::{AgentPki, agent_dns_name};
 use flamefleet_proto::agent::agent_service_client::AgentServiceClient;
 use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::{
@@ -69,15 +69,16 @@ impl AgentProcess {
         let log = pki.dir.path().join(format!("agent-{node}.log"));
         let stderr = std::fs::File::create(&log).expect("agent log");
         let files = &pki.pki.files;
+        let (agent_cert, agent_key) = pki.pki.issue_agent(node).expect("agent certificate");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"));
         cmd.arg("serve")
             .args(["--node-name", node, "--listen", "127.0.0.1:0"])
             .arg("--tls-ca")
             .arg(&files.ca_cert)
             .arg("--tls-cert")
-            .arg(&files.agent_cert)
+            .arg(&agent_cert)
             .arg("--tls-key")
-            .arg(&files.agent_key)
+            .arg(&agent_key)
             .arg("--cgroup-root")
             .arg(cgroup_root)
             .env("RUST_LOG", "info")
@@ -136,10 +137,10 @@ impl Drop for AgentProcess {
     }
 }
 
-/// Client TLS settings: trust `ca`, present `identity` (if any).
-pub fn tls(ca: &Path, identity: Option<(&Path, &Path)>) -> ClientTlsConfig {
+/// Client TLS settings for the agent of `node`: trust `ca`, present `identity` (if any).
+pub fn tls(node: &str, ca: &Path, identity: Option<(&Path, &Path)>) -> ClientTlsConfig {
     let mut c = ClientTlsConfig::new()
-        .domain_name(AGENT_DNS_NAME)
+        .domain_name(agent_dns_name(node))
         .ca_certificate(Certificate::from_pem(std::fs::read(ca).expect("read CA")));
     if let Some((cert, key)) = identity {
         c = c.identity(Identity::from_pem(
@@ -171,7 +172,11 @@ pub async fn operator_client(pki: &TestPki, agent: &AgentProcess) -> AgentServic
     let f = &pki.pki.files;
     connect(
         agent,
-        tls(&f.ca_cert, Some((&f.operator_cert, &f.operator_key))),
+        tls(
+            &agent.node,
+            &f.ca_cert,
+            Some((&f.operator_cert, &f.operator_key)),
+        ),
     )
     .await
     .expect("operator client connects")

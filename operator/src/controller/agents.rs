@@ -19,6 +19,8 @@ pub const DEFAULT_GRPC_PORT: i32 = 7070;
 /// Where to reach the agent of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentEndpoint {
+    /// The node the agent serves (its certificate must name it).
+    pub node: String,
     /// The agent pod's name.
     pub pod: String,
     /// `host:port` to connect to.
@@ -60,8 +62,9 @@ pub fn endpoint_of(pod: &Pod) -> Option<(String, AgentEndpoint)> {
         ip
     };
     Some((
-        node,
+        node.clone(),
         AgentEndpoint {
+            node,
             pod: pod.metadata.name.clone().unwrap_or_default(),
             address: format!("{host}:{port}"),
         },

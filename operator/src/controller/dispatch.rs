@@ -532,6 +532,7 @@ mod tests {
         let node = NodePlan {
             node: "n1".into(),
             agent: AgentEndpoint {
+                node: "n1".into(),
                 pod: "agent-n1".into(),
                 address: "127.0.0.1:7070".into(),
             },

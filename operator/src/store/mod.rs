@@ -9,6 +9,8 @@
 //! - [`builtin::BuiltinStore`]: a directory served over HTTP by the operator itself, with
 //!   HMAC-signed expiring URLs ([`signing`]) and Kubernetes bearer-token downloads
 //!   ([`authorize`]).
+//! - [`remote::RemoteStore`]: the built-in store run as its own Deployment
+//!   (`flamefleet-store`), which the operator reaches over HTTP with signed admin URLs.
 //! - [`s3::S3Store`]: any S3-compatible object store, through the `object_store` crate.
 //!
 //! Keys are `<namespace>/<request-name>-<uid>/<artifact-name>` ([`key`]).
@@ -18,6 +20,7 @@ pub mod builtin;
 pub mod crypto_provider;
 pub mod digest;
 pub mod key;
+pub mod remote;
 pub mod s3;
 pub mod signing;
 
@@ -104,6 +107,26 @@ pub enum StoreError {
     /// The S3-compatible object store failed.
     #[error("object store: {0}")]
     ObjectStore(#[from] object_store::Error),
+    /// The remote built-in store answered with an error.
+    #[error("the artifact store at {url} answered {status}: {message}")]
+    Remote {
+        /// The URL called (without its signature).
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// The store's error message.
+        message: String,
+    },
+    /// The remote built-in store could not be reached.
+    #[error(
+        "cannot reach the artifact store at {url}: {reason}; check the store Deployment and its Service"
+    )]
+    Unreachable {
+        /// The URL called (without its signature).
+        url: String,
+        /// The transport error.
+        reason: String,
+    },
     /// The store's configuration is unusable.
     #[error("invalid artifact store configuration: {0}")]
     Config(String),
@@ -148,6 +171,20 @@ pub(crate) fn check_digest(
         }),
         _ => Ok(()),
     }
+}
+
+/// `url` as the base of a store's URLs: http(s), ending with `/`.
+pub(crate) fn base_url(mut url: Url, what: &str) -> Result<Url> {
+    if url.cannot_be_a_base() || !matches!(url.scheme(), "http" | "https") {
+        return Err(StoreError::Config(format!(
+            "{what} {url} is not an http(s) base URL; expected e.g. http://host:8080/"
+        )));
+    }
+    if !url.path().ends_with('/') {
+        let path = format!("{}/", url.path());
+        url.set_path(&path);
+    }
+    Ok(url)
 }
 
 /// What an upload URL should allow.

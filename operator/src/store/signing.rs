@@ -202,6 +202,21 @@ impl UrlSigner {
         pairs
     }
 
+    /// The URL `<base><path><grant.key>` carrying `grant` and its signature.
+    ///
+    /// # Errors
+    /// When the key cannot be joined onto the base URL.
+    pub fn signed_url(
+        &self,
+        base: &url::Url,
+        path: &str,
+        grant: &Grant,
+    ) -> Result<url::Url, url::ParseError> {
+        let mut url = base.join(path)?.join(&grant.key)?;
+        url.query_pairs_mut().extend_pairs(self.query_pairs(grant));
+        Ok(url)
+    }
+
     /// Checks that `query` signs `method` on `key` and has not expired at `now`.
     ///
     /// Returns the verified grant; an upload grant always has a size limit.

@@ -5,6 +5,11 @@
 //!   `Authorization: Bearer <kubernetes token>` of a user who may `get` the ProfileRequest.
 //! - `DELETE /v1/artifacts/<namespace>/<request-name>-<uid>?expires=&sig=`: delete a request's
 //!   artifacts with a signed URL.
+//! - `POST /v1/artifacts/<key>?expires=&max=[&sha256=]&sig=` (signed for `VERIFY`): the
+//!   artifact's size and SHA-256, checked against the signed limit and checksum; an artifact
+//!   that breaks them is deleted (the operator's `verify_upload` when the store runs apart).
+//! - `GET /v1/requests/<namespace>/<request-name>-<uid>?expires=&sig=` (signed for `LIST`):
+//!   the request's artifacts and their sizes.
 //! - `GET /healthz`.
 //!
 //! Errors are JSON `{"error": "..."}` with 400 (bad key), 401 (no or unknown credentials),
@@ -25,7 +30,7 @@ use percent_encoding::percent_decode_str;
 use serde_json::json;
 use tokio_util::io::ReaderStream;
 
-use super::{ARTIFACTS_PATH, BuiltinStore};
+use super::{ARTIFACTS_PATH, BuiltinStore, REQUESTS_PATH};
 use crate::store::{
     ArtifactKey, ArtifactStore, KeyError, RequestRef, SHA256_HEADER, Sha256Digest, StoreError,
     authorize::{Decision, DownloadAuthorizer},
@@ -88,6 +93,8 @@ impl From<StoreError> for HttpError {
             StoreError::Io { .. }
             | StoreError::Metadata { .. }
             | StoreError::ObjectStore(_)
+            | StoreError::Remote { .. }
+            | StoreError::Unreachable { .. }
             | StoreError::Config(_) => {
                 tracing::error!(error = %e, "artifact store failure");
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -113,8 +120,12 @@ pub fn router(store: Arc<BuiltinStore>, authorizer: Arc<dyn DownloadAuthorizer>)
         .route("/healthz", get(healthz))
         .route(
             &artifacts,
-            get(get_artifact).put(put_artifact).delete(delete_request),
+            get(get_artifact)
+                .put(put_artifact)
+                .delete(delete_request)
+                .post(verify_artifact),
         )
+        .route(&format!("/{REQUESTS_PATH}{{*prefix}}"), get(list_request))
         // Uploads are bounded by the signed limit while streaming, not by a global cap.
         .layer(DefaultBodyLimit::disable())
         .with_state(ServerState { store, authorizer })
@@ -124,12 +135,16 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// The decoded path components after `/v1/artifacts/`; an empty trailing one is dropped.
+/// The decoded path components after `/v1/artifacts/` (or `/v1/requests/`); an empty
+/// trailing one is dropped.
 fn key_segments(uri: &Uri) -> Result<Vec<String>, HttpError> {
     let raw = uri.path();
     let rest = raw
         .strip_prefix('/')
-        .and_then(|p| p.strip_prefix(ARTIFACTS_PATH))
+        .and_then(|p| {
+            p.strip_prefix(ARTIFACTS_PATH)
+                .or_else(|| p.strip_prefix(REQUESTS_PATH))
+        })
         .unwrap_or(raw);
     let mut segments = Vec::new();
     for part in rest.split('/') {
@@ -305,4 +320,48 @@ async fn delete_request(
     let deleted = state.store.delete_request(&request).await?;
     tracing::info!(%request, deleted, "artifacts deleted");
     Ok((StatusCode::OK, Json(json!({ "deleted": deleted }))).into_response())
+}
+
+async fn verify_artifact(
+    State(state): State<ServerState>,
+    uri: Uri,
+    Query(query): Query<SignedQuery>,
+) -> Result<Response, HttpError> {
+    let key = artifact_key(&uri)?;
+    let grant = state
+        .store
+        .signer()
+        .verify("VERIFY", &key.to_string(), &query, now())?;
+    let max = grant
+        .max_bytes
+        .unwrap_or(u64::MAX)
+        .min(state.store.max_upload_bytes());
+    let digest = state.store.verify_upload(&key, max, grant.sha256).await?;
+    Ok(Json(json!({
+        "key": key.to_string(),
+        "sizeBytes": digest.size_bytes,
+        "sha256": digest.sha256,
+    }))
+    .into_response())
+}
+
+async fn list_request(
+    State(state): State<ServerState>,
+    uri: Uri,
+    Query(query): Query<SignedQuery>,
+) -> Result<Response, HttpError> {
+    let prefix = key_segments(&uri)?.join("/");
+    let request = RequestRef::parse_prefix(&prefix)?;
+    state
+        .store
+        .signer()
+        .verify("LIST", &request.prefix(), &query, now())?;
+    let artifacts: Vec<_> = state
+        .store
+        .list(&request)
+        .await?
+        .into_iter()
+        .map(|a| json!({"artifact": a.key.artifact(), "sizeBytes": a.size_bytes}))
+        .collect();
+    Ok(Json(json!({ "artifacts": artifacts })).into_response())
 }

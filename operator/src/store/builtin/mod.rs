@@ -12,6 +12,7 @@
 //! Validated names never start with a dot, so `.meta` and `.tmp` cannot collide with them.
 
 pub mod http;
+pub mod server;
 
 use std::{
     path::{Path, PathBuf},
@@ -37,6 +38,8 @@ const TMP_DIR: &str = ".tmp";
 const META_DIR: &str = ".meta";
 /// Path of the artifact API on the HTTP server.
 pub const ARTIFACTS_PATH: &str = "v1/artifacts/";
+/// Path of the per-request listing on the HTTP server.
+pub const REQUESTS_PATH: &str = "v1/requests/";
 
 /// Configuration of the built-in store.
 #[derive(Clone)]
@@ -81,16 +84,7 @@ impl BuiltinStore {
     pub async fn open(config: BuiltinConfig) -> Result<Self> {
         let signer =
             UrlSigner::new(config.secret).map_err(|e| StoreError::Config(e.to_string()))?;
-        let mut base = config.public_url;
-        if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
-            return Err(StoreError::Config(format!(
-                "public URL {base} is not an http(s) base URL; expected e.g. http://host:8080/"
-            )));
-        }
-        if !base.path().ends_with('/') {
-            let path = format!("{}/", base.path());
-            base.set_path(&path);
-        }
+        let base = super::base_url(config.public_url, "public URL")?;
         let tmp = config.root.join(TMP_DIR);
         tokio::fs::create_dir_all(&tmp)
             .await
@@ -130,16 +124,9 @@ impl BuiltinStore {
 
     /// The URL of `grant` (whose key is an artifact key or, for DELETE, a request prefix).
     pub fn signed_url(&self, grant: &Grant) -> Result<Url> {
-        let mut url = self
-            .base
-            .join(ARTIFACTS_PATH)
-            .and_then(|u| u.join(&grant.key))
-            .map_err(|e| {
-                StoreError::Config(format!("cannot build a URL for {}: {e}", grant.key))
-            })?;
-        url.query_pairs_mut()
-            .extend_pairs(self.signer.query_pairs(grant));
-        Ok(url)
+        self.signer
+            .signed_url(&self.base, ARTIFACTS_PATH, grant)
+            .map_err(|e| StoreError::Config(format!("cannot build a URL for {}: {e}", grant.key)))
     }
 
     /// A signed URL that deletes every artifact of `request` with HTTP DELETE.

@@ -1,0 +1,157 @@
+//! The agent's probe server: `/healthz`, `/readyz` and `/metrics` on their own plain-HTTP
+//! port (the kubelet's probes cannot present the operator's client certificate).
+//!
+//! - `/healthz`: 200 while the gRPC server runs (a stuck or crashed server fails it, and the
+//!   kubelet restarts the agent).
+//! - `/readyz`: 200 once the agent serves with a node certificate; 503 with the reason
+//!   before (e.g. still waiting for the operator to sign its CSR).
+//! - `/metrics`: Prometheus text: readiness, the serving certificate's expiry, captures
+//!   running.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+
+use super::{Result, ServiceError};
+
+/// What the probes report, updated by the service.
+#[derive(Debug, Default)]
+pub struct ProbeState {
+    serving: AtomicBool,
+    waiting_for: std::sync::Mutex<String>,
+    cert_expiry_unix: AtomicU64,
+    captures_active: AtomicU64,
+}
+
+impl ProbeState {
+    /// A state that is neither serving nor ready, waiting for `what`.
+    pub fn new(waiting_for: &str) -> Arc<Self> {
+        let state = Arc::new(Self::default());
+        state.set_waiting(waiting_for);
+        state
+    }
+
+    /// Records what the agent waits for before it can serve.
+    pub fn set_waiting(&self, what: &str) {
+        if let Ok(mut w) = self.waiting_for.lock() {
+            what.clone_into(&mut w);
+        }
+    }
+
+    /// Marks the gRPC server as serving (or not).
+    pub fn set_serving(&self, serving: bool) {
+        self.serving.store(serving, Ordering::SeqCst);
+    }
+
+    /// Records the serving certificate's expiry.
+    pub fn set_cert_expiry(&self, at: std::time::SystemTime) {
+        let secs = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        self.cert_expiry_unix.store(secs, Ordering::Relaxed);
+    }
+
+    /// Counts a capture starting (`+1`) or ending (`-1`).
+    pub fn capture_delta(&self, started: bool) {
+        if started {
+            self.captures_active.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let _ = self
+                .captures_active
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
+    fn serving(&self) -> bool {
+        self.serving.load(Ordering::SeqCst)
+    }
+}
+
+async fn healthz(State(state): State<Arc<ProbeState>>) -> (StatusCode, String) {
+    if state.serving() {
+        (StatusCode::OK, "ok\n".into())
+    } else {
+        // Not serving yet is still healthy: readiness says why; liveness must not kill an
+        // agent that waits for the operator to sign its certificate.
+        let waiting = state
+            .waiting_for
+            .lock()
+            .map(|w| w.clone())
+            .unwrap_or_default();
+        if waiting.is_empty() {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the gRPC server stopped\n".into(),
+            )
+        } else {
+            (StatusCode::OK, format!("starting: {waiting}\n"))
+        }
+    }
+}
+
+async fn readyz(State(state): State<Arc<ProbeState>>) -> (StatusCode, String) {
+    if state.serving() {
+        (StatusCode::OK, "ready\n".into())
+    } else {
+        let waiting = state
+            .waiting_for
+            .lock()
+            .map(|w| w.clone())
+            .unwrap_or_default();
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {waiting}\n"),
+        )
+    }
+}
+
+async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
+    format!(
+        "# HELP flamefleet_agent_ready Whether the agent serves gRPC with a node certificate.\n\
+         # TYPE flamefleet_agent_ready gauge\n\
+         flamefleet_agent_ready {}\n\
+         # HELP flamefleet_agent_certificate_expiry_timestamp_seconds When the serving certificate expires.\n\
+         # TYPE flamefleet_agent_certificate_expiry_timestamp_seconds gauge\n\
+         flamefleet_agent_certificate_expiry_timestamp_seconds {}\n\
+         # HELP flamefleet_agent_captures_active Captures running now.\n\
+         # TYPE flamefleet_agent_captures_active gauge\n\
+         flamefleet_agent_captures_active {}\n",
+        u8::from(state.serving()),
+        state.cert_expiry_unix.load(Ordering::Relaxed),
+        state.captures_active.load(Ordering::Relaxed),
+    )
+}
+
+/// Serves the probes on `listen` in a background task; returns the bound address.
+///
+/// # Errors
+/// [`ServiceError::Bind`] when the address is taken.
+pub async fn spawn(listen: SocketAddr, state: Arc<ProbeState>) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServiceError::Bind {
+            addr: listen,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| ServiceError::Bind {
+        addr: listen,
+        source,
+    })?;
+    let router = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!("probe server stopped: {e}");
+        }
+    });
+    Ok(bound)
+}

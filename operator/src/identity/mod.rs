@@ -1,0 +1,6 @@
+//! Operator ↔ agent identities: the operator's CA ([`ca`]) and the signer of agents'
+//! per-node serving certificates ([`csr_signer`]). The names both sides check are in
+//! [`flamefleet_proto::identity`].
+
+pub mod ca;
+pub mod csr_signer;

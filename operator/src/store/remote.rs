@@ -1,0 +1,231 @@
+//! The built-in store run apart from the operator (the `flamefleet-store` Deployment of the
+//! chart): the operator keeps signing URLs with the shared secret, and calls the store's
+//! signed admin endpoints for what needs the files (verify, list, delete).
+//!
+//! Why apart: the operator runs two replicas for availability, but artifacts are state on
+//! one volume. A single store pod owns the volume; operator replicas come and go without
+//! moving it.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use url::Url;
+
+use super::builtin::{ARTIFACTS_PATH, REQUESTS_PATH};
+use super::signing::{Grant, UrlSigner};
+use super::{
+    ArtifactDigest, ArtifactKey, ArtifactStore, RequestRef, Result, Sha256Digest, StoreError,
+    StoredArtifact, UploadLimits, UploadTarget, base_url,
+};
+
+/// Lifetime of the operator's own admin URLs (verify, list, delete): used at once.
+const ADMIN_URL_TTL: Duration = Duration::from_secs(60);
+/// Timeout of one admin call.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Configuration of [`RemoteStore`].
+#[derive(Clone)]
+pub struct RemoteConfig {
+    /// Where the operator and the agents reach the store (e.g. its Service's DNS name).
+    pub internal_url: Url,
+    /// Where users download from (default: `internal_url`).
+    pub public_url: Option<Url>,
+    /// The HMAC secret shared with the store, at least 32 bytes.
+    pub secret: Vec<u8>,
+    /// Largest artifact accepted.
+    pub max_upload_bytes: u64,
+}
+
+impl std::fmt::Debug for RemoteConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteConfig")
+            .field("internal_url", &self.internal_url.as_str())
+            .field("public_url", &self.public_url.as_ref().map(Url::as_str))
+            .field("secret", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// A built-in store served by another process.
+#[derive(Debug)]
+pub struct RemoteStore {
+    internal: Url,
+    public: Url,
+    signer: UrlSigner,
+    max_upload_bytes: u64,
+    http: reqwest::Client,
+}
+
+/// The store's URL without its query (signatures never go into messages or logs).
+fn shown(url: &Url) -> String {
+    let mut u = url.clone();
+    u.set_query(None);
+    u.to_string()
+}
+
+impl RemoteStore {
+    /// A client of the store at `config.internal_url`.
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for a bad URL or a short secret.
+    pub fn new(config: RemoteConfig) -> Result<Self> {
+        let internal = base_url(config.internal_url, "store URL")?;
+        let public = match config.public_url {
+            Some(u) => base_url(u, "public store URL")?,
+            None => internal.clone(),
+        };
+        let signer =
+            UrlSigner::new(config.secret).map_err(|e| StoreError::Config(e.to_string()))?;
+        let http = reqwest::Client::builder()
+            .timeout(ADMIN_TIMEOUT)
+            .build()
+            .map_err(|e| StoreError::Config(format!("building the HTTP client: {e}")))?;
+        Ok(Self {
+            internal,
+            public,
+            signer,
+            max_upload_bytes: config.max_upload_bytes,
+            http,
+        })
+    }
+
+    fn url(&self, base: &Url, path: &str, grant: &Grant) -> Result<Url> {
+        self.signer
+            .signed_url(base, path, grant)
+            .map_err(|e| StoreError::Config(format!("cannot build a URL for {}: {e}", grant.key)))
+    }
+
+    /// Sends `request` and returns the JSON body of a 2xx answer; maps 404 to `not_found`.
+    async fn call(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &Url,
+        not_found: impl FnOnce() -> StoreError,
+    ) -> Result<serde_json::Value> {
+        let response = request.send().await.map_err(|e| StoreError::Unreachable {
+            url: shown(url),
+            reason: e.without_url().to_string(),
+        })?;
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        if status.is_success() {
+            return Ok(body);
+        }
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Err(not_found());
+        }
+        Err(StoreError::Remote {
+            url: shown(url),
+            status: status.as_u16(),
+            message: body
+                .get("error")
+                .and_then(|m| m.as_str())
+                .unwrap_or("no error message")
+                .to_owned(),
+        })
+    }
+}
+
+#[async_trait]
+impl ArtifactStore for RemoteStore {
+    async fn upload_target(
+        &self,
+        key: &ArtifactKey,
+        limits: &UploadLimits,
+    ) -> Result<UploadTarget> {
+        let max_bytes = limits.max_bytes.min(self.max_upload_bytes);
+        let grant = Grant::new("PUT", key.to_string(), limits.ttl)
+            .with_max_bytes(max_bytes)
+            .with_sha256(limits.sha256);
+        Ok(UploadTarget {
+            url: self.url(&self.internal, ARTIFACTS_PATH, &grant)?,
+            headers: Vec::new(),
+            expires_at: grant.expires_at(),
+            max_bytes,
+        })
+    }
+
+    async fn download_url(&self, key: &ArtifactKey, ttl: Duration) -> Result<Url> {
+        self.url(
+            &self.public,
+            ARTIFACTS_PATH,
+            &Grant::new("GET", key.to_string(), ttl),
+        )
+    }
+
+    async fn verify_upload(
+        &self,
+        key: &ArtifactKey,
+        max_bytes: u64,
+        expected: Option<Sha256Digest>,
+    ) -> Result<ArtifactDigest> {
+        let grant = Grant::new("VERIFY", key.to_string(), ADMIN_URL_TTL)
+            .with_max_bytes(max_bytes)
+            .with_sha256(expected);
+        let url = self.url(&self.internal, ARTIFACTS_PATH, &grant)?;
+        let body = self
+            .call(self.http.post(url.clone()), &url, || StoreError::NotFound {
+                key: key.to_string(),
+            })
+            .await?;
+        let size_bytes = body.get("sizeBytes").and_then(serde_json::Value::as_u64);
+        let sha256 = body
+            .get("sha256")
+            .and_then(|v| v.as_str())
+            .and_then(|s| s.parse::<Sha256Digest>().ok());
+        match (size_bytes, sha256) {
+            (Some(size_bytes), Some(sha256)) => Ok(ArtifactDigest { size_bytes, sha256 }),
+            _ => Err(StoreError::Remote {
+                url: shown(&url),
+                status: 200,
+                message: format!("unexpected answer {body}; expected sizeBytes and sha256"),
+            }),
+        }
+    }
+
+    async fn list(&self, request: &RequestRef) -> Result<Vec<StoredArtifact>> {
+        let grant = Grant::new("LIST", request.prefix(), ADMIN_URL_TTL);
+        let url = self.url(&self.internal, REQUESTS_PATH, &grant)?;
+        let body = self
+            .call(self.http.get(url.clone()), &url, || StoreError::NotFound {
+                key: request.prefix(),
+            })
+            .await?;
+        let mut out = Vec::new();
+        for entry in body
+            .get("artifacts")
+            .and_then(|a| a.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let (Some(name), Some(size_bytes)) = (
+                entry.get("artifact").and_then(|v| v.as_str()),
+                entry.get("sizeBytes").and_then(serde_json::Value::as_u64),
+            ) else {
+                continue;
+            };
+            // A name the store should never have kept is skipped, not trusted.
+            if let Ok(key) = request.artifact(name.to_owned()) {
+                out.push(StoredArtifact { key, size_bytes });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete_request(&self, request: &RequestRef) -> Result<usize> {
+        let grant = Grant::new("DELETE", request.prefix(), ADMIN_URL_TTL);
+        let url = self.url(&self.internal, ARTIFACTS_PATH, &grant)?;
+        let body = self
+            .call(self.http.delete(url.clone()), &url, || {
+                StoreError::NotFound {
+                    key: request.prefix(),
+                }
+            })
+            .await?;
+        Ok(body
+            .get("deleted")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0))
+    }
+}
