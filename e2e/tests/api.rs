@@ -1,15 +1,11 @@
 //! The Flamefleet API against a real kube-apiserver: installation, round trips, validation,
-//! the status subresource, server-side-apply merging and printer columns.
+//! the status subresource and printer columns.
 
 use std::time::Instant;
 
-use flamefleet_api::conditions::new_condition;
-use flamefleet_api::status_apply::{
-    OPERATOR_FIELD_MANAGER, agent_field_manager, node_status_apply_body, status_apply_body,
-};
 use flamefleet_api::{
-    ClusterSamplingPolicy, NodePhase, NodeStatus, ProfileRequest, ProfileRequestStatus,
-    RequestPhase, SamplingPolicy, crd_yaml,
+    ClusterSamplingPolicy, ProfileRequest, ProfileRequestStatus, RequestPhase, SamplingPolicy,
+    crd_yaml,
 };
 use flamefleet_e2e::kubectl::kubectl;
 use flamefleet_e2e::pods::PodFixture;
@@ -478,132 +474,6 @@ async fn status_is_written_only_through_the_status_subresource() {
 }
 
 #[tokio::test]
-async fn agents_and_operator_apply_status_with_their_own_field_managers_and_all_survive() {
-    let ns = TestNamespace::create("ssa").await.unwrap();
-    let api: Api<ProfileRequest> = ns.api();
-    let local: ProfileRequest = serde_yaml::from_str(&example("profilerequest-cpu.yaml")).unwrap();
-    api.create(&PostParams::default(), &local).await.unwrap();
-    let name = "checkout-cpu";
-
-    let operator = status_apply_body(
-        name,
-        &ProfileRequestStatus {
-            phase: Some(RequestPhase::Running),
-            pod_count: Some(3),
-            node_count: Some(2),
-            conditions: vec![new_condition(
-                "TargetsResolved",
-                true,
-                "PodsFound",
-                "3 pods on 2 nodes",
-                Some(1),
-                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::now(),
-                ),
-            )],
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    api.patch_status(
-        name,
-        &PatchParams::apply(OPERATOR_FIELD_MANAGER),
-        &Patch::Apply(&operator),
-    )
-    .await
-    .unwrap();
-
-    let entry = |node: &str, phase: NodePhase, pods: &[&str]| NodeStatus {
-        node: node.into(),
-        phase: Some(phase),
-        pods: pods.iter().map(|p| p.to_string()).collect(),
-        ..Default::default()
-    };
-    for (node, pods) in [
-        ("worker-a", vec!["web-1", "web-2"]),
-        ("worker-b", vec!["web-3"]),
-    ] {
-        let body = node_status_apply_body(name, entry(node, NodePhase::Running, &pods)).unwrap();
-        api.patch_status(
-            name,
-            &PatchParams::apply(&agent_field_manager(node)),
-            &Patch::Apply(&body),
-        )
-        .await
-        .unwrap();
-    }
-
-    // Agent A finishes: its apply changes only its own entry.
-    let mut done = entry("worker-a", NodePhase::Succeeded, &["web-1", "web-2"]);
-    done.artifacts = vec![flamefleet_api::Artifact {
-        name: "cpu-worker-a.pb.gz".into(),
-        size_bytes: Some(4821),
-        sha256: Some("ab".repeat(32)),
-        samples: Some(2950),
-        sample_type: Some("cpu/nanoseconds".into()),
-        url: Some("http://artifacts.invalid/cpu-worker-a.pb.gz".into()),
-    }];
-    let body = node_status_apply_body(name, done).unwrap();
-    api.patch_status(
-        name,
-        &PatchParams::apply(&agent_field_manager("worker-a")),
-        &Patch::Apply(&body),
-    )
-    .await
-    .unwrap();
-
-    let stored = api.get(name).await.unwrap();
-    let status = stored.status.clone().unwrap();
-    assert_eq!(
-        status.phase,
-        Some(RequestPhase::Running),
-        "operator's fields survive"
-    );
-    assert_eq!(status.conditions.len(), 1);
-    assert_eq!(status.nodes.len(), 2, "{:?}", status.nodes);
-    let a = status.node("worker-a").unwrap();
-    assert_eq!(a.phase, Some(NodePhase::Succeeded));
-    assert_eq!(a.artifacts[0].samples, Some(2950));
-    let b = status.node("worker-b").unwrap();
-    assert_eq!(b.phase, Some(NodePhase::Running));
-    assert_eq!(b.pods, vec!["web-3"]);
-    assert_eq!(status.phase_from_nodes(), Some(RequestPhase::Running));
-
-    let managers: Vec<String> = stored
-        .metadata
-        .managed_fields
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|m| m.subresource.as_deref() == Some("status"))
-        .filter_map(|m| m.manager)
-        .collect();
-    for expected in [
-        OPERATOR_FIELD_MANAGER,
-        "flamefleet-agent.worker-a",
-        "flamefleet-agent.worker-b",
-    ] {
-        assert!(
-            managers.iter().any(|m| m == expected),
-            "{expected} missing from {managers:?}"
-        );
-    }
-
-    // A third agent's entry does not displace the others either; an agent that applies
-    // an empty node list releases only its own entry.
-    let release = status_apply_body(name, &ProfileRequestStatus::default()).unwrap();
-    api.patch_status(
-        name,
-        &PatchParams::apply(&agent_field_manager("worker-b")),
-        &Patch::Apply(&release),
-    )
-    .await
-    .unwrap();
-    let status = api.get(name).await.unwrap().status.unwrap();
-    assert!(status.node("worker-b").is_none(), "{:?}", status.nodes);
-    assert!(status.node("worker-a").is_some());
-}
-
-#[tokio::test]
 async fn kubectl_get_preq_shows_the_printer_columns() {
     let ns = TestNamespace::create("kubectl").await.unwrap();
     let api: Api<ProfileRequest> = ns.api();
@@ -688,69 +558,6 @@ async fn running_pod_fixture_looks_like_a_kubelet_reported_it() {
 fn shared_control_plane_reports_where_it_runs() {
     let cp = ControlPlane::shared().unwrap();
     assert!(cp.kubeconfig().is_file(), "{}", cp.kubeconfig().display());
-}
-
-#[tokio::test]
-async fn operator_and_agent_share_a_node_entry_without_conflicts() {
-    let ns = TestNamespace::create("ssa-share").await.unwrap();
-    let api: Api<ProfileRequest> = ns.api();
-    let local: ProfileRequest = serde_yaml::from_str(&example("profilerequest-cpu.yaml")).unwrap();
-    api.create(&PostParams::default(), &local).await.unwrap();
-    let name = "checkout-cpu";
-    let apply = |manager: String, entry: NodeStatus| {
-        let api = api.clone();
-        async move {
-            let body = node_status_apply_body(name, entry).unwrap();
-            api.patch_status(name, &PatchParams::apply(&manager), &Patch::Apply(&body))
-                .await
-        }
-    };
-    let pods = vec!["web-1".to_string()];
-
-    // The operator creates the entry with node and pods.
-    let created = NodeStatus {
-        node: "worker-a".into(),
-        pods: pods.clone(),
-        ..Default::default()
-    };
-    apply(OPERATOR_FIELD_MANAGER.into(), created).await.unwrap();
-
-    // The agent sends the same pods (shared) plus the fields it alone owns.
-    let running = NodeStatus {
-        node: "worker-a".into(),
-        pods: pods.clone(),
-        phase: Some(NodePhase::Running),
-        ..Default::default()
-    };
-    apply(agent_field_manager("worker-a"), running)
-        .await
-        .unwrap();
-
-    // The operator sending a different phase for that entry conflicts.
-    let meddling = NodeStatus {
-        node: "worker-a".into(),
-        pods: pods.clone(),
-        phase: Some(NodePhase::Failed),
-        ..Default::default()
-    };
-    match apply(OPERATOR_FIELD_MANAGER.into(), meddling).await {
-        Err(kube::Error::Api(status)) => assert_eq!(status.code, 409, "{status:?}"),
-        other => panic!("expected a 409 conflict, got {other:?}"),
-    }
-
-    // The operator dropping the entry from its apply leaves the agent's fields in place.
-    let release = status_apply_body(name, &ProfileRequestStatus::default()).unwrap();
-    api.patch_status(
-        name,
-        &PatchParams::apply(OPERATOR_FIELD_MANAGER),
-        &Patch::Apply(&release),
-    )
-    .await
-    .unwrap();
-    let status = api.get(name).await.unwrap().status.unwrap();
-    let entry = status.node("worker-a").unwrap();
-    assert_eq!(entry.phase, Some(NodePhase::Running));
-    assert_eq!(entry.pods, pods);
 }
 
 #[tokio::test]

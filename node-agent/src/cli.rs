@@ -69,7 +69,7 @@ pub struct ServeArgs {
     /// Address of the probe server (`/healthz`, `/readyz`, `/metrics`); none when absent.
     #[arg(long)]
     pub probe_listen: Option<std::net::SocketAddr>,
-    /// Kubeconfig for the status write-back (default: in-cluster config).
+    /// Kubeconfig for the CSR of `--tls-bootstrap csr` (default: in-cluster config).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// cgroup2 directory pod cgroups are looked up under, or a directory holding the host's

@@ -7,15 +7,17 @@
 //! `/metrics`), [`captures`] (the UID table:
 //! start / attach / replay / cancel), [`targets`] (pods → cgroups and labels),
 //! [`pipeline`] (one capture: engine, artifacts, upload, report), [`upload`]
-//! (HTTP PUT with sha256 and retries), [`status`] (server-side apply of this
-//! node's status entry), [`info`] (kernel release and features).
+//! (HTTP PUT with sha256 and retries), [`info`] (kernel release and features).
+//!
+//! The agent reports results only over the `Capture` stream; the operator alone writes
+//! ProfileRequest status, so agents need no access to ProfileRequests at all (a node
+//! cannot forge another node's result).
 
 pub mod captures;
 pub mod identity;
 pub mod info;
 pub mod pipeline;
 pub mod probes;
-pub mod status;
 pub mod targets;
 pub mod tls;
 pub mod upload;
@@ -36,7 +38,6 @@ use tonic::{Request, Response, Status};
 use self::captures::{CacheLimits, CaptureTable, Joined, is_terminal};
 use self::pipeline::{Context, progress};
 use self::probes::ProbeState;
-use self::status::StatusWriter;
 pub use self::tls::{ServingIdentity, TlsFiles};
 use self::upload::{UploadPolicy, Uploader};
 use crate::capture::{SamplerConfig, Samplers};
@@ -126,7 +127,8 @@ pub struct AgentConfig {
     pub tls: TlsSource,
     /// Address of `/healthz`, `/readyz` and `/metrics` (none: not served).
     pub probe_listen: Option<SocketAddr>,
-    /// Kubeconfig for status write-back; `None`: in-cluster or default config.
+    /// Kubeconfig for the CSR of `--tls-bootstrap csr`; `None`: in-cluster configuration.
+    /// The agent writes nothing else to the API: it reports results to the operator.
     pub kubeconfig: Option<PathBuf>,
     /// cgroup2 root pods are looked up under; `None`: the cgroup2 mount.
     pub cgroup_root: Option<PathBuf>,
@@ -138,7 +140,6 @@ pub struct Agent {
     ctx: Arc<Context>,
     table: Arc<CaptureTable>,
     probes: Arc<ProbeState>,
-    kube: Option<kube::Client>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -156,48 +157,32 @@ fn valid_node_name(n: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
-async fn kube_client(config: &AgentConfig) -> Result<Option<kube::Client>> {
-    let cfg = match &config.kubeconfig {
+/// The Kubernetes client the agent needs for its CSR: from `--kubeconfig`, else in-cluster.
+async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
+    let label = kubeconfig.map_or_else(|| PathBuf::from("(in-cluster)"), Clone::clone);
+    let err = |reason: String| ServiceError::Kubeconfig {
+        path: label.clone(),
+        reason,
+    };
+    let cfg = match kubeconfig {
         Some(path) => {
-            let err = |reason: String| ServiceError::Kubeconfig {
-                path: path.clone(),
-                reason,
-            };
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
                 .map_err(|e| err(e.to_string()))?
         }
-        None => match kube::Config::infer().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "no Kubernetes configuration (in-cluster or kubeconfig): captures run, but \
-                     their results are not written to the ProfileRequest status"
-                );
-                return Ok(None);
-            }
-        },
+        None => kube::Config::infer()
+            .await
+            .map_err(|_| ServiceError::NoKubernetesForCsr)?,
     };
-    let path = config
-        .kubeconfig
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("(in-cluster)"));
-    kube::Client::try_from(cfg)
-        .map(Some)
-        .map_err(|e| ServiceError::Kubeconfig {
-            path,
-            reason: e.to_string(),
-        })
+    kube::Client::try_from(cfg).map_err(|e| err(e.to_string()))
 }
 
 impl Agent {
-    /// Builds the service: checks the node name and cgroup root, connects
-    /// the status writer (when a Kubernetes configuration is available).
+    /// Builds the service: checks the node name and cgroup root.
     ///
     /// # Errors
-    /// A bad node name, cgroup root or kubeconfig.
+    /// A bad node name or cgroup root.
     pub async fn new(config: &AgentConfig) -> Result<Self> {
         if !valid_node_name(&config.node_name) {
             return Err(ServiceError::NodeName(config.node_name.clone()));
@@ -206,10 +191,6 @@ impl Agent {
             Some(p) => CgroupRoot::at_or_under(p)?,
             None => CgroupRoot::detect()?,
         };
-        let kube = kube_client(config).await?;
-        let status = kube
-            .clone()
-            .map(|c| StatusWriter::new(c, config.node_name.clone()));
         let samplers = Arc::new(Samplers::new(SamplerConfig {
             node: config.node_name.clone(),
             ..SamplerConfig::default()
@@ -220,11 +201,9 @@ impl Agent {
                 cgroup_root,
                 samplers,
                 uploader: Uploader::new(UploadPolicy::default())?,
-                status,
             }),
             table: Arc::new(CaptureTable::new(CacheLimits::default())),
             probes: ProbeState::new("starting"),
-            kube,
         })
     }
 }
@@ -352,7 +331,7 @@ pub async fn serve(
     let identity = match material {
         Some(material) => ServingIdentity::new(&material)?,
         None => {
-            let client = agent.kube.clone().ok_or(ServiceError::NoKubernetesForCsr)?;
+            let client = kube_client(config.kubeconfig.as_ref()).await?;
             probes.set_waiting("waiting for the operator to sign this node's certificate (CSR)");
             let issued = identity::first_certificate(&client, &config.node_name).await;
             let serving = ServingIdentity::new(&issued.material)?;

@@ -7,7 +7,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flamefleet_api::{Artifact as StatusArtifact, NodePhase};
 use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::{
     Artifact, CaptureProgress, CaptureRequest, ProfileType, UploadSlot, artifact_names,
@@ -15,7 +14,6 @@ use flamefleet_proto::agent::{
 use flamefleet_proto::pprof::Profile;
 
 use super::captures::CaptureHandle;
-use super::status::{NodeReport, StatusWriter};
 use super::targets::{self, ResolvedTarget};
 use super::upload::{UploadError, Uploader, sha256_hex};
 use crate::capture::cpu::CpuOptions;
@@ -34,7 +32,7 @@ pub const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
 /// What every capture of this agent shares.
 #[derive(Debug)]
 pub struct Context {
-    /// This node's name (labels, artifact names, status entry).
+    /// This node's name (labels, artifact names).
     pub node: String,
     /// Where pod cgroups are looked up.
     pub cgroup_root: CgroupRoot,
@@ -42,8 +40,6 @@ pub struct Context {
     pub samplers: Arc<Samplers>,
     /// The uploader.
     pub uploader: Uploader,
-    /// The status writer, when the agent has API access.
-    pub status: Option<StatusWriter>,
 }
 
 /// Why a capture failed; the Display text is the FAILED reason.
@@ -469,7 +465,7 @@ async fn execute(
 pub async fn run(ctx: Arc<Context>, handle: CaptureHandle, req: CaptureRequest) {
     let started = Instant::now();
     let outcome = execute(&ctx, &handle, &req).await;
-    let mut last = match &outcome {
+    let last = match &outcome {
         Ok((artifacts, summary)) => CaptureProgress {
             stage: Stage::Done as i32,
             message: format!("uploaded {} artifact(s)", artifacts.len()),
@@ -489,44 +485,7 @@ pub async fn run(ctx: Arc<Context>, handle: CaptureHandle, req: CaptureRequest) 
         Ok(_) => tracing::info!(uid = %req.request_uid, "capture done"),
         Err(e) => tracing::warn!(uid = %req.request_uid, error = %e, "capture failed"),
     }
-    // A cancelled capture reports nothing to the API: the caller that
-    // cancelled it (the operator) owns what happens to the request next.
-    let cancelled = matches!(outcome, Err(PipelineError::Cancelled));
-    if let (Some(writer), false, false) = (&ctx.status, req.request_name.is_empty(), cancelled) {
-        let report = NodeReport {
-            phase: if outcome.is_ok() {
-                NodePhase::Succeeded
-            } else {
-                NodePhase::Failed
-            },
-            pods: targets::pod_names(&req.targets),
-            message: if outcome.is_ok() {
-                String::new()
-            } else {
-                last.message.clone()
-            },
-            artifacts: last.artifacts.iter().map(status_artifact).collect(),
-        };
-        if let Err(e) = writer
-            .write(&req.request_namespace, &req.request_name, &report)
-            .await
-        {
-            tracing::warn!(uid = %req.request_uid, error = %e, "status write-back failed");
-            last.summary.insert("status_error".into(), e.to_string());
-        }
-    }
     handle.finish(last);
-}
-
-fn status_artifact(a: &Artifact) -> StatusArtifact {
-    StatusArtifact {
-        name: a.name.clone(),
-        url: Some(a.url.clone()).filter(|u| !u.is_empty()),
-        size_bytes: i64::try_from(a.size_bytes).ok(),
-        sha256: Some(a.sha256.clone()),
-        samples: i64::try_from(a.samples).ok(),
-        sample_type: Some(a.sample_type.clone()).filter(|s| !s.is_empty()),
-    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,12 @@
-//! From node entries and capture outcomes to the request's phase, summary and the node
-//! entries the operator itself writes (pure logic).
+//! From node entries and capture outcomes to the request's phase, summary and node entries
+//! (pure logic).
 //!
-//! Ownership rule (see `flamefleet_api::status_apply`): once an agent has applied its own
-//! node entry, the operator leaves that entry alone; the operator writes the entries of nodes
-//! whose agent has not (yet) written, and marks nodes Failed when their agent could not.
+//! The operator is the only writer of a request's status: agents report their results over
+//! the `Capture` stream, and the operator records them after checking every artifact
+//! against the store. So a node entry changes only when the operator's session has an
+//! outcome for it; entries recorded before (e.g. by a previous leader) stay as they are.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use flamefleet_api::{LatencySummary, NodePhase, NodeStatus, ProfileSummary, RequestPhase};
 
@@ -14,83 +15,55 @@ use super::node_outcome::NodeOutcome;
 /// The result of aggregating a request's nodes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Aggregation {
-    /// Node entries as they stand once the operator's entries are applied.
-    pub effective: Vec<NodeStatus>,
-    /// The entries the operator applies (nodes its agents have not written, and nodes it
-    /// marks Failed).
-    pub operator_nodes: Vec<NodeStatus>,
-    /// True when an entry in `operator_nodes` overrides a non-terminal phase an agent wrote
-    /// (its agent was killed or timed out): that apply must be forced.
-    pub needs_force: bool,
+    /// Every node entry, with the outcomes applied.
+    pub nodes: Vec<NodeStatus>,
     /// `Running`, or the terminal phase once every node is terminal and the dispatcher settled.
     pub phase: RequestPhase,
     /// Sums over nodes; set once the phase is terminal.
     pub summary: Option<ProfileSummary>,
 }
 
-/// Combines the stored node entries, the set of nodes whose agent wrote its own entry, and
-/// the dispatcher's outcomes. `settled` is true when every node has an outcome (or the
-/// dispatcher knows it will get none), so the phase may become terminal.
-///
-/// The operator's own entry of a node carries `node` and `pods` only until the node has an
-/// outcome; then `phase`, `message` and (when the agent's own write is missing) `artifacts`.
+/// Combines the stored node entries with the dispatcher's outcomes. `settled` is true when
+/// every node has an outcome (or the dispatcher knows it will get none), so the phase may
+/// become terminal.
 pub fn aggregate(
     current: &[NodeStatus],
-    agent_written: &BTreeSet<String>,
     outcomes: &BTreeMap<String, NodeOutcome>,
     settled: bool,
 ) -> Aggregation {
-    let mut effective = Vec::with_capacity(current.len());
-    let mut operator_nodes = Vec::new();
-    let mut needs_force = false;
-    for entry in current {
-        let by_agent = agent_written.contains(&entry.node);
-        if by_agent && entry.phase.is_some_and(NodePhase::is_terminal) {
-            effective.push(entry.clone());
-            continue;
-        }
-        let base = NodeStatus {
-            node: entry.node.clone(),
-            pods: entry.pods.clone(),
-            ..Default::default()
-        };
-        let mine = match outcomes.get(&entry.node) {
-            // The agent reported DONE but its own status write has not arrived (or failed):
-            // record its artifacts so the result does not depend on that write.
-            Some(NodeOutcome::Done { artifacts, .. }) => NodeStatus {
-                phase: Some(NodePhase::Succeeded),
-                artifacts: artifacts.clone(),
-                ..base
-            },
-            Some(NodeOutcome::Failed(failure)) => NodeStatus {
-                phase: Some(NodePhase::Failed),
-                message: Some(failure.to_string()),
-                ..base
-            },
-            // No outcome yet: a Failed entry the operator wrote earlier stays as it is.
-            None if !by_agent && entry.phase == Some(NodePhase::Failed) => entry.clone(),
-            None if by_agent => {
-                effective.push(entry.clone());
-                continue;
+    let nodes: Vec<NodeStatus> = current
+        .iter()
+        .map(|entry| {
+            let base = NodeStatus {
+                node: entry.node.clone(),
+                pods: entry.pods.clone(),
+                ..Default::default()
+            };
+            match outcomes.get(&entry.node) {
+                Some(NodeOutcome::Done { artifacts, .. }) => NodeStatus {
+                    phase: Some(NodePhase::Succeeded),
+                    artifacts: artifacts.clone(),
+                    ..base
+                },
+                Some(NodeOutcome::Failed(failure)) => NodeStatus {
+                    phase: Some(NodePhase::Failed),
+                    message: Some(failure.to_string()),
+                    ..base
+                },
+                None => entry.clone(),
             }
-            None => base,
-        };
-        needs_force |= by_agent;
-        effective.push(mine.clone());
-        operator_nodes.push(mine);
-    }
+        })
+        .collect();
     let from_nodes =
-        RequestPhase::from_nodes(effective.iter().map(|n| n.phase)).unwrap_or(RequestPhase::Failed);
+        RequestPhase::from_nodes(nodes.iter().map(|n| n.phase)).unwrap_or(RequestPhase::Failed);
     let phase = if from_nodes.is_terminal() && !settled {
         RequestPhase::Running
     } else {
         from_nodes
     };
-    let summary = phase.is_terminal().then(|| summarize(&effective, outcomes));
+    let summary = phase.is_terminal().then(|| summarize(&nodes, outcomes));
     Aggregation {
-        effective,
-        operator_nodes,
-        needs_force,
+        nodes,
         phase,
         summary,
     }
@@ -197,16 +170,17 @@ mod tests {
     }
 
     #[test]
-    fn agent_written_entries_are_left_to_the_agent() {
+    fn entries_without_an_outcome_stay_as_recorded() {
         let mut a = entry("a", Some(NodePhase::Succeeded));
         a.artifacts = vec![artifact("cpu-a.pb.gz", 10)];
-        let current = [a, entry("b", None), entry("c", Some(NodePhase::Running))];
-        let written = BTreeSet::from(["a".to_string(), "c".to_string()]);
-        let agg = aggregate(&current, &written, &BTreeMap::new(), false);
+        let current = [
+            a.clone(),
+            entry("b", None),
+            entry("c", Some(NodePhase::Running)),
+        ];
+        let agg = aggregate(&current, &BTreeMap::new(), false);
         assert_eq!(agg.phase, RequestPhase::Running);
-        // The operator's entry of b has no phase: the agent owns it once it writes.
-        assert_eq!(agg.operator_nodes, vec![entry("b", None)]);
-        assert!(!agg.needs_force);
+        assert_eq!(agg.nodes, current.to_vec());
         assert!(agg.summary.is_none());
     }
 
@@ -216,17 +190,16 @@ mod tests {
             entry("a", Some(NodePhase::Succeeded)),
             entry("b", Some(NodePhase::Succeeded)),
         ];
-        let written = BTreeSet::from(["a".to_string(), "b".to_string()]);
         let outcomes = BTreeMap::from([
             ("a".to_string(), done(5, &[])),
             ("b".to_string(), done(7, &[])),
         ]);
-        let unsettled = aggregate(&current, &written, &outcomes, false);
+        let unsettled = aggregate(&current, &outcomes, false);
         assert_eq!(unsettled.phase, RequestPhase::Running);
-        let agg = aggregate(&current, &written, &outcomes, true);
+        let agg = aggregate(&current, &outcomes, true);
         assert_eq!(agg.phase, RequestPhase::Succeeded);
-        assert!(agg.operator_nodes.is_empty());
-        assert_eq!(outcome_message(&agg.effective), "2 of 2 nodes succeeded");
+        assert_eq!(outcome_message(&agg.nodes), "2 of 2 nodes succeeded");
+        assert_eq!(agg.summary.unwrap().samples, Some(12));
     }
 
     #[test]
@@ -244,25 +217,18 @@ mod tests {
                 }),
             ),
         ]);
-        let agg = aggregate(
-            &current,
-            &BTreeSet::from(["b".to_string()]),
-            &outcomes,
-            true,
-        );
+        let agg = aggregate(&current, &outcomes, true);
         assert_eq!(agg.phase, RequestPhase::PartiallySucceeded);
-        // b's agent wrote Running, then died: the operator's Failed must be forced.
-        assert!(agg.needs_force);
-        assert_eq!(agg.operator_nodes.len(), 2);
-        let b = &agg.operator_nodes[1];
+        assert_eq!(agg.nodes.len(), 2);
+        let b = &agg.nodes[1];
         assert_eq!(b.phase, Some(NodePhase::Failed));
         assert_eq!(
             b.message.as_deref(),
             Some("capture failed on the agent: no cgroup")
         );
-        // The DONE fallback records the artifacts the agent reported.
-        assert_eq!(agg.operator_nodes[0].artifacts.len(), 1);
-        let msg = outcome_message(&agg.effective);
+        // A DONE outcome records the artifacts the agent reported.
+        assert_eq!(agg.nodes[0].artifacts.len(), 1);
+        let msg = outcome_message(&agg.nodes);
         assert!(
             msg.contains("1 of 2 nodes succeeded; failed: b: capture failed"),
             "{msg}"
@@ -273,9 +239,9 @@ mod tests {
     #[test]
     fn every_node_failed_is_failed_and_no_nodes_is_failed() {
         let current = [entry("a", Some(NodePhase::Failed))];
-        let agg = aggregate(&current, &BTreeSet::new(), &BTreeMap::new(), true);
+        let agg = aggregate(&current, &BTreeMap::new(), true);
         assert_eq!(agg.phase, RequestPhase::Failed);
-        let none = aggregate(&[], &BTreeSet::new(), &BTreeMap::new(), true);
+        let none = aggregate(&[], &BTreeMap::new(), true);
         assert_eq!(none.phase, RequestPhase::Failed);
     }
 
@@ -311,10 +277,7 @@ mod tests {
                 ),
             ),
         ]);
-        let written = BTreeSet::from(["a".to_string(), "b".to_string()]);
-        let summary = aggregate(&current, &written, &outcomes, true)
-            .summary
-            .unwrap();
+        let summary = aggregate(&current, &outcomes, true).summary.unwrap();
         let r = summary.runqlat.unwrap();
         assert_eq!((r.p50_us, r.p90_us, r.p99_us, r.events), (5, 20, 40, 150));
         assert_eq!(r.max_us, Some(64));

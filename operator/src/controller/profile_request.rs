@@ -166,7 +166,7 @@ async fn write_pending(
             now(),
         ),
     );
-    status::apply(api, &ids.name, &status, false).await
+    status::apply(api, &ids.name, &status).await
 }
 
 /// Resolves targets and agents, writes Running, and starts the captures.
@@ -205,7 +205,7 @@ async fn start(
         let pods: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
         match agents.get(node) {
             Some(agent) => {
-                // No phase: the agent owns its entry's phase (absent means Pending).
+                // No phase yet (Pending) until the node's outcome arrives.
                 entries.push(NodeStatus {
                     node: node.clone(),
                     pods,
@@ -276,7 +276,7 @@ async fn start(
             now(),
         ),
     );
-    status::apply(api, &ids.name, &status, false).await?;
+    status::apply(api, &ids.name, &status).await?;
     publish(
         ctx,
         &request,
@@ -305,7 +305,6 @@ async fn resume(request: &ProfileRequest, ctx: &Context) -> Result<Arc<Session>>
     let ids = ids(request)?;
     let spec = &request.spec;
     let current = request.status.clone().unwrap_or_default();
-    let written = status::agent_written_nodes(request);
     let request_ref = RequestRef::new(&ids.namespace, &ids.name, &ids.uid)?;
     let duration = spec.capture_duration()?;
     let agents = agents::discover(&ctx.client, &ctx.agent_namespace).await?;
@@ -344,7 +343,6 @@ async fn resume(request: &ProfileRequest, ctx: &Context) -> Result<Arc<Session>>
     tracing::info!(
         request = %request_ref.prefix(),
         nodes = plans.len(),
-        recorded = written.len(),
         "resuming the captures of a Running request"
     );
     Ok(ctx.dispatcher.start(CapturePlan {
@@ -372,21 +370,17 @@ async fn progress(
         None => resume(&request, ctx).await?,
     };
     let current = request.status.clone().unwrap_or_default();
-    let written = status::agent_written_nodes(&request);
     let outcomes = session.outcomes();
-    let agg = aggregate(&current.nodes, &written, &outcomes, session.settled());
+    let agg = aggregate(&current.nodes, &outcomes, session.settled());
     let terminal = agg.phase.is_terminal();
-    let nodes_changed = agg
-        .operator_nodes
-        .iter()
-        .any(|n| current.node(&n.node) != Some(n));
+    let nodes_changed = agg.nodes != current.nodes;
     if !terminal && !nodes_changed {
         return Ok(Action::requeue(RUNNING_RESYNC));
     }
     let mut status = operator_fields(&current);
     status.phase = Some(agg.phase);
-    status.nodes = agg.operator_nodes.clone();
-    let message = outcome_message(&agg.effective);
+    status.nodes = agg.nodes.clone();
+    let message = outcome_message(&agg.nodes);
     if terminal {
         status.completion_time = Some(now());
         status.summary = agg.summary.clone();
@@ -401,10 +395,7 @@ async fn progress(
                 now(),
             ),
         );
-        let failed = agg
-            .effective
-            .iter()
-            .any(|n| n.phase == Some(NodePhase::Failed));
+        let failed = agg.nodes.iter().any(|n| n.phase == Some(NodePhase::Failed));
         set_condition(
             &mut status.conditions,
             new_condition(
@@ -421,8 +412,8 @@ async fn progress(
             ),
         );
     }
-    let updated = status::apply(api, &ids.name, &status, agg.needs_force).await?;
-    for node in &agg.operator_nodes {
+    let updated = status::apply(api, &ids.name, &status).await?;
+    for node in &agg.nodes {
         let newly_failed = node.phase == Some(NodePhase::Failed)
             && current.node(&node.node).and_then(|n| n.phase) != Some(NodePhase::Failed);
         if newly_failed {
@@ -491,7 +482,7 @@ async fn fail_request(
             now(),
         ),
     );
-    let updated = status::apply(api, &ids.name, &status, false).await?;
+    let updated = status::apply(api, &ids.name, &status).await?;
     ctx.metrics.request_finished(RequestPhase::Failed.as_str());
     publish(ctx, request, EventType::Warning, reason, message).await;
     expire(&updated, api).await
