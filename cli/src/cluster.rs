@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use secrecy::ExposeSecret;
 
 use crate::error::{Error, Result};
 
@@ -18,15 +17,14 @@ pub struct ConnectOptions {
     pub namespace: Option<String>,
 }
 
-/// A connected client, the namespace to use and the user's bearer token (for the store).
+/// A connected client and the namespace to use. (The user's credentials go to the API
+/// server only: downloads use URLs the operator signs.)
 #[derive(Clone)]
 pub struct Cluster {
     /// The API client.
     pub client: kube::Client,
     /// The namespace commands act in.
     pub namespace: String,
-    /// The kubeconfig user's bearer token, if it has one.
-    pub token: Option<String>,
 }
 
 impl Cluster {
@@ -44,13 +42,6 @@ impl Cluster {
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
             .await
             .map_err(|e| Error::Kubeconfig(e.to_string()))?;
-        let token = match (&config.auth_info.token, &config.auth_info.token_file) {
-            (Some(t), _) => Some(t.expose_secret().to_string()),
-            (None, Some(file)) => std::fs::read_to_string(file)
-                .ok()
-                .map(|t| t.trim().to_string()),
-            _ => None,
-        };
         let namespace = opts
             .namespace
             .clone()
@@ -59,10 +50,6 @@ impl Cluster {
             action: "building the API client".into(),
             source: e,
         })?;
-        Ok(Self {
-            client,
-            namespace,
-            token,
-        })
+        Ok(Self { client, namespace })
     }
 }

@@ -1,11 +1,14 @@
-//! Downloading a request's artifacts: bearer token or signed URL, sha256 check before
-//! anything is written, atomic rename into the output directory.
+//! Downloading a request's artifacts from the short-lived URLs the operator signed
+//! ([`crate::download_urls`]): no credential is sent, the sha256 recorded in the status is
+//! checked before anything is written, files are renamed into place atomically.
 
 use std::path::{Path, PathBuf};
 
-use flamefleet_api::Artifact;
+use flamefleet_api::{Artifact, ProfileRequest};
 use sha2::{Digest, Sha256};
 
+use crate::cluster::Cluster;
+use crate::download_urls;
 use crate::error::{Error, Result};
 
 /// One downloaded and verified artifact.
@@ -23,34 +26,64 @@ fn redacted(url: &reqwest::Url) -> String {
     u.to_string()
 }
 
-/// Fetches one artifact into memory and checks its sha256 against the status.
+/// Downloads the artifacts of `requests` that `keep` selects: one ProfileDownload per
+/// batch of requests for the URLs, then every artifact, each checked against the sha256 its
+/// request's status records. Returns (request name, artifact) in request order.
 ///
-/// Signed URLs (with `sig=`) are used as given; otherwise the user's bearer token, if any,
-/// goes in `Authorization`.
-pub async fn fetch(
-    http: &reqwest::Client,
-    artifact: &Artifact,
-    token: Option<&str>,
-) -> Result<Downloaded> {
+/// # Errors
+/// As [`crate::download_urls::request_urls`] and [`fetch`]; an artifact the operator gave
+/// no URL for is [`Error::StoreUnreachable`] with the operator's reason.
+pub async fn fetch_all(
+    cluster: &Cluster,
+    requests: &[&ProfileRequest],
+    keep: impl Fn(&Artifact) -> bool,
+) -> Result<Vec<(String, Downloaded)>> {
+    let names: Vec<String> = requests
+        .iter()
+        .filter_map(|r| r.metadata.name.clone())
+        .collect();
+    let answer = download_urls::request_urls(cluster, &names).await?;
+    let http = download_urls::http_client(answer.ca_bundle.as_deref())?;
+    let mut out = Vec::new();
+    for request in requests {
+        let name = request.metadata.name.clone().unwrap_or_default();
+        for artifact in request
+            .status
+            .iter()
+            .flat_map(|s| s.nodes.iter())
+            .flat_map(|n| n.artifacts.iter())
+            .filter(|a| keep(a))
+        {
+            let Some(url) = answer.urls.get(&(name.clone(), artifact.name.clone())) else {
+                let why = answer
+                    .skipped
+                    .iter()
+                    .find(|(r, _)| *r == name)
+                    .map_or("the operator gave no URL for it", |(_, why)| why.as_str());
+                return Err(Error::StoreUnreachable {
+                    artifact: artifact.name.clone(),
+                    url: String::new(),
+                    reason: why.to_owned(),
+                });
+            };
+            out.push((name.clone(), fetch(&http, artifact, url).await?));
+        }
+    }
+    Ok(out)
+}
+
+/// Fetches one artifact from `url` (signed by the operator) into memory and checks its
+/// sha256 against the status. No credential is sent.
+pub async fn fetch(http: &reqwest::Client, artifact: &Artifact, url: &str) -> Result<Downloaded> {
     let unreachable = |url: String, reason: String| Error::StoreUnreachable {
         artifact: artifact.name.clone(),
         url,
         reason,
     };
-    let raw = artifact.url.as_deref().ok_or_else(|| {
-        unreachable(
-            String::new(),
-            "the status lists no URL for it; the upload may not be finished".into(),
-        )
-    })?;
-    let url = reqwest::Url::parse(raw)
-        .map_err(|e| unreachable(raw.to_string(), format!("invalid URL: {e}")))?;
-    let signed = url.query_pairs().any(|(k, _)| k == "sig");
-    let mut req = http.get(url.clone());
-    if let (false, Some(token)) = (signed, token) {
-        req = req.bearer_auth(token);
-    }
-    let resp = req
+    let url = reqwest::Url::parse(url)
+        .map_err(|e| unreachable(url.to_string(), format!("invalid URL: {e}")))?;
+    let resp = http
+        .get(url.clone())
         .send()
         .await
         .map_err(|e| unreachable(redacted(&url), e.without_url().to_string()))?;

@@ -65,6 +65,32 @@ pub enum Error {
         /// The namespace.
         namespace: String,
     },
+    /// The API server refused the ProfileDownload (RBAC or the admission policy).
+    #[error(
+        "download forbidden: {message}; downloading needs `create` on profiledownloads.flamefleet.dev and `get` on the profilerequests (check with `kubectl auth can-i create profiledownloads.flamefleet.dev -n {namespace}`)"
+    )]
+    DownloadRefused {
+        /// The API server's message.
+        message: String,
+        /// The namespace.
+        namespace: String,
+    },
+    /// The operator answered the ProfileDownload with a failure.
+    #[error("the operator cannot give download URLs: {message}")]
+    DownloadFailed {
+        /// The operator's message.
+        message: String,
+    },
+    /// No operator answered the ProfileDownload in time.
+    #[error(
+        "no answer to profiledownload {name:?} within {seconds}s: is the Flamefleet operator running? (`kubectl get pods -l app.kubernetes.io/name=flamefleet-operator -A`)"
+    )]
+    DownloadUnanswered {
+        /// The ProfileDownload's name.
+        name: String,
+        /// How long we waited.
+        seconds: u64,
+    },
     /// The ProfileRequest CRD is not installed.
     #[error(
         "Flamefleet is not installed on this cluster: the API server has no profilerequests.flamefleet.dev resource; install the CRDs with `kubectl apply -f crds/` (or `helm install flamefleet charts/flamefleet`)"
@@ -146,10 +172,10 @@ impl Error {
             Self::Usage(_) => 2,
             Self::NotFound { .. } => 3,
             Self::RequestFailed { .. } => 4,
-            Self::NoArtifacts { .. } => 5,
-            Self::StoreUnreachable { .. } => 6,
+            Self::NoArtifacts { .. } | Self::DownloadFailed { .. } => 5,
+            Self::StoreUnreachable { .. } | Self::DownloadUnanswered { .. } => 6,
             Self::ChecksumMismatch { .. } => 7,
-            Self::Forbidden { .. } => 8,
+            Self::Forbidden { .. } | Self::DownloadRefused { .. } => 8,
             Self::NotInstalled => 9,
             Self::Timeout { .. } => 10,
             Self::MixedSampleTypes { .. } | Self::BadProfile { .. } => 11,

@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod commands;
 pub mod download;
+pub mod download_urls;
 pub mod error;
 pub mod flamegraph;
 pub mod merge;

@@ -108,7 +108,7 @@ async fn no_wait_creates_the_request_for_pod_deployment_and_selector() {
 async fn cpu_waits_shows_progress_and_downloads() {
     let ns = namespace("cli-wait").await;
     let kc = support::admin_kubeconfig(&ns);
-    let store = Store::start().await;
+    let store = Store::start_for(&ns).await;
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().to_str().unwrap().to_string();
     let ns_name = ns.name().to_string();

@@ -13,7 +13,7 @@ use support::{
 async fn get_renders_every_format_then_list_merge_delete() {
     let ns = namespace("cli-get").await;
     let kc = support::admin_kubeconfig(&ns);
-    let store = Store::start().await;
+    let store = Store::start_for(&ns).await;
     let req = create_request(&ns, "checkout-cpu").await;
     let a1 = store
         .upload(&req, "cpu-node-a.pb.gz", &cpu_profile("crc32_hot_loop"))
@@ -178,7 +178,7 @@ async fn get_renders_every_format_then_list_merge_delete() {
 async fn checksum_mismatch_writes_nothing() {
     let ns = namespace("cli-sha").await;
     let kc = support::admin_kubeconfig(&ns);
-    let store = Store::start().await;
+    let store = Store::start_for(&ns).await;
     let req = create_request(&ns, "bad-sha").await;
     let good = store
         .upload(&req, "cpu-node-a.pb.gz", &cpu_profile("ok_fn"))
@@ -271,14 +271,12 @@ async fn failed_pending_unreachable_and_missing_requests() {
         r.stderr
     );
 
-    // A store that is not there: a closed port.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    // A store that is not there: the operator signs URLs of a closed port.
+    let _store = Store::unreachable_for(&ns).await;
     create_request(&ns, "gone").await;
     let artifact = flamefleet_api::Artifact {
         name: "cpu-node-a.pb.gz".into(),
-        url: Some(format!("http://127.0.0.1:{port}/v1/artifacts/x?sig=abc")),
+        url: None,
         size_bytes: Some(10),
         sha256: Some("0".repeat(64)),
         samples: None,
@@ -326,7 +324,7 @@ async fn forbidden_user_gets_exit_8() {
 async fn runqlat_prints_the_histogram_and_top_buckets() {
     let ns = namespace("cli-rq").await;
     let kc = support::admin_kubeconfig(&ns);
-    let store = Store::start().await;
+    let store = Store::start_for(&ns).await;
     let req = create_request(&ns, "rq").await;
     let histogram = "     usecs               : count    distribution\n         0 -> 1          : 12       |****************************************|\n         2 -> 3          : 3        |**********                              |\n";
     let txt = store

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+use crate::profile_download::ProfileDownload;
 use crate::profile_request::ProfileRequest;
 use crate::sampling_policy::{ClusterSamplingPolicy, SamplingPolicy};
 use crate::{Error, Result};
@@ -23,6 +24,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         ProfileRequest::crd(),
         SamplingPolicy::crd(),
         ClusterSamplingPolicy::crd(),
+        ProfileDownload::crd(),
     ]
 }
 

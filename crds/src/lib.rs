@@ -2,21 +2,29 @@
 //!
 //! - [`ProfileRequest`]: one on-demand capture (cpu, heap or runqlat) of selected pods.
 //! - [`SamplingPolicy`] / [`ClusterSamplingPolicy`]: scheduled, sampled captures.
+//! - [`ProfileDownload`]: short-lived download URLs of finished requests' artifacts,
+//!   authorized by the API server when asked for.
 //!
 //! Validation lives in the generated OpenAPI schema (bounds, enums, CEL rules) so the API
 //! server itself rejects bad objects; the pure helpers here (durations, phases, conditions,
 //! server-side-apply bodies) are what the operator, the agent and the CLI share.
 
+pub mod admission;
 pub mod conditions;
 pub mod crd_yaml;
 pub mod duration;
 pub mod phase;
+pub mod profile_download;
 pub mod profile_request;
 pub mod results;
 pub mod sampling_policy;
 pub mod status_apply;
 
 pub use phase::{NodePhase, RequestPhase};
+pub use profile_download::{
+    DownloadPhase, DownloadUrl, ProfileDownload, ProfileDownloadSpec, ProfileDownloadStatus,
+    SkippedRequest,
+};
 pub use profile_request::{
     Artifact, CpuOptions, HeapEndpoint, HeapOptions, HeapSource, LatencySummary, NodeStatus,
     ProfileRequest, ProfileRequestSpec, ProfileRequestStatus, ProfileSummary, ProfileType,
@@ -63,6 +71,14 @@ pub enum Error {
         what: String,
         /// The serializer's error.
         source: serde_json::Error,
+    },
+    /// A committed admission policy does not parse.
+    #[error("admission policy file crds/policies/{file} does not parse: {source}")]
+    Policy {
+        /// The file.
+        file: String,
+        /// The parser's error.
+        source: serde_yaml::Error,
     },
     /// A CRD could not be rendered as YAML.
     #[error("cannot render CRD {name} as YAML: {source}")]

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use flamefleet_api::crd_yaml;
-use flamefleet_api::{ClusterSamplingPolicy, ProfileRequest, SamplingPolicy};
+use flamefleet_api::{ClusterSamplingPolicy, ProfileDownload, ProfileRequest, SamplingPolicy};
 
 #[test]
 fn crd_yaml_is_fresh() {
@@ -76,6 +76,10 @@ fn every_example_parses_into_its_rust_type_and_names_a_valid_duration() {
                     .template
                     .capture_duration()
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
+            "ProfileDownload" => {
+                let obj: ProfileDownload = serde_yaml::from_str(&text).unwrap();
+                assert!(!obj.spec.requests.is_empty(), "{what}: names no request");
             }
             other => panic!("{what}: unexpected kind {other}"),
         }

@@ -114,6 +114,9 @@ pub enum Error {
         /// serde_json's error.
         source: serde_json::Error,
     },
+    /// The API crate's admission policies are unusable.
+    #[error("{0}")]
+    Api(#[from] flamefleet_api::Error),
     /// This operation needs a control plane this process started.
     #[error(
         "{0} is only available on a control plane started by this process, not one given by FLAMEFLEET_KUBECONFIG"

@@ -120,43 +120,90 @@ impl TestNamespace {
         Ok(answer.status.map(|s| s.token).unwrap_or_default())
     }
 
-    /// Lets service account `sa` `get` the ProfileRequest `request` (and only that one).
+    /// Lets service account `sa` `get` the ProfileRequest `request` (and only that one) and
+    /// download its artifacts (create and read ProfileDownloads).
     ///
     /// # Errors
     /// When the Role or RoleBinding cannot be created.
     pub async fn grant_get_profile_request(&self, sa: &str, request: &str) -> Result<()> {
-        let role_name = format!("get-{request}");
+        self.bind_rules(
+            "ServiceAccount",
+            sa,
+            &format!("get-{request}"),
+            download_rules(request),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Binds a new Role `role` with `rules` to `kind` (`User` or `ServiceAccount`) `subject`;
+    /// returns the RoleBinding's name (delete it to revoke).
+    ///
+    /// # Errors
+    /// When the Role or RoleBinding cannot be created.
+    pub async fn bind_rules(
+        &self,
+        kind: &str,
+        subject: &str,
+        role: &str,
+        rules: serde_json::Value,
+    ) -> Result<String> {
         let json_err = |source| Error::Json {
             what: "an RBAC object",
             source,
         };
-        let role: Role = serde_json::from_value(json!({
-            "metadata": {"name": role_name},
-            "rules": [{"apiGroups": ["flamefleet.dev"], "resources": ["profilerequests"],
-                       "resourceNames": [request], "verbs": ["get"]}],
+        let role_obj: Role = serde_json::from_value(json!({
+            "metadata": {"name": role},
+            "rules": rules,
         }))
         .map_err(json_err)?;
         self.api::<Role>()
-            .create(&PostParams::default(), &role)
+            .create(&PostParams::default(), &role_obj)
             .await
-            .map_err(kube_err(format!("creating role {role_name}")))?;
+            .map_err(kube_err(format!("creating role {role}")))?;
+        let binding_name: String = format!("{role}-{subject}")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        let mut subject_json = json!({"kind": kind, "name": subject});
+        if kind == "ServiceAccount" {
+            subject_json["namespace"] = json!(self.name);
+        } else {
+            subject_json["apiGroup"] = json!("rbac.authorization.k8s.io");
+        }
         let binding: RoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": format!("{role_name}-{sa}")},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
-            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": self.name}],
+            "metadata": {"name": binding_name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [subject_json],
         }))
         .map_err(json_err)?;
         self.api::<RoleBinding>()
             .create(&PostParams::default(), &binding)
             .await
-            .map_err(kube_err(format!("binding role {role_name} to {sa}")))?;
-        Ok(())
+            .map_err(kube_err(format!("binding role {role} to {subject}")))?;
+        Ok(binding_name)
     }
 
     /// A name unique in this process and namespace-prefixed, for cluster-scoped objects.
     pub fn unique(&self, prefix: &str) -> String {
         unique_name(prefix)
     }
+}
+
+/// RBAC rules to `get` ProfileRequest `request` and download its artifacts.
+pub fn download_rules(request: &str) -> serde_json::Value {
+    json!([
+        {"apiGroups": ["flamefleet.dev"], "resources": ["profilerequests"],
+         "resourceNames": [request], "verbs": ["get"]},
+        {"apiGroups": ["flamefleet.dev"], "resources": ["profiledownloads"],
+         "verbs": ["create", "get", "list", "watch", "delete"]},
+    ])
 }
 
 /// `<prefix>-<pid>-<counter>`, cut to a valid DNS label.

@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use flamefleet_api::{
-    ClusterSamplingPolicy, ProfileRequest, ProfileRequestStatus, RequestPhase, SamplingPolicy,
-    crd_yaml,
+    ClusterSamplingPolicy, ProfileDownload, ProfileRequest, ProfileRequestStatus, RequestPhase,
+    SamplingPolicy, crd_yaml,
 };
 use flamefleet_e2e::kubectl::kubectl;
 use flamefleet_e2e::pods::PodFixture;
@@ -136,6 +136,11 @@ async fn valid_examples_are_accepted_and_round_trip_through_the_rust_types() {
         fetched.spec.policy.template.profile_type.as_str(),
         "runqlat"
     );
+
+    let downloads: Api<ProfileDownload> = ns.api();
+    let local: ProfileDownload = serde_yaml::from_str(&example("profiledownload.yaml")).unwrap();
+    let created = downloads.create(&pp, &local).await.unwrap();
+    assert_eq!(created.spec, local.spec);
 }
 
 #[tokio::test]

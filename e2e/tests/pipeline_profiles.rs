@@ -1,7 +1,8 @@
 //! End to end, on the real control plane with real captures: cpu, runqlat and heap requests
-//! go Pending → Running → Succeeded on two nodes; every artifact downloads (signed URL and
-//! bearer token), matches its sha256, and `go tool pprof` reads it; downloads without
-//! permission are refused; a request never profiles pods of another namespace.
+//! go Pending → Running → Succeeded on two nodes; every artifact downloads (through a
+//! ProfileDownload the operator answers), matches its sha256, and `go tool pprof` reads it;
+//! unsigned or forged downloads are refused; a request never profiles pods of another
+//! namespace.
 
 mod pipeline_support;
 
@@ -71,7 +72,7 @@ async fn profile_two_nodes(
         assert_eq!(entry.phase, Some(NodePhase::Succeeded), "{node}: {entry:?}");
         assert!(!entry.artifacts.is_empty(), "{node} has no artifacts");
         for artifact in &entry.artifacts {
-            let file = pipeline.download(artifact).await;
+            let file = pipeline.download(&done, artifact).await;
             if artifact.name.ends_with(".pb.gz") {
                 let top = pprof_top(&file);
                 assert!(
@@ -224,34 +225,18 @@ async fn requests_stay_in_their_namespace_and_downloads_need_permission() {
         resolved.message
     );
 
-    // Downloads: signed URL, bearer token with permission, and refusals.
+    // Downloads: a URL the operator signs on request works; unsigned or forged ones do not.
     let artifact = nodes[&pipeline.nodes[0]].artifacts[0].clone();
-    let signed = url::Url::parse(artifact.url.as_deref().unwrap()).unwrap();
-    let mut plain = signed.clone();
-    plain.set_query(None);
+    assert!(artifact.url.is_none(), "no URL is ever kept in the status");
+    let signed = url::Url::parse(&pipeline.download_url(&done, &artifact.name).await).unwrap();
     let http = reqwest::Client::new();
-    let reader = a.service_account_token("reader").await.unwrap();
-    let stranger = a.service_account_token("stranger").await.unwrap();
-    a.grant_get_profile_request("reader", "cross")
-        .await
-        .unwrap();
-    let ok = http
-        .get(plain.clone())
-        .bearer_auth(&reader)
-        .send()
-        .await
-        .unwrap();
+    let ok = http.get(signed.clone()).send().await.unwrap();
     assert_eq!(ok.status(), 200);
     check_digest(&artifact, &ok.bytes().await.unwrap());
-    let denied = http
-        .get(plain.clone())
-        .bearer_auth(&stranger)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(denied.status(), 403, "a token that may not get the request");
+    let mut plain = signed.clone();
+    plain.set_query(None);
     let anonymous = http.get(plain.clone()).send().await.unwrap();
-    assert_eq!(anonymous.status(), 401, "no credentials");
+    assert_eq!(anonymous.status(), 401, "no signature");
     let mut tampered = signed.clone();
     let query: Vec<(String, String)> = signed
         .query_pairs()

@@ -14,6 +14,7 @@ use crate::controller::agent_client::AgentConnector;
 use crate::controller::dispatch::{DispatchSettings, Dispatcher};
 use crate::controller::uploads::UrlPolicy;
 use crate::controller::{self, Context};
+use crate::downloads::{self, DownloadContext};
 use crate::identity::ca::OperatorCa;
 use crate::identity::csr_signer::{AgentIdentityPolicy, CsrSigner};
 use crate::leader::{Election, LeaseConfig};
@@ -113,8 +114,8 @@ pub struct Options {
     /// Allow a plain-HTTP S3 endpoint.
     #[arg(long)]
     pub s3_allow_http: bool,
-    /// How long download URLs recorded in the status stay valid (SigV4 allows at most 7 days).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "6d")]
+    /// How long the download URLs given in a ProfileDownload's status stay valid.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
     pub download_url_ttl: Duration,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:9090")]
@@ -219,7 +220,6 @@ async fn open_store(
                     max_upload_bytes: options.store_max_bytes,
                 },
                 options.store_listen,
-                client.clone(),
             )
             .await
             .context("starting the built-in artifact store")?;
@@ -356,7 +356,6 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             grace: options.capture_grace,
             urls: UrlPolicy {
                 max_bytes: options.store_max_bytes,
-                download_ttl: options.download_url_ttl,
             },
         },
         metrics.clone(),
@@ -416,7 +415,19 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             sampling::run(sampling, selector, shutdown).await;
         }
     };
+    let downloads = downloads::run(
+        Arc::new(DownloadContext {
+            client: context.client.clone(),
+            store: context.store.clone(),
+            url_ttl: options.download_url_ttl,
+            request_selector: options.request_selector.clone(),
+            ca_bundle: None,
+            namespace: None,
+        }),
+        shutdown.clone(),
+    );
     futures::join!(
+        downloads,
         controller::run(
             context,
             triggers,

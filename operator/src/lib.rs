@@ -5,6 +5,7 @@
 
 pub mod app;
 pub mod controller;
+pub mod downloads;
 pub mod error;
 pub mod identity;
 pub mod leader;

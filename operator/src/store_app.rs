@@ -19,10 +19,6 @@ use crate::store::install_default_crypto_provider;
     about = "Flamefleet's built-in artifact store: signed uploads from agents, downloads for users"
 )]
 pub struct StoreOptions {
-    /// Kubeconfig file; in-cluster configuration (or $KUBECONFIG) when absent. Used to check
-    /// bearer-token downloads (TokenReview, SubjectAccessReview).
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
     /// Directory holding the artifacts (the store's volume).
     #[arg(long, default_value = "/var/lib/flamefleet/artifacts")]
     pub dir: PathBuf,
@@ -46,7 +42,6 @@ pub struct StoreOptions {
 /// Unusable flags, secret, directory or address.
 pub async fn run(options: StoreOptions) -> anyhow::Result<()> {
     install_default_crypto_provider();
-    let client = crate::app::kube_client(options.kubeconfig.as_ref()).await?;
     let secret = std::fs::read(&options.secret_file).with_context(|| {
         format!(
             "reading the URL-signing secret {} (the operator creates it; is its Secret mounted?)",
@@ -67,7 +62,6 @@ pub async fn run(options: StoreOptions) -> anyhow::Result<()> {
             max_upload_bytes: options.max_bytes,
         },
         options.listen,
-        client,
     )
     .await
     .context("starting the artifact store")?;

@@ -5,48 +5,14 @@ use std::{collections::HashSet, path::PathBuf, sync::Arc, time::Duration};
 mod store_support;
 use store_support::{files_under, payload, unique_uid};
 
-use async_trait::async_trait;
 use flamefleet_operator::store::{
     ArtifactKey, ArtifactStore, RequestRef, SHA256_HEADER, Sha256Digest, StoreError, UploadLimits,
-    authorize::{AuthorizeError, Decision, DownloadAuthorizer},
     builtin::{BuiltinConfig, BuiltinStore, http::router},
+    remote::{RemoteConfig, RemoteStore},
 };
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use url::Url;
-
-/// Test authorizer: `token` → the (namespace, name) pairs it may read; "unknown" tokens are
-/// unauthenticated.
-#[derive(Debug, Default)]
-struct TableAuthorizer {
-    grants: Vec<(String, String, String)>,
-}
-
-#[async_trait]
-impl DownloadAuthorizer for TableAuthorizer {
-    async fn authorize(
-        &self,
-        token: &str,
-        request: &RequestRef,
-    ) -> Result<Decision, AuthorizeError> {
-        if !self.grants.iter().any(|(t, _, _)| t == token) {
-            return Ok(Decision::Unauthenticated {
-                reason: "unknown token".into(),
-            });
-        }
-        let allowed = self
-            .grants
-            .iter()
-            .any(|(t, ns, name)| t == token && ns == request.namespace() && name == request.name());
-        Ok(if allowed {
-            Decision::Allowed
-        } else {
-            Decision::Denied {
-                reason: format!("{token} may not get {request}"),
-            }
-        })
-    }
-}
 
 struct Server {
     store: Arc<BuiltinStore>,
@@ -57,7 +23,7 @@ struct Server {
 }
 
 impl Server {
-    async fn start(max_upload_bytes: u64, authorizer: TableAuthorizer) -> Server {
+    async fn start(max_upload_bytes: u64) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("artifacts");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -74,7 +40,7 @@ impl Server {
             .await
             .unwrap(),
         );
-        let app = router(store.clone(), Arc::new(authorizer));
+        let app = router(store.clone());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         Server {
             store,
@@ -111,7 +77,7 @@ fn request(ns: &str, name: &str) -> RequestRef {
 
 #[tokio::test]
 async fn upload_and_download_round_trip_with_sha256() {
-    let srv = Server::start(1 << 20, TableAuthorizer::default()).await;
+    let srv = Server::start(1 << 20).await;
     let req = request("shop", "checkout-cpu");
     let key = req.artifact("cpu-worker-1.pb.gz").unwrap();
     let body = payload(200_000);
@@ -199,7 +165,7 @@ fn param(url: &Url, name: &str) -> String {
 
 #[tokio::test]
 async fn bad_expired_misused_or_tampered_signatures_are_refused() {
-    let srv = Server::start(1 << 20, TableAuthorizer::default()).await;
+    let srv = Server::start(1 << 20).await;
     let req = request("shop", "sig");
     let key = req.artifact("a.pb.gz").unwrap();
     let url = srv.upload_url(&key, 1024, None).await;
@@ -293,7 +259,7 @@ fn leftovers(srv: &Server, req: &RequestRef) -> Vec<String> {
 
 #[tokio::test]
 async fn oversized_uploads_get_413_and_leave_nothing() {
-    let srv = Server::start(4096, TableAuthorizer::default()).await;
+    let srv = Server::start(4096).await;
     let req = request("shop", "big");
     let key = req.artifact("big.pb.gz").unwrap();
 
@@ -338,7 +304,7 @@ async fn oversized_uploads_get_413_and_leave_nothing() {
 
 #[tokio::test]
 async fn checksum_mismatch_gets_422_and_leaves_nothing() {
-    let srv = Server::start(1 << 20, TableAuthorizer::default()).await;
+    let srv = Server::start(1 << 20).await;
     let req = request("shop", "sum");
     let key = req.artifact("heap.pb.gz").unwrap();
     let body = payload(5000);
@@ -415,7 +381,7 @@ async fn raw_status(base: &Url, method: &str, path: &str) -> u16 {
 
 #[tokio::test]
 async fn path_traversal_and_malformed_keys_get_400() {
-    let srv = Server::start(1 << 20, TableAuthorizer::default()).await;
+    let srv = Server::start(1 << 20).await;
     let req = request("shop", "trav");
     let good = srv
         .upload_url(&req.artifact("a.pb.gz").unwrap(), 1024, None)
@@ -445,7 +411,7 @@ async fn path_traversal_and_malformed_keys_get_400() {
 
 #[tokio::test]
 async fn delete_by_request_removes_everything_and_is_repeatable() {
-    let srv = Server::start(1 << 20, TableAuthorizer::default()).await;
+    let srv = Server::start(1 << 20).await;
     let doomed = request("shop", "doomed");
     let kept = request("shop", "kept");
     for (req, name) in [
@@ -506,66 +472,112 @@ async fn delete_by_request_removes_everything_and_is_repeatable() {
 }
 
 #[tokio::test]
-async fn bearer_downloads_follow_the_authorizer() {
-    let shared = request("team-a", "shared");
-    let secret = request("team-a", "secret");
-    let authorizer = TableAuthorizer {
-        grants: vec![(
-            "alice-token".into(),
-            "team-a".into(),
-            shared.name().to_owned(),
-        )],
-    };
-    let srv = Server::start(1 << 20, authorizer).await;
-    let mut urls = Vec::new();
-    for req in [&shared, &secret] {
-        let key = req.artifact("cpu.pb.gz").unwrap();
-        let (status, _) = srv
-            .put(srv.upload_url(&key, 1024, None).await, payload(64))
-            .await;
-        assert_eq!(status, StatusCode::CREATED);
-        urls.push(srv.base.join(&format!("v1/artifacts/{key}")).unwrap());
-    }
-    let get = |url: &Url, token: Option<&str>| {
-        let mut r = srv.http.get(url.clone());
+async fn downloads_need_a_signed_url_whatever_the_headers() {
+    let srv = Server::start(1 << 20).await;
+    let req = request("team-a", "shared");
+    let key = req.artifact("cpu.pb.gz").unwrap();
+    let (status, _) = srv
+        .put(srv.upload_url(&key, 1024, None).await, payload(64))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let bare = srv.base.join(&format!("v1/artifacts/{key}")).unwrap();
+    // A bearer token (or anything else) is no credential here: the store never judges a
+    // user; only URLs the operator signed work.
+    for token in [None, Some("a-kubernetes-token")] {
+        let mut r = srv.http.get(bare.clone());
         if let Some(t) = token {
             r = r.bearer_auth(t);
         }
-        r.send()
-    };
-
-    let allowed = get(&urls[0], Some("alice-token")).await.unwrap();
-    assert_eq!(allowed.status(), StatusCode::OK);
-    assert_eq!(
-        allowed.bytes().await.unwrap().as_ref(),
-        payload(64).as_slice()
-    );
-
-    let denied = get(&urls[1], Some("alice-token")).await.unwrap();
-    assert_eq!(denied.status(), StatusCode::FORBIDDEN);
-    assert!(denied.text().await.unwrap().contains("may not get"));
-
-    let unknown = get(&urls[0], Some("mallory-token")).await.unwrap();
-    assert_eq!(unknown.status(), StatusCode::UNAUTHORIZED);
-
-    let anonymous = get(&urls[0], None).await.unwrap();
-    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
-    assert!(anonymous.headers().contains_key("www-authenticate"));
-
-    // Authorized, but nothing there.
-    let missing = srv
-        .base
-        .join(&format!("v1/artifacts/{}/none.pb.gz", shared.prefix()))
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert!(!r.headers().contains_key("www-authenticate"));
+        assert!(r.text().await.unwrap().contains("not signed"));
+    }
+    let signed = srv
+        .store
+        .download_url(&key, Duration::from_secs(60))
+        .await
         .unwrap();
-    assert_eq!(
-        get(&missing, Some("alice-token")).await.unwrap().status(),
-        StatusCode::NOT_FOUND
+    let r = srv.http.get(signed).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.bytes().await.unwrap().as_ref(), payload(64).as_slice());
+}
+
+#[tokio::test]
+async fn a_remote_store_verifies_lists_and_deletes_through_signed_admin_urls() {
+    let srv = Server::start(1 << 20).await;
+    let remote = RemoteStore::new(RemoteConfig {
+        internal_url: srv.base.clone(),
+        public_url: Some("https://profiles.example.test/".parse().unwrap()),
+        secret: b"0123456789abcdef0123456789abcdef".to_vec(),
+        max_upload_bytes: 1 << 20,
+    })
+    .unwrap();
+    let req = request("shop", "remote");
+    let good = req.artifact("cpu-n1.pb.gz").unwrap();
+    let bad = req.artifact("cpu-n2.pb.gz").unwrap();
+    for key in [&good, &bad] {
+        let target = remote
+            .upload_target(
+                key,
+                &UploadLimits {
+                    max_bytes: 4096,
+                    sha256: None,
+                    ttl: Duration::from_secs(60),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            target.url.host_str(),
+            srv.base.host_str(),
+            "agents upload inside"
+        );
+        let (status, text) = srv.put(target.url, payload(100)).await;
+        assert_eq!(status, StatusCode::CREATED, "{text}");
+    }
+    let digest = remote
+        .verify_upload(&good, 4096, Some(Sha256Digest::of(&payload(100))))
+        .await
+        .unwrap();
+    assert_eq!(digest.size_bytes, 100);
+    // A checksum mismatch is reported and the artifact removed, as in-process.
+    let err = remote
+        .verify_upload(&bad, 4096, Some(Sha256Digest::of(b"other")))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("expected"), "{err}");
+    let missing = remote.verify_upload(&bad, 4096, None).await.unwrap_err();
+    assert!(matches!(missing, StoreError::NotFound { .. }), "{missing}");
+    let listed = remote.list(&req).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].key, good);
+    // Users download from the public URL.
+    let url = remote
+        .download_url(&good, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(url.host_str(), Some("profiles.example.test"));
+    assert_eq!(remote.delete_request(&req).await.unwrap(), 1);
+    assert!(remote.list(&req).await.unwrap().is_empty());
+    // A remote store with another secret is refused by the store.
+    let stranger = RemoteStore::new(RemoteConfig {
+        internal_url: srv.base.clone(),
+        public_url: None,
+        secret: b"another-secret-another-secret-0123".to_vec(),
+        max_upload_bytes: 1 << 20,
+    })
+    .unwrap();
+    let err = stranger.list(&req).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Remote { status: 403, .. }),
+        "{err}"
     );
 }
 
 #[tokio::test]
 async fn concurrent_uploads_of_one_key_keep_bytes_and_digest_together() {
-    let srv = Server::start(1 << 20, TableAuthorizer::default()).await;
+    let srv = Server::start(1 << 20).await;
     let req = request("shop", "race");
     let key = req.artifact("cpu.pb.gz").unwrap();
     let url = srv.upload_url(&key, 1 << 20, None).await;

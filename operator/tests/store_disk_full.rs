@@ -5,7 +5,6 @@ use std::{io::Write, path::PathBuf, process::Command, sync::Arc, time::Duration}
 
 use flamefleet_operator::store::{
     ArtifactStore, RequestRef, UploadLimits,
-    authorize::RejectTokens,
     builtin::{BuiltinConfig, BuiltinStore, http::router},
 };
 use reqwest::StatusCode;
@@ -78,9 +77,7 @@ async fn full_volume_gets_507_and_leaves_nothing() {
         .await
         .unwrap(),
     );
-    tokio::spawn(
-        axum::serve(listener, router(store.clone(), Arc::new(RejectTokens))).into_future(),
-    );
+    tokio::spawn(axum::serve(listener, router(store.clone())).into_future());
     fill(&volume.path, 8192);
 
     let req = RequestRef::new("shop", "full", unique_uid()).unwrap();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use flamefleet_api::{ProfileRequest, RequestPhase};
 
 use crate::cluster::Cluster;
-use crate::download::{Downloaded, fetch, write_atomic};
+use crate::download::{Downloaded, fetch_all, write_atomic};
 use crate::error::{Error, Result};
 use crate::{flamegraph, profile_file, requests, stacks, top_functions};
 
@@ -84,18 +84,11 @@ pub async fn download_request(
             phase: phase.map_or("Pending", |p| p.as_str()).to_string(),
         });
     }
-    let http = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(120))
-        .build()
-        .map_err(|e| Error::StoreUnreachable {
-            artifact: String::new(),
-            url: String::new(),
-            reason: format!("cannot build the HTTP client: {e}"),
-        })?;
-    let mut downloaded: Vec<Downloaded> = Vec::new();
-    for artifact in artifacts {
-        downloaded.push(fetch(&http, artifact, cluster.token.as_deref()).await?);
-    }
+    let downloaded: Vec<Downloaded> = fetch_all(cluster, &[request], |_| true)
+        .await?
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
     let mut written = Vec::new();
     for d in &downloaded {
         written.extend(render(d, dir, format, out)?);

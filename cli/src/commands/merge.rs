@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::cluster::Cluster;
-use crate::download::{fetch, write_atomic};
+use crate::download::{fetch_all, write_atomic};
 use crate::error::{Error, Result};
 use crate::{merge, profile_file, requests};
 
@@ -27,15 +27,15 @@ pub async fn run(
         let cluster = cluster
             .ok_or_else(|| Error::Usage(format!("{input} is neither a file nor a request name")))?;
         let request = requests::get(cluster, input).await?;
-        let http = reqwest::Client::new();
-        let artifacts: Vec<_> = request
+        let is_pprof =
+            |a: &flamefleet_api::Artifact| a.name.ends_with(".pb.gz") || a.name.ends_with(".pb");
+        let has_pprof = request
             .status
             .iter()
             .flat_map(|s| s.nodes.iter())
             .flat_map(|n| n.artifacts.iter())
-            .filter(|a| a.name.ends_with(".pb.gz") || a.name.ends_with(".pb"))
-            .collect();
-        if artifacts.is_empty() {
+            .any(is_pprof);
+        if !has_pprof {
             return Err(Error::NoArtifacts {
                 name: input.clone(),
                 phase: request
@@ -46,8 +46,7 @@ pub async fn run(
                     .to_string(),
             });
         }
-        for a in artifacts {
-            let d = fetch(&http, a, cluster.token.as_deref()).await?;
+        for (_, d) in fetch_all(cluster, &[&request], is_pprof).await? {
             let source = format!("{input}/{}", d.name);
             profiles.push((source.clone(), profile_file::decode(&d.bytes, &source)?));
         }

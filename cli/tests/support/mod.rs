@@ -1,6 +1,7 @@
 //! Fixtures of the CLI tests: a real built-in artifact store on 127.0.0.1, real pprof files,
 //! ProfileRequests whose status the test writes through the status subresource (as the
-//! operator and agents do), and a runner for the built binary.
+//! operator does), the operator's ProfileDownload controller answering for the test's
+//! namespace, and a runner for the built binary.
 
 #![allow(dead_code)]
 
@@ -12,7 +13,6 @@ use flamefleet_api::{Artifact, NodePhase, NodeStatus, ProfileRequest, RequestPha
 use flamefleet_e2e::TestNamespace;
 use flamefleet_operator::store::{
     ArtifactStore, RequestRef, UploadLimits,
-    authorize::{DownloadAuthorizer, RejectTokens},
     builtin::{BuiltinConfig, BuiltinStore, http::router},
 };
 use flamefleet_proto::pprof::{Function, Line, Location, Profile, Sample, ValueType};
@@ -27,19 +27,32 @@ pub struct Store {
 }
 
 impl Store {
-    /// Starts the store on a free port; bearer tokens are refused (signed URLs only).
-    pub async fn start() -> Self {
-        Self::start_with(Arc::new(RejectTokens)).await
-    }
-
-    /// Starts the store on a free port with `authorizer` deciding bearer-token downloads.
-    pub async fn start_with(authorizer: Arc<dyn DownloadAuthorizer>) -> Self {
-        flamefleet_operator::store::install_default_crypto_provider();
-        let root = tempfile::tempdir().unwrap();
+    /// Starts the store on a free port, and the operator's ProfileDownload controller for
+    /// `ns` signing URLs of this store (as the operator does in a cluster).
+    pub async fn start_for(ns: &TestNamespace) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base: url::Url = format!("http://{}/", listener.local_addr().unwrap())
             .parse()
             .unwrap();
+        let store = Self::open(ns, base).await;
+        let app = router(store.store.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        store
+    }
+
+    /// Like [`Store::start_for`], but nothing serves the store's URLs (a closed port).
+    pub async fn unreachable_for(ns: &TestNamespace) -> Self {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base: url::Url = format!("http://{}/", closed.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        drop(closed);
+        Self::open(ns, base).await
+    }
+
+    async fn open(ns: &TestNamespace, base: url::Url) -> Self {
+        flamefleet_operator::store::install_default_crypto_provider();
+        let root = tempfile::tempdir().unwrap();
         let store = Arc::new(
             BuiltinStore::open(BuiltinConfig {
                 root: root.path().to_path_buf(),
@@ -50,13 +63,22 @@ impl Store {
             .await
             .unwrap(),
         );
-        let app = router(store.clone(), authorizer);
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        tokio::spawn(flamefleet_operator::downloads::run(
+            Arc::new(flamefleet_operator::downloads::DownloadContext {
+                client: ns.client(),
+                store: store.clone(),
+                url_ttl: Duration::from_secs(120),
+                request_selector: None,
+                ca_bundle: None,
+                namespace: Some(ns.name().to_owned()),
+            }),
+            std::future::pending::<()>(),
+        ));
         Self { store, _root: root }
     }
 
     /// Uploads `bytes` as artifact `name` of `request` through a signed PUT, and returns the
-    /// status entry an agent would write (signed download URL, size, sha256).
+    /// status entry the operator would write (size, sha256; no URL).
     pub async fn upload(&self, request: &ProfileRequest, name: &str, bytes: &[u8]) -> Artifact {
         let rr = RequestRef::new(
             request.metadata.namespace.clone().unwrap(),
@@ -84,14 +106,9 @@ impl Store {
             .await
             .unwrap();
         assert!(resp.status().is_success(), "upload failed: {resp:?}");
-        let url = self
-            .store
-            .download_url(&key, Duration::from_secs(600))
-            .await
-            .unwrap();
         Artifact {
             name: name.to_string(),
-            url: Some(url.to_string()),
+            url: None,
             size_bytes: Some(bytes.len() as i64),
             sha256: Some(hex::encode(Sha256::digest(bytes))),
             samples: None,

@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use flamefleet_api::{Artifact, ProfileRequest, RequestPhase};
+use flamefleet_api::{
+    Artifact, ProfileDownload, ProfileDownloadSpec, ProfileRequest, RequestPhase,
+};
 use flamefleet_e2e::TestNamespace;
 use flamefleet_e2e::agent_pki::AgentPki;
 use flamefleet_e2e::pods::PodFixture;
@@ -754,11 +756,75 @@ impl Pipeline {
         }
     }
 
-    /// Downloads an artifact with its signed URL, checks its sha256 and size, saves it in
-    /// the fixture directory and returns the path.
-    pub async fn download(&self, artifact: &Artifact) -> PathBuf {
-        let url = artifact.url.as_deref().expect("artifact url");
-        let response = reqwest::get(url).await.expect("downloading the artifact");
+    /// Where the operator's built-in store keeps `artifact` of `request` on disk.
+    pub fn stored_artifact(&self, request: &ProfileRequest, artifact: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("store")
+            .join(request.metadata.namespace.as_deref().unwrap_or_default())
+            .join(format!(
+                "{}-{}",
+                request.metadata.name.as_deref().unwrap_or_default(),
+                request.metadata.uid.as_deref().unwrap_or_default()
+            ))
+            .join(artifact)
+    }
+
+    /// A short-lived download URL of `artifact` of `request`, asked for as a user would:
+    /// a ProfileDownload answered by the operator.
+    pub async fn download_url(&self, request: &ProfileRequest, artifact: &str) -> String {
+        let ns = request.metadata.namespace.clone().expect("namespace");
+        let name = request.metadata.name.clone().expect("name");
+        let api: Api<ProfileDownload> = Api::namespaced(self.client.clone(), &ns);
+        let asked = api
+            .create(
+                &PostParams::default(),
+                &ProfileDownload {
+                    metadata: kube::api::ObjectMeta {
+                        generate_name: Some("dl-".into()),
+                        ..Default::default()
+                    },
+                    spec: ProfileDownloadSpec {
+                        requests: vec![name.clone()],
+                    },
+                    status: None,
+                },
+            )
+            .await
+            .expect("creating a ProfileDownload");
+        let download = asked.metadata.name.clone().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let answered = loop {
+            if let Some(status) = api
+                .get(&download)
+                .await
+                .ok()
+                .and_then(|d| d.status)
+                .filter(|s| s.phase.is_some())
+            {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the operator did not answer ProfileDownload {download}\n{}",
+                self.operator_logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        answered
+            .artifacts
+            .iter()
+            .find(|a| a.request == name && a.name == artifact)
+            .unwrap_or_else(|| panic!("no URL for {artifact} of {name}: {answered:#?}"))
+            .url
+            .clone()
+    }
+
+    /// Downloads an artifact of `request` through a ProfileDownload, checks its sha256 and
+    /// size, saves it in the fixture directory and returns the path.
+    pub async fn download(&self, request: &ProfileRequest, artifact: &Artifact) -> PathBuf {
+        let url = self.download_url(request, &artifact.name).await;
+        let response = reqwest::get(&url).await.expect("downloading the artifact");
         assert_eq!(response.status(), 200, "GET {url}");
         let body = response.bytes().await.unwrap();
         check_digest(artifact, &body);

@@ -418,7 +418,7 @@ async fn upload(
         tracing::info!(artifact = %built.name, bytes = built.bytes.len(), "uploaded");
         done.push(Artifact {
             name: built.name.clone(),
-            url: slot.download_url.clone(),
+            url: String::new(),
             size_bytes: built.bytes.len() as u64,
             sha256: sha256_hex(&built.bytes),
             samples: built.samples,

@@ -397,7 +397,7 @@ impl Dispatcher {
             };
             artifacts.push(Artifact {
                 name: reported.name.clone(),
-                url: Some(slot.download_url.clone()),
+                url: None,
                 size_bytes: i64::try_from(digest.size_bytes).ok(),
                 sha256: Some(digest.sha256.to_string()),
                 samples: i64::try_from(reported.samples).ok(),

@@ -8,13 +8,12 @@ use flamefleet_proto::agent::UploadSlot;
 use crate::Result;
 use crate::store::{ArtifactStore, RequestRef, UploadLimits};
 
-/// Lifetimes and limits of artifact URLs.
+/// Limits of upload URLs. (Download URLs are never recorded in a status: users ask for
+/// short-lived ones with a ProfileDownload.)
 #[derive(Debug, Clone)]
 pub struct UrlPolicy {
     /// Largest artifact accepted, bytes.
     pub max_bytes: u64,
-    /// How long a download URL recorded in the status stays valid.
-    pub download_ttl: Duration,
 }
 
 /// The artifact names of one node for a profile type (the agent contract).
@@ -48,11 +47,10 @@ pub async fn upload_slots(
             ttl: upload_ttl,
         };
         let target = store.upload_target(&key, &limits).await?;
-        let download = store.download_url(&key, policy.download_ttl).await?;
         slots.push(UploadSlot {
             artifact_name: name,
             put_url: target.url.to_string(),
-            download_url: download.to_string(),
+            download_url: String::new(),
             max_bytes: target.max_bytes,
         });
     }

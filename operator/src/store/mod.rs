@@ -2,20 +2,19 @@
 //!
 //! The operator talks to every backend through [`ArtifactStore`]: per capture it asks for a
 //! pre-signed upload URL per artifact ([`ArtifactStore::upload_target`]), checks what arrived
-//! ([`ArtifactStore::verify_upload`]), hands out download URLs, and when a ProfileRequest is
+//! ([`ArtifactStore::verify_upload`]), signs short-lived download URLs for users'
+//! ProfileDownloads ([`ArtifactStore::download_url`]), and when a ProfileRequest is
 //! deleted its finalizer calls [`ArtifactStore::delete_request`].
 //!
 //! Backends:
-//! - [`builtin::BuiltinStore`]: a directory served over HTTP by the operator itself, with
-//!   HMAC-signed expiring URLs ([`signing`]) and Kubernetes bearer-token downloads
-//!   ([`authorize`]).
+//! - [`builtin::BuiltinStore`]: a directory served over HTTP, with HMAC-signed expiring
+//!   URLs ([`signing`]) for every operation: the store never handles user credentials.
 //! - [`remote::RemoteStore`]: the built-in store run as its own Deployment
 //!   (`flamefleet-store`), which the operator reaches over HTTP with signed admin URLs.
 //! - [`s3::S3Store`]: any S3-compatible object store, through the `object_store` crate.
 //!
 //! Keys are `<namespace>/<request-name>-<uid>/<artifact-name>` ([`key`]).
 
-pub mod authorize;
 pub mod builtin;
 pub mod crypto_provider;
 pub mod digest;

@@ -1,8 +1,8 @@
 //! The built-in store's HTTP server.
 //!
 //! - `PUT /v1/artifacts/<key>?expires=&max=[&sha256=]&sig=`: upload with a signed URL.
-//! - `GET /v1/artifacts/<key>`: download with a signed URL, or with
-//!   `Authorization: Bearer <kubernetes token>` of a user who may `get` the ProfileRequest.
+//! - `GET /v1/artifacts/<key>?expires=&sig=`: download with a signed URL (the operator
+//!   signs short-lived ones for a user's ProfileDownload).
 //! - `DELETE /v1/artifacts/<namespace>/<request-name>-<uid>?expires=&sig=`: delete a request's
 //!   artifacts with a signed URL.
 //! - `POST /v1/artifacts/<key>?expires=&max=[&sha256=]&sig=` (signed for `VERIFY`): the
@@ -12,7 +12,7 @@
 //!   the request's artifacts and their sizes.
 //! - `GET /healthz`.
 //!
-//! Errors are JSON `{"error": "..."}` with 400 (bad key), 401 (no or unknown credentials),
+//! Errors are JSON `{"error": "..."}` with 400 (bad key), 401 (not a signed URL),
 //! 403 (bad, expired or mismatched signature, or not allowed), 404, 413 (too large),
 //! 422 (checksum mismatch), 507 (disk full).
 
@@ -33,7 +33,6 @@ use tokio_util::io::ReaderStream;
 use super::{ARTIFACTS_PATH, BuiltinStore, REQUESTS_PATH};
 use crate::store::{
     ArtifactKey, ArtifactStore, KeyError, RequestRef, SHA256_HEADER, Sha256Digest, StoreError,
-    authorize::{Decision, DownloadAuthorizer},
     signing::{SignatureError, SignedQuery},
 };
 
@@ -55,14 +54,7 @@ impl HttpError {
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(json!({ "error": self.message }))).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"flamefleet-artifacts\""),
-            );
-        }
-        response
+        (self.status, Json(json!({ "error": self.message }))).into_response()
     }
 }
 
@@ -107,14 +99,11 @@ impl From<StoreError> for HttpError {
 #[derive(Clone)]
 struct ServerState {
     store: Arc<BuiltinStore>,
-    authorizer: Arc<dyn DownloadAuthorizer>,
 }
 
 /// The HTTP routes of the built-in store, ready to be served with `axum::serve`.
 ///
-/// `authorizer` decides bearer-token downloads; use
-/// [`RejectTokens`](crate::store::authorize::RejectTokens) to allow signed URLs only.
-pub fn router(store: Arc<BuiltinStore>, authorizer: Arc<dyn DownloadAuthorizer>) -> Router {
+pub fn router(store: Arc<BuiltinStore>) -> Router {
     let artifacts = format!("/{ARTIFACTS_PATH}{{*key}}");
     Router::new()
         .route("/healthz", get(healthz))
@@ -128,7 +117,7 @@ pub fn router(store: Arc<BuiltinStore>, authorizer: Arc<dyn DownloadAuthorizer>)
         .route(&format!("/{REQUESTS_PATH}{{*prefix}}"), get(list_request))
         // Uploads are bounded by the signed limit while streaming, not by a global cap.
         .layer(DefaultBodyLimit::disable())
-        .with_state(ServerState { store, authorizer })
+        .with_state(ServerState { store })
 }
 
 async fn healthz() -> &'static str {
@@ -244,17 +233,15 @@ async fn get_artifact(
     State(state): State<ServerState>,
     uri: Uri,
     Query(query): Query<SignedQuery>,
-    headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let key = artifact_key(&uri)?;
-    if query.is_signed() {
-        state
-            .store
-            .signer()
-            .verify("GET", &key.to_string(), &query, now())?;
-    } else {
-        authorize_bearer(&state, &headers, key.request()).await?;
-    }
+    // Only signed URLs: the operator signs short-lived ones for users who asked with a
+    // ProfileDownload (authorized by the API server), so the store never sees, and never
+    // has to judge, a user's credentials.
+    state
+        .store
+        .signer()
+        .verify("GET", &key.to_string(), &query, now())?;
     let (file, digest) = state.store.open_artifact(&key).await?;
     let mut response = Body::from_stream(ReaderStream::new(file)).into_response();
     let h = response.headers_mut();
@@ -271,39 +258,6 @@ async fn get_artifact(
         h.insert(SHA256_HEADER, v);
     }
     Ok(response)
-}
-
-async fn authorize_bearer(
-    state: &ServerState,
-    headers: &HeaderMap,
-    request: &RequestRef,
-) -> Result<(), HttpError> {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| {
-            HttpError::new(
-                StatusCode::UNAUTHORIZED,
-                "no credentials: use a signed download URL or send `Authorization: Bearer <kubernetes token>`",
-            )
-        })?;
-    match state.authorizer.authorize(token, request).await {
-        Ok(Decision::Allowed) => Ok(()),
-        Ok(Decision::Unauthenticated { reason }) => {
-            Err(HttpError::new(StatusCode::UNAUTHORIZED, reason))
-        }
-        Ok(Decision::Denied { reason }) => Err(HttpError::new(StatusCode::FORBIDDEN, reason)),
-        Err(e) => {
-            tracing::warn!(error = %e, "download authorization failed");
-            Err(HttpError::new(
-                StatusCode::BAD_GATEWAY,
-                format!("could not check the bearer token: {e}"),
-            ))
-        }
-    }
 }
 
 async fn delete_request(

@@ -1,0 +1,194 @@
+//! Downloads never carry a user's credentials outside the API server, and are authorized
+//! when asked for:
+//! - a URL written into a ProfileRequest's status (by anyone: a compromised node, an
+//!   attacker with status access) is never contacted; the CLI downloads only from URLs the
+//!   operator signs in answer to a ProfileDownload;
+//! - the API server refuses a ProfileDownload of a request the user may not `get`
+//!   (admission policy), and revoking the user's RBAC revokes their next download.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use flamefleet_api::{NodePhase, ProfileDownload, ProfileDownloadSpec, RequestPhase};
+use flamefleet_e2e::test_namespace::download_rules;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::config::Kubeconfig;
+use support::{Store, cli, cpu_profile, create_request, files, node, write_status};
+use tokio::io::AsyncReadExt as _;
+
+/// The admin kubeconfig with its user replaced by `token` only.
+fn token_kubeconfig(admin: &Path, token: &str, out: &Path) -> PathBuf {
+    let mut kc = Kubeconfig::read_from(admin).unwrap();
+    for user in &mut kc.auth_infos {
+        user.auth_info = Some(kube::config::AuthInfo {
+            token: Some(token.to_string().into()),
+            ..Default::default()
+        });
+    }
+    std::fs::write(out, serde_yaml::to_string(&kc).unwrap()).unwrap();
+    out.to_path_buf()
+}
+
+/// Runs the CLI until it exits with `code`, for up to 15 s: RBAC changes reach the API
+/// server's authorizer through its informers, a moment after the write.
+async fn cli_until(code: i32, kc: &Path, ns: &str, args: &[&str]) -> support::Run {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = cli(kc, ns, args).await;
+        if r.code == code || tokio::time::Instant::now() > deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A listener that counts connections and keeps whatever bytes arrive.
+async fn trap() -> (String, Arc<AtomicUsize>, Arc<std::sync::Mutex<Vec<u8>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (h, s) = (hits.clone(), seen.clone());
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            h.fetch_add(1, Ordering::SeqCst);
+            let mut buf = vec![0u8; 8192];
+            if let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf)).await
+            {
+                s.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        }
+    });
+    (format!("http://{addr}"), hits, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn urls_in_the_status_are_never_contacted_and_tokens_stay_home() {
+    let ns = support::namespace("cli-trust").await;
+    let store = Store::start_for(&ns).await;
+    let req = create_request(&ns, "checkout").await;
+    let mut artifact = store
+        .upload(&req, "cpu-node-a.pb.gz", &cpu_profile("trusted_fn"))
+        .await;
+    // What a compromised node (or anyone able to write the status) would plant.
+    let (evil, hits, seen) = trap().await;
+    artifact.url = Some(format!("{evil}/v1/artifacts/steal"));
+    write_status(
+        &ns,
+        "checkout",
+        RequestPhase::Succeeded,
+        vec![node("node-a", NodePhase::Succeeded, None, vec![artifact])],
+    )
+    .await;
+    // A user holding a bearer token: the kind of credential that could leak.
+    ns.grant_get_profile_request("reader", "checkout")
+        .await
+        .unwrap();
+    let kcdir = tempfile::tempdir().unwrap();
+    let reader = token_kubeconfig(
+        &support::admin_kubeconfig(&ns),
+        &ns.service_account_token("reader").await.unwrap(),
+        &kcdir.path().join("reader"),
+    );
+    let out = tempfile::tempdir().unwrap();
+    let r = cli_until(
+        0,
+        &reader,
+        ns.name(),
+        &["get", "checkout", "-o", out.path().to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "the CLI contacted the URL from the status; it sent: {}",
+        String::from_utf8_lossy(&seen.lock().unwrap())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_are_authorized_per_request_when_asked_and_revocable() {
+    let ns = support::namespace("cli-authz").await;
+    let store = Store::start_for(&ns).await;
+    for name in ["mine", "theirs"] {
+        let req = create_request(&ns, name).await;
+        let a = store
+            .upload(&req, "cpu-node-a.pb.gz", &cpu_profile("authz_fn"))
+            .await;
+        write_status(
+            &ns,
+            name,
+            RequestPhase::Succeeded,
+            vec![node("node-a", NodePhase::Succeeded, None, vec![a])],
+        )
+        .await;
+    }
+    // A user with a client certificate (no token at all) who may get "mine" only, and
+    // create ProfileDownloads.
+    let user = ns.unique("alice");
+    let kc = ns.control_plane().kubeconfig_for_user(&user, &[]).unwrap();
+    let binding = ns
+        .bind_rules("User", &user, "download-mine", download_rules("mine"))
+        .await
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let r = cli_until(0, &kc, ns.name(), &["get", "mine", "-o", dir]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
+
+    // Asking for "theirs" directly through the API: the admission policy refuses it, even
+    // though RBAC lets the user create ProfileDownloads.
+    let client = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            Kubeconfig::read_from(&kc).unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    let downloads: Api<ProfileDownload> = Api::namespaced(client, ns.name());
+    let ask = |requests: Vec<&str>| ProfileDownload {
+        metadata: ObjectMeta {
+            generate_name: Some("t-".into()),
+            ..Default::default()
+        },
+        spec: ProfileDownloadSpec {
+            requests: requests.into_iter().map(String::from).collect(),
+        },
+        status: None,
+    };
+    let refused = downloads
+        .create(&PostParams::default(), &ask(vec!["mine", "theirs"]))
+        .await
+        .expect_err("a download of a request the user may not get");
+    let text = refused.to_string();
+    assert!(
+        text.contains("may not get every ProfileRequest of mine, theirs"),
+        "{text}"
+    );
+
+    // Revoking the user's RBAC revokes the next download (exit 8, nothing written).
+    ns.api::<k8s_openapi::api::rbac::v1::RoleBinding>()
+        .delete(&binding, &DeleteParams::default())
+        .await
+        .unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    let r = cli_until(
+        8,
+        &kc,
+        ns.name(),
+        &["get", "mine", "-o", empty.path().to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(r.code, 8, "{r:?}");
+    assert_eq!(files(empty.path()), Vec::<String>::new());
+}

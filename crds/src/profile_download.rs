@@ -1,0 +1,104 @@
+//! `ProfileDownload`: a user's request for short-lived download URLs of finished
+//! ProfileRequests' artifacts.
+//!
+//! Why an object instead of URLs in the ProfileRequest status: the API server authorizes
+//! the download at the moment it is asked for. Creating a `ProfileDownload` needs RBAC
+//! `create` on `profiledownloads` in the namespace, and the `flamefleet-profile-download`
+//! ValidatingAdmissionPolicy (`crds/policies/`) additionally requires `get` on every named
+//! ProfileRequest, so revoking a user's access revokes their next download. The operator
+//! answers in the status with URLs the store signed for a few minutes. No user credential is
+//! ever sent to the store, and no long-lived URL is kept anywhere.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Most ProfileRequests one download may name.
+pub const MAX_DOWNLOAD_REQUESTS: usize = 100;
+
+/// The ProfileRequests (of this namespace) whose artifacts to download.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "flamefleet.dev",
+    version = "v1alpha1",
+    kind = "ProfileDownload",
+    namespaced,
+    shortname = "pdl",
+    category = "flamefleet",
+    status = "ProfileDownloadStatus",
+    derive = "PartialEq",
+    doc = "A request for short-lived download URLs of ProfileRequests' artifacts, authorized by the API server when created",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Expires", type_ = "date", json_path = ".status.expiresAt"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.spec == oldSelf.spec").message("spec is immutable: create a new ProfileDownload")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfileDownloadSpec {
+    /// Names of ProfileRequests in this namespace.
+    #[schemars(length(min = 1, max = 100), inner(length(min = 1, max = 253)))]
+    #[x_kube(validation = Rule::new("self.all(n, n.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$'))").message("each entry must be a ProfileRequest name"))]
+    pub requests: Vec<String>,
+}
+
+/// Where the answer stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum DownloadPhase {
+    /// URLs are in the status until `expiresAt`.
+    Ready,
+    /// Nothing can be downloaded (see `message`).
+    Failed,
+    /// The URLs expired; the object is deleted soon.
+    Expired,
+}
+
+/// The operator's answer.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfileDownloadStatus {
+    /// Ready, Failed or Expired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<DownloadPhase>,
+    /// When the URLs stop working.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+    /// PEM CA certificate(s) of the store's TLS certificate when it is not publicly trusted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
+    /// One URL per artifact of the named requests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<DownloadUrl>,
+    /// Named requests that have nothing to download, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedRequest>,
+    /// Why the download failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// `Ready` (true once answered).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// A signed URL of one artifact.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DownloadUrl {
+    /// The ProfileRequest.
+    pub request: String,
+    /// The artifact's name (as in the request's status).
+    pub name: String,
+    /// Where to GET it until `expiresAt`.
+    pub url: String,
+}
+
+/// A named request without artifacts to download.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedRequest {
+    /// The ProfileRequest.
+    pub request: String,
+    /// Why (not found, not finished, no artifacts).
+    pub reason: String,
+}
