@@ -12,6 +12,7 @@ use kube::runtime::events::{Recorder, Reporter};
 
 use crate::controller::agent_client::AgentConnector;
 use crate::controller::dispatch::{DispatchSettings, Dispatcher};
+use crate::controller::limits::TenantLimits;
 use crate::controller::uploads::UrlPolicy;
 use crate::controller::{self, Context};
 use crate::downloads::{self, DownloadContext};
@@ -139,6 +140,19 @@ pub struct Options {
     /// Time allowed beyond the capture duration before a node is declared timed out.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub capture_grace: Duration,
+    /// Captures running at once in the whole cluster; more wait, Pending (0: unlimited).
+    #[arg(long, default_value_t = 100)]
+    pub max_concurrent_captures: u32,
+    /// Captures running at once in one namespace; more wait, Pending (0: unlimited). A
+    /// namespace's `flamefleet.dev/max-concurrent-captures` annotation overrides it.
+    #[arg(long, default_value_t = 10)]
+    pub max_concurrent_captures_per_namespace: u32,
+    /// Smallest heap.sampleBytes a request may ask for (smaller ones fail).
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub min_heap_sample_bytes: i64,
+    /// Highest cpu.frequencyHz a request may ask for (higher ones fail).
+    #[arg(long, default_value_t = 1000)]
+    pub max_cpu_frequency_hz: i32,
     /// Timeout of a connection attempt to an agent.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub agent_connect_timeout: Duration,
@@ -379,6 +393,13 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         metrics: metrics.clone(),
     });
     let context = Arc::new(Context {
+        limits: TenantLimits {
+            max_concurrent: options.max_concurrent_captures,
+            max_concurrent_per_namespace: options.max_concurrent_captures_per_namespace,
+            min_heap_sample_bytes: options.min_heap_sample_bytes,
+            max_cpu_frequency_hz: options.max_cpu_frequency_hz,
+        },
+        request_selector: options.request_selector.clone(),
         client,
         store,
         dispatcher,

@@ -298,6 +298,8 @@ pub struct PipelineOptions {
     pub nodes: usize,
     pub capture_grace: Duration,
     pub lease_seconds: u64,
+    /// More flags for the operator (e.g. tenant limits).
+    pub operator_args: Vec<String>,
 }
 
 impl Default for PipelineOptions {
@@ -306,6 +308,7 @@ impl Default for PipelineOptions {
             nodes: 2,
             capture_grace: Duration::from_secs(20),
             lease_seconds: 4,
+            operator_args: Vec::new(),
         }
     }
 }
@@ -527,6 +530,7 @@ impl Pipeline {
                 &format!("{}s", self.options.capture_grace.as_secs()),
             ])
             .args(["--request-selector", &format!("{RUN_LABEL}={}", self.id)])
+            .args(&self.options.operator_args)
             .env(
                 "RUST_LOG",
                 "info,flamefleet_operator=debug,kube_lease_manager=warn",

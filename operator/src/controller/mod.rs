@@ -5,6 +5,7 @@ pub mod agent_client;
 pub mod agents;
 pub mod aggregate;
 pub mod dispatch;
+pub mod limits;
 pub mod node_outcome;
 pub mod profile_request;
 pub mod resolve;
@@ -41,6 +42,10 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Namespace of the agent pods.
     pub agent_namespace: String,
+    /// Per-tenant cost limits.
+    pub limits: limits::TenantLimits,
+    /// The operator's `--request-selector` (limits count only this shard's requests).
+    pub request_selector: Option<String>,
 }
 
 impl std::fmt::Debug for Context {

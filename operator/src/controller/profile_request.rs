@@ -21,7 +21,7 @@ use super::aggregate::{aggregate, outcome_message};
 use super::dispatch::{CapturePlan, NodePlan, Session};
 use super::node_outcome::{NodeFailure, NodeOutcome};
 use super::ttl::{TtlAction, ttl_action};
-use super::{Context, agents, resolve, status};
+use super::{Context, agents, limits, resolve, status};
 use crate::store::RequestRef;
 use crate::{Error, Result};
 
@@ -36,6 +36,11 @@ pub const CONDITION_RESOLVED: &str = "Resolved";
 pub const CONDITION_COMPLETED: &str = "Completed";
 /// Condition: some nodes failed.
 pub const CONDITION_DEGRADED: &str = "Degraded";
+
+/// Condition: the request waits for a concurrency limit (Pending; see `limits`).
+pub const CONDITION_QUEUED: &str = "Queued";
+/// How often a queued request checks whether it may start.
+const QUEUED_RECHECK: Duration = Duration::from_secs(2);
 
 /// How often a Running request is looked at even without news (a safety net: the
 /// dispatcher re-queues the request as each node ends).
@@ -185,6 +190,16 @@ async fn start(
         Ok(r) => r,
         Err(e) => return fail_request(&request, ctx, api, "InvalidName", e.to_string()).await,
     };
+    if let Err(message) = limits::check_spec(spec, &ctx.limits) {
+        return fail_request(&request, ctx, api, "OutsideLimits", message).await;
+    }
+    let running = limits::running(&ctx.client, ctx.request_selector.as_deref()).await?;
+    let namespace_limit = limits::namespace_limit(&ctx.client, &ids.namespace, &ctx.limits).await?;
+    if let Err(message) =
+        limits::check_concurrency(&running, &ids.namespace, namespace_limit, &ctx.limits)
+    {
+        return queue(&request, ctx, api, message).await;
+    }
     let resolution = match resolve::resolve(&ctx.client, &ids.namespace, spec).await {
         Ok(r) => r,
         Err(Error::Selector(m)) => {
@@ -265,6 +280,23 @@ async fn start(
             now(),
         ),
     );
+    if status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_QUEUED)
+    {
+        set_condition(
+            &mut status.conditions,
+            new_condition(
+                CONDITION_QUEUED,
+                false,
+                "Started",
+                "a capture slot is free",
+                ids.generation,
+                now(),
+            ),
+        );
+    }
     set_condition(
         &mut status.conditions,
         new_condition(
@@ -444,6 +476,39 @@ async fn progress(
 }
 
 /// Marks the whole request Failed (nothing can be captured) with a reason and message.
+/// Keeps the request Pending with a `Queued` condition saying why, and checks again soon.
+async fn queue(
+    request: &ProfileRequest,
+    ctx: &Context,
+    api: &Api<ProfileRequest>,
+    message: String,
+) -> Result<Action> {
+    let ids = ids(request)?;
+    let current = request.status.clone().unwrap_or_default();
+    let already = current
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_QUEUED && c.status == "True" && c.message == message);
+    if !already {
+        let mut status = operator_fields(&current);
+        status.phase = Some(RequestPhase::Pending);
+        set_condition(
+            &mut status.conditions,
+            new_condition(
+                CONDITION_QUEUED,
+                true,
+                "ConcurrencyLimit",
+                &message,
+                ids.generation,
+                now(),
+            ),
+        );
+        status::apply(api, &ids.name, &status).await?;
+        publish(ctx, request, EventType::Normal, "Queued", message).await;
+    }
+    Ok(Action::requeue(QUEUED_RECHECK))
+}
+
 async fn fail_request(
     request: &ProfileRequest,
     ctx: &Context,

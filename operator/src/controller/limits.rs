@@ -1,0 +1,230 @@
+//! Per-tenant cost limits, set by the cluster admin: how many captures may run at once in the
+//! cluster and in each namespace, the smallest heap sampling interval and the highest CPU
+//! sampling frequency a request may ask for.
+//!
+//! Creating ProfileRequests is the only RBAC gate, so without these any tenant allowed to
+//! create them could stack captures on shared nodes (each heap capture traps every allocation
+//! of the allocator it probes) or ask for `sampleBytes: 1`. A request over a concurrency limit
+//! waits (phase Pending, condition `Queued` saying why) until captures finish; a request outside
+//! the spec limits fails with the limit and who sets it. Other namespaces are unaffected by one
+//! namespace's limit.
+
+use std::collections::BTreeMap;
+
+use flamefleet_api::{ProfileRequest, ProfileRequestSpec, ProfileType, RequestPhase};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ListParams};
+
+use crate::{Error, Result};
+
+/// Namespace annotation that overrides the per-namespace limit of concurrent captures
+/// (namespaces are usually editable by cluster admins only).
+pub const NAMESPACE_LIMIT_ANNOTATION: &str = "flamefleet.dev/max-concurrent-captures";
+
+/// The limits, from the operator's flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantLimits {
+    /// Captures running at once in the whole cluster (0: unlimited).
+    pub max_concurrent: u32,
+    /// Captures running at once in one namespace (0: unlimited), unless the namespace's
+    /// [`NAMESPACE_LIMIT_ANNOTATION`] says otherwise.
+    pub max_concurrent_per_namespace: u32,
+    /// Smallest `heap.sampleBytes` accepted.
+    pub min_heap_sample_bytes: i64,
+    /// Highest `cpu.frequencyHz` accepted.
+    pub max_cpu_frequency_hz: i32,
+}
+
+impl Default for TenantLimits {
+    fn default() -> Self {
+        Self {
+            max_concurrent: 100,
+            max_concurrent_per_namespace: 10,
+            min_heap_sample_bytes: 64 * 1024,
+            max_cpu_frequency_hz: 1000,
+        }
+    }
+}
+
+/// Checks a spec against the spec limits (pure); the error is the Failed message.
+pub fn check_spec(
+    spec: &ProfileRequestSpec,
+    limits: &TenantLimits,
+) -> std::result::Result<(), String> {
+    match spec.profile_type {
+        ProfileType::Cpu => {
+            let hz = spec.frequency_hz();
+            if hz > limits.max_cpu_frequency_hz {
+                return Err(format!(
+                    "cpu.frequencyHz {hz} is above this cluster's limit of {} Hz (set by the cluster admin with the operator's --max-cpu-frequency-hz); ask for less",
+                    limits.max_cpu_frequency_hz
+                ));
+            }
+        }
+        ProfileType::Heap => {
+            if let Some(bytes) = spec.heap_options().sample_bytes
+                && bytes < limits.min_heap_sample_bytes
+            {
+                return Err(format!(
+                    "heap.sampleBytes {bytes} is below this cluster's minimum of {} bytes (set by the cluster admin with the operator's --min-heap-sample-bytes): smaller intervals cost every allocation on the node; ask for more",
+                    limits.min_heap_sample_bytes
+                ));
+            }
+        }
+        ProfileType::Runqlat => {}
+    }
+    Ok(())
+}
+
+/// Captures running now: in total and by namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Running {
+    /// All running requests.
+    pub total: u32,
+    /// Running requests by namespace.
+    pub by_namespace: BTreeMap<String, u32>,
+}
+
+/// Whether one more capture may start in `namespace` (pure); the error is the `Queued`
+/// message. `namespace_limit` is the namespace's effective limit (0: unlimited).
+pub fn check_concurrency(
+    running: &Running,
+    namespace: &str,
+    namespace_limit: u32,
+    limits: &TenantLimits,
+) -> std::result::Result<(), String> {
+    let here = running.by_namespace.get(namespace).copied().unwrap_or(0);
+    if namespace_limit > 0 && here >= namespace_limit {
+        return Err(format!(
+            "namespace {namespace} already has {here} captures running (limit {namespace_limit}); this request starts when one finishes"
+        ));
+    }
+    if limits.max_concurrent > 0 && running.total >= limits.max_concurrent {
+        return Err(format!(
+            "the cluster already has {} captures running (limit {}); this request starts when one finishes",
+            running.total, limits.max_concurrent
+        ));
+    }
+    Ok(())
+}
+
+/// Counts the Running requests this operator handles (`selector`).
+///
+/// # Errors
+/// API errors.
+pub async fn running(client: &kube::Client, selector: Option<&str>) -> Result<Running> {
+    let api: Api<ProfileRequest> = Api::all(client.clone());
+    let mut params = ListParams::default();
+    if let Some(s) = selector {
+        params = params.labels(s);
+    }
+    let list = api.list(&params).await.map_err(Error::kube(
+        "listing ProfileRequests to count running captures",
+    ))?;
+    let mut out = Running::default();
+    for request in list.items {
+        if request.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Running) {
+            out.total += 1;
+            *out.by_namespace
+                .entry(request.metadata.namespace.unwrap_or_default())
+                .or_default() += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// The effective per-namespace limit: the namespace's annotation when it holds a number,
+/// else the operator's default.
+///
+/// # Errors
+/// API errors.
+pub async fn namespace_limit(
+    client: &kube::Client,
+    namespace: &str,
+    limits: &TenantLimits,
+) -> Result<u32> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let annotated = api
+        .get_opt(namespace)
+        .await
+        .map_err(Error::kube(format!("reading namespace {namespace}")))?
+        .and_then(|ns| ns.metadata.annotations)
+        .and_then(|a| a.get(NAMESPACE_LIMIT_ANNOTATION).cloned());
+    Ok(match annotated.map(|v| v.trim().parse::<u32>()) {
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            tracing::warn!(%namespace, "annotation {NAMESPACE_LIMIT_ANNOTATION} is not a number; using the default limit");
+            limits.max_concurrent_per_namespace
+        }
+        None => limits.max_concurrent_per_namespace,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> ProfileRequestSpec {
+        serde_json::from_value(v).expect("spec")
+    }
+
+    #[test]
+    fn spec_limits_name_the_limit_and_who_sets_it() {
+        let limits = TenantLimits {
+            max_cpu_frequency_hz: 199,
+            ..TenantLimits::default()
+        };
+        let fast = spec(
+            json!({"type": "cpu", "podNames": ["p"], "duration": "1s", "cpu": {"frequencyHz": 500}}),
+        );
+        let err = check_spec(&fast, &limits).unwrap_err();
+        assert!(
+            err.contains("500") && err.contains("199 Hz") && err.contains("--max-cpu-frequency-hz"),
+            "{err}"
+        );
+        let tiny = spec(
+            json!({"type": "heap", "podNames": ["p"], "duration": "1s", "heap": {"sampleBytes": 1}}),
+        );
+        let err = check_spec(&tiny, &limits).unwrap_err();
+        assert!(
+            err.contains("sampleBytes 1") && err.contains("65536"),
+            "{err}"
+        );
+        let fine = spec(json!({"type": "heap", "podNames": ["p"], "duration": "1s"}));
+        assert!(check_spec(&fine, &limits).is_ok());
+        let default_cpu = spec(json!({"type": "cpu", "podNames": ["p"], "duration": "1s"}));
+        assert!(
+            check_spec(&default_cpu, &limits).is_ok(),
+            "99 Hz by default"
+        );
+    }
+
+    #[test]
+    fn one_namespace_at_its_limit_does_not_hold_up_another() {
+        let limits = TenantLimits {
+            max_concurrent: 3,
+            ..TenantLimits::default()
+        };
+        let running = Running {
+            total: 2,
+            by_namespace: BTreeMap::from([("a".to_string(), 2)]),
+        };
+        let err = check_concurrency(&running, "a", 2, &limits).unwrap_err();
+        assert!(
+            err.contains("namespace a already has 2 captures running (limit 2)"),
+            "{err}"
+        );
+        assert!(check_concurrency(&running, "b", 2, &limits).is_ok());
+        assert!(
+            check_concurrency(&running, "a", 0, &limits).is_ok(),
+            "0: unlimited"
+        );
+        let full = Running {
+            total: 3,
+            ..running
+        };
+        let err = check_concurrency(&full, "b", 2, &limits).unwrap_err();
+        assert!(err.contains("cluster already has 3"), "{err}");
+    }
+}
