@@ -4,9 +4,10 @@
 #
 #   sudo scripts/setup.sh
 #
-# Steps: Debian packages; Go and Rust checks; tracefs/bpffs mounts; kube-apiserver, etcd and
-# kubectl built at the pinned versions into $FLAMEFLEET_CACHE/bin (skipped when cached);
-# the extra installers below.
+# Steps: Debian packages; Go and Rust checks; tracefs/bpffs mounts; kube-apiserver, etcd,
+# kubectl, the node's binaries (kubelet, scheduler, controller-manager, kube-proxy, CoreDNS)
+# and images, helm and kubeconform, built at the pinned versions into $FLAMEFLEET_CACHE
+# (skipped when cached); the extra installers below.
 set -euo pipefail
 
 # ---- Debian packages: one per line; add yours here (and say why in a comment) ----
@@ -33,6 +34,13 @@ APT_PACKAGES=(
   nodejs    # node --perf-basic-prof: JIT frames named from the perf map
   # control plane: Debian's etcd is a fallback only (we build etcd 3.6 for kube-apiserver 1.34)
   etcd-server
+  # the one-node cluster (scripts/cluster.sh): container runtime, OCI runtime (runc: crun
+  # refuses hybrid cgroups), pod networking, kube-proxy's iptables and conntrack
+  containerd
+  runc
+  containernetworking-plugins
+  iptables
+  conntrack
   # plumbing
   openssl
   git
@@ -108,6 +116,12 @@ fi
 
 step "local control plane binaries (kube-apiserver, etcd, kubectl)"
 "$REPO/scripts/controlplane.sh" build
+
+step "one-node cluster binaries and images (kubelet, scheduler, controller-manager, kube-proxy, CoreDNS, pause)"
+"$REPO/scripts/cluster.sh" build
+
+step "chart tools (helm, kubeconform)"
+"$REPO/scripts/tools.sh" build
 
 for installer in "${EXTRA_INSTALLERS[@]}"; do
   step "$installer"
