@@ -38,6 +38,12 @@ config() {
     "$1" "$2" "$VERSION" "$REVISION" "$extra"
 }
 
+# strip_debug FILE...: drop DWARF (line tables) from our binaries; symbols stay, so panics
+# still name functions. (The demo workload keeps its debug info: it is what gets profiled.)
+strip_debug() {
+  strip --strip-debug "$@"
+}
+
 cmd_build() {
   local t0=$SECONDS
   echo "building release binaries (cargo build --release; the first build takes a while) ..."
@@ -49,6 +55,7 @@ cmd_build() {
   rootfs_base "$work" 65532
   rootfs_add_binary "$work" "$out/flamefleet-operator" /usr/local/bin/flamefleet-operator
   rootfs_add_binary "$work" "$out/flamefleet-store" /usr/local/bin/flamefleet-store
+  strip_debug "$work"/usr/local/bin/*
   docker_archive "$work" "$REGISTRY/flamefleet-operator:$TAG" "$(tar_of flamefleet-operator)" \
     "$(config '["/usr/local/bin/flamefleet-operator"]' 65532:65532)"
   rm -rf "$work"
@@ -56,6 +63,7 @@ cmd_build() {
   work="$(mktemp -d)"
   rootfs_base "$work" 65532
   rootfs_add_binary "$work" "$out/flamefleet-agent" /usr/local/bin/flamefleet-agent
+  strip_debug "$work"/usr/local/bin/*
   # The agent runs as root (with only the capabilities the chart grants): it reads other
   # processes' /proc entries and loads eBPF programs.
   docker_archive "$work" "$REGISTRY/flamefleet-agent:$TAG" "$(tar_of flamefleet-agent)" \

@@ -13,6 +13,7 @@
 
 pub mod agent_pki;
 pub mod binaries;
+pub mod cluster;
 pub mod control_plane;
 pub mod crds;
 pub mod kubectl;
@@ -21,6 +22,7 @@ pub mod pods;
 pub mod test_namespace;
 pub mod workload;
 
+pub use cluster::Cluster;
 pub use control_plane::{ControlPlane, Lifetime};
 pub use test_namespace::TestNamespace;
 

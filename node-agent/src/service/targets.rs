@@ -11,6 +11,10 @@ use crate::capture::heap::endpoint::{EndpointError, resolve_endpoint};
 use crate::capture::{CaptureTarget, TargetLabels};
 use crate::cgroup::CgroupRoot;
 
+/// The `container` label of samples from a container that started during the capture (a
+/// restart, a new sidecar): it is caught through the pod's cgroup.
+pub const STARTED_DURING_CAPTURE: &str = "(started during capture)";
+
 /// One resolved container (or pod) of a request.
 #[derive(Debug, Clone)]
 pub struct ResolvedTarget {
@@ -79,6 +83,26 @@ pub fn resolve(root: &CgroupRoot, targets: &[Target]) -> Result<Vec<ResolvedTarg
                 Err(e) => errors.push(format!("pod {pod}: {e}")),
             }
         }
+        // The pod's own cgroup too, below its listed containers: the samplers attribute a
+        // task to its deepest target, so containers listed at capture start keep their
+        // names, and a container the kubelet (re)starts during the capture, whose cgroup
+        // nobody could name in advance, is still captured, under the pod.
+        if !t.containers.is_empty()
+            && let Ok(cgroup) = root.resolve_pod(&t.pod_uid, None)
+        {
+            out.push(ResolvedTarget {
+                capture: CaptureTarget {
+                    cgroup,
+                    labels: TargetLabels {
+                        namespace: t.namespace.clone(),
+                        pod: t.pod_name.clone(),
+                        container: STARTED_DURING_CAPTURE.to_owned(),
+                    },
+                },
+                pod_ip: t.pod_ip.clone(),
+                annotations: annotations.clone(),
+            });
+        }
     }
     if errors.is_empty() {
         Ok(out)
@@ -98,7 +122,7 @@ pub fn heap_targets(
 ) -> Vec<HeapTarget> {
     resolved
         .iter()
-        .map(|t| {
+        .filter_map(|t| {
             let mut annotations = t.annotations.clone();
             if endpoint_port != 0 {
                 annotations.insert(
@@ -117,11 +141,16 @@ pub fn heap_targets(
                     tracing::debug!(pod = %t.capture.labels.pod, error = %e, "no heap endpoint")
                 })
                 .ok();
-            HeapTarget {
+            // The pod-level target only widens eBPF coverage to containers started during
+            // the capture; an endpoint would be fetched twice through it.
+            if t.capture.labels.container == STARTED_DURING_CAPTURE && endpoint.is_some() {
+                return None;
+            }
+            Some(HeapTarget {
                 labels: t.capture.labels.clone(),
                 cgroup: Some(t.capture.cgroup.clone()),
                 endpoint,
-            }
+            })
         })
         .collect()
 }

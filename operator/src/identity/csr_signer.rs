@@ -308,15 +308,28 @@ impl CsrSigner {
             }
         };
         let encoded = k8s_openapi::ByteString(chain.into_bytes());
-        api.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"certificate": encoded}})),
-        )
-        .await
-        .map_err(Error::kube(format!(
-            "writing the certificate of CSR {name}"
-        )))?;
+        match api
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"certificate": encoded}})),
+            )
+            .await
+        {
+            Ok(_) => {}
+            // Our watch was behind: an earlier event of this CSR already got it signed (the
+            // API server never replaces an issued certificate).
+            Err(kube::Error::Api(status))
+                if status.code == 422 && status.message.contains("existing certificate") =>
+            {
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(Error::kube(format!(
+                    "writing the certificate of CSR {name}"
+                ))(e));
+            }
+        }
         let expires = jiff::Timestamp::try_from(not_after)
             .map(|t| t.to_string())
             .unwrap_or_default();

@@ -154,20 +154,46 @@ pub fn capture(
     } else {
         None
     };
-    let (mut session_object, mut classic_object) = (MaybeUninit::uninit(), MaybeUninit::uninit());
-    let session = if opts.force_classic_uprobes {
-        Err(())
+    let mut objects: [MaybeUninit<libbpf_rs::OpenObject>; 3] = [
+        MaybeUninit::uninit(),
+        MaybeUninit::uninit(),
+        MaybeUninit::uninit(),
+    ];
+    let [session_object, multi_object, classic_object] = &mut objects;
+    // Best first: session uprobes (Linux 6.13+: no return trap for unsampled calls), then
+    // uprobe_multi links (6.6+), then perf-event uprobes. The two link-based modes need only
+    // CAP_BPF and CAP_PERFMON; perf-event uprobes need CAP_SYS_ADMIN on recent kernels.
+    let (skel, mode) = if opts.force_classic_uprobes {
+        (
+            load(
+                classic_object,
+                opts,
+                ProbeMode::Classic,
+                unwinder.as_deref(),
+            )?,
+            ProbeMode::Classic,
+        )
+    } else if let Ok(skel) = load(
+        session_object,
+        opts,
+        ProbeMode::Session,
+        unwinder.as_deref(),
+    ) {
+        (skel, ProbeMode::Session)
+    } else if let Ok(skel) = load(multi_object, opts, ProbeMode::Multi, unwinder.as_deref()) {
+        (skel, ProbeMode::Multi)
     } else {
-        load(&mut session_object, opts, true, unwinder.as_deref()).map_err(|_| ())
+        (
+            load(
+                classic_object,
+                opts,
+                ProbeMode::Classic,
+                unwinder.as_deref(),
+            )?,
+            ProbeMode::Classic,
+        )
     };
-    let (skel, session) = match session {
-        Ok(skel) => (skel, true),
-        // Kernels before 6.13 have no session uprobes: classic entry + return probes.
-        Err(()) => (
-            load(&mut classic_object, opts, false, unwinder.as_deref())?,
-            false,
-        ),
-    };
+    let session = mode == ProbeMode::Session;
     for (i, t) in targets.iter().enumerate() {
         let value = types::ff_target {
             index: i as u32 + 1,
@@ -204,7 +230,7 @@ pub fn capture(
                 .map_err(|e| CaptureError::bpf("attaching the exec tracepoint", e))?,
         );
         let mut attacher = Attacher {
-            session,
+            mode,
             ..Attacher::default()
         };
         attacher.rescan(&skel, targets, &mut links, &mut stats)?;
@@ -288,18 +314,45 @@ fn register_new_processes(
     }
 }
 
-/// Opens, sizes and loads the heap programs, with or without the session
-/// uprobe program (Linux 6.13+).
+/// How uprobes are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum ProbeMode {
+    /// malloc-like entry points as session uprobes, the others as uprobe_multi links
+    /// (Linux 6.13+).
+    Session,
+    /// Every entry and return probe as a uprobe_multi link (Linux 6.6+).
+    Multi,
+    /// Perf-event uprobes (any kernel; CAP_SYS_ADMIN on recent ones).
+    #[default]
+    Classic,
+}
+
+/// Opens, sizes and loads the heap programs for `mode`.
 fn load<'obj>(
     open_object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
     opts: &EbpfHeapOptions,
-    session: bool,
+    mode: ProbeMode,
     unwinder: Option<&Unwinder>,
 ) -> Result<HeapSkel<'obj>> {
     let mut open = HeapSkelBuilder::default()
         .open(open_object)
         .map_err(|e| CaptureError::bpf("opening the heap BPF object", e))?;
-    open.progs.malloc_session.set_autoload(session);
+    open.progs
+        .malloc_session
+        .set_autoload(mode == ProbeMode::Session);
+    if mode != ProbeMode::Classic {
+        for prog in [
+            &mut open.progs.malloc_enter,
+            &mut open.progs.calloc_enter,
+            &mut open.progs.realloc_enter,
+            &mut open.progs.memalign_enter,
+            &mut open.progs.posix_memalign_enter,
+            &mut open.progs.free_enter,
+            &mut open.progs.alloc_exit,
+        ] {
+            prog.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
+        }
+    }
     let table = sampling::gap_table(opts.sample_bytes, GAP_TABLE_SIZE);
     let rodata =
         open.maps
@@ -360,8 +413,8 @@ fn load<'obj>(
 /// once per binary (inode).
 #[derive(Default)]
 struct Attacher {
-    /// Attach malloc-like entry points as session uprobes (no return trap unless sampled).
-    session: bool,
+    /// How to attach.
+    mode: ProbeMode,
     finder: AllocatorFinder,
     attached: HashSet<(u64, u64)>,
 }
@@ -384,7 +437,7 @@ impl Attacher {
                     for ep in &bin.entry_points {
                         let what =
                             || format!("attaching a uprobe to {} in {}", ep.symbol, bin.name);
-                        if self.session && ep.kind == EntryKind::Malloc {
+                        if self.mode == ProbeMode::Session && ep.kind == EntryKind::Malloc {
                             let opts = libbpf_rs::UprobeMultiOpts {
                                 offsets: vec![ep.probe_offset as usize],
                                 session: true,
@@ -407,9 +460,19 @@ impl Attacher {
                             EntryKind::PosixMemalign => &skel.progs.posix_memalign_enter,
                             EntryKind::Free => &skel.progs.free_enter,
                         };
+                        let mode = self.mode;
                         let attach = |p: &libbpf_rs::ProgramMut<'_>, ret: bool| {
-                            p.attach_uprobe(ret, -1, &bin.path, ep.probe_offset as usize)
-                                .map_err(|e| CaptureError::bpf(what(), e))
+                            if mode == ProbeMode::Classic {
+                                p.attach_uprobe(ret, -1, &bin.path, ep.probe_offset as usize)
+                            } else {
+                                let opts = libbpf_rs::UprobeMultiOpts {
+                                    offsets: vec![ep.probe_offset as usize],
+                                    retprobe: ret,
+                                    ..Default::default()
+                                };
+                                p.attach_uprobe_multi_with_opts(-1, &bin.path, "", opts)
+                            }
+                            .map_err(|e| CaptureError::bpf(what(), e))
                         };
                         links.push(attach(prog, false)?);
                         if ep.kind.allocates() {
