@@ -1,76 +1,105 @@
 #!/usr/bin/env bash
-# Sets everything up and runs Flamefleet locally, end to end:
+# Sets everything up and runs Flamefleet locally, end to end, on a real one-node cluster:
 #
-#   sudo scripts/demo.sh          install prerequisites, build, start a fresh local control
-#                                 plane, install the CRDs, apply examples/, then run the main
-#                                 job: a demo workload in a pod-shaped cgroup, a node agent and
-#                                 the operator as processes, and `kubectl profile cpu|heap|runqlat`
-#                                 capturing it and downloading real profiles
-#   sudo scripts/demo.sh down     stop the local control plane
+#   scripts/demo.sh          install prerequisites; start the one-node cluster (kubelet,
+#                            containerd, kube-proxy, CoreDNS: scripts/cluster.sh); build and
+#                            import the images; helm install Flamefleet from charts/flamefleet;
+#                            deploy the demo workload; profile it with
+#                            `kubectl profile cpu|heap|runqlat` and download real profiles
+#   scripts/demo.sh down     uninstall Flamefleet and stop the cluster
 #
-# The control plane keeps running after the demo; use the kubeconfig it prints. Profiles,
-# logs and state go to $FLAMEFLEET_DEMO_DIR (default <repo>/.flamefleet/demo).
+# Run as root (no sudo needed). The cluster keeps running after the demo; the kubeconfig is
+# printed at the end. Profiles go to $FLAMEFLEET_DEMO_DIR (default <repo>/.flamefleet/demo).
 set -euo pipefail
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-require_root "it installs packages, loads eBPF programs and creates cgroups"
+require_root "it runs a kubelet and containerd and loads eBPF programs"
 cd "$REPO"
-NS=flamefleet-demo
-CP="$REPO/scripts/controlplane.sh"
-k() { "$CP" kubectl "$@"; }
+
+RELEASE=flamefleet
+SYSTEM_NS=flamefleet-system
+DEMO_NS=flamefleet-demo
+STORE_NODE_PORT=30808
+STORE_DIR=/var/lib/flamefleet/artifacts
+DEMO_DIR="${FLAMEFLEET_DEMO_DIR:-$REPO/.flamefleet/demo}"
+DURATION="${FLAMEFLEET_DEMO_DURATION:-10s}"
+T0=$SECONDS
 
 if [[ "${1:-}" == down ]]; then
-  "$CP" down
+  if "$REPO/scripts/cluster.sh" status 2>/dev/null | grep -q "kube-apiserver .*running"; then
+    eval "$("$REPO/scripts/tools.sh" paths)"
+    KUBECONFIG="$("$REPO/scripts/cluster.sh" env | awk -F= '$1 == "KUBECONFIG" {print $2}')"
+    "$HELM" --kubeconfig "$KUBECONFIG" uninstall "$RELEASE" -n "$SYSTEM_NS" --wait 2>/dev/null || true
+  fi
+  "$REPO/scripts/cluster.sh" down
   exit 0
 fi
 
-[[ "${FLAMEFLEET_SKIP_SETUP:-}" == 1 ]] || { step "prerequisites"; "$REPO/scripts/setup.sh"; }
+[[ "${FLAMEFLEET_SKIP_SETUP:-}" == 1 ]] || { step "prerequisites (scripts/setup.sh)"; "$REPO/scripts/setup.sh"; }
 
-step "build"
-cargo build --workspace --bins
+step "the one-node cluster (scripts/cluster.sh up)"
+"$REPO/scripts/cluster.sh" up
+eval "$("$REPO/scripts/cluster.sh" env | sed 's/^/export /')"
+eval "$("$REPO/scripts/tools.sh" paths)"
+KUBECTL="$FLAMEFLEET_CACHE/bin/kubectl-$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$REPO/e2e/controlplane/go.mod")"
+k() { "$KUBECTL" "$@"; }
 
-step "local control plane (etcd + kube-apiserver, no kubelet), fresh state"
-"$CP" down >/dev/null 2>&1 || true
-"$CP" up
+step "images (release build; imported into the node's containerd) and kubectl profile"
+"$REPO/scripts/images.sh" build
+"$REPO/scripts/images.sh" import
+TAG="$("$REPO/scripts/images.sh" tag)"
+cargo build --release --quiet -p kubectl-profile
+# kubectl finds plugins on PATH: `kubectl profile` runs kubectl-profile.
+mkdir -p "$FLAMEFLEET_CACHE/plugins"
+install -m 0755 "$CARGO_TARGET_DIR/release/kubectl-profile" "$FLAMEFLEET_CACHE/plugins/kubectl-profile"
+export PATH="$FLAMEFLEET_CACHE/plugins:$PATH"
 
-step "CRDs"
-k apply --server-side --field-manager=flamefleet-demo -f crds/
-k wait --for=condition=Established --timeout=60s \
-  crd/profilerequests.flamefleet.dev crd/samplingpolicies.flamefleet.dev crd/clustersamplingpolicies.flamefleet.dev
+step "helm install Flamefleet ($RELEASE in $SYSTEM_NS)"
+# The store runs as UID 65532 and this node has no storage provisioner: a host directory.
+mkdir -p "$STORE_DIR" && chown 65532:65532 "$STORE_DIR"
+"$HELM" upgrade --install "$RELEASE" charts/flamefleet --namespace "$SYSTEM_NS" --create-namespace \
+  --set image.tag="$TAG" --set image.pullPolicy=Never \
+  --set store.persistence.type=hostPath --set store.persistence.hostPath="$STORE_DIR" \
+  --set store.service.type=NodePort --set store.service.nodePort="$STORE_NODE_PORT" \
+  --set store.publicUrl="http://$NODE_IP:$STORE_NODE_PORT/" \
+  --set operator.podDisruptionBudget.enabled=false \
+  --wait --timeout 5m >/dev/null
+k -n "$SYSTEM_NS" get pods -o wide
 
-step "examples/ validate against the API server (server-side dry run)"
-k create namespace "$NS" --dry-run=client -o yaml | k apply -f -
-k apply --dry-run=server -n "$NS" -f examples/
+step "the demo workload: a checkout service (examples/demo-workload)"
+k create namespace "$DEMO_NS" --dry-run=client -o yaml | k apply -f - >/dev/null
+sed "s|image: .*checkout-demo:.*|image: flamefleet.local/checkout-demo:$TAG|" examples/demo-workload/deployment.yaml |
+  k apply -n "$DEMO_NS" -f - >/dev/null
+k -n "$DEMO_NS" rollout status deploy/checkout --timeout 120s
 
-step "the API server validates requests itself (this one must be rejected)"
-if k apply -n "$NS" -f - <<'YAML' 2>&1; then die "an invalid ProfileRequest was accepted"; fi
-apiVersion: flamefleet.dev/v1alpha1
-kind: ProfileRequest
-metadata: {name: too-long}
-spec: {type: cpu, podNames: [web-0], duration: 1h, cpu: {frequencyHz: 5000}}
-YAML
+step "profile it: kubectl profile cpu|heap|runqlat deploy/checkout --duration $DURATION"
+rm -rf "$DEMO_DIR/profiles"
+mkdir -p "$DEMO_DIR/profiles"
+for type in cpu heap runqlat; do
+  ( k profile "$type" deploy/checkout -n "$DEMO_NS" --duration "$DURATION" \
+      -o "$DEMO_DIR/profiles" --format svg >"$DEMO_DIR/$type.log" 2>&1 ||
+      { echo "kubectl profile $type failed:"; cat "$DEMO_DIR/$type.log"; exit 1; } ) &
+done
+fail=0
+for job in $(jobs -p); do wait "$job" || fail=1; done
+((fail == 0)) || die "a capture failed (logs in $DEMO_DIR)"
 
-KUBECONFIG_PATH="$("$CP" paths | awk -F= '$1 == "KUBECONFIG" {print $2}')"
-KUBECTL_PATH="$("$CP" paths | awk -F= '$1 == "KUBECTL" {print $2}')"
-DEMO_DIR="${FLAMEFLEET_DEMO_DIR:-$REPO/.flamefleet/demo}"
+step "results"
+for type in cpu heap; do
+  echo "--- $type: top functions (go tool pprof -top)"
+  go tool pprof -top "$DEMO_DIR/profiles/$type-$NODE_NAME.pb.gz" 2>/dev/null | sed -n '1,12p'
+done
+echo "--- runqlat: run-queue latency of the checkout pod"
+sed -n '1,30p' "$DEMO_DIR/profiles/runqlat-$NODE_NAME.txt"
+k get preq -n "$DEMO_NS"
 
-step "the main job: agent + operator + demo workload, profiled with kubectl profile"
-"$CARGO_TARGET_DIR/debug/flamefleet-demo" \
-  --kubeconfig "$KUBECONFIG_PATH" \
-  --dir "$DEMO_DIR" \
-  --bins "$CARGO_TARGET_DIR/debug" \
-  --workload "$REPO/examples/demo-workload/checkout.c" \
-  --duration "${FLAMEFLEET_DEMO_DURATION:-10s}"
+cat <<EOF
 
-step "kubectl get preq -n $NS"
-k get preq -n "$NS"
-
-cat <<EOF2
-
-The local control plane keeps running. Try:
-  export KUBECONFIG=$KUBECONFIG_PATH
-  $KUBECTL_PATH get preq -n $NS   (or: scripts/controlplane.sh kubectl get preq -A)
-  $CARGO_TARGET_DIR/debug/kubectl-profile list -n $NS
-Profiles: $DEMO_DIR/profiles
-Stop it with: sudo scripts/demo.sh down
-EOF2
+Done in $((SECONDS - T0))s. Profiles and flame graphs (SVG): $DEMO_DIR/profiles
+The cluster keeps running. Look around:
+  export KUBECONFIG=$KUBECONFIG PATH=$FLAMEFLEET_CACHE/plugins:\$PATH
+  $KUBECTL get preq -n $DEMO_NS
+  $KUBECTL profile cpu deploy/checkout -n $DEMO_NS --duration 30s
+  $KUBECTL profile list -n $DEMO_NS
+Stop everything: scripts/demo.sh down
+EOF

@@ -316,3 +316,42 @@ fn tool_binary(name: &str) -> PathBuf {
         })
         .unwrap_or_else(|| PathBuf::from(name.to_ascii_lowercase()))
 }
+
+/// `kubectl-profile`, built (once per process) in the cargo target directory of the running
+/// test, so the CLI under test is the one of this checkout.
+///
+/// # Errors
+/// When cargo fails.
+pub fn kubectl_profile_binary() -> Result<PathBuf> {
+    static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        // <target>/<profile>/deps/<test-exe>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("the test executable is not under <target>/<profile>/deps")?;
+        let target_dir = profile_dir
+            .parent()
+            .ok_or("the test executable is not under <target>/<profile>")?;
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .args(["build", "-p", "kubectl-profile", "--bin", "kubectl-profile"])
+            .env("CARGO_TARGET_DIR", target_dir)
+            .current_dir(repo_root());
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let out = build.output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "building kubectl-profile failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(profile_dir.join("kubectl-profile"))
+    })
+    .clone()
+    .map_err(Error::SharedUnavailable)
+}

@@ -1,0 +1,579 @@
+//! Flamefleet on a real Kubernetes node: the one-node cluster of `scripts/cluster.sh`
+//! (kubelet, containerd + runc, kube-proxy, CoreDNS), images built in this run and imported,
+//! the chart installed with `helm`, and a workload Deployment profiled with
+//! `kubectl profile`. Container IDs come from the kubelet, cgroups from runc, the agent runs
+//! as the chart's DaemonSet with only the chart's privileges and gets its node certificate
+//! through a CSR the operator signs.
+//!
+//! One test, in steps, because they share one installation and the last steps (upgrade,
+//! uninstall) change it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use flamefleet_api::{ProfileRequest, RequestPhase};
+use flamefleet_e2e::Cluster;
+use flamefleet_e2e::cluster::kubectl_profile_binary;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::{Value, json};
+
+const RELEASE: &str = "flamefleet";
+const NAMESPACE: &str = "flamefleet-system";
+const STORE_NODE_PORT: u16 = 30808;
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+fn step(what: &str) {
+    eprintln!("\n=== {what}");
+}
+
+/// Runs `kubectl profile ARGS` against the cluster; returns (exit code, stdout, stderr).
+fn kubectl_profile(cluster: &Cluster, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(kubectl_profile_binary().expect("building kubectl-profile"))
+        .args(args)
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .output()
+        .expect("running kubectl-profile");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    eprintln!("$ kubectl profile {}\n{stdout}{stderr}", args.join(" "));
+    (out.status.code().unwrap_or(-1), stdout, stderr)
+}
+
+/// `go tool pprof ARGS FILE`: the referee for every artifact.
+fn pprof(args: &[&str], file: &Path) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        .output()
+        .expect("running go tool pprof (install Go)");
+    assert!(
+        out.status.success(),
+        "go tool pprof {args:?} could not read {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The one `*.pb.gz` file written into `dir`.
+fn profile_in(dir: &Path) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("the output directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .collect();
+    assert_eq!(files.len(), 1, "one pprof in {}: {files:?}", dir.display());
+    files[0].clone()
+}
+
+/// The first function of `go tool pprof -top` output.
+fn top_function(top: &str) -> String {
+    top.lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .nth(1)
+        .and_then(|l| l.split_whitespace().last())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn checkout_deployment(namespace: &str, tag: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "checkout", "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "checkout"}},
+            "template": {
+                "metadata": {"labels": {"app": "checkout"}},
+                "spec": {"containers": [{
+                    "name": "checkout",
+                    "image": format!("flamefleet.local/checkout-demo:{tag}"),
+                    "imagePullPolicy": "Never",
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "64Mi"},
+                        "limits": {"cpu": "1", "memory": "256Mi"},
+                    },
+                }]},
+            },
+        },
+    })
+}
+
+/// Names of the BPF programs the agent loads, from `bpftool prog show`.
+fn loaded_agent_programs() -> Vec<String> {
+    const OURS: &[&str] = &[
+        "on_cpu_sample",
+        "on_exec",
+        "wakeup_task",
+        "switch_task",
+        "malloc_enter",
+        "free_enter",
+        "malloc_session",
+    ];
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "--json"])
+        .output()
+        .expect("running bpftool");
+    let progs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    progs
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .filter(|n| OURS.iter().any(|o| n.starts_with(o)))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flamefleet_installed_with_helm_profiles_real_pods() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the real-node tests run a kubelet and containerd: run as root (scripts/test.sh)"
+    );
+    let cluster = Cluster::shared().expect("the one-node cluster (scripts/cluster.sh up)");
+    let client = cluster.client().await.unwrap();
+
+    step("build the images and install the chart");
+    let tag = cluster.build_images(None, None).expect("building the images");
+    cluster
+        .install_flamefleet(RELEASE, NAMESPACE, &cluster.local_values(&tag, STORE_NODE_PORT))
+        .expect("helm install");
+
+    step("the agent runs with exactly the chart's privileges");
+    let manifest = cluster
+        .helm(&["get", "manifest", RELEASE, "-n", NAMESPACE])
+        .unwrap();
+    let rendered: DaemonSet = manifest
+        .split("\n---")
+        .filter_map(|doc| serde_yaml::from_str::<Value>(doc).ok())
+        .find(|v| v["kind"] == "DaemonSet")
+        .map(|v| serde_json::from_value(v).unwrap())
+        .expect("the chart renders the agent DaemonSet");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let agents = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=flamefleet-agent"))
+        .await
+        .unwrap();
+    assert_eq!(agents.items.len(), 1, "one agent on the one node");
+    let live = agents.items[0].spec.clone().unwrap();
+    let chart = rendered.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        live.containers[0].security_context, chart.containers[0].security_context,
+        "the agent's securityContext is the chart's"
+    );
+    let sc = live.containers[0].security_context.clone().unwrap();
+    assert_eq!(sc.privileged, Some(false));
+    let caps = sc.capabilities.unwrap();
+    assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(
+        caps.add,
+        Some(vec!["BPF".into(), "PERFMON".into(), "SYS_PTRACE".into()])
+    );
+    assert_eq!(live.host_pid, Some(true));
+    let host_paths: Vec<String> = live
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
+        .collect();
+    assert_eq!(host_paths, ["/sys/fs/cgroup"], "the only host path");
+
+    step("each agent proved its node: a CSR the operator approved and signed");
+    let csrs: Value = serde_json::from_str(&cluster.kubectl(&["get", "csr", "-o", "json"]).unwrap())
+        .unwrap();
+    let agent_user = format!("system:serviceaccount:{NAMESPACE}:{RELEASE}-agent");
+    let issued = csrs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["spec"]["signerName"] == "flamefleet.dev/agent-serving")
+        .filter(|c| c["spec"]["username"] == agent_user.as_str())
+        .filter(|c| c["status"]["certificate"].as_str().is_some_and(|s| !s.is_empty()))
+        .count();
+    assert!(issued >= 1, "an issued agent CSR: {csrs:#}");
+    // Anyone else asking for an agent certificate is denied, with the reason.
+    let forged = format!("forged-{}", std::process::id());
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![format!(
+        "{}.agents.flamefleet.internal",
+        cluster.node
+    )])
+    .unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "flamefleet-agent:forged");
+    let request = params.serialize_request(&key).unwrap().pem().unwrap();
+    let csr: k8s_openapi::api::certificates::v1::CertificateSigningRequest =
+        serde_json::from_value(json!({
+            "metadata": {"name": forged},
+            "spec": {
+                "signerName": "flamefleet.dev/agent-serving",
+                "request": k8s_openapi::ByteString(request.into_bytes()),
+                "usages": ["digital signature", "server auth"],
+            }
+        }))
+        .unwrap();
+    let csr_api: Api<k8s_openapi::api::certificates::v1::CertificateSigningRequest> =
+        Api::all(client.clone());
+    csr_api.create(&PostParams::default(), &csr).await.unwrap();
+    let denial = cluster
+        .wait_for("the forged CSR to be denied", TIMEOUT, || {
+            let api = csr_api.clone();
+            let name = forged.clone();
+            async move {
+                let c = api.get(&name).await.ok()?;
+                c.status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == "Denied")
+                    .and_then(|c| c.message)
+            }
+        })
+        .await
+        .unwrap();
+    assert!(
+        denial.contains("only the agent ServiceAccount"),
+        "{denial}"
+    );
+    // The agent's credentials may ask for certificates and nothing about ProfileRequests.
+    // `kubectl auth can-i` exits 0 for yes and 1 for no.
+    let can = |verb: &str, resource: &str, subresource: Option<&str>| {
+        let mut cmd = Command::new(flamefleet_e2e::binaries::kubectl().unwrap());
+        cmd.arg("--kubeconfig")
+            .arg(&cluster.kubeconfig)
+            .args(["auth", "can-i", verb, resource, "--all-namespaces", "--as", &agent_user]);
+        if let Some(sub) = subresource {
+            cmd.arg(format!("--subresource={sub}"));
+        }
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("kubectl auth can-i")
+            .success()
+    };
+    assert!(can("create", "certificatesigningrequests", None));
+    for (verb, resource, sub) in [
+        ("patch", "profilerequests.flamefleet.dev", Some("status")),
+        ("update", "profilerequests.flamefleet.dev", Some("status")),
+        ("get", "profilerequests.flamefleet.dev", None),
+        ("get", "secrets", None),
+        ("list", "pods", None),
+    ] {
+        assert!(
+            !can(verb, resource, sub),
+            "the agent may not {verb} {resource} {sub:?}"
+        );
+    }
+
+    step("a workload Deployment, profiled with kubectl profile");
+    let shop = format!("shop-{}", std::process::id());
+    cluster.kubectl(&["create", "namespace", &shop]).unwrap();
+    let deployment = serde_json::to_string(&checkout_deployment(&shop, &tag)).unwrap();
+    let file = std::env::temp_dir().join(format!("{shop}-checkout.json"));
+    std::fs::write(&file, deployment).unwrap();
+    cluster
+        .kubectl(&["apply", "-f", file.to_str().unwrap()])
+        .unwrap();
+    cluster
+        .kubectl(&["-n", &shop, "rollout", "status", "deploy/checkout", "--timeout=120s"])
+        .unwrap();
+
+    let cpu_dir = tempfile::tempdir().unwrap();
+    let (code, out, _) = kubectl_profile(
+        cluster,
+        &[
+            "cpu",
+            "deploy/checkout",
+            "-n",
+            &shop,
+            "--duration",
+            "5s",
+            "-o",
+            cpu_dir.path().to_str().unwrap(),
+            "--format",
+            "text",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    let cpu = profile_in(cpu_dir.path());
+    let top = pprof(&["-top"], &cpu);
+    assert_eq!(top_function(&top), "price_basket", "{top}");
+    assert!(top.contains("render_receipt"), "{top}");
+    let tags = pprof(&["-tags"], &cpu);
+    assert!(
+        tags.contains("container: checkout") || tags.contains("checkout"),
+        "samples are labelled with the kubelet's container: {tags}"
+    );
+
+    let heap_dir = tempfile::tempdir().unwrap();
+    let (code, out, _) = kubectl_profile(
+        cluster,
+        &[
+            "heap",
+            "deploy/checkout",
+            "-n",
+            &shop,
+            "--duration",
+            "5s",
+            "-o",
+            heap_dir.path().to_str().unwrap(),
+            "--format",
+            "pprof",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    let heap = profile_in(heap_dir.path());
+    let inuse = pprof(&["-sample_index=inuse_space", "-top"], &heap);
+    assert!(inuse.contains("cache_session"), "{inuse}");
+    let alloc = pprof(&["-sample_index=alloc_space", "-top"], &heap);
+    assert!(alloc.contains("scratch_buffer"), "{alloc}");
+
+    let rq_dir = tempfile::tempdir().unwrap();
+    let (code, out, _) = kubectl_profile(
+        cluster,
+        &[
+            "runqlat",
+            "deploy/checkout",
+            "-n",
+            &shop,
+            "--duration",
+            "3s",
+            "-o",
+            rq_dir.path().to_str().unwrap(),
+            "--format",
+            "text",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("usecs") && out.contains("p50"), "{out}");
+
+    step("a container the kubelet restarts during a capture is still profiled");
+    let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), &shop);
+    let pod = Api::<Pod>::namespaced(client.clone(), &shop)
+        .list(&ListParams::default().labels("app=checkout"))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let pod_name = pod.metadata.name.clone().unwrap();
+    let restarts = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .map_or(0, |c| c.restart_count)
+    };
+    let before = restarts(&pod);
+    let request: ProfileRequest = serde_json::from_value(json!({
+        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",
+        "metadata": {"name": "across-restart"},
+        "spec": {"type": "cpu", "podNames": [pod_name], "duration": "30s"},
+    }))
+    .unwrap();
+    requests.create(&PostParams::default(), &request).await.unwrap();
+    cluster
+        .wait_for("the capture to run", TIMEOUT, || {
+            let api = requests.clone();
+            async move {
+                let r = api.get("across-restart").await.ok()?;
+                (r.status?.phase? == RequestPhase::Running).then_some(())
+            }
+        })
+        .await
+        .unwrap();
+    // Kill the container's processes from the host, as an OOM kill would.
+    let uid = pod.metadata.uid.clone().unwrap();
+    let container_id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.container_id.clone())
+        .unwrap();
+    let cid = container_id.rsplit("://").next().unwrap();
+    let procs = walkdir_find(Path::new("/sys/fs/cgroup"), &format!("pod{uid}"), cid)
+        .expect("the container's cgroup under the pod's");
+    for pid in std::fs::read_to_string(procs.join("cgroup.procs")).unwrap().lines() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid.trim().parse().unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &shop);
+    cluster
+        .wait_for("the kubelet to restart the container", TIMEOUT, || {
+            let api = pods_api.clone();
+            let name = pod_name.clone();
+            async move {
+                let p = api.get(&name).await.ok()?;
+                let running = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .and_then(|c| c.first())
+                    .and_then(|c| c.state.as_ref())
+                    .and_then(|s| s.running.as_ref())
+                    .is_some();
+                (restarts(&p) > before && running).then_some(())
+            }
+        })
+        .await
+        .unwrap();
+    let done = cluster
+        .wait_for("the capture across the restart to finish", TIMEOUT, || {
+            let api = requests.clone();
+            async move {
+                let r = api.get("across-restart").await.ok()?;
+                r.status
+                    .as_ref()?
+                    .phase
+                    .filter(|p| p.is_terminal())
+                    .map(|_| r.clone())
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        done.status.as_ref().and_then(|s| s.phase),
+        Some(RequestPhase::Succeeded),
+        "{:#?}",
+        done.status
+    );
+    let restart_dir = tempfile::tempdir().unwrap();
+    let (code, out, _) = kubectl_profile(
+        cluster,
+        &[
+            "get",
+            "across-restart",
+            "-n",
+            &shop,
+            "-o",
+            restart_dir.path().to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    let across = profile_in(restart_dir.path());
+    let tags = pprof(&["-tags"], &across);
+    assert!(
+        tags.contains("(started during capture)"),
+        "samples of the restarted container: {tags}"
+    );
+    let top = pprof(
+        &["-tagfocus=container=(started during capture)", "-top"],
+        &across,
+    );
+    assert!(top.contains("price_basket"), "{top}");
+
+    step("helm upgrade to a changed image keeps finished requests and their artifacts");
+    let new_tag = format!("{tag}-upgrade");
+    cluster
+        .build_images(Some(&new_tag), Some("upgrade-test"))
+        .expect("building the second tag");
+    let mut values = cluster.local_values(&new_tag, STORE_NODE_PORT);
+    values.retain(|v| !v.starts_with("image.tag="));
+    values.push(format!("image.tag={new_tag}"));
+    cluster
+        .install_flamefleet(RELEASE, NAMESPACE, &values)
+        .expect("helm upgrade");
+    let agent_image = cluster
+        .kubectl(&[
+            "-n",
+            NAMESPACE,
+            "get",
+            "ds",
+            &format!("{RELEASE}-agent"),
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ])
+        .unwrap();
+    assert!(agent_image.ends_with(&new_tag), "{agent_image}");
+    let kept_dir = tempfile::tempdir().unwrap();
+    let (code, out, _) = kubectl_profile(
+        cluster,
+        &[
+            "get",
+            "across-restart",
+            "-n",
+            &shop,
+            "-o",
+            kept_dir.path().to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "the artifact outlives the upgrade: {out}");
+    assert_eq!(
+        std::fs::read(profile_in(kept_dir.path())).unwrap(),
+        std::fs::read(&across).unwrap(),
+        "the same bytes (the CLI checked their sha256)"
+    );
+
+    step("helm uninstall leaves no agent BPF program loaded");
+    // A capture in flight when the agent goes: its programs must go with it.
+    let long: ProfileRequest = serde_json::from_value(json!({
+        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",
+        "metadata": {"name": "in-flight"},
+        "spec": {"type": "runqlat", "podNames": [pod_name], "duration": "60s"},
+    }))
+    .unwrap();
+    requests.create(&PostParams::default(), &long).await.unwrap();
+    cluster
+        .wait_for("the agent's programs to be loaded", TIMEOUT, || async {
+            (!loaded_agent_programs().is_empty()).then_some(())
+        })
+        .await
+        .unwrap();
+    cluster
+        .helm(&["uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "3m"])
+        .expect("helm uninstall");
+    let pods_left = pods.clone();
+    cluster
+        .wait_for("the agent pod to be gone", TIMEOUT, || {
+            let api = pods_left.clone();
+            async move {
+                let left = api
+                    .list(&ListParams::default().labels("app.kubernetes.io/name=flamefleet-agent"))
+                    .await
+                    .ok()?;
+                left.items.is_empty().then_some(())
+            }
+        })
+        .await
+        .unwrap();
+    let leftover = cluster
+        .wait_for("the agent's BPF programs to unload", TIMEOUT, || async {
+            loaded_agent_programs().is_empty().then_some(())
+        })
+        .await;
+    assert!(leftover.is_ok(), "still loaded: {:?}", loaded_agent_programs());
+    let _ = cluster.kubectl(&["delete", "namespace", &shop, "--wait=false"]);
+}
+
+/// The directory named `leaf` below a directory named `parent`, anywhere under `root`.
+fn walkdir_find(root: &Path, parent: &str, leaf: &str) -> Option<PathBuf> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if path.file_name().is_some_and(|n| n == leaf)
+                && dir.file_name().is_some_and(|n| n == parent)
+                && path.join("cgroup.procs").exists()
+                && std::fs::read_to_string(path.join("cgroup.procs"))
+                    .is_ok_and(|p| !p.trim().is_empty())
+            {
+                return Some(path);
+            }
+            stack.push(path);
+        }
+    }
+    None
+}
