@@ -76,7 +76,11 @@ fn schema_file(group: &str, version: &str, kind: &str) -> String {
     } else {
         format!(
             "{}-{version}",
-            group.split('.').next().unwrap_or(group).to_ascii_lowercase()
+            group
+                .split('.')
+                .next()
+                .unwrap_or(group)
+                .to_ascii_lowercase()
         )
     };
     format!("{}-{group_part}.json", kind.to_ascii_lowercase())
@@ -88,11 +92,27 @@ async fn write_schemas(client: &kube::Client, dir: &Path) -> usize {
         let client = client.clone();
         async move {
             let req = http::Request::get(path.as_str()).body(Vec::new()).unwrap();
-            let text = client.request_text(req).await.unwrap_or_else(|e| panic!("GET {path}: {e}"));
-            serde_json::from_str::<Value>(&text).unwrap()
+            let text = client
+                .request_text(req)
+                .await
+                .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+            // A group without schemas may answer with an empty body.
+            serde_json::from_str::<Value>(&text).unwrap_or(Value::Null)
         }
     };
-    let index = get("/openapi/v3".into()).await;
+    // The API server publishes a new CRD's OpenAPI a moment after the CRD is Established.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let index = loop {
+        let index = get("/openapi/v3".into()).await;
+        if index["paths"].get("apis/flamefleet.dev/v1alpha1").is_some() {
+            break index;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the API server never published the Flamefleet CRDs' OpenAPI"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
     let mut written = 0;
     for (_, entry) in index["paths"].as_object().unwrap() {
         let url = entry["serverRelativeURL"].as_str().unwrap().to_owned();
@@ -130,7 +150,10 @@ async fn write_schemas(client: &kube::Client, dir: &Path) -> usize {
 fn kubeconform(dir: &Path, manifests: &str) -> (bool, String) {
     let file = dir.join("manifests.yaml");
     std::fs::write(&file, manifests).unwrap();
-    let location = format!("{}/{{{{ .ResourceKind }}}}{{{{ .KindSuffix }}}}.json", dir.display());
+    let location = format!(
+        "{}/{{{{ .ResourceKind }}}}{{{{ .KindSuffix }}}}.json",
+        dir.display()
+    );
     let out = Command::new(kubeconform_binary())
         .args(["-strict", "-summary", "-schema-location", &location])
         .arg(&file)
@@ -195,7 +218,10 @@ async fn rendered_manifests_pass_kubeconform_strict_and_server_dry_run() {
     let ns = TestNamespace::create("chart").await.unwrap();
     let schemas = tempfile::tempdir().unwrap();
     let written = write_schemas(&ns.client(), schemas.path()).await;
-    assert!(written > 50, "schemas generated from the API server: {written}");
+    assert!(
+        written > 50,
+        "schemas generated from the API server: {written}"
+    );
     for needed in [
         "deployment-apps-v1.json",
         "daemonset-apps-v1.json",
@@ -210,7 +236,10 @@ async fn rendered_manifests_pass_kubeconform_strict_and_server_dry_run() {
         schemas.path(),
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec:\n  replicaz: 1\n  selector: {matchLabels: {a: b}}\n  template: {metadata: {labels: {a: b}}, spec: {containers: [{name: c, image: i}]}}\n",
     );
-    assert!(!ok && out.contains("replicaz"), "kubeconform must refuse unknown fields: {out}");
+    assert!(
+        !ok && out.contains("replicaz"),
+        "kubeconform must refuse unknown fields: {out}"
+    );
 
     for (name, values) in value_sets() {
         let (ok, rendered, err) = template(&values);
@@ -219,14 +248,28 @@ async fn rendered_manifests_pass_kubeconform_strict_and_server_dry_run() {
         assert!(ok, "{name}: kubeconform -strict:\n{out}");
         assert!(out.contains("Invalid: 0, Errors: 0"), "{name}: {out}");
         // The API server accepts every object (namespaced ones in the test's namespace).
-        let rendered = rendered.replace("namespace: flamefleet-system", &format!("namespace: {}", ns.name()));
-        let file = schemas.path().join(format!("{}.yaml", name.replace(' ', "-")));
+        let rendered = rendered.replace(
+            "namespace: flamefleet-system",
+            &format!("namespace: {}", ns.name()),
+        );
+        let file = schemas
+            .path()
+            .join(format!("{}.yaml", name.replace([' ', ','], "-")));
         std::fs::write(&file, &rendered).unwrap();
         let out = flamefleet_e2e::kubectl::kubectl(
             ns.control_plane().kubeconfig(),
-            &["apply", "--dry-run=server", "--validate=strict", "-f", file.to_str().unwrap()],
+            &[
+                "apply",
+                "--dry-run=server",
+                "--validate=strict",
+                "-f",
+                file.to_str().unwrap(),
+            ],
         );
-        assert!(out.is_ok(), "{name}: kubectl apply --dry-run=server: {out:?}");
+        assert!(
+            out.is_ok(),
+            "{name}: kubectl apply --dry-run=server: {out:?}"
+        );
     }
 }
 
@@ -234,19 +277,29 @@ async fn rendered_manifests_pass_kubeconform_strict_and_server_dry_run() {
 fn values_schema_refuses_bad_values_with_a_clear_message() {
     let cases = [
         (vec!["store.type=gcs"], "store/type"),
-        (vec!["agent.capabilities={SYS_MODULE}"], "agent/capabilities"),
+        (
+            vec!["agent.capabilities={SYS_MODULE}"],
+            "agent/capabilities",
+        ),
         (vec!["operator.replicas=0"], "operator/replicas"),
         (vec!["store.type=s3"], "existingSecret"),
-        (vec!["agent.seccompProfile=Localhost"], "agent/seccompProfile"),
+        (
+            vec!["agent.seccompProfile=Localhost"],
+            "agent/seccompProfile",
+        ),
         (vec!["store.publicUrl=ftp://x"], "store/publicUrl"),
-        (vec!["operator.limits.maxCpuFrequencyHz=5000"], "maxCpuFrequencyHz"),
+        (
+            vec!["operator.limits.maxCpuFrequencyHz=5000"],
+            "maxCpuFrequencyHz",
+        ),
         (vec!["notAValue=1"], "notAValue"),
     ];
     for (values, mentions) in cases {
         let (ok, _, err) = template(&values);
         assert!(!ok, "{values:?} must be refused");
         assert!(
-            err.contains("values don't meet the specifications of the schema") && err.contains(mentions),
+            err.contains("values don't meet the specifications of the schema")
+                && err.contains(mentions),
             "{values:?}: {err}"
         );
     }

@@ -139,9 +139,15 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     let client = cluster.client().await.unwrap();
 
     step("build the images and install the chart");
-    let tag = cluster.build_images(None, None).expect("building the images");
+    let tag = cluster
+        .build_images(None, None)
+        .expect("building the images");
     cluster
-        .install_flamefleet(RELEASE, NAMESPACE, &cluster.local_values(&tag, STORE_NODE_PORT))
+        .install_flamefleet(
+            RELEASE,
+            NAMESPACE,
+            &cluster.local_values(&tag, STORE_NODE_PORT),
+        )
         .expect("helm install");
 
     step("the agent runs with exactly the chart's privileges");
@@ -184,8 +190,8 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     assert_eq!(host_paths, ["/sys/fs/cgroup"], "the only host path");
 
     step("each agent proved its node: a CSR the operator approved and signed");
-    let csrs: Value = serde_json::from_str(&cluster.kubectl(&["get", "csr", "-o", "json"]).unwrap())
-        .unwrap();
+    let csrs: Value =
+        serde_json::from_str(&cluster.kubectl(&["get", "csr", "-o", "json"]).unwrap()).unwrap();
     let agent_user = format!("system:serviceaccount:{NAMESPACE}:{RELEASE}-agent");
     let issued = csrs["items"]
         .as_array()
@@ -193,17 +199,19 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         .iter()
         .filter(|c| c["spec"]["signerName"] == "flamefleet.dev/agent-serving")
         .filter(|c| c["spec"]["username"] == agent_user.as_str())
-        .filter(|c| c["status"]["certificate"].as_str().is_some_and(|s| !s.is_empty()))
+        .filter(|c| {
+            c["status"]["certificate"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        })
         .count();
     assert!(issued >= 1, "an issued agent CSR: {csrs:#}");
     // Anyone else asking for an agent certificate is denied, with the reason.
     let forged = format!("forged-{}", std::process::id());
     let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(vec![format!(
-        "{}.agents.flamefleet.internal",
-        cluster.node
-    )])
-    .unwrap();
+    let mut params =
+        rcgen::CertificateParams::new(vec![format!("{}.agents.flamefleet.internal", cluster.node)])
+            .unwrap();
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "flamefleet-agent:forged");
@@ -236,17 +244,20 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         })
         .await
         .unwrap();
-    assert!(
-        denial.contains("only the agent ServiceAccount"),
-        "{denial}"
-    );
+    assert!(denial.contains("only the agent ServiceAccount"), "{denial}");
     // The agent's credentials may ask for certificates and nothing about ProfileRequests.
     // `kubectl auth can-i` exits 0 for yes and 1 for no.
     let can = |verb: &str, resource: &str, subresource: Option<&str>| {
         let mut cmd = Command::new(flamefleet_e2e::binaries::kubectl().unwrap());
-        cmd.arg("--kubeconfig")
-            .arg(&cluster.kubeconfig)
-            .args(["auth", "can-i", verb, resource, "--all-namespaces", "--as", &agent_user]);
+        cmd.arg("--kubeconfig").arg(&cluster.kubeconfig).args([
+            "auth",
+            "can-i",
+            verb,
+            resource,
+            "--all-namespaces",
+            "--as",
+            &agent_user,
+        ]);
         if let Some(sub) = subresource {
             cmd.arg(format!("--subresource={sub}"));
         }
@@ -280,7 +291,14 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         .kubectl(&["apply", "-f", file.to_str().unwrap()])
         .unwrap();
     cluster
-        .kubectl(&["-n", &shop, "rollout", "status", "deploy/checkout", "--timeout=120s"])
+        .kubectl(&[
+            "-n",
+            &shop,
+            "rollout",
+            "status",
+            "deploy/checkout",
+            "--timeout=120s",
+        ])
         .unwrap();
 
     let cpu_dir = tempfile::tempdir().unwrap();
@@ -375,7 +393,10 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         "spec": {"type": "cpu", "podNames": [pod_name], "duration": "30s"},
     }))
     .unwrap();
-    requests.create(&PostParams::default(), &request).await.unwrap();
+    requests
+        .create(&PostParams::default(), &request)
+        .await
+        .unwrap();
     cluster
         .wait_for("the capture to run", TIMEOUT, || {
             let api = requests.clone();
@@ -398,7 +419,10 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     let cid = container_id.rsplit("://").next().unwrap();
     let procs = walkdir_find(Path::new("/sys/fs/cgroup"), &format!("pod{uid}"), cid)
         .expect("the container's cgroup under the pod's");
-    for pid in std::fs::read_to_string(procs.join("cgroup.procs")).unwrap().lines() {
+    for pid in std::fs::read_to_string(procs.join("cgroup.procs"))
+        .unwrap()
+        .lines()
+    {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid.trim().parse().unwrap()),
             nix::sys::signal::Signal::SIGKILL,
@@ -519,7 +543,10 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         "spec": {"type": "runqlat", "podNames": [pod_name], "duration": "60s"},
     }))
     .unwrap();
-    requests.create(&PostParams::default(), &long).await.unwrap();
+    requests
+        .create(&PostParams::default(), &long)
+        .await
+        .unwrap();
     cluster
         .wait_for("the agent's programs to be loaded", TIMEOUT, || async {
             (!loaded_agent_programs().is_empty()).then_some(())
@@ -527,7 +554,15 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         .await
         .unwrap();
     cluster
-        .helm(&["uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "3m"])
+        .helm(&[
+            "uninstall",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--wait",
+            "--timeout",
+            "3m",
+        ])
         .expect("helm uninstall");
     let pods_left = pods.clone();
     cluster
@@ -548,7 +583,11 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
             loaded_agent_programs().is_empty().then_some(())
         })
         .await;
-    assert!(leftover.is_ok(), "still loaded: {:?}", loaded_agent_programs());
+    assert!(
+        leftover.is_ok(),
+        "still loaded: {:?}",
+        loaded_agent_programs()
+    );
     let _ = cluster.kubectl(&["delete", "namespace", &shop, "--wait=false"]);
 }
 

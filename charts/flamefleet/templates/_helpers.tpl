@@ -7,9 +7,15 @@
 {{- end -}}
 {{- end -}}
 
+{{/* Labels of every object. */}}
 {{- define "flamefleet.labels" -}}
-app.kubernetes.io/part-of: flamefleet
+{{ include "flamefleet.podLabels" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of pod templates, beside their selector labels (which carry the instance). */}}
+{{- define "flamefleet.podLabels" -}}
+app.kubernetes.io/part-of: flamefleet
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
