@@ -87,7 +87,7 @@ for job in $(jobs -p); do wait "$job" || fail=1; done
 step "results"
 for type in cpu heap; do
   echo "--- $type: top functions (go tool pprof -top)"
-  go tool pprof -top "$DEMO_DIR/profiles/$type-$NODE_NAME.pb.gz" 2>/dev/null | sed -n '1,12p'
+  go tool pprof -top -nodecount=8 "$DEMO_DIR/profiles/$type-$NODE_NAME.pb.gz" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
 done
 echo "--- runqlat: run-queue latency of the checkout pod"
 sed -n '1,30p' "$DEMO_DIR/profiles/runqlat-$NODE_NAME.txt"

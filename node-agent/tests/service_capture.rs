@@ -65,7 +65,10 @@ async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
     let a = &last.artifacts[0];
     assert_eq!(a.name, "cpu-node-cpu-a.pb.gz");
     assert_eq!(a.sample_type, "cpu/nanoseconds");
-    assert!(a.url.ends_with(&format!("/{uid}/cpu-node-cpu-a.pb.gz")));
+    assert!(
+        a.url.is_empty(),
+        "download URLs are the operator's business"
+    );
     let body = upload
         .body(&uid, &a.name)
         .expect("the artifact reached the upload server");

@@ -132,6 +132,10 @@ pub struct TargetLabels {
     pub container: String,
 }
 
+/// The `container` label of a pod-level target: samples of a container that started during
+/// the capture (a restart, a new sidecar), caught through the pod's cgroup.
+pub const STARTED_DURING_CAPTURE: &str = "(started during capture)";
+
 /// One cgroup to capture and how to label its samples.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CaptureTarget {

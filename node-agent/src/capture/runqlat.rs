@@ -533,7 +533,25 @@ impl RunqlatResult {
         let mut out = String::new();
         let pct = self.percentiles();
         for (i, t) in self.targets.iter().enumerate() {
-            let _ = writeln!(out, "cgroup {}", t.cgroup.path.display());
+            let waits = pct.get(i).copied().flatten();
+            // A pod's catch-all target for containers started during the capture says
+            // nothing when none did.
+            if waits.is_none() && t.labels.container == crate::capture::STARTED_DURING_CAPTURE {
+                continue;
+            }
+            let l = &t.labels;
+            if l.pod.is_empty() {
+                let _ = writeln!(out, "cgroup {}", t.cgroup.path.display());
+            } else {
+                let _ = writeln!(
+                    out,
+                    "pod {}/{} container {} (cgroup {})",
+                    l.namespace,
+                    l.pod,
+                    l.container,
+                    t.cgroup.path.display()
+                );
+            }
             for h in self
                 .histograms
                 .iter()
@@ -546,7 +564,7 @@ impl RunqlatResult {
                 out.push('\n');
                 out.push_str(&all.render(self.unit));
             }
-            match pct.get(i).copied().flatten() {
+            match waits {
                 Some(p) => {
                     let _ = writeln!(
                         out,

@@ -11,9 +11,7 @@ use crate::capture::heap::endpoint::{EndpointError, resolve_endpoint};
 use crate::capture::{CaptureTarget, TargetLabels};
 use crate::cgroup::CgroupRoot;
 
-/// The `container` label of samples from a container that started during the capture (a
-/// restart, a new sidecar): it is caught through the pod's cgroup.
-pub const STARTED_DURING_CAPTURE: &str = "(started during capture)";
+pub use crate::capture::STARTED_DURING_CAPTURE;
 
 /// One resolved container (or pod) of a request.
 #[derive(Debug, Clone)]
