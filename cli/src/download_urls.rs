@@ -39,11 +39,24 @@ pub struct DownloadUrls {
 /// [`Error::DownloadUnanswered`] when no operator answers in time.
 pub async fn request_urls(cluster: &Cluster, requests: &[String]) -> Result<DownloadUrls> {
     let mut all = DownloadUrls::default();
-    for batch in requests.chunks(MAX_REQUESTS_PER_DOWNLOAD) {
-        let answer = one_batch(cluster, batch).await?;
+    let add = |answer: DownloadUrls, all: &mut DownloadUrls| {
         all.urls.extend(answer.urls);
         all.skipped.extend(answer.skipped);
-        all.ca_bundle = all.ca_bundle.or(answer.ca_bundle);
+        all.ca_bundle = all.ca_bundle.take().or(answer.ca_bundle);
+    };
+    for batch in requests.chunks(MAX_REQUESTS_PER_DOWNLOAD) {
+        match one_batch(cluster, batch).await {
+            Ok(answer) => add(answer, &mut all),
+            // A user allowed to get single requests only (RBAC resourceNames) may download
+            // them one at a time: the admission policy checks each name then.
+            Err(Error::DownloadRefused { .. }) if batch.len() > 1 => {
+                for one in batch {
+                    let answer = one_batch(cluster, std::slice::from_ref(one)).await?;
+                    add(answer, &mut all);
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(all)
 }

@@ -91,6 +91,30 @@ pub enum Error {
         /// How long we waited.
         seconds: u64,
     },
+    /// The named sampling policy does not exist.
+    #[error(
+        "{policy} not found (namespace {namespace:?} for sp/); list them with `kubectl get sp,csp -A`"
+    )]
+    PolicyNotFound {
+        /// `sp/NAME` or `csp/NAME`.
+        policy: String,
+        /// The namespace looked in.
+        namespace: String,
+    },
+    /// A policy has no finished run in the asked window.
+    #[error(
+        "{policy} has no finished run in the last {since} ({runs} runs in all, {unfinished} in the window not finished yet); widen --since or wait for the next run"
+    )]
+    NoRuns {
+        /// `sp/NAME` or `csp/NAME`.
+        policy: String,
+        /// The window.
+        since: String,
+        /// How many runs exist.
+        runs: usize,
+        /// Runs in the window still running.
+        unfinished: usize,
+    },
     /// The ProfileRequest CRD is not installed.
     #[error(
         "Flamefleet is not installed on this cluster: the API server has no profilerequests.flamefleet.dev resource; install the CRDs with `kubectl apply -f crds/` (or `helm install flamefleet charts/flamefleet`)"
@@ -170,9 +194,9 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Self::Usage(_) => 2,
-            Self::NotFound { .. } => 3,
+            Self::NotFound { .. } | Self::PolicyNotFound { .. } => 3,
             Self::RequestFailed { .. } => 4,
-            Self::NoArtifacts { .. } | Self::DownloadFailed { .. } => 5,
+            Self::NoArtifacts { .. } | Self::DownloadFailed { .. } | Self::NoRuns { .. } => 5,
             Self::StoreUnreachable { .. } | Self::DownloadUnanswered { .. } => 6,
             Self::ChecksumMismatch { .. } => 7,
             Self::Forbidden { .. } | Self::DownloadRefused { .. } => 8,

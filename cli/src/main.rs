@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use flamefleet_api::ProfileType;
 use kubectl_profile::cluster::{Cluster, ConnectOptions};
-use kubectl_profile::commands::{capture, get, list, merge};
+use kubectl_profile::commands::{capture, fleet, get, list, merge};
 use kubectl_profile::{Error, Result};
 
 #[derive(Parser)]
@@ -67,9 +67,10 @@ enum Command {
     Heap(CaptureArgs),
     /// Capture a run-queue latency histogram.
     Runqlat(CaptureArgs),
-    /// Download (and render) the artifacts of a request.
+    /// Download (and render) the artifacts of a request, or (sp/NAME, csp/NAME) the merged
+    /// profiles of a sampling policy's runs over a time window.
     Get {
-        /// The ProfileRequest's name.
+        /// A ProfileRequest's name, or sp/NAME, csp/NAME.
         name: String,
         /// Directory for the files.
         #[arg(short = 'o', long, default_value = ".")]
@@ -77,9 +78,15 @@ enum Command {
         /// What to write besides the pprof files.
         #[arg(long, value_enum, default_value = "pprof")]
         format: get::Format,
+        /// With sp/NAME or csp/NAME: merge the runs scheduled within this long, e.g. 24h.
+        #[arg(long, default_value = "24h")]
+        since: String,
     },
-    /// List the namespace's requests.
-    List,
+    /// List the namespace's requests, or (sp/NAME, csp/NAME) a sampling policy's runs.
+    List {
+        /// sp/NAME or csp/NAME.
+        policy: Option<String>,
+    },
     /// Delete a request (its artifacts go with it).
     Delete {
         /// The ProfileRequest's name.
@@ -152,10 +159,28 @@ async fn run(cli: Cli) -> Result<()> {
             name,
             output,
             format,
-        } => get::run(&cluster, &name, &output, format, &mut out)
-            .await
-            .map(|_| ()),
-        Command::List => list::list(&cluster, &mut out).await,
+            since,
+        } => match fleet::PolicyRef::parse(&name) {
+            Some(policy) => {
+                let since = flamefleet_api::duration::parse_duration(&since)
+                    .map_err(|e| Error::Usage(format!("--since: {e}")))?;
+                fleet::get(&cluster, &policy, since, &output, format, &mut out)
+                    .await
+                    .map(|_| ())
+            }
+            None => get::run(&cluster, &name, &output, format, &mut out)
+                .await
+                .map(|_| ()),
+        },
+        Command::List { policy: None } => list::list(&cluster, &mut out).await,
+        Command::List {
+            policy: Some(policy),
+        } => match fleet::PolicyRef::parse(&policy) {
+            Some(p) => fleet::list(&cluster, &p, &mut out).await,
+            None => Err(Error::Usage(format!(
+                "{policy}: expected sp/NAME or csp/NAME (or nothing, for the namespace's requests)"
+            ))),
+        },
         Command::Delete { name } => list::delete(&cluster, &name, &mut out).await,
         Command::Merge { .. } => Err(Error::Usage("unreachable".into())),
     }

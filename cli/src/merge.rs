@@ -154,6 +154,30 @@ impl Merger {
     }
 }
 
+/// Adds the string label `key`=`value` to every sample of `profile` (e.g. which run a
+/// sample came from, before merging the runs of a policy).
+pub fn add_label(profile: &mut Profile, key: &str, value: &str) {
+    let mut index = |s: &str| -> i64 {
+        if let Some(i) = profile.string_table.iter().position(|t| t == s) {
+            return i64::try_from(i).unwrap_or(0);
+        }
+        if profile.string_table.is_empty() {
+            profile.string_table.push(String::new());
+        }
+        profile.string_table.push(s.to_owned());
+        i64::try_from(profile.string_table.len() - 1).unwrap_or(0)
+    };
+    let (key, value) = (index(key), index(value));
+    for sample in &mut profile.sample {
+        sample.label.retain(|l| l.key != key);
+        sample.label.push(Label {
+            key,
+            str: value,
+            ..Label::default()
+        });
+    }
+}
+
 /// Merges `(source name, profile)` pairs; all must have the same sample types.
 ///
 /// # Errors

@@ -172,9 +172,22 @@ async fn downloads_are_authorized_per_request_when_asked_and_revocable() {
         .expect_err("a download of a request the user may not get");
     let text = refused.to_string();
     assert!(
-        text.contains("may not get every ProfileRequest of mine, theirs"),
+        text.contains("needs get on every ProfileRequest of namespace"),
         "{text}"
     );
+    let refused = downloads
+        .create(&PostParams::default(), &ask(vec!["theirs"]))
+        .await
+        .expect_err("a download of a request the user may not get");
+    let text = refused.to_string();
+    assert!(
+        text.contains("you may not get ProfileRequest theirs"),
+        "{text}"
+    );
+    downloads
+        .create(&PostParams::default(), &ask(vec!["mine"]))
+        .await
+        .expect("the one request the user may get");
 
     // Revoking the user's RBAC revokes the next download (exit 8, nothing written).
     ns.api::<k8s_openapi::api::rbac::v1::RoleBinding>()

@@ -4,8 +4,9 @@
 //! Why an object instead of URLs in the ProfileRequest status: the API server authorizes
 //! the download at the moment it is asked for. Creating a `ProfileDownload` needs RBAC
 //! `create` on `profiledownloads` in the namespace, and the `flamefleet-profile-download`
-//! ValidatingAdmissionPolicy (`crds/policies/`) additionally requires `get` on every named
-//! ProfileRequest, so revoking a user's access revokes their next download. The operator
+//! ValidatingAdmissionPolicy (`crds/policies/`) additionally requires `get` on the named
+//! ProfileRequests (on all of the namespace's to name several at once, on the one named
+//! otherwise), so revoking a user's access revokes their next download. The operator
 //! answers in the status with URLs the store signed for a few minutes. No user credential is
 //! ever sent to the store, and no long-lived URL is kept anywhere.
 

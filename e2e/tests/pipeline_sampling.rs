@@ -470,3 +470,283 @@ async fn schedules_past_the_schema_and_empty_selectors_are_reported_in_condition
         );
     }
 }
+
+/// Runs `kubectl profile ARGS` in `ns`; (success, stdout + stderr).
+fn kubectl_profile(pipeline: &Pipeline, ns: &str, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(&pipeline_support::bins().kubectl_profile)
+        .arg("--kubeconfig")
+        .arg(&pipeline.kubeconfig)
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .expect("running kubectl-profile");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The total of the first sample value of a gzipped pprof file.
+fn sample_total(file: &std::path::Path) -> i64 {
+    use std::io::Read as _;
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(file).unwrap())
+        .read_to_end(&mut raw)
+        .unwrap();
+    let profile = <flamefleet_proto::pprof::Profile as prost::Message>::decode(raw.as_slice())
+        .expect("a pprof profile");
+    profile.sample.iter().map(|s| s.value[0]).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_view_merges_every_run_of_the_window_into_one_profile() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let ns = TestNamespace::create("ff-sp-view").await.unwrap();
+    for (i, node) in [0, 1].into_iter().enumerate() {
+        pipeline
+            .pod(&ns, &format!("web-{i}"), node, &[("app", "web")], "spin", 1)
+            .await;
+    }
+    let policy = create_policy(
+        &ns,
+        &pipeline.policy(
+            "web-view",
+            json!({
+                "schedule": "*/3 * * * * *",
+                "template": {"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "1s"},
+                "sampling": {"maxPods": 1},
+                "budget": {"maxConcurrentCapturesPerNode": 4},
+                "history": {"successfulRunsHistoryLimit": 20},
+            }),
+        ),
+    )
+    .await;
+    let uid = policy.uid().unwrap();
+    let client = ns.client();
+    pipeline
+        .wait_for("three succeeded runs", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move {
+                let runs = runs_of(&client, &uid).await;
+                let ok = runs
+                    .iter()
+                    .filter(|r| {
+                        r.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Succeeded)
+                    })
+                    .count();
+                (ok >= 3).then_some(())
+            }
+        })
+        .await;
+    suspend(&ns, "web-view").await;
+    let runs = pipeline
+        .wait_for("every run to finish", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move {
+                let runs = runs_of(&client, &uid).await;
+                runs.iter().all(is_terminal).then_some(runs)
+            }
+        })
+        .await;
+    let succeeded: Vec<&ProfileRequest> = runs
+        .iter()
+        .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Succeeded))
+        .collect();
+    assert!(succeeded.len() >= 3);
+
+    // `list sp/NAME`: every run, one line each.
+    let (ok, text) = kubectl_profile(&pipeline, ns.name(), &["list", "sp/web-view"]);
+    assert!(ok, "{text}");
+    for run in &runs {
+        assert!(
+            text.contains(&run.name_any()),
+            "{} missing:\n{text}",
+            run.name_any()
+        );
+    }
+
+    // `get sp/NAME --since 1h`: one merged profile whose total is the runs' totals.
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, text) = kubectl_profile(
+        &pipeline,
+        ns.name(),
+        &[
+            "get",
+            "sp/web-view",
+            "--since",
+            "1h",
+            "-o",
+            dir.path().to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!("{} finished runs", succeeded.len())),
+        "{text}"
+    );
+    let merged = dir.path().join("web-view-cpu.pb.gz");
+    assert!(merged.exists(), "{text}");
+    let top = pipeline_support::pprof_top(&merged);
+    assert!(!top.trim().is_empty());
+    let mut expected = 0;
+    for run in &succeeded {
+        for a in flamefleet_api::results::artifacts(run) {
+            let file = pipeline.download(run, a).await;
+            expected += sample_total(&file);
+        }
+    }
+    assert_eq!(
+        sample_total(&merged),
+        expected,
+        "the merged total is the sum of the runs' totals"
+    );
+    // Each sample remembers its run.
+    let tags = std::process::Command::new("go")
+        .args(["tool", "pprof", "-tags"])
+        .arg(&merged)
+        .output()
+        .unwrap();
+    let tags = String::from_utf8_lossy(&tags.stdout);
+    for run in &succeeded {
+        assert!(
+            tags.contains(&run.name_any()),
+            "run label of {}:\n{tags}",
+            run.name_any()
+        );
+    }
+    // A window with nothing in it says so.
+    let (ok, text) = kubectl_profile(
+        &pipeline,
+        ns.name(),
+        &[
+            "get",
+            "csp/no-such-policy",
+            "--since",
+            "1h",
+            "-o",
+            dir.path().to_str().unwrap(),
+        ],
+    );
+    assert!(
+        !ok && text.contains("csp/no-such-policy not found"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_policy_samples_only_the_namespaces_it_selects() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let chosen = TestNamespace::create("ff-csp-in").await.unwrap();
+    let other = TestNamespace::create("ff-csp-out").await.unwrap();
+    let team = format!("team-{}", pipeline.id);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(chosen.client());
+    namespaces
+        .patch(
+            chosen.name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"flamefleet-test-team": team}}})),
+        )
+        .await
+        .unwrap();
+    pipeline
+        .pod(&chosen, "web-in", 0, &[("app", "web")], "spin", 1)
+        .await;
+    pipeline
+        .pod(&other, "web-out", 1, &[("app", "web")], "spin", 1)
+        .await;
+    let name = chosen.unique("fleet-web");
+    let policies: Api<flamefleet_api::ClusterSamplingPolicy> = Api::all(chosen.client());
+    let policy = policies
+        .create(
+            &PostParams::default(),
+            &pipeline.cluster_policy(
+                &name,
+                json!({
+                    "namespaceSelector": {"matchLabels": {"flamefleet-test-team": team}},
+                    "schedule": "*/3 * * * * *",
+                    "template": {"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "1s"},
+                    "sampling": {"maxPods": 4},
+                    "budget": {"maxConcurrentCapturesPerNode": 4},
+                }),
+            ),
+        )
+        .await
+        .unwrap();
+    let uid = policy.uid().unwrap();
+    let client = chosen.client();
+    let runs = pipeline
+        .wait_for("two succeeded runs", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move {
+                let runs = runs_of(&client, &uid).await;
+                let ok = runs
+                    .iter()
+                    .filter(|r| {
+                        r.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Succeeded)
+                    })
+                    .count();
+                (ok >= 2).then_some(runs)
+            }
+        })
+        .await;
+    policies
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .unwrap();
+    for run in &runs {
+        assert_eq!(
+            run.namespace().as_deref(),
+            Some(chosen.name()),
+            "a run outside the selected namespaces: {}",
+            run.name_any()
+        );
+        let owner = &run.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ClusterSamplingPolicy", uid.as_str())
+        );
+        assert_eq!(run.spec.pod_names, ["web-in"]);
+    }
+    let in_other: Api<ProfileRequest> = other.api();
+    assert!(
+        in_other
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    // The cluster fleet view downloads across the runs' namespaces.
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, text) = kubectl_profile(
+        &pipeline,
+        chosen.name(),
+        &[
+            "get",
+            &format!("csp/{name}"),
+            "--since",
+            "1h",
+            "-o",
+            dir.path().to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{text}");
+    assert!(
+        dir.path().join(format!("{name}-cpu.pb.gz")).exists(),
+        "{text}"
+    );
+    policies.delete(&name, &Default::default()).await.unwrap();
+}

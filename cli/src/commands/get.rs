@@ -103,7 +103,13 @@ pub async fn download_request(
     Ok(written)
 }
 
-fn render(d: &Downloaded, dir: &Path, format: Format, out: &mut dyn Write) -> Result<Vec<PathBuf>> {
+/// Writes one artifact into `dir` and renders it per `format` (shared with the fleet views).
+pub fn render(
+    d: &Downloaded,
+    dir: &Path,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<Vec<PathBuf>> {
     let mut written = vec![write_atomic(dir, &d.name, &d.bytes)?];
     let _ = writeln!(out, "wrote {}", written[0].display());
     if d.name.ends_with(".txt") {

@@ -1,0 +1,383 @@
+//! Fleet views of a sampling policy: `kubectl profile get sp/NAME --since 24h` merges the
+//! profiles of every run of the policy in the window into one pprof per profile type, and
+//! `kubectl profile list sp/NAME` lists the runs. `csp/NAME` does the same for a
+//! ClusterSamplingPolicy, whose runs live in several namespaces.
+//!
+//! Runs are found by the `flamefleet.dev/policy-uid` label the operator puts on them, and
+//! placed in the window by their `flamefleet.dev/scheduled-time` label. Every merged sample
+//! keeps its labels (namespace, pod, container, node, ...) and gains `run`, so the merged
+//! profile can still be split (`go tool pprof -tagfocus=node=...`).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use flamefleet_api::{ClusterSamplingPolicy, ProfileRequest, RequestPhase, SamplingPolicy};
+use kube::api::{Api, ListParams};
+
+use crate::cluster::Cluster;
+use crate::download::{Downloaded, fetch_all};
+use crate::error::{Error, Result};
+use crate::{merge, profile_file};
+
+use super::get::{Format, render};
+use super::list::age;
+
+/// Label the operator puts on every run: the policy's UID.
+pub const POLICY_UID_LABEL: &str = "flamefleet.dev/policy-uid";
+/// Label the operator puts on every run: the scheduled time, Unix seconds.
+pub const SCHEDULED_TIME_LABEL: &str = "flamefleet.dev/scheduled-time";
+
+/// A policy named on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyRef {
+    /// `sp/NAME`: a SamplingPolicy of the current namespace.
+    Namespaced(String),
+    /// `csp/NAME`: a ClusterSamplingPolicy.
+    Cluster(String),
+}
+
+impl PolicyRef {
+    /// Parses `sp/NAME`, `samplingpolicy/NAME`, `csp/NAME` or `clustersamplingpolicy/NAME`;
+    /// `None` for anything else (a plain request name).
+    pub fn parse(text: &str) -> Option<Self> {
+        let (kind, name) = text.split_once('/')?;
+        let name = name.to_owned();
+        match kind.to_ascii_lowercase().as_str() {
+            "sp" | "samplingpolicy" | "samplingpolicies" => Some(Self::Namespaced(name)),
+            "csp" | "clustersamplingpolicy" | "clustersamplingpolicies" => {
+                Some(Self::Cluster(name))
+            }
+            _ => None,
+        }
+    }
+
+    fn shown(&self) -> String {
+        match self {
+            Self::Namespaced(n) => format!("sp/{n}"),
+            Self::Cluster(n) => format!("csp/{n}"),
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Self::Namespaced(n) | Self::Cluster(n) => n,
+        }
+    }
+}
+
+fn kube_err(action: String) -> impl FnOnce(kube::Error) -> Error {
+    move |source| match &source {
+        kube::Error::Api(s) if s.code == 403 => Error::Forbidden {
+            message: s.message.clone(),
+            verb: "list".into(),
+            namespace: String::new(),
+        },
+        _ => Error::Kube { action, source },
+    }
+}
+
+/// The policy's UID and its runs (newest first).
+///
+/// # Errors
+/// [`Error::PolicyNotFound`] when the policy does not exist; API errors.
+pub async fn runs(cluster: &Cluster, policy: &PolicyRef) -> Result<Vec<ProfileRequest>> {
+    let not_found = || Error::PolicyNotFound {
+        policy: policy.shown(),
+        namespace: cluster.namespace.clone(),
+    };
+    let uid = match policy {
+        PolicyRef::Namespaced(name) => {
+            let api: Api<SamplingPolicy> =
+                Api::namespaced(cluster.client.clone(), &cluster.namespace);
+            api.get_opt(name)
+                .await
+                .map_err(kube_err(format!("getting samplingpolicy {name}")))?
+                .and_then(|p| p.metadata.uid)
+        }
+        PolicyRef::Cluster(name) => {
+            let api: Api<ClusterSamplingPolicy> = Api::all(cluster.client.clone());
+            api.get_opt(name)
+                .await
+                .map_err(kube_err(format!("getting clustersamplingpolicy {name}")))?
+                .and_then(|p| p.metadata.uid)
+        }
+    }
+    .ok_or_else(not_found)?;
+    let api: Api<ProfileRequest> = match policy {
+        PolicyRef::Namespaced(_) => Api::namespaced(cluster.client.clone(), &cluster.namespace),
+        PolicyRef::Cluster(_) => Api::all(cluster.client.clone()),
+    };
+    let mut items = api
+        .list(&ListParams::default().labels(&format!("{POLICY_UID_LABEL}={uid}")))
+        .await
+        .map_err(kube_err(format!("listing the runs of {}", policy.shown())))?
+        .items;
+    items.sort_by_key(|r| std::cmp::Reverse(scheduled_second(r)));
+    Ok(items)
+}
+
+/// A run's scheduled time in Unix seconds (0 when unlabelled).
+pub fn scheduled_second(run: &ProfileRequest) -> i64 {
+    run.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SCHEDULED_TIME_LABEL))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The runs scheduled within `since` of `now` (pure).
+pub fn in_window(runs: &[ProfileRequest], since: Duration, now: i64) -> Vec<&ProfileRequest> {
+    let from = now.saturating_sub(i64::try_from(since.as_secs()).unwrap_or(i64::MAX));
+    runs.iter()
+        .filter(|r| (from..=now).contains(&scheduled_second(r)))
+        .collect()
+}
+
+fn is_pprof(name: &str) -> bool {
+    name.ends_with(".pb.gz") || name.ends_with(".pb")
+}
+
+/// The profile type of an artifact name (`cpu-node1.pb.gz` → `cpu`).
+fn artifact_type(name: &str) -> &str {
+    name.split('-').next().unwrap_or(name)
+}
+
+fn namespace_of(r: &ProfileRequest) -> String {
+    r.metadata.namespace.clone().unwrap_or_default()
+}
+
+fn samples(r: &ProfileRequest) -> i64 {
+    r.status
+        .iter()
+        .flat_map(|s| s.nodes.iter())
+        .flat_map(|n| n.artifacts.iter())
+        .filter_map(|a| a.samples)
+        .sum()
+}
+
+/// Downloads the profiles of every finished run of `policy` scheduled within `since`, merges
+/// them into one pprof per profile type (`<policy>-<type>.pb.gz` in `dir`), renders them per
+/// `format`, and says what went in.
+///
+/// # Errors
+/// [`Error::PolicyNotFound`], [`Error::NoRuns`] when no finished run is in the window, and
+/// the download and merge errors of `get`.
+pub async fn get(
+    cluster: &Cluster,
+    policy: &PolicyRef,
+    since: Duration,
+    dir: &Path,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<Vec<PathBuf>> {
+    let all = runs(cluster, policy).await?;
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let window = in_window(&all, since, now);
+    let finished: Vec<&ProfileRequest> = window
+        .iter()
+        .copied()
+        .filter(|r| {
+            matches!(
+                r.status.as_ref().and_then(|s| s.phase),
+                Some(RequestPhase::Succeeded | RequestPhase::PartiallySucceeded)
+            )
+        })
+        .collect();
+    let unfinished = window.len() - finished.len();
+    if finished.is_empty() {
+        return Err(Error::NoRuns {
+            policy: policy.shown(),
+            since: humantime::format_duration(since).to_string(),
+            runs: all.len(),
+            unfinished,
+        });
+    }
+    // One ProfileDownload (batch) per namespace: authorization is per namespace.
+    let mut by_namespace: BTreeMap<String, Vec<&ProfileRequest>> = BTreeMap::new();
+    for r in &finished {
+        by_namespace.entry(namespace_of(r)).or_default().push(r);
+    }
+    let _ = writeln!(
+        out,
+        "{}: {} finished runs in the last {} ({} not finished), from {} namespaces; downloading ...",
+        policy.shown(),
+        finished.len(),
+        humantime::format_duration(since),
+        unfinished,
+        by_namespace.len()
+    );
+    let mut by_type: BTreeMap<String, Vec<(String, flamefleet_proto::pprof::Profile)>> =
+        BTreeMap::new();
+    let mut artifacts = 0;
+    for (namespace, requests) in &by_namespace {
+        let scoped = Cluster {
+            namespace: namespace.clone(),
+            ..cluster.clone()
+        };
+        for (run, d) in fetch_all(&scoped, requests, |a| is_pprof(&a.name)).await? {
+            let source = format!("{namespace}/{run}/{}", d.name);
+            let mut profile = profile_file::decode(&d.bytes, &source)?;
+            merge::add_label(&mut profile, "run", &run);
+            by_type
+                .entry(artifact_type(&d.name).to_owned())
+                .or_default()
+                .push((source, profile));
+            artifacts += 1;
+        }
+    }
+    let mut written = Vec::new();
+    for (ty, profiles) in &by_type {
+        let merged = merge::merge(profiles)?;
+        let _ = writeln!(
+            out,
+            "{ty}: merged {} profiles ({} samples)",
+            profiles.len(),
+            merged.sample.len()
+        );
+        let d = Downloaded {
+            name: format!("{}-{ty}.pb.gz", policy.name()),
+            bytes: profile_file::encode_gzip(&merged),
+        };
+        written.extend(render(&d, dir, format, out)?);
+    }
+    let _ = writeln!(
+        out,
+        "{artifacts} artifacts of {} runs; split the result with go tool pprof -tagfocus=run=NAME (or namespace, pod, node)",
+        finished.len()
+    );
+    Ok(written)
+}
+
+/// Prints the runs of `policy`, newest first.
+///
+/// # Errors
+/// [`Error::PolicyNotFound`] and API errors.
+pub async fn list(cluster: &Cluster, policy: &PolicyRef, out: &mut dyn Write) -> Result<()> {
+    let all = runs(cluster, policy).await?;
+    if all.is_empty() {
+        let _ = writeln!(out, "No runs of {} yet.", policy.shown());
+        return Ok(());
+    }
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let _ = write!(out, "{}", runs_table(&all, now));
+    Ok(())
+}
+
+/// The table of runs (pure).
+pub fn runs_table(runs: &[ProfileRequest], now: i64) -> String {
+    let mut rows = vec![[
+        "NAME".to_string(),
+        "NAMESPACE".into(),
+        "SCHEDULED".into(),
+        "PHASE".into(),
+        "PODS".into(),
+        "NODES".into(),
+        "SAMPLES".into(),
+    ]];
+    for r in runs {
+        let status = r.status.as_ref();
+        let scheduled = scheduled_second(r);
+        rows.push([
+            r.metadata.name.clone().unwrap_or_default(),
+            namespace_of(r),
+            if scheduled == 0 {
+                "-".into()
+            } else {
+                format!("{} ago", age(now - scheduled))
+            },
+            status
+                .and_then(|s| s.phase)
+                .map_or("Pending", |p| p.as_str())
+                .to_string(),
+            status
+                .and_then(|s| s.pod_count)
+                .map_or("-".into(), |n| n.to_string()),
+            status
+                .and_then(|s| s.node_count)
+                .map_or("-".into(), |n| n.to_string()),
+            samples(r).to_string(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..7)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(name: &str, scheduled: i64, phase: &str, samples: i64) -> ProfileRequest {
+        serde_json::from_value(json!({
+            "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",
+            "metadata": {"name": name, "namespace": "shop",
+                         "labels": {SCHEDULED_TIME_LABEL: scheduled.to_string()}},
+            "spec": {"type": "cpu", "podNames": ["p"], "duration": "1s"},
+            "status": {"phase": phase, "podCount": 1, "nodeCount": 1,
+                       "nodes": [{"node": "n1", "artifacts": [{"name": "cpu-n1.pb.gz", "samples": samples}]}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn policy_references() {
+        assert_eq!(
+            PolicyRef::parse("sp/web"),
+            Some(PolicyRef::Namespaced("web".into()))
+        );
+        assert_eq!(
+            PolicyRef::parse("ClusterSamplingPolicy/fleet"),
+            Some(PolicyRef::Cluster("fleet".into()))
+        );
+        assert_eq!(PolicyRef::parse("checkout-cpu"), None);
+        assert_eq!(PolicyRef::parse("deploy/x"), None);
+    }
+
+    #[test]
+    fn the_window_is_by_scheduled_time() {
+        let runs = [
+            run("a", 1_000, "Succeeded", 1),
+            run("b", 5_000, "Succeeded", 2),
+            run("c", 9_000, "Running", 3),
+        ];
+        let names = |w: Vec<&ProfileRequest>| -> Vec<String> {
+            w.iter().map(|r| r.metadata.name.clone().unwrap()).collect()
+        };
+        assert_eq!(
+            names(in_window(&runs, Duration::from_secs(5_000), 10_000)),
+            ["b", "c"]
+        );
+        assert_eq!(
+            names(in_window(&runs, Duration::from_secs(100), 10_000)),
+            Vec::<String>::new()
+        );
+        let table = runs_table(&runs, 10_000);
+        assert!(table.starts_with("NAME"), "{table}");
+        assert!(
+            table.contains("b      shop        83m ago") || table.contains("83m ago"),
+            "{table}"
+        );
+        assert!(table.lines().nth(3).unwrap().ends_with('3'), "{table}");
+    }
+
+    #[test]
+    fn artifact_types_come_from_the_name() {
+        assert_eq!(artifact_type("cpu-node-1.pb.gz"), "cpu");
+        assert_eq!(artifact_type("runqlat-n.pb.gz"), "runqlat");
+    }
+}
