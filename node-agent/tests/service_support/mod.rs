@@ -125,6 +125,22 @@ impl AgentProcess {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
     }
 
+    /// Waits (up to 30 s) until the agent's log contains `needle`: the agent logs a refused
+    /// handshake from its accept task, which can run after the client has seen the refusal.
+    pub async fn wait_for_log(&self, needle: &str) -> Result<String, String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return Ok(log);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(log);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn url(&self) -> String {
         format!("https://{}", self.addr)
     }
