@@ -369,6 +369,10 @@ pub struct RotationState {
     /// Hash positions past the cursor already profiled in this rotation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ahead: Vec<String>,
+    /// Hash positions of pods passed over because their node was at its budget: still owed,
+    /// offered first in every run until profiled (carried into the next rotation if need be).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deferred: Vec<String>,
     /// Pods profiled in this rotation so far.
     #[serde(default)]
     pub profiled: i64,

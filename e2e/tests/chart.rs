@@ -100,16 +100,35 @@ async fn write_schemas(client: &kube::Client, dir: &Path) -> usize {
             serde_json::from_str::<Value>(&text).unwrap_or(Value::Null)
         }
     };
-    // The API server publishes a new CRD's OpenAPI a moment after the CRD is Established.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    // The API server publishes a new CRD's OpenAPI a moment after the CRD is Established, and
+    // one CRD at a time: wait until the group's document holds every Flamefleet kind.
+    const KINDS: [&str; 4] = [
+        "ProfileRequest",
+        "ProfileDownload",
+        "SamplingPolicy",
+        "ClusterSamplingPolicy",
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
     let index = loop {
         let index = get("/openapi/v3".into()).await;
-        if index["paths"].get("apis/flamefleet.dev/v1alpha1").is_some() {
+        let published: Vec<String> =
+            match index["paths"]["apis/flamefleet.dev/v1alpha1"]["serverRelativeURL"].as_str() {
+                Some(url) => get(url.to_owned()).await["components"]["schemas"]
+                    .as_object()
+                    .into_iter()
+                    .flat_map(|schemas| schemas.values())
+                    .filter_map(|s| s["x-kubernetes-group-version-kind"].as_array())
+                    .flatten()
+                    .filter_map(|gvk| gvk["kind"].as_str().map(str::to_owned))
+                    .collect(),
+                None => Vec::new(),
+            };
+        if KINDS.iter().all(|k| published.iter().any(|p| p == k)) {
             break index;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the API server never published the Flamefleet CRDs' OpenAPI"
+            "the API server never published every Flamefleet CRD's OpenAPI (published: {published:?})"
         );
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     };

@@ -3,16 +3,22 @@
 //! Pods are ordered by a hash of (policy UID, pod UID): a stable order that mixes nodes and
 //! namespaces, the same after an operator restart and unaffected by other pods coming and
 //! going. The state kept in the policy's status is a cursor (the last position visited in
-//! this rotation) plus the positions past the cursor already profiled (taken out of order
-//! when earlier pods had to be passed over). A run takes, in order, the pods after the
-//! cursor that are not yet profiled, so that every pod is profiled once before any pod is
-//! profiled twice; a pod that appears behind the cursor waits for the next rotation.
+//! this rotation), the positions past the cursor already profiled (taken out of order when
+//! earlier pods had to be passed over), and the deferred positions: pods passed over because
+//! their node was at its budget. A run first offers the deferred pods, then takes, in order,
+//! the pods after the cursor that are not yet profiled, so that every pod is profiled once
+//! before any pod is profiled twice; a pod that appears behind the cursor waits for the
+//! next rotation.
 //!
-//! A pod is passed over (and stays unprofiled, ahead of the cursor) when its node is at its
-//! budget, when the run already spans `maxNodes` nodes, or when its namespace's request is
-//! full. When the only pods left in a rotation are on nodes at their budget, the rotation
-//! completes without them, so that one busy node never stalls the fleet's profiling; the
-//! coverage in the status shows the gap.
+//! A pod on a node at its budget does not hold the cursor: it is deferred (owed) and the
+//! cursor passes it, so that a busy part of the fleet never stops the rotation from reaching
+//! the rest. A pod passed over because the run already spans `maxNodes` nodes, or because
+//! its namespace's request is full, stays ahead of the cursor for the next run. The rotation
+//! completes when the cursor has passed every pod and every deferred pod was either profiled
+//! or refused by its node's budget in this run; deferred pods left then are carried into
+//! the next rotation, still first in line, and the coverage in the status shows the gap.
+//! The owed list is bounded ([`MAX_DEFERRED`]); a pod on a busy node past that bound is
+//! passed all the same and simply misses this rotation.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -25,6 +31,10 @@ use sha2::{Digest, Sha256};
 pub const MAX_PODS_PER_REQUEST: usize = 256;
 /// Most positions kept in `rotation.ahead`; a run takes no pod out of order past this.
 pub const MAX_AHEAD: usize = 2048;
+/// Most positions kept in `rotation.deferred`; past this a pod on a node at its budget is
+/// passed without being owed: it misses this rotation (the coverage shows it) and is
+/// visited again in the next one.
+pub const MAX_DEFERRED: usize = 2048;
 
 /// A pod that may be sampled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,6 +243,28 @@ impl<'a, G: NodeGate> Walk<'a, G> {
     }
 }
 
+/// Offers candidate `i` to the run: `Some(true)` when taken, `None` when refused by its
+/// node's budget (recorded in `budget_refused`), `Some(false)` otherwise.
+fn offer<G: NodeGate>(
+    walk: &mut Walk<'_, G>,
+    i: usize,
+    budget_refused: &mut HashSet<u64>,
+) -> Option<bool> {
+    let skips = walk.skipped.len();
+    if walk.offer(i) {
+        return Some(true);
+    }
+    let budget = walk
+        .skipped
+        .get(skips)
+        .is_some_and(|(_, reason, _)| reason.is_budget());
+    if budget {
+        budget_refused.insert(walk.candidates[i].position);
+        return None;
+    }
+    Some(false)
+}
+
 /// Picks the pods of one run among `candidates` (in rotation order, see [`sort`]) from the
 /// rotation `state`, admitting nodes through `gate`; `now` stamps a rotation that starts.
 pub fn select<G: NodeGate>(
@@ -255,6 +287,8 @@ pub fn select<G: NodeGate>(
         admitted: BTreeMap::new(),
     };
     let mut completed = None;
+    // Positions refused by their node's budget in this run.
+    let mut budget_refused: HashSet<u64> = HashSet::new();
     // At most two passes: the rest of this rotation, then (if it completes) the next one.
     for _pass in 0..2 {
         let cursor = state.cursor.as_deref().and_then(parse_position);
@@ -263,61 +297,103 @@ pub fn select<G: NodeGate>(
             .iter()
             .filter_map(|s| parse_position(s))
             .collect();
+        let mut deferred: BTreeSet<u64> = state
+            .deferred
+            .iter()
+            .filter_map(|s| parse_position(s))
+            .collect();
         let before = walk.taken.len();
         let skipped_before = walk.skipped.len();
-        let mut open_ahead = false;
+        // The deferred pods first, in rotation order.
         for (i, c) in candidates.iter().enumerate() {
-            if cursor.is_some_and(|cur| c.position <= cur) || ahead.contains(&c.position) {
+            // Owed pods refused earlier in this run (before a rotation completed) are not
+            // asked about again.
+            if !deferred.contains(&c.position) || budget_refused.contains(&c.position) {
                 continue;
             }
             if walk.full() {
                 break;
             }
-            let out_of_order = open_ahead;
-            if out_of_order && ahead.len() >= MAX_AHEAD {
+            if offer(&mut walk, i, &mut budget_refused) == Some(true) {
+                deferred.remove(&c.position);
+            }
+        }
+        // Then the pods after the cursor. `missed`: refused by their node's budget when the
+        // owed list is full; the cursor passes them and they wait for the next rotation.
+        let mut open_ahead = false;
+        let mut missed: HashSet<u64> = HashSet::new();
+        for (i, c) in candidates.iter().enumerate() {
+            if cursor.is_some_and(|cur| c.position <= cur)
+                || ahead.contains(&c.position)
+                || deferred.contains(&c.position)
+            {
+                continue;
+            }
+            if walk.full() {
                 break;
             }
-            if walk.offer(i) {
-                if out_of_order {
-                    ahead.insert(c.position);
+            if open_ahead && ahead.len() >= MAX_AHEAD {
+                break;
+            }
+            match offer(&mut walk, i, &mut budget_refused) {
+                Some(true) => {}
+                // On a node at its budget: owed; the cursor may pass it.
+                None if deferred.len() < MAX_DEFERRED => {
+                    deferred.insert(c.position);
                 }
-            } else {
-                open_ahead = true;
+                None => {
+                    missed.insert(c.position);
+                }
+                Some(false) => open_ahead = true,
             }
         }
         let took = walk.taken.len() - before;
-        let newly_taken: Vec<usize> = walk.taken[before..].to_vec();
-        // Advance the cursor over the contiguous prefix of profiled pods.
-        let taken_positions: BTreeSet<u64> = newly_taken
+        let taken_positions: BTreeSet<u64> = walk.taken[before..]
             .iter()
             .map(|&i| candidates[i].position)
             .collect();
+        // Advance the cursor over the contiguous run of pods profiled or owed.
         let mut new_cursor = cursor;
         for c in candidates {
             if cursor.is_some_and(|cur| c.position <= cur) {
                 continue;
             }
-            if taken_positions.contains(&c.position) || ahead.contains(&c.position) {
+            if taken_positions.contains(&c.position)
+                || ahead.contains(&c.position)
+                || deferred.contains(&c.position)
+                || missed.contains(&c.position)
+            {
                 new_cursor = Some(c.position);
                 ahead.remove(&c.position);
             } else {
                 break;
             }
         }
+        // Pods taken past the new cursor are ahead of it.
+        ahead.extend(
+            taken_positions
+                .iter()
+                .filter(|&&p| new_cursor.is_none_or(|cur| p > cur)),
+        );
         state.profiled += i64::try_from(took).unwrap_or(0);
         state.cursor = new_cursor.map(format_position);
         state.ahead = ahead.iter().map(|p| format_position(*p)).collect();
-        let remaining = candidates
-            .iter()
-            .any(|c| new_cursor.is_none_or(|cur| c.position > cur) && !ahead.contains(&c.position));
-        // Only pods on nodes at their budget are left, and none could be taken: the rotation
-        // completes without them rather than stall.
+        state.deferred = deferred.iter().map(|p| format_position(*p)).collect();
+        let remaining = candidates.iter().any(|c| {
+            new_cursor.is_none_or(|cur| c.position > cur)
+                && !ahead.contains(&c.position)
+                && !deferred.contains(&c.position)
+        });
+        // Every owed pod was refused by its node's budget in this run.
+        let deferred_settled = deferred.iter().all(|p| budget_refused.contains(p));
+        // Only pods on nodes at their budget are left, and none could be taken (the owed
+        // list is full): the rotation completes without them rather than stall.
         let only_budget_blocked = took == 0
             && walk.skipped[skipped_before..]
                 .iter()
                 .all(|(_, r, _)| r.is_budget())
             && walk.skipped.len() > skipped_before;
-        if remaining && !only_budget_blocked {
+        if !(only_budget_blocked || (!remaining && deferred_settled)) {
             break;
         }
         if candidates.is_empty() {
@@ -330,6 +406,7 @@ pub fn select<G: NodeGate>(
             start_time: Some(Time(now)),
             cursor: None,
             ahead: Vec::new(),
+            deferred: state.deferred,
             profiled: 0,
         };
         if walk.full() {
@@ -357,6 +434,9 @@ fn normalized(state: &RotationState, candidates: &[Candidate], now: Timestamp) -
     let present: HashSet<u64> = candidates.iter().map(|c| c.position).collect();
     state
         .ahead
+        .retain(|p| parse_position(p).is_some_and(|p| present.contains(&p)));
+    state
+        .deferred
         .retain(|p| parse_position(p).is_some_and(|p| present.contains(&p)));
     state
 }
@@ -476,7 +556,7 @@ mod tests {
     }
 
     #[test]
-    fn a_busy_node_is_skipped_and_its_pods_wait_ahead_of_the_cursor() {
+    fn a_busy_node_is_skipped_and_its_pods_are_owed() {
         let c = pods(12, 3);
         // The node of the first pod in rotation order is busy.
         let busy = c[0].node.clone();
@@ -513,7 +593,8 @@ mod tests {
     #[test]
     fn only_budget_blocked_pods_left_completes_the_rotation() {
         let c = pods(4, 2);
-        // First run takes the node-1 pods, node-0 is busy.
+        // node-0 is busy: the run takes node-1's pods and owes node-0's, and as nothing else
+        // is left the rotation completes without them.
         let s = select(
             &c,
             &RotationState::default(),
@@ -522,13 +603,103 @@ mod tests {
             t(0),
         );
         assert_eq!(s.taken.len(), 2);
-        assert!(s.completed.is_none());
-        // Still busy: the rotation completes without node-0's pods; the new rotation starts
-        // with node-1's pods again.
-        let s2 = select(&c, &s.state, limits(4), &mut Busy("node-0".into()), t(1));
-        assert_eq!(s2.completed, Some(2));
+        assert!(s.taken.iter().all(|&i| c[i].node == "node-1"));
+        assert_eq!(s.completed, Some(2));
+        assert_eq!(s.state.deferred.len(), 2, "{:?}", s.state);
+        // node-0 is free again: its owed pods go first, then the new rotation goes on.
+        let s2 = select(&c, &s.state, limits(2), &mut Open, t(1));
         assert_eq!(s2.taken.len(), 2);
-        assert!(s2.taken.iter().all(|&i| c[i].node == "node-1"));
+        assert!(s2.taken.iter().all(|&i| c[i].node == "node-0"));
+        assert!(s2.state.deferred.is_empty());
+        // They are not taken again in this rotation: node-1's pods come next.
+        let s3 = select(&c, &s2.state, limits(2), &mut Open, t(2));
+        assert!(s3.taken.iter().all(|&i| c[i].node == "node-1"), "{s3:?}");
+        assert_eq!(s3.completed, Some(4));
+    }
+
+    /// Runs rotations over `pods` pods on `nodes` nodes of which the first `busy` stay at
+    /// their budget, 100 pods and 30 nodes a run, until the first rotation completes; returns
+    /// (pods of free nodes, times each pod was taken, the completing run's count, the state,
+    /// runs).
+    fn rotate_with_busy_nodes(
+        pods_n: usize,
+        nodes: usize,
+        busy: usize,
+    ) -> (
+        usize,
+        BTreeMap<String, usize>,
+        Option<i64>,
+        RotationState,
+        i64,
+    ) {
+        struct FirstBusy(usize);
+        impl NodeGate for FirstBusy {
+            fn admit(&mut self, node: &str) -> Result<(), (SkipReason, String)> {
+                let n: usize = node.trim_start_matches("node-").parse().unwrap();
+                if n < self.0 {
+                    Err((SkipReason::DutyCycle, format!("{node} busy")))
+                } else {
+                    Ok(())
+                }
+            }
+        }
+        let c = pods(pods_n, nodes);
+        let node_of =
+            |i: usize| -> usize { c[i].node.trim_start_matches("node-").parse().unwrap() };
+        let free = (0..c.len()).filter(|&i| node_of(i) >= busy).count();
+        let mut state = RotationState::default();
+        let l = Limits {
+            pods: 100,
+            nodes: 30,
+        };
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        let mut runs = 0;
+        let mut completed = None;
+        while state.number < 2 && runs < 500 {
+            let s = select(&c, &state, l, &mut FirstBusy(busy), t(runs));
+            completed = s.completed;
+            for i in s.taken {
+                assert!(node_of(i) >= busy, "a pod of busy {} was taken", c[i].node);
+                *counts.entry(c[i].name.clone()).or_default() += 1;
+            }
+            state = s.state;
+            runs += 1;
+        }
+        assert_eq!(state.number, 2, "the rotation completed within {runs} runs");
+        (free, counts, completed, state, runs)
+    }
+
+    /// A quarter of the nodes stay at their budget, with more free pods than the status keeps
+    /// out-of-order positions for: the rotation still reaches every pod of the other nodes,
+    /// each exactly once, completes, and owes the busy nodes' pods.
+    #[test]
+    fn a_busy_part_of_the_fleet_does_not_hide_the_rest() {
+        let (free, counts, completed, state, runs) = rotate_with_busy_nodes(6000, 60, 15);
+        assert_eq!(free, 4500);
+        assert!(free > MAX_AHEAD && 6000 - free < MAX_DEFERRED);
+        assert_eq!(counts.len(), free, "every pod of the free nodes");
+        assert_eq!(completed, Some(4500), "each profiled once in the rotation");
+        // The completing run may go on into the next rotation with the rest of its room.
+        assert!(counts.values().filter(|&&n| n > 1).count() < 100);
+        assert_eq!(
+            state.deferred.len(),
+            6000 - free,
+            "the busy nodes' pods are owed"
+        );
+        assert!(runs <= 50, "45 full runs, a few more for maxNodes: {runs}");
+    }
+
+    /// More pods sit on busy nodes than the owed list holds: those past its bound miss the
+    /// rotation, but every pod of a free node is still profiled, once.
+    #[test]
+    fn more_busy_pods_than_can_be_owed_still_leave_no_free_pod_behind() {
+        let (free, counts, completed, state, runs) = rotate_with_busy_nodes(10_000, 100, 35);
+        assert_eq!(free, 6500);
+        assert!(10_000 - free > MAX_DEFERRED);
+        assert_eq!(counts.len(), free, "every pod of the free nodes");
+        assert_eq!(completed, Some(6500), "each profiled once in the rotation");
+        assert_eq!(state.deferred.len(), MAX_DEFERRED, "the owed list is full");
+        assert!(runs <= 75, "65 full runs, a few more for maxNodes: {runs}");
     }
 
     #[test]
@@ -585,9 +756,12 @@ mod tests {
             &mut Busy(busy.clone()),
             t(0),
         );
-        assert!(!s.state.ahead.is_empty());
+        assert!(!s.state.deferred.is_empty());
         let fewer: Vec<Candidate> = c.iter().filter(|p| p.node == busy).cloned().collect();
         let s2 = select(&fewer, &s.state, limits(4), &mut Open, t(1));
         assert_eq!(s2.taken.len(), 4);
+        let gone: Vec<Candidate> = c.iter().filter(|p| p.node != busy).cloned().collect();
+        let s3 = select(&gone, &s.state, limits(4), &mut Open, t(1));
+        assert!(s3.state.deferred.is_empty(), "{:?}", s3.state);
     }
 }
