@@ -36,7 +36,7 @@ async fn twenty_concurrent_requests_all_complete() {
         created.expect("creating a request");
     }
     for name in &names {
-        let phases = pipeline.watch_phases(&api, name);
+        let phases = pipeline.watch_phases(&api, name).await;
         let (done, _) = pipeline
             .wait_terminal(&api, name, Duration::from_secs(120), phases)
             .await;

@@ -47,7 +47,7 @@ async fn agent_killed_mid_capture_fails_its_node_only() {
         "killed",
         json!({"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "4s"}),
     );
-    let phases = pipeline.watch_phases(&api, "killed");
+    let phases = pipeline.watch_phases(&api, "killed").await;
     api.create(&Default::default(), &request).await.unwrap();
     wait_phase(&api, "killed", RequestPhase::Running).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -173,7 +173,7 @@ async fn operator_restarted_mid_capture_completes_the_request_once() {
         "restart",
         json!({"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "6s"}),
     );
-    let phases = pipeline.watch_phases(&api, "restart");
+    let phases = pipeline.watch_phases(&api, "restart").await;
     api.create(&Default::default(), &request).await.unwrap();
     let running = wait_phase(&api, "restart", RequestPhase::Running).await;
     let uid = running.metadata.uid.clone().unwrap();

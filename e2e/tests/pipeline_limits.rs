@@ -106,7 +106,7 @@ async fn a_namespace_at_its_limit_queues_while_others_run() {
     );
 
     // Once the first finishes, the queued one starts and succeeds.
-    let phases = pipeline.watch_phases(&api_a, "second");
+    let phases = pipeline.watch_phases(&api_a, "second").await;
     let (second, _) = pipeline
         .wait_terminal(&api_a, "second", TIMEOUT, phases)
         .await;

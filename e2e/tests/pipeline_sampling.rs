@@ -337,7 +337,7 @@ async fn a_scheduled_run_yields_a_node_busy_with_an_ad_hoc_capture_and_says_why(
     assert_eq!(skipped.node, pipeline.nodes[0]);
     suspend(&ns, "db-cpu").await;
     // The ad hoc request was never held back.
-    let phases = pipeline.watch_phases(&requests, "adhoc");
+    let phases = pipeline.watch_phases(&requests, "adhoc").await;
     let (done, _) = pipeline
         .wait_terminal(&requests, "adhoc", TIMEOUT, phases)
         .await;

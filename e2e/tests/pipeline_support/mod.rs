@@ -688,15 +688,16 @@ impl Pipeline {
     ) -> (ProfileRequest, Vec<RequestPhase>) {
         let api: Api<ProfileRequest> = ns.api();
         let name = request.metadata.name.clone().unwrap();
-        let phases = self.watch_phases(&api, &name);
+        let phases = self.watch_phases(&api, &name).await;
         api.create(&PostParams::default(), request)
             .await
             .expect("creating the ProfileRequest");
         self.wait_terminal(&api, &name, timeout, phases).await
     }
 
-    /// Starts recording the phases of `name`.
-    pub fn watch_phases(
+    /// Starts recording the phases of `name`; returns once the watch has listed the
+    /// current state, so every phase written afterwards is seen.
+    pub async fn watch_phases(
         &self,
         api: &Api<ProfileRequest>,
         name: &str,
@@ -705,9 +706,16 @@ impl Pipeline {
         let seen = phases.clone();
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let stream = watcher::watcher(api.clone(), config);
+        let (listed_tx, listed) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
+            let mut listed_tx = Some(listed_tx);
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
+                if let Ok(watcher::Event::InitDone) = event
+                    && let Some(tx) = listed_tx.take()
+                {
+                    let _ = tx.send(());
+                }
                 if let Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) = event
                     && let Some(phase) = obj.status.and_then(|s| s.phase)
                 {
@@ -716,11 +724,19 @@ impl Pipeline {
                         v.push(phase);
                     }
                     if phase.is_terminal() {
+                        // Nothing more to see: done listing too.
+                        if let Some(tx) = listed_tx.take() {
+                            let _ = tx.send(());
+                        }
                         break;
                     }
                 }
             }
         });
+        tokio::time::timeout(Duration::from_secs(30), listed)
+            .await
+            .expect("the phase watch listed within 30 s")
+            .expect("the phase watch ended before listing");
         phases
     }
 
