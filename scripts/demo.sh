@@ -61,7 +61,7 @@ mkdir -p "$STORE_DIR" && chown 65532:65532 "$STORE_DIR"
   --set image.tag="$TAG" --set image.pullPolicy=Never \
   --set store.persistence.type=hostPath --set store.persistence.hostPath="$STORE_DIR" \
   --set store.service.type=NodePort --set store.service.nodePort="$STORE_NODE_PORT" \
-  --set store.publicUrl="http://$NODE_IP:$STORE_NODE_PORT/" \
+  --set store.publicUrl="https://$NODE_IP:$STORE_NODE_PORT/" \
   --set operator.podDisruptionBudget.enabled=false \
   --wait --timeout 5m >/dev/null
 k -n "$SYSTEM_NS" get pods -o wide

@@ -205,7 +205,10 @@ impl Cluster {
             format!("store.persistence.hostPath={}", STORE_HOST_DIR),
             "store.service.type=NodePort".into(),
             format!("store.service.nodePort={store_node_port}"),
-            format!("store.publicUrl=http://{}:{store_node_port}/", self.node_ip),
+            format!(
+                "store.publicUrl=https://{}:{store_node_port}/",
+                self.node_ip
+            ),
             "operator.podDisruptionBudget.enabled=false".into(),
         ]
     }

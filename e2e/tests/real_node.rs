@@ -281,6 +281,59 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         );
     }
 
+    step("the store speaks only HTTPS, with a certificate from the operator's CA");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let ca = secrets.get(&format!("{RELEASE}-ca")).await.unwrap();
+    let ca_pem = ca.data.unwrap()["tls.crt"].0.clone();
+    let store_tls = secrets
+        .get(&format!("{RELEASE}-store-tls"))
+        .await
+        .expect("the operator issued the store's certificate")
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get("flamefleet.dev/store-hosts")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        store_tls.split(',').any(|h| h == cluster.node_ip),
+        "the store certificate names the public URL's host {}: {store_tls}",
+        cluster.node_ip
+    );
+    let healthz = format!("https://{}:{STORE_NODE_PORT}/healthz", cluster.node_ip);
+    let trusting = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca_pem).unwrap())
+        .build()
+        .unwrap();
+    let answer = trusting
+        .get(&healthz)
+        .send()
+        .await
+        .expect("HTTPS with the operator's CA");
+    assert!(
+        answer.status().is_success(),
+        "{healthz}: {}",
+        answer.status()
+    );
+    let untrusting = reqwest::Client::new();
+    let refused = untrusting.get(&healthz).send().await;
+    assert!(
+        refused.is_err(),
+        "a client without the operator's CA must not trust the store"
+    );
+    let plain = untrusting
+        .get(format!(
+            "http://{}:{STORE_NODE_PORT}/healthz",
+            cluster.node_ip
+        ))
+        .send()
+        .await;
+    assert!(
+        plain.as_ref().map_or(true, |r| !r.status().is_success()),
+        "the store must not answer plain HTTP: {plain:?}"
+    );
+
     step("a workload Deployment, profiled with kubectl profile");
     let shop = format!("shop-{}", std::process::id());
     cluster.kubectl(&["create", "namespace", &shop]).unwrap();

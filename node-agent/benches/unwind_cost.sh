@@ -39,23 +39,26 @@ __attribute__((noinline)) void f1(long n) { f2(n); sink++; }
 int main(void) { for (;;) f1(100000); }
 EOF
 gcc -O2 -fomit-frame-pointer -o "$work/chain" "$work/chain.c"
-spawn() { sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$@" >/dev/null 2>&1 & }
+spawn() { sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$@" >/dev/null 2>&1 & disown; }
 for _ in $(seq "$(nproc)"); do spawn "$work/chain"; done
 
 sysctl -qw kernel.bpf_stats_enabled=1
-# Prints "ns_per_sample samples" of the agent's on_cpu_sample program.
+# Prints "ns_per_sample samples" of the on_cpu_sample program this capture loaded (the
+# programs present before it started are left out: bpftool may not know program pids).
 measure() {
+  local before
+  before=$(bpftool -j prog show | python3 -c 'import json, sys; print(" ".join(str(p["id"]) for p in json.load(sys.stdin)))')
   "$AGENT" capture --type cpu --cgroup "$cg" --duration "${SECS}s" --frequency 999 "$@" -o "$work/p.pb.gz" >/dev/null 2>&1 &
   local apid=$!
   sleep $((SECS - 1))
   bpftool -j prog show | python3 -c '
 import json, sys
-apid = int(sys.argv[1])
+before = set(sys.argv[1].split())
 t = n = 0
 for p in json.load(sys.stdin):
-    if p.get("name") == "on_cpu_sample" and any(x.get("pid") == apid for x in p.get("pids", [])):
+    if p.get("name") == "on_cpu_sample" and str(p["id"]) not in before:
         t += p.get("run_time_ns", 0); n += p.get("run_cnt", 0)
-print(f"{t / max(n, 1):.0f} {n}")' "$apid"
+print(f"{t / max(n, 1):.0f} {n}")' "$before"
   wait "$apid"
 }
 read -r fp fp_n < <(measure --frame-pointers-only)

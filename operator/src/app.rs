@@ -18,6 +18,7 @@ use crate::controller::{self, Context};
 use crate::downloads::{self, DownloadContext};
 use crate::identity::ca::OperatorCa;
 use crate::identity::csr_signer::{AgentIdentityPolicy, CsrSigner};
+use crate::identity::store_cert;
 use crate::leader::{Election, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::owned_secret;
@@ -94,6 +95,12 @@ pub struct Options {
     /// Base URL users download artifacts from (default: --store-url).
     #[arg(long)]
     pub store_public_url: Option<url::Url>,
+    /// Secret (`kubernetes.io/tls`, in the agent namespace) for the HTTPS certificate of the
+    /// store (`--store remote`): the operator's CA issues it for the hosts of --store-url and
+    /// --store-public-url and renews it; the store mounts it. Agents, the operator and
+    /// `kubectl profile` trust the operator's CA for the store. Needs --ca-secret.
+    #[arg(long, requires = "ca_secret")]
+    pub store_tls_secret: Option<String>,
     /// Largest artifact accepted, bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub store_max_bytes: u64,
@@ -216,6 +223,7 @@ fn getrandom_fill(buf: &mut [u8]) -> crate::Result<()> {
 async fn open_store(
     options: &Options,
     client: &kube::Client,
+    store_ca: Option<String>,
 ) -> anyhow::Result<Arc<dyn ArtifactStore>> {
     match options.store {
         StoreKind::Builtin => {
@@ -234,6 +242,7 @@ async fn open_store(
                     max_upload_bytes: options.store_max_bytes,
                 },
                 options.store_listen,
+                None,
             )
             .await
             .context("starting the built-in artifact store")?;
@@ -249,6 +258,7 @@ async fn open_store(
                 public_url: options.store_public_url.clone(),
                 secret,
                 max_upload_bytes: options.store_max_bytes,
+                ca_pem: store_ca,
             })
             .context("configuring the remote artifact store")?;
             Ok(Arc::new(store))
@@ -303,7 +313,6 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             tracing::error!("metrics server stopped: {e}");
         }
     });
-    let store = open_store(&options, &client).await?;
     let ca = match &options.ca_secret {
         Some(name) => Some(Arc::new(
             OperatorCa::load_or_create(&client, &options.agent_namespace, name)
@@ -312,6 +321,32 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         )),
         None => None,
     };
+    // The store's certificate first: the store pod waits for its Secret.
+    let store_ca = match (&options.store_tls_secret, &ca) {
+        (Some(secret), Some(ca)) => {
+            let hosts = store_cert::hosts_of(
+                options
+                    .store_url
+                    .iter()
+                    .chain(options.store_public_url.iter()),
+            );
+            store_cert::ensure(&client, &options.agent_namespace, secret, ca, &hosts)
+                .await
+                .with_context(|| {
+                    format!("issuing the store's TLS certificate into Secret {secret}")
+                })?;
+            tokio::spawn(store_cert::maintain(
+                client.clone(),
+                options.agent_namespace.clone(),
+                secret.clone(),
+                ca.clone(),
+                hosts,
+            ));
+            Some(ca.cert_pem().to_owned())
+        }
+        _ => None,
+    };
+    let store = open_store(&options, &client, store_ca.clone()).await?;
     let connector = match (&ca, &options.tls_ca, &options.tls_cert, &options.tls_key) {
         (Some(ca), ..) => AgentConnector::from_ca(ca.clone(), options.agent_connect_timeout)?,
         (None, Some(ca), Some(cert), Some(key)) => {
@@ -442,7 +477,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             store: context.store.clone(),
             url_ttl: options.download_url_ttl,
             request_selector: options.request_selector.clone(),
-            ca_bundle: None,
+            ca_bundle: store_ca,
             namespace: None,
         }),
         shutdown.clone(),

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::Parser;
 
+use crate::store::builtin::tls::TlsFiles;
 use crate::store::builtin::{BuiltinConfig, server};
 use crate::store::install_default_crypto_provider;
 
@@ -34,6 +35,13 @@ pub struct StoreOptions {
     /// Largest artifact accepted, bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub max_bytes: u64,
+    /// Serve HTTPS with this certificate chain (PEM; re-read when it changes). The chart
+    /// mounts the certificate the operator issues and renews.
+    #[arg(long, requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key of `--tls-cert-file` (PEM).
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// Runs the store until SIGTERM/Ctrl-C.
@@ -48,9 +56,17 @@ pub async fn run(options: StoreOptions) -> anyhow::Result<()> {
             options.secret_file.display()
         )
     })?;
+    let tls = match (&options.tls_cert_file, &options.tls_key_file) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let public_url = match &options.public_url {
         Some(url) => url.clone(),
-        None => format!("http://{}/", options.listen)
+        None => format!("{scheme}://{}/", options.listen)
             .parse()
             .context("building the store URL from --listen; pass --public-url")?,
     };
@@ -62,10 +78,11 @@ pub async fn run(options: StoreOptions) -> anyhow::Result<()> {
             max_upload_bytes: options.max_bytes,
         },
         options.listen,
+        tls,
     )
     .await
     .context("starting the artifact store")?;
-    println!("listening on {bound}");
+    println!("listening on {bound} ({scheme})");
     crate::app::shutdown_signal().await;
     tracing::info!("shutting down");
     Ok(())

@@ -511,6 +511,7 @@ async fn a_remote_store_verifies_lists_and_deletes_through_signed_admin_urls() {
         public_url: Some("https://profiles.example.test/".parse().unwrap()),
         secret: b"0123456789abcdef0123456789abcdef".to_vec(),
         max_upload_bytes: 1 << 20,
+        ca_pem: None,
     })
     .unwrap();
     let req = request("shop", "remote");
@@ -566,6 +567,7 @@ async fn a_remote_store_verifies_lists_and_deletes_through_signed_admin_urls() {
         public_url: None,
         secret: b"another-secret-another-secret-0123".to_vec(),
         max_upload_bytes: 1 << 20,
+        ca_pem: None,
     })
     .unwrap();
     let err = stranger.list(&req).await.unwrap_err();

@@ -51,7 +51,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "flamefleet.storeUrl" -}}
-{{- printf "http://%s-store.%s.svc:%v/" (include "flamefleet.fullname" .) .Release.Namespace .Values.store.service.port -}}
+{{- printf "%s://%s-store.%s.svc:%v/" (ternary "https" "http" (.Values.store.tls.enabled | default false)) (include "flamefleet.fullname" .) .Release.Namespace .Values.store.service.port -}}
 {{- end -}}
 
 {{/* Pod security context shared by the operator and the store: non-root, no privileges. */}}

@@ -208,6 +208,23 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// Uploads trust `ca_pem` (the operator's CA) for an `https` store. Called before the
+    /// agent serves.
+    fn trust_store_ca(&mut self, ca_pem: &[u8]) -> Result<()> {
+        let uploader = Uploader::trusting(UploadPolicy::default(), Some(ca_pem))?;
+        match Arc::get_mut(&mut self.ctx) {
+            Some(ctx) => {
+                ctx.uploader = uploader;
+                Ok(())
+            }
+            None => Err(ServiceError::Tls(
+                "the agent is already serving; its store trust cannot change".into(),
+            )),
+        }
+    }
+}
+
 /// The stream type of `Capture`.
 pub type ProgressStream = Pin<Box<dyn Stream<Item = Result<CaptureProgress, Status>> + Send>>;
 
@@ -312,7 +329,7 @@ pub async fn serve(
         TlsSource::Files(files) => Some(files.read()?),
         TlsSource::Csr => None,
     };
-    let agent = Agent::new(&config).await?;
+    let mut agent = Agent::new(&config).await?;
     let probes = Arc::clone(&agent.probes);
     if let Some(listen) = config.probe_listen {
         let bound = probes::spawn(listen, Arc::clone(&probes)).await?;
@@ -329,11 +346,15 @@ pub async fn serve(
         source,
     })?;
     let identity = match material {
-        Some(material) => ServingIdentity::new(&material)?,
+        Some(material) => {
+            agent.trust_store_ca(&material.ca_pem)?;
+            ServingIdentity::new(&material)?
+        }
         None => {
             let client = kube_client(config.kubeconfig.as_ref()).await?;
             probes.set_waiting("waiting for the operator to sign this node's certificate (CSR)");
             let issued = identity::first_certificate(&client, &config.node_name).await;
+            agent.trust_store_ca(&issued.material.ca_pem)?;
             let serving = ServingIdentity::new(&issued.material)?;
             probes.set_cert_expiry(issued.not_after);
             tokio::spawn(identity::keep_renewed(

@@ -262,35 +262,9 @@ pub fn incoming(
     timeout: std::time::Duration,
 ) -> impl futures::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>
 {
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    // Bounded: a flood of handshakes waits in the kernel's backlog instead of in memory.
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let sender = tx.clone();
-            tokio::spawn(async move {
-                match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => {
-                        let _ = sender.send(Ok(tls)).await;
-                    }
-                    Ok(Err(e)) => tracing::info!(%peer, "TLS handshake refused: {e}"),
-                    Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
-                }
-            });
-            if tx.is_closed() {
-                return;
-            }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+    use futures::StreamExt as _;
+    tokio_stream::wrappers::ReceiverStream::new(flamefleet_proto::tls_accept::accept_tls(
+        listener, config, timeout,
+    ))
+    .map(|(tls, _peer)| Ok(tls))
 }

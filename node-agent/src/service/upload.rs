@@ -115,12 +115,26 @@ impl Uploader {
     /// # Errors
     /// [`UploadError::Client`] when the TLS backend cannot be initialised.
     pub fn new(policy: UploadPolicy) -> Result<Self, UploadError> {
-        let client = reqwest::Client::builder()
+        Self::trusting(policy, None)
+    }
+
+    /// Builds the client trusting `ca_pem` (the operator's CA, which issues the built-in
+    /// store's HTTPS certificate) besides the system roots.
+    ///
+    /// # Errors
+    /// [`UploadError::Client`] when the TLS backend cannot be initialised or the CA does
+    /// not parse.
+    pub fn trusting(policy: UploadPolicy, ca_pem: Option<&[u8]>) -> Result<Self, UploadError> {
+        let mut builder = reqwest::Client::builder()
             .timeout(policy.attempt_timeout)
             .connect_timeout(policy.connect_timeout)
-            .user_agent(concat!("flamefleet-agent/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(UploadError::Client)?;
+            .user_agent(concat!("flamefleet-agent/", env!("CARGO_PKG_VERSION")));
+        if let Some(pem) = ca_pem {
+            for root in reqwest::Certificate::from_pem_bundle(pem).map_err(UploadError::Client)? {
+                builder = builder.add_root_certificate(root);
+            }
+        }
+        let client = builder.build().map_err(UploadError::Client)?;
         Ok(Self { client, policy })
     }
 

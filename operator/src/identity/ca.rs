@@ -6,11 +6,13 @@
 //! trusting the agents' certificates. A cluster admin may instead provide the Secret (from
 //! their own PKI, e.g. cert-manager) with an ECDSA or RSA key in PKCS#8.
 //!
-//! The CA issues two kinds of certificates, both short-lived and renewed automatically:
+//! The CA issues three kinds of certificates, both short-lived and renewed automatically:
 //! - the operator's client certificate ([`OperatorCa::issue_operator_client`]), DNS name
 //!   [`OPERATOR_DNS_NAME`], client auth only: agents accept no other client;
 //! - an agent's serving certificate for exactly one node ([`OperatorCa::sign_agent`]),
-//!   DNS name [`agent_dns_name`], server auth only, for the key in the agent's CSR.
+//!   DNS name [`agent_dns_name`], server auth only, for the key in the agent's CSR;
+//! - the built-in store's serving certificate ([`OperatorCa::issue_store_server`]) for the
+//!   host names of its URLs, server auth only (see [`super::store_cert`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -182,6 +184,48 @@ impl OperatorCa {
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(tls_err("signing the operator's client certificate"))?;
+        Ok(IssuedPair {
+            chain_pem: format!("{}{}", cert.pem(), self.cert_pem),
+            key_pem: key.serialize_pem(),
+            not_after,
+        })
+    }
+
+    /// A fresh serving certificate and key for the built-in artifact store, valid for `ttl`,
+    /// naming exactly `hosts` (DNS names, or IP addresses as IP SANs). Server auth only.
+    ///
+    /// # Errors
+    /// [`Error::Tls`] for no host, a host that is not a valid DNS name, or signing failures.
+    pub fn issue_store_server(&self, hosts: &[String], ttl: Duration) -> Result<IssuedPair> {
+        if hosts.is_empty() {
+            return Err(Error::Tls(
+                "the store certificate needs at least one host name".into(),
+            ));
+        }
+        let key = KeyPair::generate().map_err(tls_err("generating the store's key"))?;
+        let mut params = CertificateParams::new(Vec::<String>::new())
+            .map_err(tls_err("building the store certificate"))?;
+        for host in hosts {
+            let san = match host.parse::<std::net::IpAddr>() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName(
+                    host.clone()
+                        .try_into()
+                        .map_err(tls_err(format!("the store host name {host:?}")))?,
+                ),
+            };
+            params.subject_alt_names.push(san);
+        }
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "flamefleet-store");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.use_authority_key_identifier_extension = true;
+        let not_after = validity(&mut params, ttl);
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(tls_err("signing the store certificate"))?;
         Ok(IssuedPair {
             chain_pem: format!("{}{}", cert.pem(), self.cert_pem),
             key_pem: key.serialize_pem(),

@@ -34,6 +34,9 @@ pub struct RemoteConfig {
     pub secret: Vec<u8>,
     /// Largest artifact accepted.
     pub max_upload_bytes: u64,
+    /// PEM CA certificate(s) to trust for an `https` store besides the system roots (the
+    /// operator's CA, which issues the built-in store's certificate).
+    pub ca_pem: Option<String>,
 }
 
 impl std::fmt::Debug for RemoteConfig {
@@ -76,8 +79,15 @@ impl RemoteStore {
         };
         let signer =
             UrlSigner::new(config.secret).map_err(|e| StoreError::Config(e.to_string()))?;
-        let http = reqwest::Client::builder()
-            .timeout(ADMIN_TIMEOUT)
+        let mut http = reqwest::Client::builder().timeout(ADMIN_TIMEOUT);
+        if let Some(pem) = &config.ca_pem {
+            let roots = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+                .map_err(|e| StoreError::Config(format!("the store's CA does not parse: {e}")))?;
+            for root in roots {
+                http = http.add_root_certificate(root);
+            }
+        }
+        let http = http
             .build()
             .map_err(|e| StoreError::Config(format!("building the HTTP client: {e}")))?;
         Ok(Self {

@@ -13,6 +13,7 @@
 
 pub mod http;
 pub mod server;
+pub mod tls;
 
 use std::{
     path::{Path, PathBuf},

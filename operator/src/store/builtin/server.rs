@@ -1,9 +1,11 @@
-//! Serving the built-in store: bind, build the routes, run in the background. Shared by the
+//! Serving the built-in store: bind, build the routes, run in the background, over HTTPS
+//! when given a certificate. Shared by the
 //! operator (store in-process, `--store builtin`) and `flamefleet-store` (store apart).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use super::tls::{self, TlsFiles, TlsListener};
 use super::{BuiltinConfig, BuiltinStore, http};
 use crate::store::{Result, StoreError};
 
@@ -17,6 +19,7 @@ use crate::store::{Result, StoreError};
 pub async fn spawn(
     config: BuiltinConfig,
     listen: SocketAddr,
+    tls: Option<TlsFiles>,
 ) -> Result<(Arc<BuiltinStore>, SocketAddr)> {
     let store = Arc::new(BuiltinStore::open(config).await?);
     let listener = tokio::net::TcpListener::bind(listen)
@@ -26,11 +29,24 @@ pub async fn spawn(
         .local_addr()
         .map_err(|e| StoreError::Config(format!("binding the store to {listen}: {e}")))?;
     let router = http::router(store.clone());
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
-            tracing::error!("artifact store server stopped: {e}");
-        }
-    });
-    tracing::info!(listen = %bound, "built-in artifact store serving");
+    let scheme = if let Some(files) = tls {
+        let config = tls::server_config(files)?;
+        let listener = TlsListener::new(listener, config)
+            .map_err(|e| StoreError::Config(format!("serving TLS on {listen}: {e}")))?;
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).await {
+                tracing::error!("artifact store server stopped: {e}");
+            }
+        });
+        "https"
+    } else {
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).await {
+                tracing::error!("artifact store server stopped: {e}");
+            }
+        });
+        "http"
+    };
+    tracing::info!(listen = %bound, scheme, "built-in artifact store serving");
     Ok((store, bound))
 }

@@ -1,0 +1,110 @@
+//! The built-in store over HTTPS: a certificate from the operator's CA, trusted by a client
+//! that holds that CA and by no other; plain HTTP gets no answer; a key that does not match
+//! its certificate is refused at start with a message naming both files.
+
+use std::time::Duration;
+
+use flamefleet_operator::identity::ca::OperatorCa;
+use flamefleet_operator::store::builtin::tls::TlsFiles;
+use flamefleet_operator::store::builtin::{BuiltinConfig, server};
+
+fn config(root: &std::path::Path, url: &str) -> BuiltinConfig {
+    BuiltinConfig {
+        root: root.to_path_buf(),
+        public_url: url.parse().unwrap(),
+        secret: b"0123456789abcdef0123456789abcdef".to_vec(),
+        max_upload_bytes: 1 << 20,
+    }
+}
+
+#[tokio::test]
+async fn the_store_serves_https_only_to_clients_that_trust_the_operator_ca() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, _) = OperatorCa::generate("test-ca").unwrap();
+    let pair = ca
+        .issue_store_server(&["127.0.0.1".into()], Duration::from_secs(3600))
+        .unwrap();
+    let files = TlsFiles {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+    };
+    std::fs::write(&files.cert, &pair.chain_pem).unwrap();
+    std::fs::write(&files.key, &pair.key_pem).unwrap();
+    let (_store, bound) = server::spawn(
+        config(&dir.path().join("artifacts"), "https://127.0.0.1/"),
+        "127.0.0.1:0".parse().unwrap(),
+        Some(files),
+    )
+    .await
+    .expect("serving HTTPS");
+
+    let trusting = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.cert_pem().as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let ok = trusting
+        .get(format!("https://127.0.0.1:{}/healthz", bound.port()))
+        .send()
+        .await
+        .expect("HTTPS with the operator's CA");
+    assert!(ok.status().is_success(), "{}", ok.status());
+
+    // Another CA's client does not trust the store.
+    let (other, _) = OperatorCa::generate("other-ca").unwrap();
+    let stranger = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(other.cert_pem().as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let refused = stranger
+        .get(format!("https://127.0.0.1:{}/healthz", bound.port()))
+        .send()
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+
+    // Plain HTTP gets no HTTP answer.
+    let plain = reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .unwrap()
+        .get(format!("http://127.0.0.1:{}/healthz", bound.port()))
+        .send()
+        .await;
+    assert!(
+        plain.as_ref().is_err() || plain.as_ref().is_ok_and(|r| !r.status().is_success()),
+        "{plain:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_key_that_does_not_match_its_certificate_is_refused_at_start() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, _) = OperatorCa::generate("test-ca").unwrap();
+    let a = ca
+        .issue_store_server(&["127.0.0.1".into()], Duration::from_secs(3600))
+        .unwrap();
+    let b = ca
+        .issue_store_server(&["127.0.0.1".into()], Duration::from_secs(3600))
+        .unwrap();
+    let files = TlsFiles {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+    };
+    std::fs::write(&files.cert, &a.chain_pem).unwrap();
+    std::fs::write(&files.key, &b.key_pem).unwrap();
+    let err = server::spawn(
+        config(&dir.path().join("artifacts"), "https://127.0.0.1/"),
+        "127.0.0.1:0".parse().unwrap(),
+        Some(files),
+    )
+    .await
+    .expect_err("a mismatched key must be refused");
+    let message = err.to_string();
+    assert!(
+        message.contains("tls.key")
+            && message.contains("tls.crt")
+            && message.contains("does not match"),
+        "{message}"
+    );
+}
