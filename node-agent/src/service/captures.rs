@@ -10,6 +10,12 @@
 //! to spare, and 1,000 final messages of a few hundred bytes each cost well
 //! under a megabyte. An entry evicted earlier makes a repeated call start a
 //! new capture, which is the behaviour of an agent that restarted.
+//!
+//! Progress is published on a `watch` channel, so a slow caller never queues
+//! ticks, but the channel carries the first message of every stage as well as
+//! the newest one: a caller that started a capture sees every stage it went
+//! through, from ACCEPTED, however late its stream is first polled (see
+//! [`follow`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -43,8 +49,86 @@ pub fn is_terminal(p: &CaptureProgress) -> bool {
     matches!(p.stage(), Stage::Done | Stage::Failed)
 }
 
+/// What the progress channel holds: the first message of each stage the capture
+/// reached, in order (at most one per stage, so a handful), and the newest message, each
+/// with its sequence number.
+#[derive(Debug, Clone)]
+pub struct Published {
+    stages: Vec<(u64, CaptureProgress)>,
+    latest: (u64, CaptureProgress),
+}
+
+impl Published {
+    fn new(first: CaptureProgress) -> Self {
+        Self {
+            stages: vec![(1, first.clone())],
+            latest: (1, first),
+        }
+    }
+
+    fn push(&mut self, p: CaptureProgress) {
+        let seq = self.latest.0 + 1;
+        if self.latest.1.stage != p.stage {
+            self.stages.push((seq, p.clone()));
+        }
+        self.latest = (seq, p);
+    }
+
+    /// The messages a follower that has seen up to `seen` has not seen: the first
+    /// message of every stage reached since, then the newest message.
+    fn unseen(&self, seen: u64) -> Vec<(u64, CaptureProgress)> {
+        let mut out: Vec<(u64, CaptureProgress)> = self
+            .stages
+            .iter()
+            .filter(|(seq, _)| *seq > seen)
+            .cloned()
+            .collect();
+        if self.latest.0 > seen && out.last().is_none_or(|(seq, _)| *seq != self.latest.0) {
+            out.push(self.latest.clone());
+        }
+        out
+    }
+}
+
+/// A capture's progress channel.
+pub type ProgressFeed = watch::Receiver<Published>;
+
+/// Follows a capture's progress until (and including) its final message. `from_start`
+/// replays every stage from ACCEPTED (the caller that started the capture); otherwise the
+/// stream starts at the newest message (a caller attaching to a running capture).
+pub fn follow(
+    rx: ProgressFeed,
+    from_start: bool,
+) -> impl futures::Stream<Item = CaptureProgress> + Send + 'static {
+    let seen = if from_start {
+        0
+    } else {
+        rx.borrow().latest.0.saturating_sub(1)
+    };
+    futures::StreamExt::flat_map(
+        futures::stream::unfold(
+            (rx, seen, false, true),
+            |(mut rx, seen, done, first)| async move {
+                if done {
+                    return None;
+                }
+                // The sender only goes away after publishing the final message.
+                if !first && rx.changed().await.is_err() {
+                    return None;
+                }
+                let unseen = rx.borrow_and_update().unseen(seen);
+                let seen = unseen.last().map_or(seen, |(seq, _)| *seq);
+                let done = unseen.iter().any(|(_, p)| is_terminal(p));
+                let batch: Vec<CaptureProgress> = unseen.into_iter().map(|(_, p)| p).collect();
+                Some((batch, (rx, seen, done, false)))
+            },
+        ),
+        futures::stream::iter,
+    )
+}
+
 struct Running {
-    progress: watch::Receiver<CaptureProgress>,
+    progress: ProgressFeed,
     cancel: CancellationToken,
 }
 
@@ -77,9 +161,9 @@ impl std::fmt::Debug for CaptureTable {
 #[derive(Debug)]
 pub enum Joined {
     /// No capture with this UID: the caller runs it through the handle.
-    New(CaptureHandle, watch::Receiver<CaptureProgress>),
+    New(CaptureHandle, ProgressFeed),
     /// The capture runs: follow its progress.
-    Attached(watch::Receiver<CaptureProgress>),
+    Attached(ProgressFeed),
     /// The capture finished: its final message.
     Finished(CaptureProgress),
 }
@@ -107,7 +191,7 @@ impl CaptureTable {
         if let Some((last, _)) = inner.finished.get(uid) {
             return Joined::Finished(last.clone());
         }
-        let (tx, rx) = watch::channel(accepted);
+        let (tx, rx) = watch::channel(Published::new(accepted));
         let cancel = CancellationToken::new();
         inner.running.insert(
             uid.to_owned(),
@@ -175,7 +259,7 @@ impl CaptureTable {
 #[derive(Debug)]
 pub struct CaptureHandle {
     uid: String,
-    tx: watch::Sender<CaptureProgress>,
+    tx: watch::Sender<Published>,
     cancel: CancellationToken,
     table: Arc<CaptureTable>,
     finished: bool,
@@ -189,7 +273,7 @@ impl CaptureHandle {
 
     /// Publishes a non-terminal progress message.
     pub fn progress(&self, p: CaptureProgress) {
-        self.tx.send_replace(p);
+        self.tx.send_modify(|published| published.push(p));
     }
 
     /// Resolves when `Cancel` was called for this capture.
@@ -215,7 +299,7 @@ impl CaptureHandle {
         // Cache first, then publish: a caller arriving between the two
         // attaches to a channel that already holds the final message.
         self.table.finish(&self.uid, last.clone());
-        self.tx.send_replace(last);
+        self.tx.send_modify(|published| published.push(last));
     }
 }
 
@@ -279,5 +363,31 @@ mod tests {
             table.join("a", stage(Stage::Accepted)),
             Joined::New(..)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_late_follower_of_a_new_capture_sees_every_stage_in_order() {
+        use futures::StreamExt as _;
+        let table = Arc::new(CaptureTable::new(CacheLimits::default()));
+        let Joined::New(handle, rx) = table.join("late", stage(Stage::Accepted)) else {
+            panic!("expected a new capture");
+        };
+        // Everything happens before the stream is first polled.
+        for s in [Stage::Running, Stage::Running, Stage::Uploading] {
+            handle.progress(stage(s));
+        }
+        let attached = match table.join("late", stage(Stage::Accepted)) {
+            Joined::Attached(rx) => rx,
+            other => panic!("expected to attach: {other:?}"),
+        };
+        handle.finish(stage(Stage::Done));
+        let seen: Vec<Stage> = follow(rx, true).map(|p| p.stage()).collect().await;
+        assert_eq!(
+            seen,
+            [Stage::Accepted, Stage::Running, Stage::Uploading, Stage::Done]
+        );
+        // A caller that attached mid-way starts from the newest message it found.
+        let seen: Vec<Stage> = follow(attached, false).map(|p| p.stage()).collect().await;
+        assert_eq!(seen, [Stage::Uploading, Stage::Done]);
     }
 }

@@ -32,10 +32,10 @@ use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::{
     CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, InfoRequest, InfoResponse,
 };
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
-use self::captures::{CacheLimits, CaptureTable, Joined, is_terminal};
+use self::captures::{CacheLimits, CaptureTable, Joined, follow};
 use self::pipeline::{Context, progress};
 use self::probes::ProbeState;
 pub use self::tls::{ServingIdentity, TlsFiles};
@@ -228,25 +228,6 @@ impl Agent {
 /// The stream type of `Capture`.
 pub type ProgressStream = Pin<Box<dyn Stream<Item = Result<CaptureProgress, Status>> + Send>>;
 
-/// Follows a capture's progress until (and including) its final message.
-fn follow(rx: tokio::sync::watch::Receiver<CaptureProgress>) -> ProgressStream {
-    Box::pin(futures::stream::unfold(
-        (rx, true, false),
-        |(mut rx, first, done)| async move {
-            if done {
-                return None;
-            }
-            if !first && rx.changed().await.is_err() {
-                // The sender only goes away after publishing the final message.
-                return None;
-            }
-            let p = rx.borrow_and_update().clone();
-            let done = is_terminal(&p);
-            Some((Ok(p), (rx, false, done)))
-        },
-    ))
-}
-
 #[tonic::async_trait]
 impl AgentService for Agent {
     type CaptureStream = ProgressStream;
@@ -276,11 +257,11 @@ impl AgentService for Agent {
                     pipeline::run(ctx, handle, req).await;
                     probes.capture_delta(false);
                 });
-                follow(rx)
+                Box::pin(follow(rx, true).map(Ok)) as ProgressStream
             }
             Joined::Attached(rx) => {
                 tracing::info!(%uid, "attaching to running capture");
-                follow(rx)
+                Box::pin(follow(rx, false).map(Ok)) as ProgressStream
             }
             Joined::Finished(last) => {
                 tracing::info!(%uid, "replaying finished capture");
