@@ -384,7 +384,12 @@ mod tests {
         let seen: Vec<Stage> = follow(rx, true).map(|p| p.stage()).collect().await;
         assert_eq!(
             seen,
-            [Stage::Accepted, Stage::Running, Stage::Uploading, Stage::Done]
+            [
+                Stage::Accepted,
+                Stage::Running,
+                Stage::Uploading,
+                Stage::Done
+            ]
         );
         // A caller that attached mid-way starts from the newest message it found.
         let seen: Vec<Stage> = follow(attached, false).map(|p| p.stage()).collect().await;
