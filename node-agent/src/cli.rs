@@ -4,7 +4,7 @@
 //! ```text
 //! flamefleet-agent capture --type cpu|runqlat --cgroup PATH... [--duration 10s]
 //!     [--frequency 99] -o out.pb.gz [--text]
-//! flamefleet-agent capture --type heap [--heap-source auto|endpoint|ebpf]
+//! flamefleet-agent capture --type heap [--heap-source auto|endpoint|ebpf|goruntime]
 //!     [--cgroup PATH...] [--sample-bytes 524288]
 //!     [--endpoint URL | --port P [--pid PID] [--path /debug/pprof/heap]] -o out.pb.gz
 //! ```

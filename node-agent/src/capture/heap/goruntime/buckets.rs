@@ -1,0 +1,264 @@
+//! Walking the Go runtime's memory profile buckets (`runtime.mbuckets`,
+//! linked by `allnext`) in a running process, validating as it reads.
+//!
+//! Why the walk is consistent without stopping the process: buckets are
+//! never freed and new ones are only prepended to the list, so the list
+//! reachable from the head read at the start is immutable; a bucket's
+//! header and stack are written before it is published. The counts that
+//! change are the `memRecord`s, and their `active` cycle (the published
+//! profile, what `/debug/pprof/heap` serves) changes only when a GC cycle is
+//! flushed, which changes `runtime.mProfCycle`. So the walk reads the cycle
+//! before and after and starts over when it moved.
+
+use super::layout::Layout;
+use super::memory::{MemoryError, ProcessMemory};
+
+/// One `memRecordCycle`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cycle {
+    /// Sampled allocations.
+    pub allocs: u64,
+    /// Sampled frees.
+    pub frees: u64,
+    /// Bytes of the sampled allocations.
+    pub alloc_bytes: u64,
+    /// Bytes of the sampled frees.
+    pub free_bytes: u64,
+}
+
+impl Cycle {
+    fn parse(b: &[u8]) -> Self {
+        let w = |i: usize| {
+            b.get(i * 8..i * 8 + 8)
+                .and_then(|s| s.try_into().ok())
+                .map_or(0, u64::from_le_bytes)
+        };
+        Self {
+            allocs: w(0),
+            frees: w(1),
+            alloc_bytes: w(2),
+            free_bytes: w(3),
+        }
+    }
+
+    fn add(&mut self, o: &Cycle) {
+        self.allocs = self.allocs.wrapping_add(o.allocs);
+        self.frees = self.frees.wrapping_add(o.frees);
+        self.alloc_bytes = self.alloc_bytes.wrapping_add(o.alloc_bytes);
+        self.free_bytes = self.free_bytes.wrapping_add(o.free_bytes);
+    }
+
+    fn is_zero(&self) -> bool {
+        *self == Cycle::default()
+    }
+}
+
+/// One allocation site: block size, stack (return PCs, leaf first) and the
+/// published counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bucket {
+    /// The size of each allocation of this bucket.
+    pub size: u64,
+    /// Return PCs, innermost first.
+    pub stack: Vec<u64>,
+    /// The counts as `runtime.MemProfile` would report them.
+    pub record: Cycle,
+}
+
+/// Bounds on one walk.
+#[derive(Debug, Clone, Copy)]
+pub struct WalkLimits {
+    /// Most buckets read (the list is corrupt or hostile beyond it).
+    pub max_buckets: usize,
+    /// Times the walk starts over when a GC cycle completes during it.
+    pub attempts: u32,
+}
+
+impl Default for WalkLimits {
+    fn default() -> Self {
+        Self {
+            // A real program has a few thousand allocation sites at most.
+            max_buckets: 1 << 20,
+            attempts: 4,
+        }
+    }
+}
+
+/// Addresses of the globals in the process (load bias applied).
+#[derive(Debug, Clone, Copy)]
+pub struct Globals {
+    /// `runtime.mbuckets`.
+    pub mbuckets: u64,
+    /// `runtime.mProfCycle`.
+    pub mprof_cycle: u64,
+}
+
+/// The buckets read and how the read went.
+#[derive(Debug, Clone)]
+pub struct Walk {
+    /// Every memory profile bucket.
+    pub buckets: Vec<Bucket>,
+    /// The GC profile cycle the counts belong to.
+    pub cycle: u32,
+    /// Walks started over because a GC cycle completed meanwhile.
+    pub restarts: u32,
+    /// No GC had published a cycle yet, so every pending cycle was summed
+    /// (as `runtime.MemProfile` does then).
+    pub summed_pending: bool,
+}
+
+/// Why the buckets could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum WalkError {
+    /// A read failed.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// A value broke an invariant of the runtime's structures.
+    #[error("profile bucket at {addr:#x} is not valid: {reason}; nothing was read from it")]
+    Invalid {
+        /// The bucket.
+        addr: u64,
+        /// What was expected and found.
+        reason: String,
+    },
+    /// More buckets than the limit (or a cycle in the list).
+    #[error("more than {0} profile buckets: the list is corrupt or larger than the agent reads")]
+    TooMany(usize),
+    /// GC cycles kept completing during the walk.
+    #[error(
+        "the profile changed during each of {0} reads (a GC cycle completed every time); try \
+         again"
+    )]
+    Unstable(u32),
+}
+
+/// Reads every bucket once, consistently with one published GC cycle.
+pub fn walk(
+    mem: &mut ProcessMemory,
+    layout: &Layout,
+    globals: Globals,
+    limits: WalkLimits,
+) -> Result<Walk, WalkError> {
+    for attempt in 0..limits.attempts.max(1) {
+        let before = mem.u32(globals.mprof_cycle)?;
+        let head = mem.u64(globals.mbuckets)?;
+        let mut buckets = read_list(mem, layout, head, before, limits)?;
+        let after = mem.u32(globals.mprof_cycle)?;
+        if before != after {
+            continue;
+        }
+        let published = buckets.iter().any(|(b, _)| !b.record.is_zero());
+        let summed_pending = !published;
+        if summed_pending {
+            // No GC has published anything yet: like MemProfile, sum every
+            // pending cycle so that a program with GC off still shows.
+            for (b, all) in &mut buckets {
+                b.record = *all;
+            }
+        }
+        return Ok(Walk {
+            buckets: buckets.into_iter().map(|(b, _)| b).collect(),
+            cycle: before >> 1,
+            restarts: attempt,
+            summed_pending,
+        });
+    }
+    Err(WalkError::Unstable(limits.attempts.max(1)))
+}
+
+/// The list from `head`: each bucket with its published record (plus the
+/// cycle awaiting its flush, as MemProfile adds it) and the sum of all its
+/// cycles.
+fn read_list(
+    mem: &mut ProcessMemory,
+    layout: &Layout,
+    head: u64,
+    cycle_value: u32,
+    limits: WalkLimits,
+) -> Result<Vec<(Bucket, Cycle)>, WalkError> {
+    let cycle = cycle_value >> 1;
+    let flushed = cycle_value & 1 == 1;
+    let flush_index = (cycle % layout.future_cycles as u32) as usize;
+    let mut out = Vec::new();
+    let mut addr = head;
+    let mut header = vec![0u8; layout.bucket_header as usize];
+    while addr != 0 {
+        if out.len() >= limits.max_buckets {
+            return Err(WalkError::TooMany(limits.max_buckets));
+        }
+        let invalid = |reason: String| WalkError::Invalid { addr, reason };
+        if addr % 8 != 0 {
+            return Err(invalid("expected an 8-byte aligned address".into()));
+        }
+        mem.read(addr, &mut header)?;
+        let word = |off: u64| {
+            let off = off as usize;
+            header
+                .get(off..off + 8)
+                .and_then(|s| s.try_into().ok())
+                .map_or(0, u64::from_le_bytes)
+        };
+        let (allnext, typ, size, nstk) = (
+            word(layout.allnext_offset),
+            word(layout.typ_offset),
+            word(layout.size_offset),
+            word(layout.nstk_offset),
+        );
+        if typ != layout.mem_profile_type {
+            return Err(invalid(format!(
+                "expected bucket type {} (memProfile), found {typ}",
+                layout.mem_profile_type
+            )));
+        }
+        if nstk > layout.max_stack {
+            return Err(invalid(format!(
+                "expected at most {} stack entries, found {nstk}",
+                layout.max_stack
+            )));
+        }
+        let mut body = vec![0u8; (nstk * 8 + layout.record_size()) as usize];
+        mem.read(addr + layout.bucket_header, &mut body)?;
+        let (stack_bytes, record_bytes) = body.split_at(nstk as usize * 8);
+        let stack: Vec<u64> = stack_bytes
+            .chunks_exact(8)
+            .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
+            .collect();
+        let cycles: Vec<Cycle> = record_bytes
+            .chunks_exact(layout.cycle_size as usize)
+            .map(Cycle::parse)
+            .collect();
+        let mut record = cycles.first().copied().unwrap_or_default();
+        let mut all = record;
+        for c in cycles.iter().skip(1) {
+            all.add(c);
+        }
+        if !flushed && let Some(f) = cycles.get(1 + flush_index) {
+            record.add(f);
+        }
+        for (what, c) in [("published", &record), ("total", &all)] {
+            if c.frees > c.allocs {
+                return Err(invalid(format!(
+                    "{what} frees ({}) exceed allocations ({})",
+                    c.frees, c.allocs
+                )));
+            }
+            // mProf_Malloc adds the bucket's own size per allocation.
+            if c.alloc_bytes != c.allocs.wrapping_mul(size) {
+                return Err(invalid(format!(
+                    "{what} allocated bytes ({}) are not allocations ({}) × block size ({size})",
+                    c.alloc_bytes, c.allocs
+                )));
+            }
+        }
+        out.push((
+            Bucket {
+                size,
+                stack,
+                record,
+            },
+            all,
+        ));
+        addr = allnext;
+    }
+    Ok(out)
+}
