@@ -342,6 +342,7 @@ fn go_program_without_memory_profiling_is_named_with_the_reason() {
     let mut cmd = Command::new(&bin);
     cmd.stdin(std::process::Stdio::piped());
     let (pid, stdout) = cg.spawn_piped(&mut cmd);
+    let _stdin = cg.take_stdin(pid);
     let (_, _keep) = ready_line(stdout, "ready");
     let msg = unseen_message(heap::capture(&request(HeapSource::Auto, &cg, "nopprof")));
     eprintln!("{msg}");
@@ -435,4 +436,57 @@ fn target_keeps_running_at_full_speed_while_read() {
         "the target slowed to {:.1}% of its speed while read (limit 80%)",
         ratio * 100.0
     );
+}
+
+#[test]
+fn cgo_program_gets_its_go_heap_from_the_runtime_and_its_c_heap_from_ebpf() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_go(dir.path(), "gocgo", None, "", true);
+    let mut cg = TestCgroup::new("goheap-cgo");
+    let mut cmd = Command::new(&bin);
+    cmd.stdin(std::process::Stdio::piped());
+    let (pid, stdout) = cg.spawn_piped(&mut cmd);
+    let mut stdin = cg.take_stdin(pid).expect("piped stdin");
+    let (_, mut lines) = ready_line(stdout, "ready");
+    let (attached_tx, attached) = std::sync::mpsc::sync_channel(1);
+    let mut req = request(HeapSource::Auto, &cg, "cgo");
+    req.ebpf.duration = Duration::from_secs(8);
+    req.ebpf.sample_bytes = 64 * 1024;
+    req.ebpf.ready = Some(attached_tx);
+    let capture = std::thread::spawn(move || heap::capture(&req));
+    if attached.recv_timeout(Duration::from_secs(60)).is_err() {
+        panic!(
+            "the heap capture never attached its probes: {:?}",
+            capture.join().map(|r| r.err())
+        );
+    }
+    // Let the C part allocate while the probes are attached.
+    stdin.write_all(b"go\n").unwrap();
+    let mut line = String::new();
+    lines.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "c-ready");
+    let result = capture.join().unwrap().expect("mixed capture");
+    let text = result.text();
+    eprintln!("{text}");
+    assert_eq!(result.source, HeapSourceUsed::Mixed, "{text}");
+    let d = Decoded {
+        profile: result.profile,
+    };
+    let inuse = sample_index(&d, "inuse_space");
+    let (mut go, mut c) = (0.0, 0.0);
+    for s in &d.profile.sample {
+        assert_eq!(d.num_label(s, "pid"), Some(i64::from(pid)));
+        let has = |name: &str| s.location_id.iter().any(|&id| d.functions(id).contains(&name));
+        match d.label(s, "heap_source") {
+            Some("goruntime") if has("main.keepGo") => go += s.value[inuse] as f64,
+            Some("ebpf") if has("c_site") => c += s.value[inuse] as f64,
+            Some("goruntime" | "ebpf") => {}
+            other => panic!("sample without a heap_source label: {other:?}"),
+        }
+    }
+    eprintln!("Go heap {:.1} MiB (truth 64), C heap {:.1} MiB (truth 32)", go / MIB, c / MIB);
+    assert!((go / (64.0 * MIB) - 1.0).abs() <= 0.10, "Go heap {go:.0}");
+    assert!((c / (32.0 * MIB) - 1.0).abs() <= 0.15, "C heap {c:.0}");
 }

@@ -84,6 +84,14 @@ impl TestCgroup {
         (pid, stdout)
     }
 
+    /// The stdin of child `pid`, when it was spawned with `Stdio::piped()`.
+    pub fn take_stdin(&mut self, pid: u32) -> Option<std::process::ChildStdin> {
+        self.children
+            .iter_mut()
+            .find(|c| c.id() == pid)
+            .and_then(|c| c.stdin.take())
+    }
+
     fn spawn_keeping_stdout(&mut self, cmd: &mut Command) -> u32 {
         use std::os::unix::ffi::OsStrExt as _;
         let procs =
