@@ -1,5 +1,7 @@
 // A Go program with a C part (cgo): keeps 64 MiB of Go heap live from keepGo
-// (2 MiB blocks), links runtime/pprof so the runtime samples its heap, and
+// (2 MiB blocks), can write its heap profile (so runtime.MemProfile is
+// reachable and the runtime samples its heap; a blank import of
+// runtime/pprof is not enough, the linker drops what nothing calls), and
 // prints "ready". When a line arrives on stdin, c_site mallocs 32 MiB in
 // 256 KiB blocks and keeps them, then it prints "c-ready". The Go heap is
 // for the Go runtime source, the C heap for eBPF allocator probes.
@@ -27,7 +29,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	_ "runtime/pprof"
+	"runtime/pprof"
 )
 
 var live [][]byte
@@ -40,6 +42,9 @@ func keepGo(total int) {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "profile" {
+		pprof.Lookup("heap").WriteTo(os.Stdout, 1)
+	}
 	keepGo(64 << 20)
 	runtime.GC()
 	runtime.GC()

@@ -216,40 +216,19 @@ fn read_list(
                 layout.max_stack
             )));
         }
-        let mut body = vec![0u8; (nstk * 8 + layout.record_size()) as usize];
-        mem.read(addr + layout.bucket_header, &mut body)?;
-        let (stack_bytes, record_bytes) = body.split_at(nstk as usize * 8);
-        let stack: Vec<u64> = stack_bytes
-            .chunks_exact(8)
-            .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
-            .collect();
-        let cycles: Vec<Cycle> = record_bytes
-            .chunks_exact(layout.cycle_size as usize)
-            .map(Cycle::parse)
-            .collect();
-        let mut record = cycles.first().copied().unwrap_or_default();
-        let mut all = record;
-        for c in cycles.iter().skip(1) {
-            all.add(c);
-        }
-        if !flushed && let Some(f) = cycles.get(1 + flush_index) {
-            record.add(f);
-        }
-        for (what, c) in [("published", &record), ("total", &all)] {
-            if c.frees > c.allocs {
-                return Err(invalid(format!(
-                    "{what} frees ({}) exceed allocations ({})",
-                    c.frees, c.allocs
-                )));
+        // The pending cycles are written concurrently (allocs, then bytes),
+        // so a read can catch a record between its two updates: read again,
+        // a few times, before calling the bucket corrupt.
+        let mut tries = 0;
+        let (stack, record, all) = loop {
+            tries += 1;
+            let parsed = read_body(mem, layout, addr, nstk, flushed, flush_index)?;
+            match check(&parsed.1, &parsed.2, size) {
+                Ok(()) => break parsed,
+                Err(reason) if tries >= BODY_READS => return Err(invalid(reason)),
+                Err(_) => continue,
             }
-            // mProf_Malloc adds the bucket's own size per allocation.
-            if c.alloc_bytes != c.allocs.wrapping_mul(size) {
-                return Err(invalid(format!(
-                    "{what} allocated bytes ({}) are not allocations ({}) × block size ({size})",
-                    c.alloc_bytes, c.allocs
-                )));
-            }
-        }
+        };
         out.push((
             Bucket {
                 size,
@@ -261,4 +240,61 @@ fn read_list(
         addr = allnext;
     }
     Ok(out)
+}
+
+/// Times a bucket's body is read before its records are called inconsistent.
+const BODY_READS: u32 = 8;
+
+/// Reads the stack and records of the bucket at `addr`: the stack, the
+/// published record (plus the cycle awaiting its flush when `!flushed`) and
+/// the sum of every cycle.
+fn read_body(
+    mem: &mut ProcessMemory,
+    layout: &Layout,
+    addr: u64,
+    nstk: u64,
+    flushed: bool,
+    flush_index: usize,
+) -> Result<(Vec<u64>, Cycle, Cycle), WalkError> {
+    let mut body = vec![0u8; (nstk * 8 + layout.record_size()) as usize];
+    mem.read(addr + layout.bucket_header, &mut body)?;
+    let (stack_bytes, record_bytes) = body.split_at(nstk as usize * 8);
+    let stack: Vec<u64> = stack_bytes
+        .chunks_exact(8)
+        .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
+        .collect();
+    let cycles: Vec<Cycle> = record_bytes
+        .chunks_exact(layout.cycle_size as usize)
+        .map(Cycle::parse)
+        .collect();
+    let mut record = cycles.first().copied().unwrap_or_default();
+    let mut all = record;
+    for c in cycles.iter().skip(1) {
+        all.add(c);
+    }
+    if !flushed && let Some(f) = cycles.get(1 + flush_index) {
+        record.add(f);
+    }
+    Ok((stack, record, all))
+}
+
+/// The invariants of a bucket's records: no more frees than allocations, and
+/// allocated bytes = allocations × the bucket's block size (mProf_Malloc
+/// adds the bucket's own size per allocation).
+fn check(record: &Cycle, all: &Cycle, size: u64) -> Result<(), String> {
+    for (what, c) in [("published", record), ("total", all)] {
+        if c.frees > c.allocs {
+            return Err(format!(
+                "{what} frees ({}) exceed allocations ({})",
+                c.frees, c.allocs
+            ));
+        }
+        if c.alloc_bytes != c.allocs.wrapping_mul(size) {
+            return Err(format!(
+                "{what} allocated bytes ({}) are not allocations ({}) × block size ({size})",
+                c.alloc_bytes, c.allocs
+            ));
+        }
+    }
+    Ok(())
 }

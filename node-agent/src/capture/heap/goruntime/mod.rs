@@ -53,10 +53,12 @@ pub enum GoHeapError {
     },
     /// The linker disabled memory profiling.
     #[error(
-        "{version} program keeps no heap samples: it never links runtime.MemProfile (imports \
-         neither runtime/pprof nor net/http/pprof), so the linker set \
-         runtime.disableMemoryProfiling and the runtime set MemProfileRate=0 at start; import \
-         runtime/pprof (e.g. `import _ \"net/http/pprof\"`) to profile its heap"
+        "{version} program keeps no heap samples: nothing in it can call runtime.MemProfile (no \
+         reachable use of runtime/pprof's heap profile or net/http/pprof; a blank import of \
+         runtime/pprof is not enough), so the linker set runtime.disableMemoryProfiling and the \
+         runtime set MemProfileRate=0 at start; serve net/http/pprof (`import _ \
+         \"net/http/pprof\"` with an HTTP server) or write a heap profile somewhere in the \
+         program to profile its heap"
     )]
     ProfilingDisabled {
         /// Go version.
