@@ -28,23 +28,12 @@ use support::{Decoded, TestCgroup, pprof_top, require_root, serial};
 /// The toolchains of the supported versions (downloaded through the module
 /// proxy on first use; scripts/setup.sh fetches them ahead); `None` is the
 /// installed `go`.
-const TOOLCHAINS: [Option<&str>; 4] = [
-    Some("go1.23.12"),
-    Some("go1.24.0"),
-    Some("go1.25.0"),
-    None,
-];
+const TOOLCHAINS: [Option<&str>; 4] = [Some("go1.23.12"), Some("go1.24.0"), Some("go1.25.0"), None];
 
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// Builds workload `name` (a folder of tests/heap_workloads) into `dir`.
-fn build_go(
-    dir: &Path,
-    name: &str,
-    toolchain: Option<&str>,
-    ldflags: &str,
-    cgo: bool,
-) -> PathBuf {
+fn build_go(dir: &Path, name: &str, toolchain: Option<&str>, ldflags: &str, cgo: bool) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/heap_workloads")
         .join(name);
@@ -162,8 +151,7 @@ fn fetch_endpoint(port: u16) -> Profile {
         .enable_all()
         .build()
         .unwrap();
-    let ep =
-        HeapEndpoint::parse_url(&format!("http://127.0.0.1:{port}/debug/pprof/heap")).unwrap();
+    let ep = HeapEndpoint::parse_url(&format!("http://127.0.0.1:{port}/debug/pprof/heap")).unwrap();
     rt.block_on(fetch_profile(&ep, &FetchLimits::default()))
         .expect("the workload's own /debug/pprof/heap")
 }
@@ -172,7 +160,11 @@ fn check_version(dir: &Path, toolchain: Option<&str>) {
     let label = toolchain.unwrap_or("installed go");
     let bin = build_go(dir, "goruntime", toolchain, "", false);
     let mut cg = TestCgroup::new("goheap");
-    let (pid, stdout) = cg.spawn_piped(Command::new(&bin).arg("churn"));
+    // No churn here: the published profile then changes only with the
+    // HTTP server's own allocations, so the agent's read and the process's
+    // /debug/pprof/heap describe the same moment. (Reads under churn, with GC
+    // cycles completing during them, are the speed test's.)
+    let (pid, stdout) = cg.spawn_piped(&mut Command::new(&bin));
     let (port, _keep) = ready_line(stdout, "ready ");
     let port: u16 = port.parse().unwrap();
 
@@ -217,7 +209,11 @@ fn check_version(dir: &Path, toolchain: Option<&str>) {
         ]
     );
     assert_eq!(d.string(p.default_sample_type), "inuse_space");
-    assert_eq!(p.period, 512 * 1024, "{label}: period is the MemProfileRate");
+    assert_eq!(
+        p.period,
+        512 * 1024,
+        "{label}: period is the MemProfileRate"
+    );
     for s in &p.sample {
         assert_eq!(d.label(s, "heap_source"), Some("goruntime"));
         assert_eq!(d.label(s, "pod"), Some("go-live"));
@@ -288,7 +284,10 @@ fn check_version(dir: &Path, toolchain: Option<&str>) {
         let file = dir.join("go-heap.pb.gz");
         flamefleet_agent::cli::write_profile(&file, p).unwrap();
         let top = pprof_top(&file, &["-sample_index=inuse_space"]);
-        assert!(top.contains("main.keepA") && top.contains("main.keepB"), "{top}");
+        assert!(
+            top.contains("main.keepA") && top.contains("main.keepB"),
+            "{top}"
+        );
     }
     cg.kill_all();
 }
@@ -366,9 +365,9 @@ fn go_program_without_memory_profiling_is_named_with_the_reason() {
         "{text}"
     );
     assert!(
-        r.processes
-            .iter()
-            .any(|n| n.pid == pid && n.source.is_none() && n.detail.contains("does not go through malloc")),
+        r.processes.iter().any(|n| n.pid == pid
+            && n.source.is_none()
+            && n.detail.contains("does not go through malloc")),
         "{text}"
     );
 }
@@ -411,9 +410,7 @@ fn target_keeps_running_at_full_speed_while_read() {
     let (pid, stdout) = cg.spawn_piped(Command::new(&bin).arg("churn"));
     let (port, _keep) = ready_line(stdout, "ready ");
     let port: u16 = port.parse().unwrap();
-    let process = goruntime::probe(pid)
-        .expect("probe")
-        .expect("a Go process");
+    let process = goruntime::probe(pid).expect("probe").expect("a Go process");
     let (window, pairs) = (Duration::from_millis(1000), 5);
     let rate = |f: &mut dyn FnMut()| {
         let (i0, t0) = (iterations(port), Instant::now());
@@ -507,7 +504,11 @@ fn cgo_program_gets_its_go_heap_from_the_runtime_and_its_c_heap_from_ebpf() {
     let (mut go, mut c) = (0.0, 0.0);
     for s in &d.profile.sample {
         assert_eq!(d.num_label(s, "pid"), Some(i64::from(pid)));
-        let has = |name: &str| s.location_id.iter().any(|&id| d.functions(id).contains(&name));
+        let has = |name: &str| {
+            s.location_id
+                .iter()
+                .any(|&id| d.functions(id).contains(&name))
+        };
         match d.label(s, "heap_source") {
             Some("goruntime") if has("main.keepGo") => go += s.value[inuse] as f64,
             Some("ebpf") if has("c_site") => c += s.value[inuse] as f64,
@@ -515,7 +516,11 @@ fn cgo_program_gets_its_go_heap_from_the_runtime_and_its_c_heap_from_ebpf() {
             other => panic!("sample without a heap_source label: {other:?}"),
         }
     }
-    eprintln!("Go heap {:.1} MiB (truth 64), C heap {:.1} MiB (truth 32)", go / MIB, c / MIB);
+    eprintln!(
+        "Go heap {:.1} MiB (truth 64), C heap {:.1} MiB (truth 32)",
+        go / MIB,
+        c / MIB
+    );
     assert!((go / (64.0 * MIB) - 1.0).abs() <= 0.10, "Go heap {go:.0}");
     assert!((c / (32.0 * MIB) - 1.0).abs() <= 0.15, "C heap {c:.0}");
 }

@@ -159,7 +159,10 @@ pub fn capture(
                     took.as_secs_f64() * 1e3,
                     walk.cycle,
                     if walk.restarts > 0 {
-                        format!(", read again {} times (GC completed meanwhile)", walk.restarts)
+                        format!(
+                            ", read again {} times (GC completed meanwhile)",
+                            walk.restarts
+                        )
                     } else {
                         String::new()
                     },

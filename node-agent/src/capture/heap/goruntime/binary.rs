@@ -146,14 +146,17 @@ pub fn inspect(path: &Path) -> Result<Option<GoBinary>, BinaryError> {
         }
     }
     let symbols = match found {
-        [Some(mbuckets), Some(mem_profile_rate), Some(disable_memory_profiling), Some(mprof_cycle)] => {
-            Some(GoSymbols {
-                mbuckets,
-                mem_profile_rate,
-                disable_memory_profiling,
-                mprof_cycle,
-            })
-        }
+        [
+            Some(mbuckets),
+            Some(mem_profile_rate),
+            Some(disable_memory_profiling),
+            Some(mprof_cycle),
+        ] => Some(GoSymbols {
+            mbuckets,
+            mem_profile_rate,
+            disable_memory_profiling,
+            mprof_cycle,
+        }),
         _ => None,
     };
     let min_vaddr = elf.segments().map(|s| s.address()).min().unwrap_or(0);
@@ -183,7 +186,8 @@ pub fn load_bias(pid: u32, bin: &GoBinary) -> Option<u64> {
             continue;
         };
         let name = f.collect::<Vec<_>>().join(" ");
-        if name.trim_end_matches(" (deleted)") != exe || offset.trim_start_matches('0') != "" {
+        if name.trim_end_matches(" (deleted)") != exe || !offset.trim_start_matches('0').is_empty()
+        {
             continue;
         }
         let start = u64::from_str_radix(range.split_once('-')?.0, 16).ok()?;

@@ -187,7 +187,7 @@ fn read_list(
             return Err(WalkError::TooMany(limits.max_buckets));
         }
         let invalid = |reason: String| WalkError::Invalid { addr, reason };
-        if addr % 8 != 0 {
+        if !addr.is_multiple_of(8) {
             return Err(invalid("expected an 8-byte aligned address".into()));
         }
         mem.read(addr, &mut header)?;

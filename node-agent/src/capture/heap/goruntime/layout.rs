@@ -191,7 +191,10 @@ mod tests {
             })
         );
         let msg = e.to_string();
-        assert!(msg.contains("go1.27.0") && msg.contains("go1.23–go1.26"), "{msg}");
+        assert!(
+            msg.contains("go1.27.0") && msg.contains("go1.23–go1.26"),
+            "{msg}"
+        );
         assert!(matches!(
             layout_for("go1.22.5"),
             Err(LayoutError::Unsupported(_))

@@ -59,11 +59,7 @@ pub fn build(
         ("inuse_objects", "count"),
         ("inuse_space", "bytes"),
     ]);
-    b.period(
-        "space",
-        "bytes",
-        processes.first().map_or(0, |p| p.rate),
-    );
+    b.period("space", "bytes", processes.first().map_or(0, |p| p.rate));
     b.default_sample_type("inuse_space");
     b.time(time_nanos, 0);
     for c in comments {
