@@ -34,10 +34,26 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// Builds workload `name` (a folder of tests/heap_workloads) into `dir`.
 fn build_go(dir: &Path, name: &str, toolchain: Option<&str>, ldflags: &str, cgo: bool) -> PathBuf {
+    build_go_with(dir, name, toolchain, ldflags, cgo, &[])
+}
+
+/// [`build_go`] with extra `go build` flags (e.g. `-buildmode=pie`).
+fn build_go_with(
+    dir: &Path,
+    name: &str,
+    toolchain: Option<&str>,
+    ldflags: &str,
+    cgo: bool,
+    extra: &[&str],
+) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/heap_workloads")
         .join(name);
-    let work = dir.join(format!("{name}-{}", toolchain.unwrap_or("local")));
+    let work = dir.join(format!(
+        "{name}-{}{}",
+        toolchain.unwrap_or("local"),
+        extra.join("")
+    ));
     std::fs::create_dir_all(&work).unwrap();
     for entry in std::fs::read_dir(&src).unwrap() {
         let entry = entry.unwrap();
@@ -45,7 +61,9 @@ fn build_go(dir: &Path, name: &str, toolchain: Option<&str>, ldflags: &str, cgo:
     }
     let bin = work.join(name);
     let mut cmd = Command::new("go");
-    cmd.args(["build", "-ldflags", ldflags, "-o"])
+    cmd.args(["build", "-ldflags", ldflags])
+        .args(extra)
+        .arg("-o")
         .arg(&bin)
         .arg(".")
         .current_dir(&work)
@@ -156,9 +174,16 @@ fn fetch_endpoint(port: u16) -> Profile {
         .expect("the workload's own /debug/pprof/heap")
 }
 
-fn check_version(dir: &Path, toolchain: Option<&str>) {
-    let label = toolchain.unwrap_or("installed go");
-    let bin = build_go(dir, "goruntime", toolchain, "", false);
+fn check_version(dir: &Path, toolchain: Option<&str>, pie: bool) {
+    let label = match (toolchain, pie) {
+        (Some(t), false) => t.to_owned(),
+        (Some(t), true) => format!("{t} pie"),
+        (None, false) => "installed go".to_owned(),
+        (None, true) => "installed go, -buildmode=pie".to_owned(),
+    };
+    let label = label.as_str();
+    let extra: &[&str] = if pie { &["-buildmode=pie"] } else { &[] };
+    let bin = build_go_with(dir, "goruntime", toolchain, "", false, extra);
     let mut cg = TestCgroup::new("goheap");
     // No churn here: the published profile then changes only with the
     // HTTP server's own allocations, so the agent's read and the process's
@@ -280,7 +305,7 @@ fn check_version(dir: &Path, toolchain: Option<&str>) {
     let (oa, ob) = (total(&d, "alloc_space"), total(&own, "alloc_space"));
     assert!(oa > 0.0 && ob > 0.0);
 
-    if toolchain.is_none() {
+    if toolchain.is_none() && !pie {
         let file = dir.join("go-heap.pb.gz");
         flamefleet_agent::cli::write_profile(&file, p).unwrap();
         let top = pprof_top(&file, &["-sample_index=inuse_space"]);
@@ -298,8 +323,10 @@ fn go_heap_matches_the_truth_and_its_own_endpoint_for_each_supported_version() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     for toolchain in TOOLCHAINS {
-        check_version(dir.path(), toolchain);
+        check_version(dir.path(), toolchain, false);
     }
+    // Position-independent: the globals move by the load bias.
+    check_version(dir.path(), None, true);
 }
 
 fn unseen_message(result: Result<HeapProfile, HeapError>) -> String {
