@@ -175,13 +175,17 @@ pub struct HeapOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HeapSource {
-    /// The endpoint when the pod has one, else eBPF.
+    /// The endpoint when the pod declares one; else, per process, the Go
+    /// runtime's own heap profile for Go programs and eBPF for the others.
     #[default]
     Auto,
     /// The pod's own pprof endpoint.
     Endpoint,
     /// eBPF uprobes on the allocator.
     Ebpf,
+    /// The heap profile Go programs keep in their own memory, read by the
+    /// agent without an endpoint or a code change (Go processes only).
+    Goruntime,
 }
 
 /// A pod's heap-profile HTTP endpoint.

@@ -447,6 +447,7 @@ pub fn capture_request(
                 HeapSource::Auto => "auto",
                 HeapSource::Endpoint => "endpoint",
                 HeapSource::Ebpf => "ebpf",
+                HeapSource::Goruntime => "goruntime",
             }
             .into(),
             endpoint_port: options
