@@ -169,6 +169,12 @@ pub struct HeapOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1_073_741_824))]
     pub sample_bytes: Option<i64>,
+    /// eBPF: refuse the capture when a short first window projects more
+    /// uprobe overhead than this percent of the targets' CPU time (default 3;
+    /// 0 turns the guard off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_overhead_percent: Option<i32>,
 }
 
 /// Where a heap profile comes from.

@@ -366,6 +366,9 @@ async fn capture(
             )?;
             request.targets =
                 targets::heap_targets(resolved, opts.endpoint_port, &opts.endpoint_path);
+            if let Some(max) = opts.max_overhead_percent {
+                request.ebpf.max_overhead_percent = f64::from(max);
+            }
             // The heap engine runs its whole window in one blocking call: on
             // Cancel the caller is answered at once and the engine's thread
             // finishes its window (at most the requested duration) unobserved.

@@ -19,6 +19,7 @@ pub mod ebpf;
 pub mod endpoint;
 pub mod goruntime;
 pub mod merge;
+pub mod overhead;
 pub mod sampling;
 
 use std::fmt;
@@ -253,6 +254,12 @@ impl HeapProfile {
                 st.allocators.join(", "),
                 st.session_uprobes
             ));
+            if let Some(bp) = st.projected_overhead_basis_points {
+                out.push_str(&format!(
+                    "  projected uprobe overhead {:.2}% of the targets' CPU time\n",
+                    bp as f64 / 100.0
+                ));
+            }
         }
         for n in &self.processes {
             out.push_str(&format!(
