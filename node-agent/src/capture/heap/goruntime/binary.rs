@@ -75,6 +75,8 @@ pub enum BinaryError {
 }
 
 const BUILDINFO_MAGIC: &[u8] = b"\xff Go buildinf:";
+/// Bytes of `.go.buildinfo` read: header (32) + varint + version (≤ 256).
+const BUILDINFO_READ: u64 = 512;
 
 /// The Go version recorded in a `.go.buildinfo` section (Go 1.18+ inline
 /// format); `Ok(None)` for the pointer format of older toolchains.
@@ -127,10 +129,16 @@ pub fn inspect(path: &Path) -> Result<Option<GoBinary>, BinaryError> {
     let Some(section) = elf.section_by_name(".go.buildinfo") else {
         return Ok(None);
     };
-    let data = section.data().map_err(|e| BinaryError::BuildInfo {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })?;
+    // The header and version sit at the start: read no more than that, so a
+    // crafted section size cannot make the agent read a huge file.
+    let len = section.size().min(BUILDINFO_READ);
+    let data = section
+        .data_range(section.address(), len)
+        .map_err(|e| BinaryError::BuildInfo {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?
+        .unwrap_or_default();
     let version = buildinfo_version(data)
         .map_err(|reason| BinaryError::BuildInfo {
             path: path.to_path_buf(),
