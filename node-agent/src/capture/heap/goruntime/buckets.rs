@@ -298,3 +298,157 @@ fn check(record: &Cycle, all: &Cycle, size: u64) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::heap::goruntime::layout::layout_for;
+
+    /// A bucket laid out as the runtime does, in this process's memory:
+    /// header, stack, active cycle, three future cycles.
+    fn bucket(typ: u64, size: u64, stack: &[u64], cycles: [[u64; 4]; 4]) -> Box<[u64]> {
+        let mut w = vec![0, 0, typ, 0xabc, size, stack.len() as u64];
+        w.extend_from_slice(stack);
+        for c in cycles {
+            w.extend_from_slice(&c);
+        }
+        w.into_boxed_slice()
+    }
+
+    fn link(buckets: &mut [Box<[u64]>]) -> u64 {
+        for i in (0..buckets.len().saturating_sub(1)).rev() {
+            let next = buckets[i + 1].as_ptr() as u64;
+            buckets[i][1] = next;
+        }
+        buckets.first().map_or(0, |b| b.as_ptr() as u64)
+    }
+
+    fn walk_own(head: u64, cycle_value: u32, max_buckets: usize) -> Result<Walk, WalkError> {
+        let (_, layout) = layout_for("go1.26.0").unwrap();
+        let mbuckets = Box::new(head);
+        let cycle = Box::new(cycle_value);
+        let mut mem = ProcessMemory::open(std::process::id(), 1 << 20).unwrap();
+        walk(
+            &mut mem,
+            layout,
+            Globals {
+                mbuckets: &*mbuckets as *const u64 as u64,
+                mprof_cycle: &*cycle as *const u32 as u64,
+            },
+            WalkLimits {
+                max_buckets,
+                attempts: 2,
+            },
+        )
+    }
+
+    const NONE: [u64; 4] = [0; 4];
+
+    #[test]
+    fn reads_published_records_and_the_cycle_awaiting_its_flush() {
+        // Cycle 4 (index 1), not yet flushed: future[1] is added like MemProfile does.
+        let mut b = vec![
+            bucket(
+                1,
+                1024,
+                &[0x401000, 0x402000],
+                [[10, 4, 10240, 4096], NONE, NONE, NONE],
+            ),
+            bucket(
+                1,
+                64,
+                &[0x403000],
+                [NONE, NONE, [3, 1, 192, 64], [7, 0, 448, 0]],
+            ),
+        ];
+        let head = link(&mut b);
+        let w = walk_own(head, 4 << 1, 100).unwrap();
+        assert_eq!(w.cycle, 4);
+        assert!(!w.summed_pending);
+        assert_eq!(w.buckets.len(), 2);
+        assert_eq!(w.buckets[0].stack, [0x401000, 0x402000]);
+        assert_eq!(w.buckets[0].record.allocs, 10);
+        assert_eq!(w.buckets[0].record.free_bytes, 4096);
+        // future[1] (pending flush) counted, future[2] (still accumulating) not.
+        assert_eq!(
+            w.buckets[1].record,
+            Cycle {
+                allocs: 3,
+                frees: 1,
+                alloc_bytes: 192,
+                free_bytes: 64
+            }
+        );
+        // Flushed: only active.
+        let w = walk_own(head, 4 << 1 | 1, 100).unwrap();
+        assert_eq!(w.buckets[1].record, Cycle::default());
+    }
+
+    #[test]
+    fn sums_pending_cycles_before_the_first_gc() {
+        let mut b = vec![bucket(
+            1,
+            32,
+            &[0x401000],
+            [NONE, [1, 0, 32, 0], [2, 1, 64, 32], NONE],
+        )];
+        let head = link(&mut b);
+        let w = walk_own(head, 1, 100).unwrap();
+        assert!(w.summed_pending);
+        assert_eq!(
+            w.buckets[0].record,
+            Cycle {
+                allocs: 3,
+                frees: 1,
+                alloc_bytes: 96,
+                free_bytes: 32
+            }
+        );
+    }
+
+    #[test]
+    fn refuses_what_breaks_the_runtime_invariants() {
+        let cases: Vec<(Box<[u64]>, &str)> = vec![
+            (
+                bucket(2, 64, &[1], [[1, 0, 64, 0], NONE, NONE, NONE]),
+                "bucket type",
+            ),
+            (
+                bucket(1, 64, &[1], [[1, 0, 65, 0], NONE, NONE, NONE]),
+                "block size",
+            ),
+            (
+                bucket(1, 64, &[1], [[1, 2, 64, 128], NONE, NONE, NONE]),
+                "exceed",
+            ),
+        ];
+        for (b, want) in cases {
+            let mut b = vec![b];
+            let head = link(&mut b);
+            let e = walk_own(head, 3, 100).unwrap_err().to_string();
+            assert!(e.contains(want), "expected {want:?} in {e}");
+        }
+        // A stack count beyond maxProfStackDepth, read from the header alone.
+        let mut b = vec![bucket(1, 64, &[1], [NONE; 4])];
+        b[0][5] = 5000;
+        let head = link(&mut b);
+        let e = walk_own(head, 3, 100).unwrap_err().to_string();
+        assert!(e.contains("at most 1024 stack entries"), "{e}");
+        // Misaligned and unmapped heads.
+        assert!(
+            walk_own(head + 1, 3, 100)
+                .unwrap_err()
+                .to_string()
+                .contains("aligned")
+        );
+        assert!(matches!(walk_own(8, 3, 100), Err(WalkError::Memory(_))));
+        // A list that loops is cut at the bucket cap.
+        let mut b = vec![bucket(1, 8, &[1], [[1, 0, 8, 0], NONE, NONE, NONE])];
+        let head = link(&mut b);
+        b[0][1] = head;
+        assert!(matches!(
+            walk_own(head, 3, 1000),
+            Err(WalkError::TooMany(1000))
+        ));
+    }
+}
