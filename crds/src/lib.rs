@@ -26,7 +26,7 @@ pub use profile_download::{
     SkippedRequest,
 };
 pub use profile_request::{
-    Artifact, CpuOptions, HeapEndpoint, HeapOptions, HeapSource, LatencySummary, NodeStatus,
+    Artifact, CpuOptions, CpuSummary, HeapEndpoint, HeapOptions, HeapSource, LatencySummary, NodeStatus,
     ProfileRequest, ProfileRequestSpec, ProfileRequestStatus, ProfileSummary, ProfileType,
     RunqlatOptions, RunqlatUnit,
 };

@@ -1,6 +1,7 @@
 //! Flamefleet wire formats.
 
 pub mod identity;
+pub mod latency;
 
 /// The pprof `Profile` messages (package `perftools.profiles`), as read by
 /// `go tool pprof` and every other pprof consumer.

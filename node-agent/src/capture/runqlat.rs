@@ -393,14 +393,9 @@ pub struct Histogram {
     pub slots: Vec<u64>,
 }
 
-/// Bounds of bucket `i` in units: `[low, high)`.
-pub fn bucket_bounds(i: usize) -> (u64, u64) {
-    if i == 0 {
-        (0, 2)
-    } else {
-        (1 << i, 1 << (i + 1))
-    }
-}
+/// Bounds of bucket `i` in units, `[low, high)`: the one definition the operator's merge
+/// shares.
+pub use flamefleet_proto::latency::bucket_bounds;
 
 impl Histogram {
     /// Number of waits.
