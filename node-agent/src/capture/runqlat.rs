@@ -62,6 +62,18 @@ impl LatencyUnit {
     }
 }
 
+/// How full a runqlat sampler's maps are (entries in use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RunqlatMapFill {
+    /// Target cgroups in the target map.
+    pub targets: usize,
+    /// Per-process histograms.
+    pub histograms: usize,
+    /// Start timestamps of the hash-map fallback (`None` with task storage, which the
+    /// kernel frees with the task).
+    pub starts: Option<usize>,
+}
+
 /// Options of one runqlat capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RunqlatOptions {
@@ -97,6 +109,8 @@ struct Maps {
     /// Per-process histograms.
     hists: MapHandle,
     drops: MapHandle,
+    /// The start map of the hash-map fallback (`None` with task storage).
+    start_hash: Option<MapHandle>,
 }
 
 impl Maps {
@@ -176,6 +190,17 @@ impl RunqlatSampler {
     /// Where start timestamps are kept.
     pub fn storage(&self) -> StartStorage {
         self.storage
+    }
+
+    /// Counts the entries of the sampler's maps (walks their keys: O(entries)).
+    pub fn map_fill(&self) -> RunqlatMapFill {
+        let shared = self.lock();
+        let maps = &shared.maps;
+        RunqlatMapFill {
+            targets: maps.targets.keys().count(),
+            histograms: maps.hists.keys().count(),
+            starts: maps.start_hash.as_ref().map(|m| m.keys().count()),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
@@ -280,6 +305,11 @@ fn load<'obj>(
         target_hists: handle(&skel.maps.target_hists, "target_hists")?,
         hists: handle(&skel.maps.hists, "hists")?,
         drops: handle(&skel.maps.drops, "drops")?,
+        start_hash: if task {
+            None
+        } else {
+            Some(handle(&skel.maps.start_hash, "start_hash")?)
+        },
     };
     Ok((skel, maps))
 }
