@@ -510,3 +510,106 @@ async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
         );
     }
 }
+
+/// The address in the agent's "serving /debug/pprof" log line.
+async fn debug_address(agent: &AgentProcess) -> String {
+    let log = agent
+        .wait_for_log("serving /debug/pprof")
+        .await
+        .unwrap_or_else(|log| panic!("no debug server in the log:\n{log}"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("serving /debug/pprof"))
+        .expect("the line");
+    line.split("bound=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no bound= in {line:?}"))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_serves_its_own_cpu_profile_one_at_a_time() {
+    require_root();
+    let _serial = serial().await;
+    let node = "node-selfprof";
+    let pki = TestPki::new("ca");
+    let mut tree = PodTree::new();
+    tree.start(burner());
+    let upload = UploadServer::start(None).await;
+    let agent = AgentProcess::start_with(
+        node,
+        &pki,
+        &tree.root,
+        None,
+        &["--debug-listen", "127.0.0.1:0"],
+    );
+    let mut client = operator_client(&pki, &agent).await;
+    let debug = debug_address(&agent).await;
+    let http = reqwest::Client::new();
+
+    // Profile the agent while it captures and symbolizes.
+    let uid = unique("uid-selfprof");
+    let capture = tokio::spawn(async move {
+        collect(&mut client, cpu_request(&uid, node, &tree, &upload, 2000)).await
+    });
+    let profile = http
+        .get(format!(
+            "http://{debug}/debug/pprof/profile?seconds=3&frequency=499"
+        ))
+        .send()
+        .await
+        .expect("GET profile");
+    assert_eq!(profile.status(), 200);
+    let p = flamefleet_agent::pprof::decode(&profile.bytes().await.expect("body")).expect("pprof");
+    done(&capture.await.expect("capture"));
+    assert_eq!(p.period, 1_000_000_000 / 499);
+    let names: Vec<&str> = p
+        .function
+        .iter()
+        .map(|f| p.string_table[f.name as usize].as_str())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.contains("flamefleet_agent")),
+        "the agent's own functions: {names:?}"
+    );
+
+    // One at a time: while a long one runs, another is refused unless forced.
+    let long = {
+        let (http, debug) = (http.clone(), debug.clone());
+        tokio::spawn(async move {
+            http.get(format!("http://{debug}/debug/pprof/profile?seconds=120&format=svg"))
+                .send()
+                .await
+                .expect("GET long")
+                .status()
+        })
+    };
+    agent
+        .wait_for_log("self CPU profile started seconds=120")
+        .await
+        .expect("the long profile started");
+    let refused = http
+        .get(format!("http://{debug}/debug/pprof/profile?seconds=1"))
+        .send()
+        .await
+        .expect("GET refused");
+    assert_eq!(refused.status(), 409);
+    let forced = http
+        .get(format!("http://{debug}/debug/pprof/profile?seconds=1&force=true&format=svg"))
+        .send()
+        .await
+        .expect("GET forced");
+    assert_eq!(forced.status(), 200);
+    assert!(forced.text().await.expect("svg").contains("<svg"));
+    // The forced-out profile ended early with what it had (or, with nothing sampled yet,
+    // a clear 500); either way it no longer runs.
+    let status = long.await.expect("long");
+    assert!(status == 200 || status == 500, "{status}");
+    let heap = http
+        .get(format!("http://{debug}/debug/pprof/heap"))
+        .send()
+        .await
+        .expect("GET heap");
+    assert_eq!(heap.status(), 501);
+}

@@ -176,6 +176,11 @@ impl SelfProfiler {
             .name("self-profile".into())
             .spawn(move || {
                 let _ = done_tx.send(sample(request, &stop_rx, || {
+                    tracing::info!(
+                        seconds = request.duration.as_secs(),
+                        frequency = request.frequency,
+                        "self CPU profile started"
+                    );
                     started.send_modify(|n| *n += 1);
                 }));
             })

@@ -130,7 +130,7 @@ pub struct CpuSampler {
     perf_events: usize,
     catalog: ProcessCatalog,
     unwinder: Option<Arc<Unwinder>>,
-    _owner: OwnerThread,
+    owner: OwnerThread,
 }
 
 impl std::fmt::Debug for CpuSampler {
@@ -157,6 +157,11 @@ pub struct CpuMapFill {
 }
 
 impl CpuSampler {
+    /// Whether the thread that owns the loaded programs still runs.
+    pub fn is_alive(&self) -> bool {
+        self.owner.is_alive()
+    }
+
     /// Counts the entries of the sampler's maps (walks their keys: O(entries)).
     pub fn map_fill(&self) -> CpuMapFill {
         let shared = self.lock();
@@ -226,7 +231,7 @@ impl CpuSampler {
             perf_events: cpus.len(),
             catalog,
             unwinder,
-            _owner: owner,
+            owner,
         })
     }
 

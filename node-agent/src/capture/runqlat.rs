@@ -131,7 +131,7 @@ struct Shared {
 pub struct RunqlatSampler {
     shared: Mutex<Shared>,
     storage: StartStorage,
-    _owner: OwnerThread,
+    owner: OwnerThread,
 }
 
 impl std::fmt::Debug for RunqlatSampler {
@@ -149,6 +149,11 @@ fn task_storage_supported() -> bool {
 }
 
 impl RunqlatSampler {
+    /// Whether the thread that owns the loaded programs still runs.
+    pub fn is_alive(&self) -> bool {
+        self.owner.is_alive()
+    }
+
     /// Loads and attaches the programs, choosing task storage when the kernel
     /// has it (and the config does not force the hash-map fallback).
     pub fn start(config: &SamplerConfig) -> Result<Self> {
@@ -183,7 +188,7 @@ impl RunqlatSampler {
                 table: TargetTable::new(max_targets, max_indices),
             }),
             storage,
-            _owner: owner,
+            owner,
         })
     }
 

@@ -323,13 +323,15 @@ pub async fn serve(
     };
     let agent = Agent::new(&config).await?;
     let probes = Arc::clone(&agent.probes);
+    let samplers = Arc::clone(&agent.ctx.samplers);
+    probes.set_health_check(Box::new(move || samplers.health()));
     if let Some(listen) = config.probe_listen {
         let bound = probes::spawn(listen, Arc::clone(&probes)).await?;
         println!("probes on {bound}");
     }
     if let Some(listen) = config.debug_listen {
-        let bound = flamefleet_selfprof::spawn(listen).await?;
-        println!("debug on {bound}");
+        // Logged (not printed: stdout's first line is the gRPC address tools read).
+        flamefleet_selfprof::spawn(listen).await?;
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
