@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flamefleet_api::{Artifact, NodePhase, ProfileRequest, RequestPhase};
+use flamefleet_e2e::TestNamespace;
 use flamefleet_proto::agent::LatencyHistogram;
 use flamefleet_proto::pprof::Profile;
-use prost::Message;
-use flamefleet_e2e::TestNamespace;
 use kube::api::Api;
 use pipeline_support::{Pipeline, PipelineOptions, check_digest, nodes_of, pprof_top, serial};
+use prost::Message;
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -55,7 +55,11 @@ fn pprof_top_index(file: &Path, index: &str) -> String {
         .arg(file)
         .output()
         .expect("running `go tool pprof` (install Go)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -198,7 +202,10 @@ async fn runqlat_request_succeeds_with_percentiles_in_the_summary() {
         "{names:?}"
     );
     let summary = status.summary.expect("a summary");
-    let latency = summary.runqlat.clone().expect("runqlat percentiles in the summary");
+    let latency = summary
+        .runqlat
+        .clone()
+        .expect("runqlat percentiles in the summary");
     assert!(latency.p99_us >= latency.p50_us, "{latency:?}");
     assert!(latency.events > 0, "{latency:?}");
     // Each wait counted once: the pprof artifacts' waits, not doubled by the text ones.
@@ -221,7 +228,11 @@ async fn runqlat_request_succeeds_with_percentiles_in_the_summary() {
                 .expect("bucket_low")
                 .num;
             let low_us = (low_ns / 1000) as u64;
-            let index = if low_us == 0 { 0 } else { low_us.ilog2() as usize };
+            let index = if low_us == 0 {
+                0
+            } else {
+                low_us.ilog2() as usize
+            };
             merged.buckets[index] += sample.value[0] as u64;
         }
     }
@@ -229,7 +240,11 @@ async fn runqlat_request_succeeds_with_percentiles_in_the_summary() {
     let us = |q: f64| merged.quantile_us(q).map(|v| v.round() as i64);
     assert_eq!(latency.merged, Some(true), "{latency:?}");
     assert_eq!(
-        (Some(latency.p50_us), Some(latency.p90_us), Some(latency.p99_us)),
+        (
+            Some(latency.p50_us),
+            Some(latency.p90_us),
+            Some(latency.p99_us)
+        ),
         (us(0.5), us(0.9), us(0.99)),
         "{latency:?}"
     );

@@ -227,7 +227,7 @@ fn run_one(samplers: &Samplers, index: usize, target: &CaptureTarget) -> Outcome
     // Mixed: every 25th a heap capture (it loads its own BPF object), then CPU and runqlat.
     let kind = if index % 25 == 24 {
         Kind::Heap
-    } else if index % 2 == 0 {
+    } else if index.is_multiple_of(2) {
         Kind::Cpu
     } else {
         Kind::Runqlat
@@ -434,7 +434,12 @@ fn main() -> Result<()> {
     let drops: u64 = outcomes.iter().map(|o| o.drops).sum();
     println!("errors: {}; drops (all captures): {drops}", errors.len());
     for e in errors.iter().take(5) {
-        println!("  capture {} ({:?}): {}", e.index, e.kind, e.error.as_deref().unwrap_or(""));
+        println!(
+            "  capture {} ({:?}): {}",
+            e.index,
+            e.kind,
+            e.error.as_deref().unwrap_or("")
+        );
     }
     for kind in [Kind::Cpu, Kind::Runqlat, Kind::Heap] {
         let of: Vec<&Outcome> = outcomes
@@ -448,13 +453,14 @@ fn main() -> Result<()> {
                 of.len(),
                 first.index,
                 first.count,
-                first
-                    .named_pct
-                    .map_or(String::new(), |p| format!(", {p:.1}% of samples in ff_soak_depth")),
+                first.named_pct.map_or(String::new(), |p| format!(
+                    ", {p:.1}% of samples in ff_soak_depth"
+                )),
                 last.index,
                 last.count,
-                last.named_pct
-                    .map_or(String::new(), |p| format!(", {p:.1}% of samples in ff_soak_depth")),
+                last.named_pct.map_or(String::new(), |p| format!(
+                    ", {p:.1}% of samples in ff_soak_depth"
+                )),
             );
         }
     }

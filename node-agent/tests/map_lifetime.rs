@@ -54,7 +54,10 @@ fn stacks_of_finished_captures_leave_the_maps_while_the_sampler_lives() {
         let fill = sampler.map_fill();
         let result = capture.finish().expect("finish");
         assert!(result.total() > 0, "round {round}: no samples");
-        assert!(fill.stacks + fill.user_stacks > 0, "round {round}: {fill:?}");
+        assert!(
+            fill.stacks + fill.user_stacks > 0,
+            "round {round}: {fill:?}"
+        );
         during.push(fill);
         // Finished: nothing of it is left, only the holding capture's (empty) target.
         assert_eq!(

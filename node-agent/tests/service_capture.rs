@@ -150,7 +150,10 @@ async fn runqlat_counts_each_wait_once_and_reports_its_histogram() {
     req.cpu = None;
     req.uploads = upload.slots(
         &uid,
-        &[format!("runqlat-{node}.pb.gz"), format!("runqlat-{node}.txt")],
+        &[
+            format!("runqlat-{node}.pb.gz"),
+            format!("runqlat-{node}.txt"),
+        ],
     );
     let progress = collect(&mut client, req).await;
     assert_full_lifecycle(&progress, &agent);
@@ -158,10 +161,12 @@ async fn runqlat_counts_each_wait_once_and_reports_its_histogram() {
     let pb = &last.artifacts[0];
     let txt = &last.artifacts[1];
     assert_eq!(pb.name, format!("runqlat-{node}.pb.gz"));
-    assert_eq!(txt.samples, 0, "the text rendering counts no samples of its own");
-    let profile =
-        flamefleet_agent::pprof::decode(&upload.body(&uid, &pb.name).expect("uploaded"))
-            .expect("decode");
+    assert_eq!(
+        txt.samples, 0,
+        "the text rendering counts no samples of its own"
+    );
+    let profile = flamefleet_agent::pprof::decode(&upload.body(&uid, &pb.name).expect("uploaded"))
+        .expect("decode");
     let waits = value_total(&profile, "count");
     assert!(waits >= 100, "only {waits} waits in 2 s of a 500/s sleeper");
     assert_eq!(pb.samples, waits as u64);
@@ -180,8 +185,14 @@ async fn runqlat_counts_each_wait_once_and_reports_its_histogram() {
     assert_eq!(h.unit_ns, 1000);
     assert_eq!(h.count() as i64, waits);
     // The summary's numbers are the histogram's.
-    assert_eq!(format!("{:.1}", h.quantile_us(0.5).unwrap()), last.summary["p50_us"]);
-    assert_eq!(format!("{:.1}", h.quantile_us(0.99).unwrap()), last.summary["p99_us"]);
+    assert_eq!(
+        format!("{:.1}", h.quantile_us(0.5).unwrap()),
+        last.summary["p50_us"]
+    );
+    assert_eq!(
+        format!("{:.1}", h.quantile_us(0.99).unwrap()),
+        last.summary["p99_us"]
+    );
     let max_us = summary("max_us");
     assert!(summary("p99_us") <= max_us);
     // max_us is the upper bound of the highest bucket the pprof has a sample in.
@@ -219,9 +230,19 @@ async fn a_capture_joining_a_running_sampler_reports_the_effective_frequency() {
     let second = collect(&mut c2, second_req).await;
     let first = first.await.expect("first caller");
     let (d1, d2) = (done(&first), done(&second));
-    assert_eq!(d1.summary.get("frequency_hz").map(String::as_str), Some("49"));
-    assert!(!d1.summary.contains_key("requested_frequency_hz"), "{:?}", d1.summary);
-    assert_eq!(d2.summary.get("frequency_hz").map(String::as_str), Some("49"));
+    assert_eq!(
+        d1.summary.get("frequency_hz").map(String::as_str),
+        Some("49")
+    );
+    assert!(
+        !d1.summary.contains_key("requested_frequency_hz"),
+        "{:?}",
+        d1.summary
+    );
+    assert_eq!(
+        d2.summary.get("frequency_hz").map(String::as_str),
+        Some("49")
+    );
     assert_eq!(
         d2.summary.get("requested_frequency_hz").map(String::as_str),
         Some("99")
@@ -229,10 +250,15 @@ async fn a_capture_joining_a_running_sampler_reports_the_effective_frequency() {
     let note = d2.summary.get("frequency_note").expect("a note");
     assert!(note.contains("49 Hz") && note.contains("99 Hz"), "{note}");
     // The profile agrees: its period is the effective one.
-    let body = upload.body(&second_uid, &d2.artifacts[0].name).expect("uploaded");
+    let body = upload
+        .body(&second_uid, &d2.artifacts[0].name)
+        .expect("uploaded");
     let profile = flamefleet_agent::pprof::decode(&body).expect("decode");
     assert_eq!(profile.period, 1_000_000_000 / 49, "{}", profile.period);
-    assert_eq!(value_total(&profile, "samples"), d2.artifacts[0].samples as i64);
+    assert_eq!(
+        value_total(&profile, "samples"),
+        d2.artifacts[0].samples as i64
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -578,11 +604,13 @@ async fn the_agent_serves_its_own_cpu_profile_one_at_a_time() {
     let long = {
         let (http, debug) = (http.clone(), debug.clone());
         tokio::spawn(async move {
-            http.get(format!("http://{debug}/debug/pprof/profile?seconds=120&format=svg"))
-                .send()
-                .await
-                .expect("GET long")
-                .status()
+            http.get(format!(
+                "http://{debug}/debug/pprof/profile?seconds=120&format=svg"
+            ))
+            .send()
+            .await
+            .expect("GET long")
+            .status()
         })
     };
     agent
@@ -596,7 +624,9 @@ async fn the_agent_serves_its_own_cpu_profile_one_at_a_time() {
         .expect("GET refused");
     assert_eq!(refused.status(), 409);
     let forced = http
-        .get(format!("http://{debug}/debug/pprof/profile?seconds=1&force=true&format=svg"))
+        .get(format!(
+            "http://{debug}/debug/pprof/profile?seconds=1&force=true&format=svg"
+        ))
         .send()
         .await
         .expect("GET forced");

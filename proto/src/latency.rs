@@ -101,7 +101,10 @@ mod tests {
         let h = hist(1000, &[(2, 50), (4, 50)]);
         assert_eq!(h.count(), 100);
         assert_eq!(h.quantile_us(0.5), Some(8.0));
-        assert!(h.quantile_us(0.99).is_some_and(|q| (16.0..32.0).contains(&q)));
+        assert!(
+            h.quantile_us(0.99)
+                .is_some_and(|q| (16.0..32.0).contains(&q))
+        );
         assert_eq!(h.max_us(), Some(32.0));
         let ms = hist(1_000_000, &[(0, 1)]);
         assert_eq!(ms.max_us(), Some(2000.0));

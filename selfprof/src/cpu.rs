@@ -227,7 +227,12 @@ mod tests {
     use super::*;
 
     fn query(pairs: &[(&str, &str)]) -> Query {
-        let get = |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let get = |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
         Query {
             seconds: get("seconds"),
             frequency: get("frequency"),
@@ -250,7 +255,10 @@ mod tests {
         .unwrap();
         assert_eq!((r.frequency, r.format, r.force), (199, Format::Svg, true));
         for (pairs, needle) in [
-            (&[("seconds", "0")][..], "seconds must be a whole number from 1 to 300"),
+            (
+                &[("seconds", "0")][..],
+                "seconds must be a whole number from 1 to 300",
+            ),
             (&[("seconds", "301")][..], "found \"301\""),
             (&[("frequency", "abc")][..], "frequency must be"),
             (&[("format", "png")][..], "format must be pprof or svg"),

@@ -104,7 +104,9 @@ async fn cpu_profile_names_the_busy_function_in_pprof_and_svg() {
     assert!(samples >= 40, "{samples} samples");
 
     let svg = http
-        .get(format!("http://{addr}/debug/pprof/profile?seconds=1&format=svg"))
+        .get(format!(
+            "http://{addr}/debug/pprof/profile?seconds=1&format=svg"
+        ))
         .send()
         .await
         .expect("GET svg");
@@ -114,7 +116,11 @@ async fn cpu_profile_names_the_busy_function_in_pprof_and_svg() {
         "image/svg+xml"
     );
     let text = svg.text().await.expect("svg text");
-    assert!(text.starts_with("<?xml"), "{}", &text[..text.len().min(200)]);
+    assert!(
+        text.starts_with("<?xml"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
     assert!(text.contains("selfprof_test_spin"));
 }
 

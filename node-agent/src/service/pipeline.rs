@@ -154,7 +154,6 @@ fn runqlat_summary(histogram: &LatencyHistogram) -> HashMap<String, String> {
     summary
 }
 
-
 /// A progress message of `stage`.
 pub fn progress(stage: Stage, message: impl Into<String>) -> CaptureProgress {
     CaptureProgress {
@@ -332,7 +331,13 @@ async fn capture(
                     ))
                 })
                 .await??;
-            summary.extend(cpu_summary(total, drops, unsymbolized, requested, effective));
+            summary.extend(cpu_summary(
+                total,
+                drops,
+                unsymbolized,
+                requested,
+                effective,
+            ));
             Ok(Output {
                 artifacts: vec![Built {
                     name: names[0].clone(),

@@ -409,7 +409,10 @@ mod tests {
             &[(1, 90)],
         );
         let b = with_histogram(
-            done(10, &[("p50_us", "1536"), ("p99_us", "2038"), ("events", "10")]),
+            done(
+                10,
+                &[("p50_us", "1536"), ("p99_us", "2038"), ("events", "10")],
+            ),
             &[(10, 10)],
         );
         let outcomes = BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)]);
@@ -453,7 +456,10 @@ mod tests {
                     &[
                         ("frequency_hz", "19"),
                         ("requested_frequency_hz", "99"),
-                        ("frequency_note", "joined a sampler already running at 19 Hz"),
+                        (
+                            "frequency_note",
+                            "joined a sampler already running at 19 Hz",
+                        ),
                     ],
                 ),
             ),
