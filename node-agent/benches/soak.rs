@@ -194,6 +194,26 @@ struct Point {
     runqlat: flamefleet_agent::capture::runqlat::RunqlatMapFill,
 }
 
+fn print_point(p: &Point) {
+    use std::io::Write as _;
+    println!(
+        "{:>6.0} {:>5} {:>8.1} | {:>4} {:>7} {:>7} {:>7} | {:>4} {:>6} {:>6}",
+        p.t.as_secs_f64(),
+        p.done,
+        p.rss_kib as f64 / 1024.0,
+        p.cpu.targets,
+        p.cpu.counts,
+        p.cpu.stacks,
+        p.cpu.user_stacks,
+        p.runqlat.targets,
+        p.runqlat.histograms,
+        p.runqlat
+            .starts
+            .map_or_else(|| "task".to_string(), |n| n.to_string()),
+    );
+    let _ = std::io::stdout().flush();
+}
+
 fn named_share(profile: &flamefleet_proto::pprof::Profile, needle: &str) -> f64 {
     let s = |i: i64| profile.string_table[i as usize].as_str();
     let funcs: std::collections::HashSet<u64> = profile
@@ -378,6 +398,11 @@ fn main() -> Result<()> {
         })
         .collect();
 
+    // The curve is printed as it is taken (a long soak shows its progress).
+    println!(
+        "{:>6} {:>5} {:>8} | {:>4} {:>7} {:>7} {:>7} | {:>4} {:>6} {:>6}",
+        "t(s)", "done", "RSS MiB", "cpuT", "counts", "stacks", "ustacks", "rqT", "hists", "starts"
+    );
     let mut curve = Vec::new();
     loop {
         let finished = workers.iter().all(std::thread::JoinHandle::is_finished);
@@ -388,6 +413,9 @@ fn main() -> Result<()> {
             cpu: cpu_sampler.map_fill(),
             runqlat: rq_sampler.map_fill(),
         });
+        if let Some(p) = curve.last() {
+            print_point(p);
+        }
         if finished {
             break;
         }
@@ -409,27 +437,6 @@ fn main() -> Result<()> {
         args.parallel,
         started.elapsed()
     );
-    println!(
-        "{:>6} {:>5} {:>8} | {:>4} {:>7} {:>7} {:>7} | {:>4} {:>6} {:>6}",
-        "t(s)", "done", "RSS MiB", "cpuT", "counts", "stacks", "ustacks", "rqT", "hists", "starts"
-    );
-    for p in &curve {
-        println!(
-            "{:>6.0} {:>5} {:>8.1} | {:>4} {:>7} {:>7} {:>7} | {:>4} {:>6} {:>6}",
-            p.t.as_secs_f64(),
-            p.done,
-            p.rss_kib as f64 / 1024.0,
-            p.cpu.targets,
-            p.cpu.counts,
-            p.cpu.stacks,
-            p.cpu.user_stacks,
-            p.runqlat.targets,
-            p.runqlat.histograms,
-            p.runqlat
-                .starts
-                .map_or_else(|| "task".to_string(), |n| n.to_string()),
-        );
-    }
     let errors: Vec<_> = outcomes.iter().filter(|o| o.error.is_some()).collect();
     let drops: u64 = outcomes.iter().map(|o| o.drops).sum();
     println!("errors: {}; drops (all captures): {drops}", errors.len());
