@@ -83,7 +83,11 @@ fn top_function(top: &str) -> String {
 }
 
 fn checkout_deployment(namespace: &str, tag: &str) -> Value {
-    demo_deployment(namespace, "checkout", &format!("flamefleet.local/checkout-demo:{tag}"))
+    demo_deployment(
+        namespace,
+        "checkout",
+        &format!("flamefleet.local/checkout-demo:{tag}"),
+    )
 }
 
 /// A one-replica Deployment `name` (label `app=<name>`) of a demo image.
@@ -472,7 +476,10 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     assert_eq!(top_function(&inuse), "main.loadCatalog", "{inuse}");
     assert!(inuse.contains("main.indexSKUs"), "{inuse}");
     let tags = pprof(&["-tags"], &go_heap);
-    assert!(tags.contains("goruntime"), "samples name their source: {tags}");
+    assert!(
+        tags.contains("goruntime"),
+        "samples name their source: {tags}"
+    );
 
     step("a container the kubelet restarts during a capture is still profiled");
     let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), &shop);
