@@ -17,20 +17,30 @@ fn config(root: &std::path::Path, url: &str) -> BuiltinConfig {
     }
 }
 
+/// Writes a certificate chain and a key into `dir` as the store's PEM files.
+fn write_pair(dir: &std::path::Path, chain_pem: &str, key_pem: &str) -> TlsFiles {
+    let files = TlsFiles {
+        cert: dir.join("tls.crt"),
+        key: dir.join("tls.key"),
+    };
+    std::fs::write(&files.cert, chain_pem).unwrap();
+    std::fs::write(&files.key, key_pem).unwrap();
+    files
+}
+
+/// A store certificate for 127.0.0.1 from `ca`.
+fn loopback_pair(ca: &OperatorCa) -> flamefleet_operator::identity::ca::IssuedPair {
+    ca.issue_store_server(&["127.0.0.1".into()], Duration::from_secs(3600))
+        .unwrap()
+}
+
 #[tokio::test]
 async fn the_store_serves_https_only_to_clients_that_trust_the_operator_ca() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let (ca, _) = OperatorCa::generate("test-ca").unwrap();
-    let pair = ca
-        .issue_store_server(&["127.0.0.1".into()], Duration::from_secs(3600))
-        .unwrap();
-    let files = TlsFiles {
-        cert: dir.path().join("tls.crt"),
-        key: dir.path().join("tls.key"),
-    };
-    std::fs::write(&files.cert, &pair.chain_pem).unwrap();
-    std::fs::write(&files.key, &pair.key_pem).unwrap();
+    let pair = loopback_pair(&ca);
+    let files = write_pair(dir.path(), &pair.chain_pem, &pair.key_pem);
     let (_store, bound) = server::spawn(
         config(&dir.path().join("artifacts"), "https://127.0.0.1/"),
         "127.0.0.1:0".parse().unwrap(),
@@ -81,18 +91,8 @@ async fn a_key_that_does_not_match_its_certificate_is_refused_at_start() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let (ca, _) = OperatorCa::generate("test-ca").unwrap();
-    let a = ca
-        .issue_store_server(&["127.0.0.1".into()], Duration::from_secs(3600))
-        .unwrap();
-    let b = ca
-        .issue_store_server(&["127.0.0.1".into()], Duration::from_secs(3600))
-        .unwrap();
-    let files = TlsFiles {
-        cert: dir.path().join("tls.crt"),
-        key: dir.path().join("tls.key"),
-    };
-    std::fs::write(&files.cert, &a.chain_pem).unwrap();
-    std::fs::write(&files.key, &b.key_pem).unwrap();
+    let (a, b) = (loopback_pair(&ca), loopback_pair(&ca));
+    let files = write_pair(dir.path(), &a.chain_pem, &b.key_pem);
     let err = server::spawn(
         config(&dir.path().join("artifacts"), "https://127.0.0.1/"),
         "127.0.0.1:0".parse().unwrap(),
