@@ -15,7 +15,12 @@ use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-async fn wait_phase(api: &Api<ProfileRequest>, name: &str, phase: RequestPhase) -> ProfileRequest {
+async fn wait_phase(
+    pipeline: &Pipeline,
+    api: &Api<ProfileRequest>,
+    name: &str,
+    phase: RequestPhase,
+) -> ProfileRequest {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let r = api.get(name).await.unwrap();
@@ -24,8 +29,10 @@ async fn wait_phase(api: &Api<ProfileRequest>, name: &str, phase: RequestPhase) 
         }
         assert!(
             Instant::now() < deadline,
-            "{name} never reached {phase}: {:#?}",
-            r.status
+            "{name} never reached {phase}: {:#?}\n--- operator ---\n{}\n{}",
+            r.status,
+            pipeline.operator_logs(),
+            pipeline.agent_logs()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -49,7 +56,7 @@ async fn agent_killed_mid_capture_fails_its_node_only() {
     );
     let phases = pipeline.watch_phases(&api, "killed").await;
     api.create(&Default::default(), &request).await.unwrap();
-    wait_phase(&api, "killed", RequestPhase::Running).await;
+    wait_phase(&pipeline, &api, "killed", RequestPhase::Running).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     pipeline.kill_agent(1);
     let (done, _) = pipeline
@@ -175,7 +182,7 @@ async fn operator_restarted_mid_capture_completes_the_request_once() {
     );
     let phases = pipeline.watch_phases(&api, "restart").await;
     api.create(&Default::default(), &request).await.unwrap();
-    let running = wait_phase(&api, "restart", RequestPhase::Running).await;
+    let running = wait_phase(&pipeline, &api, "restart", RequestPhase::Running).await;
     let uid = running.metadata.uid.clone().unwrap();
     let started = running.status.unwrap().start_time;
     tokio::time::sleep(Duration::from_secs(1)).await;

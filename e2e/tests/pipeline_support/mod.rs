@@ -347,6 +347,9 @@ impl Drop for Pipeline {
     }
 }
 
+/// What the operator logs once it holds the lease and its controllers start.
+const LEADING_MARKER: &str = "leading; starting";
+
 static FIXTURES: AtomicU32 = AtomicU32::new(0);
 
 impl Pipeline {
@@ -483,8 +486,21 @@ impl Pipeline {
     }
 
     /// Starts (or restarts) the operator process.
+    /// Starts the operator and waits until it leads (its controllers are running), so a
+    /// test's clock starts with an operator that can act. A slow or crashed start fails here
+    /// with the operator's log instead of as a request that never got a status.
     pub fn start_operator(&mut self) {
-        let proc = self.spawn_operator(self.store_port, self.metrics_port);
+        let mut proc = self.spawn_operator(self.store_port, self.metrics_port);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !proc.log_text().contains(LEADING_MARKER) {
+            proc.assert_alive();
+            assert!(
+                Instant::now() < deadline,
+                "the operator did not start leading within 120 s:\n{}",
+                proc.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         self.operator = Some(proc);
     }
 
