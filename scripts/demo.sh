@@ -66,11 +66,14 @@ mkdir -p "$STORE_DIR" && chown 65532:65532 "$STORE_DIR"
   --wait --timeout 5m >/dev/null
 k -n "$SYSTEM_NS" get pods -o wide
 
-step "the demo workload: a checkout service (examples/demo-workload)"
+step "the demo workloads: a checkout service in C and an inventory service in Go (examples/demo-workload)"
 k create namespace "$DEMO_NS" --dry-run=client -o yaml | k apply -f - >/dev/null
 sed "s|image: .*checkout-demo:.*|image: flamefleet.local/checkout-demo:$TAG|" examples/demo-workload/deployment.yaml |
   k apply -n "$DEMO_NS" -f - >/dev/null
+sed "s|image: .*inventory-demo:.*|image: flamefleet.local/inventory-demo:$TAG|" examples/demo-workload/inventory/deployment.yaml |
+  k apply -n "$DEMO_NS" -f - >/dev/null
 k -n "$DEMO_NS" rollout status deploy/checkout --timeout 120s
+k -n "$DEMO_NS" rollout status deploy/inventory --timeout 120s
 
 step "profile it: kubectl profile cpu|heap|runqlat deploy/checkout --duration $DURATION"
 rm -rf "$DEMO_DIR/profiles"
@@ -80,6 +83,11 @@ for type in cpu heap runqlat; do
       -o "$DEMO_DIR/profiles" --format svg >"$DEMO_DIR/$type.log" 2>&1 ||
       { echo "kubectl profile $type failed:"; cat "$DEMO_DIR/$type.log"; exit 1; } ) &
 done
+# The Go service declares no pprof endpoint: its heap comes from the Go runtime's own profile.
+mkdir -p "$DEMO_DIR/profiles/inventory"
+( k profile heap deploy/inventory -n "$DEMO_NS" --duration 2s \
+    -o "$DEMO_DIR/profiles/inventory" --format svg >"$DEMO_DIR/heap-go.log" 2>&1 ||
+    { echo "kubectl profile heap deploy/inventory failed:"; cat "$DEMO_DIR/heap-go.log"; exit 1; } ) &
 fail=0
 for job in $(jobs -p); do wait "$job" || fail=1; done
 ((fail == 0)) || die "a capture failed (logs in $DEMO_DIR)"
@@ -89,6 +97,8 @@ for type in cpu heap; do
   echo "--- $type: top functions (go tool pprof -top)"
   go tool pprof -top -nodecount=8 "$DEMO_DIR/profiles/$type-$NODE_NAME.pb.gz" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
 done
+echo "--- heap of the Go inventory service, read from the Go runtime (go tool pprof -top)"
+go tool pprof -top -nodecount=5 -sample_index=inuse_space "$DEMO_DIR/profiles/inventory/heap-$NODE_NAME.pb.gz" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
 echo "--- runqlat: run-queue latency of the checkout pod"
 sed -n '1,30p' "$DEMO_DIR/profiles/runqlat-$NODE_NAME.txt"
 k get preq -n "$DEMO_NS"

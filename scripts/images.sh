@@ -11,6 +11,7 @@
 #   flamefleet.local/flamefleet-operator  flamefleet-operator and flamefleet-store, user 65532
 #   flamefleet.local/flamefleet-agent     flamefleet-agent
 #   flamefleet.local/checkout-demo        the demo workload (examples/demo-workload)
+#   flamefleet.local/inventory-demo       the Go demo workload (examples/demo-workload/inventory)
 # Each holds the binary and exactly the shared libraries it links (scripts/lib/image.sh),
 # plus CA certificates; operator/Dockerfile and node-agent/Dockerfile build the same layout
 # for a user's own CI. FLAMEFLEET_IMAGE_TAG builds another tag of the same images (the
@@ -25,7 +26,7 @@ IMAGES="$FLAMEFLEET_CACHE/images"
 VERSION="$(awk -F'"' '/^version/ {print $2; exit}' "$REPO/Cargo.toml")"
 TAG="${FLAMEFLEET_IMAGE_TAG:-$VERSION}"
 REGISTRY=flamefleet.local
-NAMES=(flamefleet-operator flamefleet-agent checkout-demo)
+NAMES=(flamefleet-operator flamefleet-agent checkout-demo inventory-demo)
 REVISION="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 tar_of() { echo "$IMAGES/$1-$TAG.tar"; }
@@ -77,6 +78,17 @@ cmd_build() {
   rm -f "$work/checkout.bin"
   docker_archive "$work" "$REGISTRY/checkout-demo:$TAG" "$(tar_of checkout-demo)" \
     "$(config '["/usr/local/bin/checkout"]' 65532:65532)"
+  rm -rf "$work"
+
+  # A static Go binary with its symbol table (the agent finds the runtime's heap profile
+  # through it); standard library only, so the build downloads nothing.
+  work="$(mktemp -d)"
+  rootfs_base "$work" 65532
+  (cd "$REPO/examples/demo-workload/inventory" && CGO_ENABLED=0 GOTOOLCHAIN=local go build -trimpath -o "$work/inventory.bin" .)
+  rootfs_add_binary "$work" "$work/inventory.bin" /usr/local/bin/inventory
+  rm -f "$work/inventory.bin"
+  docker_archive "$work" "$REGISTRY/inventory-demo:$TAG" "$(tar_of inventory-demo)" \
+    "$(config '["/usr/local/bin/inventory"]' 65532:65532)"
   rm -rf "$work"
   echo "built images $REGISTRY/{$(IFS=,; echo "${NAMES[*]}")}:$TAG in $((SECONDS - t0))s"
   cmd_sizes

@@ -90,6 +90,14 @@ if ! version_ge "$go_have" "$GO_MIN"; then
 fi
 echo "go $go_have at $(command -v go)"
 
+step "Go toolchains of the versions the Go runtime heap source supports (tests build with each)"
+# Idempotent: `go version` under GOTOOLCHAIN downloads a toolchain into the
+# module cache once (through the module proxy) and reuses it afterwards.
+# Keep in step with TOOLCHAINS in node-agent/tests/heap_goruntime.rs.
+for tc in go1.23.12 go1.24.0 go1.25.0; do
+  GOTOOLCHAIN="$tc" go version || die "cannot fetch Go toolchain $tc through the module proxy"
+done
+
 step "Rust (>= $RUST_MIN, with rustfmt and clippy)"
 command -v cargo >/dev/null || die "cargo not found; install Rust >= $RUST_MIN with rustup (https://rustup.rs) and re-run"
 rust_have="$(rustc --version | awk '{print $2}')"

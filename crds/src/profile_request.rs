@@ -169,19 +169,29 @@ pub struct HeapOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1_073_741_824))]
     pub sample_bytes: Option<i64>,
+    /// eBPF: refuse the capture when a short first window projects more
+    /// uprobe overhead than this percent of the targets' CPU time (default 3;
+    /// 0 turns the guard off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_overhead_percent: Option<i32>,
 }
 
 /// Where a heap profile comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HeapSource {
-    /// The endpoint when the pod has one, else eBPF.
+    /// The endpoint when the pod declares one; else, per process, the Go
+    /// runtime's own heap profile for Go programs and eBPF for the others.
     #[default]
     Auto,
     /// The pod's own pprof endpoint.
     Endpoint,
     /// eBPF uprobes on the allocator.
     Ebpf,
+    /// The heap profile Go programs keep in their own memory, read by the
+    /// agent without an endpoint or a code change (Go processes only).
+    Goruntime,
 }
 
 /// A pod's heap-profile HTTP endpoint.

@@ -83,17 +83,26 @@ fn top_function(top: &str) -> String {
 }
 
 fn checkout_deployment(namespace: &str, tag: &str) -> Value {
+    demo_deployment(
+        namespace,
+        "checkout",
+        &format!("flamefleet.local/checkout-demo:{tag}"),
+    )
+}
+
+/// A one-replica Deployment `name` (label `app=<name>`) of a demo image.
+fn demo_deployment(namespace: &str, name: &str, image: &str) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "checkout", "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "replicas": 1,
-            "selector": {"matchLabels": {"app": "checkout"}},
+            "selector": {"matchLabels": {"app": name}},
             "template": {
-                "metadata": {"labels": {"app": "checkout"}},
+                "metadata": {"labels": {"app": name}},
                 "spec": {"containers": [{
-                    "name": "checkout",
-                    "image": format!("flamefleet.local/checkout-demo:{tag}"),
+                    "name": name,
+                    "image": image,
                     "imagePullPolicy": "Never",
                     "resources": {
                         "requests": {"cpu": "100m", "memory": "64Mi"},
@@ -422,6 +431,55 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     );
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("usecs") && out.contains("p50"), "{out}");
+
+    step("a Go Deployment with no endpoint: its heap comes from the Go runtime's own profile");
+    let inventory = serde_json::to_string(&demo_deployment(
+        &shop,
+        "inventory",
+        &format!("flamefleet.local/inventory-demo:{tag}"),
+    ))
+    .unwrap();
+    let file = std::env::temp_dir().join(format!("{shop}-inventory.json"));
+    std::fs::write(&file, inventory).unwrap();
+    cluster
+        .kubectl(&["apply", "-f", file.to_str().unwrap()])
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "-n",
+            &shop,
+            "rollout",
+            "status",
+            "deploy/inventory",
+            "--timeout=120s",
+        ])
+        .unwrap();
+    let go_dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = kubectl_profile(
+        cluster,
+        &[
+            "heap",
+            "deploy/inventory",
+            "-n",
+            &shop,
+            "--duration",
+            "2s",
+            "-o",
+            go_dir.path().to_str().unwrap(),
+            "--format",
+            "pprof",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let go_heap = profile_in(go_dir.path());
+    let inuse = pprof(&["-sample_index=inuse_space", "-top"], &go_heap);
+    assert_eq!(top_function(&inuse), "main.loadCatalog", "{inuse}");
+    assert!(inuse.contains("main.indexSKUs"), "{inuse}");
+    let tags = pprof(&["-tags"], &go_heap);
+    assert!(
+        tags.contains("goruntime"),
+        "samples name their source: {tags}"
+    );
 
     step("a container the kubelet restarts during a capture is still profiled");
     let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), &shop);

@@ -4,7 +4,7 @@
 //! ```text
 //! flamefleet-agent capture --type cpu|runqlat --cgroup PATH... [--duration 10s]
 //!     [--frequency 99] -o out.pb.gz [--text]
-//! flamefleet-agent capture --type heap [--heap-source auto|endpoint|ebpf]
+//! flamefleet-agent capture --type heap [--heap-source auto|endpoint|ebpf|goruntime]
 //!     [--cgroup PATH...] [--sample-bytes 524288]
 //!     [--endpoint URL | --port P [--pid PID] [--path /debug/pprof/heap]] -o out.pb.gz
 //! ```
@@ -199,6 +199,13 @@ pub struct CaptureArgs {
     /// Heap (eBPF): mean bytes allocated between samples; 0 samples every allocation.
     #[arg(long, default_value_t = heap::sampling::DEFAULT_SAMPLE_BYTES)]
     pub sample_bytes: u64,
+    /// Heap (eBPF): refuse when the first 300 ms project more uprobe overhead
+    /// than this percent of the targets' CPU time (0: no guard).
+    #[arg(long, default_value_t = heap::overhead::DEFAULT_MAX_OVERHEAD_PERCENT)]
+    pub max_overhead_percent: f64,
+    /// Heap (eBPF): capture even above --max-overhead-percent.
+    #[arg(long)]
+    pub force: bool,
     /// Heap: pprof endpoint URL, e.g. http://10.0.0.5:6060/debug/pprof/heap.
     #[arg(long, conflicts_with = "port")]
     pub endpoint: Option<String>,
@@ -332,6 +339,8 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
                 &node,
             )?;
             request.ebpf.cfi_unwind = !args.frame_pointers_only;
+            request.ebpf.max_overhead_percent = args.max_overhead_percent;
+            request.ebpf.force = args.force;
             let result = heap::capture(&request)?;
             let samples = result.profile.sample.len() as u64;
             let text = result.text();

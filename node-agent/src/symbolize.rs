@@ -304,6 +304,28 @@ impl StackSymbolizer {
         tgid: u32,
         stack: &[u64],
     ) -> Vec<Frame> {
+        self.frames(out, tgid, stack, false)
+    }
+
+    /// Like [`Self::user_frames`] for stacks whose every entry, the leaf
+    /// included, is a return address (Go's profile buckets record `callers`
+    /// output): each is looked up at `pc - 1`, inside the call.
+    pub fn return_address_frames(
+        &mut self,
+        out: &mut ProfileBuilder,
+        tgid: u32,
+        stack: &[u64],
+    ) -> Vec<Frame> {
+        self.frames(out, tgid, stack, true)
+    }
+
+    fn frames(
+        &mut self,
+        out: &mut ProfileBuilder,
+        tgid: u32,
+        stack: &[u64],
+        leaf_is_return_address: bool,
+    ) -> Vec<Frame> {
         let maps = self.catalog.get(tgid);
         if maps.is_none() && self.missing.insert(tgid) {
             self.stats.processes_without_maps += 1;
@@ -346,7 +368,7 @@ impl StackSymbolizer {
                 continue;
             };
             // Return addresses point after the call; look up the call itself.
-            let lookup = if depth == 0 {
+            let lookup = if depth == 0 && !leaf_is_return_address {
                 addr
             } else {
                 addr.saturating_sub(1)

@@ -736,6 +736,8 @@ fn capture_heap(
             duration: Duration::from_secs(3),
             sample_bytes: 256 * 1024,
             cfi_unwind,
+            // An allocation loop on purpose: the overhead guard would refuse it.
+            max_overhead_percent: 0.0,
             ..EbpfHeapOptions::default()
         },
     )

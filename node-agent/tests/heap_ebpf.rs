@@ -238,3 +238,63 @@ fn check_inuse_and_call_sites(force_classic_uprobes: bool) {
     target_cg.kill_all();
     noise_cg.kill_all();
 }
+
+/// A process calling malloc/free in a tight loop: the first window projects
+/// an overhead far above the limit, so the capture is refused with the
+/// figure; forced, it runs.
+#[test]
+fn allocation_storm_is_refused_with_its_projected_overhead_unless_forced() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c(
+        dir.path(),
+        "malloc_storm",
+        "#include <stdio.h>\n#include <stdlib.h>\n\
+         void *volatile sink;\n\
+         int main(void) { puts(\"ready\"); fflush(stdout);\n\
+           for (;;) { sink = malloc(64); free(sink); } }\n",
+    );
+    let mut cg = TestCgroup::new("heap-storm");
+    let (_pid, stdout) = cg.spawn_piped(&mut Command::new(&bin));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let request = |force: bool| HeapRequest {
+        source: HeapSource::Ebpf,
+        targets: vec![HeapTarget {
+            labels: TargetLabels::default(),
+            cgroup: Some(cg.cgroup.clone()),
+            endpoint: None,
+        }],
+        ebpf: EbpfHeapOptions {
+            duration: Duration::from_secs(1),
+            force,
+            ..Default::default()
+        },
+        fetch: FetchLimits::default(),
+        delta_seconds: 0,
+    };
+    let err = heap::capture(&request(false)).expect_err("an allocation storm must be refused");
+    let msg = err.to_string();
+    eprintln!("{msg}");
+    assert!(
+        msg.contains("refused") && msg.contains("projected") && msg.contains("maxOverheadPercent"),
+        "{msg}"
+    );
+    let projected: f64 = msg
+        .split("projected ")
+        .nth(1)
+        .and_then(|r| r.split('%').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no projected figure in {msg}"));
+    assert!(projected > 3.0, "{msg}");
+    let forced = heap::capture(&request(true)).expect("a forced capture runs");
+    eprintln!("{}", forced.text());
+    let stats = forced.ebpf_stats.expect("eBPF stats");
+    assert!(stats.calls > 1000, "{stats:?}");
+    assert!(
+        stats.projected_overhead_basis_points.unwrap_or(0) > 300,
+        "{stats:?}"
+    );
+}

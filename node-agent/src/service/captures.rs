@@ -376,9 +376,8 @@ mod tests {
         for s in [Stage::Running, Stage::Running, Stage::Uploading] {
             handle.progress(stage(s));
         }
-        // A caller attaching now starts from the newest message it finds.
         let attached = match table.join("late", stage(Stage::Accepted)) {
-            Joined::Attached(rx) => follow(rx, false),
+            Joined::Attached(rx) => rx,
             other => panic!("expected to attach: {other:?}"),
         };
         handle.finish(stage(Stage::Done));
@@ -392,7 +391,8 @@ mod tests {
                 Stage::Done
             ]
         );
-        let seen: Vec<Stage> = attached.map(|p| p.stage()).collect().await;
+        // A caller that attached mid-way starts from the newest message it found.
+        let seen: Vec<Stage> = follow(attached, false).map(|p| p.stage()).collect().await;
         assert_eq!(seen, [Stage::Uploading, Stage::Done]);
     }
 }

@@ -346,16 +346,12 @@ async fn capture(
         }
         ProfileType::Heap => {
             let opts = req.heap.clone().unwrap_or_default();
-            let source = match opts.source.as_str() {
-                "" | "auto" => HeapSource::Auto,
-                "endpoint" => HeapSource::Endpoint,
-                "ebpf" => HeapSource::Ebpf,
-                other => {
-                    return Err(PipelineError::Invalid(format!(
-                        "heap source must be auto, endpoint or ebpf, found {other:?}"
-                    )));
-                }
-            };
+            let source = HeapSource::parse(&opts.source).ok_or_else(|| {
+                PipelineError::Invalid(format!(
+                    "heap source must be auto, endpoint, ebpf or goruntime, found {:?}",
+                    opts.source
+                ))
+            })?;
             let mut request: HeapRequest = heap::cli_request(
                 source,
                 &[],
@@ -370,6 +366,9 @@ async fn capture(
             )?;
             request.targets =
                 targets::heap_targets(resolved, opts.endpoint_port, &opts.endpoint_path);
+            if let Some(max) = opts.max_overhead_percent {
+                request.ebpf.max_overhead_percent = f64::from(max);
+            }
             // The heap engine runs its whole window in one blocking call: on
             // Cancel the caller is answered at once and the engine's thread
             // finishes its window (at most the requested duration) unobserved.
@@ -380,6 +379,22 @@ async fn capture(
             summary.insert("heap_reason".into(), result.reason.clone());
             if let Some(stats) = &result.ebpf_stats {
                 summary.insert("heap_ebpf".into(), format!("{stats:?}"));
+            }
+            if !result.processes.is_empty() {
+                let per_process: Vec<String> = result
+                    .processes
+                    .iter()
+                    .map(|n| {
+                        format!(
+                            "pid {} ({}): {}: {}",
+                            n.pid,
+                            n.comm,
+                            n.source.map_or("not seen".to_owned(), |s| s.to_string()),
+                            n.detail
+                        )
+                    })
+                    .collect();
+                summary.insert("heap_processes".into(), per_process.join("; "));
             }
             if !result.warnings.is_empty() {
                 summary.insert("warnings".into(), result.warnings.join("; "));

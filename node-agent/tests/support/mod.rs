@@ -67,6 +67,32 @@ impl TestCgroup {
 
     /// Spawns `cmd` inside this cgroup (the child moves itself before exec).
     pub fn spawn(&mut self, cmd: &mut Command) -> u32 {
+        cmd.stdout(Stdio::null());
+        self.spawn_keeping_stdout(cmd)
+    }
+
+    /// Like [`Self::spawn`] with stdout piped; returns the pid and stdout
+    /// (e.g. to wait for a workload's ready line).
+    pub fn spawn_piped(&mut self, cmd: &mut Command) -> (u32, std::process::ChildStdout) {
+        cmd.stdout(Stdio::piped());
+        let pid = self.spawn_keeping_stdout(cmd);
+        let stdout = self
+            .children
+            .last_mut()
+            .and_then(|c| c.stdout.take())
+            .expect("piped stdout");
+        (pid, stdout)
+    }
+
+    /// The stdin of child `pid`, when it was spawned with `Stdio::piped()`.
+    pub fn take_stdin(&mut self, pid: u32) -> Option<std::process::ChildStdin> {
+        self.children
+            .iter_mut()
+            .find(|c| c.id() == pid)
+            .and_then(|c| c.stdin.take())
+    }
+
+    fn spawn_keeping_stdout(&mut self, cmd: &mut Command) -> u32 {
         use std::os::unix::ffi::OsStrExt as _;
         let procs =
             std::ffi::CString::new(self.cgroup.path.join("cgroup.procs").as_os_str().as_bytes())
@@ -89,7 +115,6 @@ impl TestCgroup {
             });
         }
         let child = cmd
-            .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));

@@ -447,6 +447,7 @@ pub fn capture_request(
                 HeapSource::Auto => "auto",
                 HeapSource::Endpoint => "endpoint",
                 HeapSource::Ebpf => "ebpf",
+                HeapSource::Goruntime => "goruntime",
             }
             .into(),
             endpoint_port: options
@@ -459,6 +460,9 @@ pub fn capture_request(
                 .sample_bytes
                 .and_then(|b| u64::try_from(b).ok())
                 .unwrap_or(0),
+            max_overhead_percent: options
+                .max_overhead_percent
+                .and_then(|p| u32::try_from(p).ok()),
         }
     });
     let runqlat = (spec.profile_type == ProfileType::Runqlat).then(|| {

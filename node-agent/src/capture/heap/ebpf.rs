@@ -79,6 +79,13 @@ pub struct EbpfHeapOptions {
     /// Told once the probes are attached to the allocators of the targets'
     /// processes running at the start (allocations from then on are seen).
     pub ready: Option<std::sync::mpsc::SyncSender<()>>,
+    /// Refuse when the first window projects more uprobe overhead than this
+    /// (percent of the targets' CPU time); 0 turns the guard off.
+    pub max_overhead_percent: f64,
+    /// Capture even above `max_overhead_percent`.
+    pub force: bool,
+    /// Length of the first window that measures the allocation rate.
+    pub overhead_window: Duration,
 }
 
 impl Default for EbpfHeapOptions {
@@ -97,6 +104,9 @@ impl Default for EbpfHeapOptions {
             cfi_unwind: true,
             unwind: UnwindConfig::default(),
             ready: None,
+            max_overhead_percent: super::overhead::DEFAULT_MAX_OVERHEAD_PERCENT,
+            force: false,
+            overhead_window: Duration::from_millis(300),
         }
     }
 }
@@ -129,6 +139,9 @@ pub struct EbpfHeapStats {
     pub session_uprobes: bool,
     /// How sampled stacks were walked (`None`: frame pointers only).
     pub walk: Option<WalkStats>,
+    /// Uprobe overhead projected from the first window, in hundredths of a
+    /// percent of the targets' CPU time (`None` when the guard was off).
+    pub projected_overhead_basis_points: Option<u64>,
 }
 
 /// Runs one eBPF heap capture of `targets` and returns the profile.
@@ -250,6 +263,7 @@ pub fn capture(
         let rb = rb
             .build()
             .map_err(|e| CaptureError::bpf("opening the process ring buffer", e))?;
+        guard_overhead(&skel, targets, opts, &mut stats)?;
         if let Some(ready) = &opts.ready {
             // The receiver may have gone: nothing to tell then.
             let _ = ready.try_send(());
@@ -284,6 +298,56 @@ pub fn capture(
         &skel, rows, targets, opts, &catalog, started, duration, &stats,
     );
     Ok((profile, stats))
+}
+
+/// CPU time the targets' cgroups (with their descendants) have used so far.
+fn targets_cpu(targets: &[CaptureTarget]) -> Duration {
+    let usec: u64 = targets
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(t.cgroup.path.join("cpu.stat")).ok())
+        .filter_map(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .sum();
+    Duration::from_micros(usec)
+}
+
+/// The first window of the overhead guard (see [`super::overhead`]): with
+/// every probe attached, counts the targets' allocator calls and their CPU
+/// time, and refuses the capture when the projected trap cost is above
+/// `max_overhead_percent` (unless forced). The projection goes in `stats`.
+fn guard_overhead(
+    skel: &HeapSkel<'_>,
+    targets: &[CaptureTarget],
+    opts: &EbpfHeapOptions,
+    stats: &mut EbpfHeapStats,
+) -> Result<()> {
+    if opts.max_overhead_percent <= 0.0 || opts.overhead_window.is_zero() {
+        return Ok(());
+    }
+    read_stats(skel, stats)?;
+    let (calls0, cpu0, t0) = (stats.calls, targets_cpu(targets), Instant::now());
+    std::thread::sleep(opts.overhead_window);
+    read_stats(skel, stats)?;
+    let projection = super::overhead::project(
+        stats.calls.saturating_sub(calls0),
+        t0.elapsed(),
+        targets_cpu(targets).saturating_sub(cpu0),
+        super::overhead::UPROBE_CALL_COST,
+    );
+    stats.projected_overhead_basis_points = Some(
+        (projection.overhead_percent * 100.0)
+            .round()
+            .min(u64::MAX as f64) as u64,
+    );
+    if projection.refuses(opts.max_overhead_percent) && !opts.force {
+        return Err(CaptureError::InvalidOptions(
+            projection.refusal(opts.max_overhead_percent),
+        ));
+    }
+    Ok(())
 }
 
 /// Hands the unwinder the targets' processes not seen yet (`known`), so their

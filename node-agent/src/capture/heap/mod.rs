@@ -1,18 +1,25 @@
-//! Heap profiles, from one of two sources:
+//! Heap profiles, from three sources:
 //!
 //! - [`endpoint`]: the pod's own pprof HTTP endpoint (Go's
 //!   `/debug/pprof/heap`, a jemalloc `/profile/heap`), fetched under strict
 //!   limits and [`merge`]d across targets with their labels;
+//! - [`goruntime`]: the heap profile a Go program keeps in its own memory,
+//!   read from outside without stopping it;
 //! - [`ebpf`]: uprobes on the targets' [`allocators`] with byte-based
 //!   [`sampling`], for processes that serve no profile themselves.
 //!
 //! `auto` picks the endpoint when every target declares one (annotations or
-//! an explicit URL) and eBPF otherwise; the result says which was used and why.
+//! an explicit URL); otherwise it chooses [`by_process`]: the Go runtime
+//! source for Go programs, eBPF for the rest. The result says which source
+//! served which process, and why a process was not seen.
 
 pub mod allocators;
+pub mod by_process;
 pub mod ebpf;
 pub mod endpoint;
+pub mod goruntime;
 pub mod merge;
+pub mod overhead;
 pub mod sampling;
 
 use std::fmt;
@@ -37,6 +44,22 @@ pub enum HeapSource {
     Endpoint,
     /// eBPF allocation sampling.
     Ebpf,
+    /// The heap profile Go programs keep in their own memory (Go processes only).
+    #[value(name = "goruntime", alias = "go")]
+    GoRuntime,
+}
+
+impl HeapSource {
+    /// Parses the API's `heap.source` (`""` is `auto`).
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "" | "auto" => HeapSource::Auto,
+            "endpoint" => HeapSource::Endpoint,
+            "ebpf" => HeapSource::Ebpf,
+            "goruntime" | "go" => HeapSource::GoRuntime,
+            _ => return None,
+        })
+    }
 }
 
 /// The source a capture actually used.
@@ -46,6 +69,10 @@ pub enum HeapSourceUsed {
     Endpoint,
     /// eBPF allocation sampling.
     Ebpf,
+    /// The Go runtime's own heap profile, read from the process's memory.
+    GoRuntime,
+    /// The Go runtime source for Go programs and eBPF for the others.
+    Mixed,
 }
 
 impl fmt::Display for HeapSourceUsed {
@@ -53,8 +80,25 @@ impl fmt::Display for HeapSourceUsed {
         f.write_str(match self {
             HeapSourceUsed::Endpoint => "endpoint",
             HeapSourceUsed::Ebpf => "ebpf",
+            HeapSourceUsed::GoRuntime => "goruntime",
+            HeapSourceUsed::Mixed => "goruntime+ebpf",
         })
     }
+}
+
+/// What happened to one process of the targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessNote {
+    /// Process ID.
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// The target (pod or cgroup) it belongs to.
+    pub target: String,
+    /// The source that served it; `None` when no source could see it.
+    pub source: Option<HeapSourceUsed>,
+    /// Details, or why it was not seen.
+    pub detail: String,
 }
 
 /// Errors of a heap capture.
@@ -75,6 +119,9 @@ pub enum HeapError {
     /// The eBPF capture failed.
     #[error(transparent)]
     Capture(#[from] CaptureError),
+    /// No source could see any target process (one line per process).
+    #[error("no heap source can see the target processes:\n{}", .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
+    Unseen(Vec<String>),
 }
 
 /// One thing to profile: its labels, its cgroup (for eBPF) and its endpoint.
@@ -115,8 +162,10 @@ pub struct HeapProfile {
     pub reason: String,
     /// eBPF counters, for the eBPF source.
     pub ebpf_stats: Option<EbpfHeapStats>,
-    /// Endpoints that failed while others succeeded.
+    /// Endpoints that failed while others succeeded; why nothing was seen.
     pub warnings: Vec<String>,
+    /// Per process: the source that served it, or why none could.
+    pub processes: Vec<ProcessNote>,
 }
 
 /// Builds the request of `flamefleet-agent capture --type heap`: one target
@@ -205,6 +254,22 @@ impl HeapProfile {
                 st.allocators.join(", "),
                 st.session_uprobes
             ));
+            if let Some(bp) = st.projected_overhead_basis_points {
+                out.push_str(&format!(
+                    "  projected uprobe overhead {:.2}% of the targets' CPU time\n",
+                    bp as f64 / 100.0
+                ));
+            }
+        }
+        for n in &self.processes {
+            out.push_str(&format!(
+                "  pid {} ({}) in {}: {}: {}\n",
+                n.pid,
+                n.comm,
+                n.target,
+                n.source.map_or("not seen".to_owned(), |s| s.to_string()),
+                n.detail
+            ));
         }
         for w in &self.warnings {
             out.push_str(&format!("  warning: {w}\n"));
@@ -253,15 +318,24 @@ pub fn choose_source(
             ))),
             None => Ok((HeapSourceUsed::Ebpf, "requested: ebpf".into())),
         },
+        HeapSource::GoRuntime => match without_cgroup {
+            Some(t) => Err(HeapError::Invalid(format!(
+                "source goruntime: expected a cgroup (the processes to read) for every target, \
+                 found none for {}",
+                name(t)
+            ))),
+            None => Ok((HeapSourceUsed::GoRuntime, "requested: goruntime".into())),
+        },
         HeapSource::Auto => match (undeclared, without_cgroup) {
             (None, _) => Ok((
                 HeapSourceUsed::Endpoint,
                 "auto: every target declares a pprof endpoint".into(),
             )),
             (Some(t), None) => Ok((
-                HeapSourceUsed::Ebpf,
+                HeapSourceUsed::Mixed,
                 format!(
-                    "auto: {} declares no pprof endpoint, so eBPF sampling",
+                    "auto: {} declares no pprof endpoint, so the Go runtime source for Go \
+                     programs and eBPF sampling for the others",
                     name(t)
                 ),
             )),
@@ -279,38 +353,42 @@ pub fn choose_source(
 /// endpoint source runs its own small async runtime).
 pub fn capture(req: &HeapRequest) -> Result<HeapProfile, HeapError> {
     let (source, reason) = choose_source(req.source, &req.targets)?;
-    match source {
-        HeapSourceUsed::Ebpf => {
-            let targets: Vec<CaptureTarget> = req
-                .targets
-                .iter()
-                .filter_map(|t| {
-                    t.cgroup.clone().map(|cgroup| CaptureTarget {
-                        cgroup,
-                        labels: t.labels.clone(),
-                    })
-                })
-                .collect();
-            let (profile, stats) = ebpf::capture(&targets, &req.ebpf)?;
-            Ok(HeapProfile {
-                profile,
-                source,
-                reason,
-                ebpf_stats: Some(stats),
-                warnings: Vec::new(),
-            })
-        }
+    let allowed = match source {
         HeapSourceUsed::Endpoint => {
             let (profile, warnings) = fetch_all(req)?;
-            Ok(HeapProfile {
+            return Ok(HeapProfile {
                 profile,
                 source,
                 reason,
                 ebpf_stats: None,
                 warnings,
-            })
+                processes: Vec::new(),
+            });
         }
-    }
+        HeapSourceUsed::Ebpf => by_process::Allowed {
+            go: false,
+            ebpf: true,
+        },
+        HeapSourceUsed::GoRuntime => by_process::Allowed {
+            go: true,
+            ebpf: false,
+        },
+        HeapSourceUsed::Mixed => by_process::Allowed {
+            go: true,
+            ebpf: true,
+        },
+    };
+    let targets: Vec<CaptureTarget> = req
+        .targets
+        .iter()
+        .filter_map(|t| {
+            t.cgroup.clone().map(|cgroup| CaptureTarget {
+                cgroup,
+                labels: t.labels.clone(),
+            })
+        })
+        .collect();
+    by_process::capture(req, &targets, allowed, reason)
 }
 
 /// Fetches every target's endpoint concurrently, keeps the successes and
@@ -411,13 +489,13 @@ mod tests {
         assert_eq!(s, HeapSourceUsed::Endpoint, "{why}");
         let (s, why) =
             choose_source(HeapSource::Auto, &[declared.clone(), undeclared.clone()]).unwrap();
-        assert_eq!(s, HeapSourceUsed::Ebpf);
+        assert_eq!(s, HeapSourceUsed::Mixed);
         assert!(
             why.contains("shop/web-1 declares no pprof endpoint"),
             "{why}"
         );
         let (s, _) = choose_source(HeapSource::Auto, &[target(true, None)]).unwrap();
-        assert_eq!(s, HeapSourceUsed::Ebpf);
+        assert_eq!(s, HeapSourceUsed::Mixed);
         let e = choose_source(HeapSource::Auto, &[target(false, None)]).unwrap_err();
         assert!(e.to_string().contains("neither source"), "{e}");
     }
@@ -439,6 +517,13 @@ mod tests {
         .unwrap();
         assert_eq!(s, HeapSourceUsed::Ebpf);
         assert!(choose_source(HeapSource::Ebpf, &[target(false, None)]).is_err());
+        let (s, _) = choose_source(HeapSource::GoRuntime, &[target(true, None)]).unwrap();
+        assert_eq!(s, HeapSourceUsed::GoRuntime);
+        let e = choose_source(HeapSource::GoRuntime, &[target(false, None)]).unwrap_err();
+        assert!(e.to_string().contains("goruntime"), "{e}");
+        assert_eq!(HeapSource::parse("go"), Some(HeapSource::GoRuntime));
+        assert_eq!(HeapSource::parse(""), Some(HeapSource::Auto));
+        assert_eq!(HeapSource::parse("malloc"), None);
         assert!(choose_source(HeapSource::Auto, &[]).is_err());
     }
 }

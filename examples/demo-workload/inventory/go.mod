@@ -1,0 +1,3 @@
+module flamefleet.dev/examples/inventory
+
+go 1.23

@@ -1,0 +1,3 @@
+module flamefleet.dev/benches/goheapread
+
+go 1.23

@@ -1,0 +1,179 @@
+//! The Go runtime heap source: reads the heap profile a Go program keeps in
+//! its own memory (the runtime samples allocations every `MemProfileRate`
+//! bytes into `runtime.mbuckets`) — no endpoint, no code change, no
+//! uprobes, and the process is never stopped.
+//!
+//! - [`binary`]: is the process a Go program, which version, where are the
+//!   runtime globals (symbol table; build info for the version);
+//! - [`layout`]: the verified record layout per Go version (others refused);
+//! - [`memory`]: bounded reads of `/proc/<pid>/mem`;
+//! - [`buckets`]: the validated, cycle-consistent walk of the bucket list;
+//! - [`profile`]: the pprof profile, as `runtime/pprof` writes it.
+//!
+//! What it reports is what `/debug/pprof/heap` would: the heap as of the last
+//! completed GC cycle.
+
+pub mod binary;
+pub mod buckets;
+pub mod layout;
+pub mod memory;
+pub mod profile;
+
+use std::path::PathBuf;
+
+use self::binary::{BinaryError, GoBinary};
+use self::buckets::{Globals, Walk, WalkError, WalkLimits};
+use self::layout::{Layout, LayoutError};
+use self::memory::{MemoryError, ProcessMemory};
+
+/// Default byte budget of one process's read (headers, stacks and records
+/// of ~100k buckets).
+pub const DEFAULT_READ_BUDGET: u64 = 256 << 20;
+
+/// Why a Go process's heap cannot be read. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum GoHeapError {
+    /// The executable could not be found or parsed.
+    #[error(transparent)]
+    Binary(#[from] BinaryError),
+    /// Its Go version is not in the layout table.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// No symbol table.
+    #[error(
+        "{version} binary {path} is stripped (no symbol table, e.g. -ldflags=-s): the runtime's \
+         heap profile cannot be located; build without -s, serve net/http/pprof, or use the \
+         eBPF source for its C allocations"
+    )]
+    Stripped {
+        /// Go version.
+        version: String,
+        /// The binary.
+        path: PathBuf,
+    },
+    /// The linker disabled memory profiling.
+    #[error(
+        "{version} program keeps no heap samples: nothing in it can call runtime.MemProfile (no \
+         reachable use of runtime/pprof's heap profile or net/http/pprof; a blank import of \
+         runtime/pprof is not enough), so the linker set runtime.disableMemoryProfiling and the \
+         runtime set MemProfileRate=0 at start; serve net/http/pprof (`import _ \
+         \"net/http/pprof\"` with an HTTP server) or write a heap profile somewhere in the \
+         program to profile its heap"
+    )]
+    ProfilingDisabled {
+        /// Go version.
+        version: String,
+    },
+    /// The program turned sampling off.
+    #[error(
+        "{version} program keeps no heap samples: runtime.MemProfileRate is 0 (set by the \
+         program or GODEBUG=memprofilerate=0)"
+    )]
+    RateZero {
+        /// Go version.
+        version: String,
+    },
+    /// A value read makes no sense.
+    #[error("{0}")]
+    Invalid(String),
+    /// Reading memory failed.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// The bucket walk failed.
+    #[error(transparent)]
+    Walk(#[from] WalkError),
+}
+
+/// A Go process found readable, with what is needed to read it.
+#[derive(Debug, Clone)]
+pub struct GoProcess {
+    /// Process ID.
+    pub pid: u32,
+    /// The binary.
+    pub binary: GoBinary,
+    /// The record layout of its version.
+    pub layout: &'static Layout,
+    /// Globals in its address space.
+    pub globals: Globals,
+    /// `runtime.MemProfileRate` when probed.
+    pub rate: i64,
+}
+
+/// The executable of `pid`, read through the process's own root (its mount
+/// namespace), with `/proc/<pid>/exe` as the fallback.
+fn executable(pid: u32) -> Result<PathBuf, BinaryError> {
+    let exe = format!("/proc/{pid}/exe");
+    let target = std::fs::read_link(&exe).map_err(|source| BinaryError::Open {
+        path: exe.clone().into(),
+        source,
+    })?;
+    let rooted = PathBuf::from(format!("/proc/{pid}/root{}", target.display()));
+    Ok(if rooted.is_file() { rooted } else { exe.into() })
+}
+
+/// The Go version of `pid`'s executable, when it is a Go program.
+pub fn go_version(pid: u32) -> Option<String> {
+    let path = executable(pid).ok()?;
+    binary::inspect(&path).ok()?.map(|b| b.version)
+}
+
+/// Looks at `pid`: `Ok(None)` when it is not a Go program; the process when
+/// its heap profile can be read; otherwise why not.
+pub fn probe(pid: u32) -> Result<Option<GoProcess>, GoHeapError> {
+    let path = executable(pid)?;
+    let Some(bin) = binary::inspect(&path)? else {
+        return Ok(None);
+    };
+    let (_, layout) = layout::layout_for(&bin.version)?;
+    let Some(syms) = bin.symbols else {
+        return Err(GoHeapError::Stripped {
+            version: bin.version.clone(),
+            path: bin.path.clone(),
+        });
+    };
+    let bias = binary::load_bias(pid, &bin).ok_or_else(|| {
+        GoHeapError::Invalid(format!(
+            "{} is position-independent but its first page is not in /proc/{pid}/maps",
+            bin.path.display()
+        ))
+    })?;
+    let mut mem = ProcessMemory::open(pid, 64)?;
+    let rate = mem.u64(syms.mem_profile_rate + bias)? as i64;
+    let disabled = mem.u8(syms.disable_memory_profiling + bias)? != 0;
+    if rate == 0 {
+        return Err(if disabled {
+            GoHeapError::ProfilingDisabled {
+                version: bin.version.clone(),
+            }
+        } else {
+            GoHeapError::RateZero {
+                version: bin.version.clone(),
+            }
+        });
+    }
+    if rate < 0 {
+        return Err(GoHeapError::Invalid(format!(
+            "runtime.MemProfileRate of process {pid} is {rate}; expected a positive rate"
+        )));
+    }
+    Ok(Some(GoProcess {
+        pid,
+        globals: Globals {
+            mbuckets: syms.mbuckets + bias,
+            mprof_cycle: syms.mprof_cycle + bias,
+        },
+        binary: bin,
+        layout,
+        rate,
+    }))
+}
+
+impl GoProcess {
+    /// Reads the heap profile buckets, never stopping the process; returns
+    /// them and the bytes read.
+    pub fn read(&self, budget: u64, limits: WalkLimits) -> Result<(Walk, u64), GoHeapError> {
+        let mut mem = ProcessMemory::open(self.pid, budget)?;
+        let walk = buckets::walk(&mut mem, self.layout, self.globals, limits)?;
+        Ok((walk, mem.bytes_read))
+    }
+}

@@ -1,0 +1,3 @@
+module flamefleet.dev/gocgo
+
+go 1.23

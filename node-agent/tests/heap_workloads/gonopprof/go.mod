@@ -1,0 +1,3 @@
+module flamefleet.dev/gonopprof
+
+go 1.23

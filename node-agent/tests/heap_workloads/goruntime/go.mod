@@ -1,0 +1,3 @@
+module flamefleet.dev/goruntime
+
+go 1.23
