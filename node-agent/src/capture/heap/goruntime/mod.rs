@@ -6,7 +6,7 @@
 //! - [`binary`]: is the process a Go program, which version, where are the
 //!   runtime globals (symbol table; build info for the version);
 //! - [`layout`]: the verified record layout per Go version (others refused);
-//! - [`memory`]: bounded reads of `/proc/<pid>/mem`;
+//! - [`memory`]: bounded `process_vm_readv` reads of the target's memory;
 //! - [`buckets`]: the validated, cycle-consistent walk of the bucket list;
 //! - [`profile`]: the pprof profile, as `runtime/pprof` writes it.
 //!
