@@ -57,6 +57,11 @@ export PATH="$FLAMEFLEET_CACHE/plugins:$PATH"
 step "helm install Flamefleet ($RELEASE in $SYSTEM_NS)"
 # The store runs as UID 65532 and this node has no storage provisioner: a host directory.
 mkdir -p "$STORE_DIR" && chown 65532:65532 "$STORE_DIR"
+# Helm installs the chart's CRDs only when absent and never upgrades them: apply them so a
+# cluster kept from an earlier checkout gets this one's schema.
+k apply --server-side --force-conflicts -f charts/flamefleet/crds/ >/dev/null
+reinstall=""
+"$HELM" status "$RELEASE" --namespace "$SYSTEM_NS" >/dev/null 2>&1 && reinstall=1
 "$HELM" upgrade --install "$RELEASE" charts/flamefleet --namespace "$SYSTEM_NS" --create-namespace \
   --set image.tag="$TAG" --set image.pullPolicy=Never \
   --set store.persistence.type=hostPath --set store.persistence.hostPath="$STORE_DIR" \
@@ -64,6 +69,16 @@ mkdir -p "$STORE_DIR" && chown 65532:65532 "$STORE_DIR"
   --set store.publicUrl="https://$NODE_IP:$STORE_NODE_PORT/" \
   --set operator.podDisruptionBudget.enabled=false \
   --wait --timeout 5m >/dev/null
+# A rerun rebuilds the images under the same tag, and an upgrade with unchanged values rolls
+# nothing: restart so every pod runs the images just imported.
+restart_all() {
+  local ns="$1" obj
+  for obj in $(k -n "$ns" get deploy,ds -o name); do
+    k -n "$ns" rollout restart "$obj" >/dev/null
+    k -n "$ns" rollout status "$obj" --timeout 5m
+  done
+}
+[[ -n "$reinstall" ]] && restart_all "$SYSTEM_NS"
 k -n "$SYSTEM_NS" get pods -o wide
 
 step "the demo workloads: a checkout service in C and an inventory service in Go (examples/demo-workload)"
@@ -72,6 +87,7 @@ sed "s|image: .*checkout-demo:.*|image: flamefleet.local/checkout-demo:$TAG|" ex
   k apply -n "$DEMO_NS" -f - >/dev/null
 sed "s|image: .*inventory-demo:.*|image: flamefleet.local/inventory-demo:$TAG|" examples/demo-workload/inventory/deployment.yaml |
   k apply -n "$DEMO_NS" -f - >/dev/null
+[[ -n "$reinstall" ]] && restart_all "$DEMO_NS"
 k -n "$DEMO_NS" rollout status deploy/checkout --timeout 120s
 k -n "$DEMO_NS" rollout status deploy/inventory --timeout 120s
 

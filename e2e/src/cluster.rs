@@ -213,11 +213,16 @@ impl Cluster {
         ]
     }
 
-    /// `helm upgrade --install RELEASE charts/flamefleet -n NAMESPACE` with `values`
-    /// (`key=value`), waiting for every workload to be ready.
+    /// The chart's CRDs, then `helm upgrade --install RELEASE charts/flamefleet -n
+    /// NAMESPACE` with `values` (`key=value`), waiting for every workload to be ready.
+    ///
+    /// Helm installs a chart's `crds/` only when they are absent and never upgrades them, so
+    /// on a cluster that kept the CRDs of an earlier checkout the operator of this one would
+    /// write status fields the old schema does not declare, and server-side apply refuses
+    /// them. The CRDs are applied first, as the README's upgrade instructions say.
     ///
     /// # Errors
-    /// helm's message, with the pods' state.
+    /// kubectl's or helm's message, with the pods' state.
     pub fn install_flamefleet(
         &self,
         release: &str,
@@ -225,6 +230,14 @@ impl Cluster {
         values: &[String],
     ) -> std::result::Result<(), String> {
         prepare_store_dir().map_err(|e| e.to_string())?;
+        let crds = self.repo.join("charts/flamefleet/crds");
+        self.kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &crds.to_string_lossy(),
+        ])?;
         let mut args = vec![
             "upgrade",
             "--install",

@@ -148,6 +148,20 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     let client = cluster.client().await.unwrap();
 
     step("build the images and install the chart");
+    // A release left by an interrupted run keeps pods of images built from another checkout
+    // under the same tag (an upgrade with unchanged values rolls nothing): start clean.
+    cluster
+        .helm(&[
+            "uninstall",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--ignore-not-found",
+            "--wait",
+            "--timeout",
+            "3m",
+        ])
+        .expect("helm uninstall of a leftover release");
     let tag = cluster
         .build_images(None, None)
         .expect("building the images");

@@ -37,6 +37,19 @@ pub enum Error {
     /// The sampling controllers' caches failed.
     #[error("fleet sampling: {0}")]
     Sampling(String),
+    /// The API server refused a field the installed CRD does not declare: the CRDs are
+    /// older than this operator (Helm never upgrades a chart's CRDs).
+    #[error(
+        "Kubernetes API: {action}: {message}; the installed CRDs are older than this operator: \
+         apply this version's CRDs with `kubectl apply --server-side -f charts/flamefleet/crds/` \
+         (Helm installs a chart's CRDs only when they are absent and never upgrades them)"
+    )]
+    OutdatedCrd {
+        /// What was being done.
+        action: String,
+        /// The API server's message naming the field.
+        message: String,
+    },
     /// Leader election failed.
     #[error("leader election on Lease {lease}: {reason}")]
     Leader {
@@ -47,11 +60,25 @@ pub enum Error {
     },
 }
 
+/// Whether an API server message refuses a field its schema does not declare (server-side
+/// apply: "field not declared in schema"; strict field validation: "unknown field").
+fn names_an_undeclared_field(message: &str) -> bool {
+    message.contains("field not declared in schema") || message.contains("unknown field")
+}
+
 impl Error {
     /// Wraps a kube error with what was being done.
     pub fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
         let action = action.into();
-        move |source| Self::Kube { action, source }
+        move |source| match source {
+            kube::Error::Api(status) if names_an_undeclared_field(&status.message) => {
+                Self::OutdatedCrd {
+                    action,
+                    message: status.message,
+                }
+            }
+            source => Self::Kube { action, source },
+        }
     }
 
     /// True when the API server refused a write because another manager changed the object.
@@ -88,9 +115,43 @@ impl Error {
             Self::Tls(_) => "tls",
             Self::Sampling(_) => "sampling",
             Self::Leader { .. } => "leader",
+            Self::OutdatedCrd { .. } => "outdated_crd",
         }
     }
 }
 
 /// Result type of the operator.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            message: message.into(),
+            reason: "BadRequest".into(),
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn a_field_the_installed_crd_lacks_says_to_apply_the_crds() {
+        // What kube-apiserver answers a server-side apply whose field the CRD's schema lacks.
+        let e = Error::kube("applying the status of ProfileRequest r")(api_error(
+            500,
+            "failed to create typed patch object (default/r; flamefleet.dev/v1alpha1, \
+             Kind=ProfileRequest): .status.summary.cpu: field not declared in schema",
+        ));
+        assert_eq!(e.metric_label(), "outdated_crd");
+        let text = e.to_string();
+        assert!(text.contains(".status.summary.cpu"), "{text}");
+        assert!(
+            text.contains("kubectl apply --server-side -f charts/flamefleet/crds/"),
+            "{text}"
+        );
+        let other = Error::kube("getting r")(api_error(404, "not found"));
+        assert_eq!(other.metric_label(), "kube");
+    }
+}
