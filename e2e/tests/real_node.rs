@@ -114,6 +114,23 @@ fn demo_deployment(namespace: &str, name: &str, image: &str) -> Value {
     })
 }
 
+/// Label of the namespaces this test creates.
+const E2E_LABEL: &str = "flamefleet.dev/e2e";
+
+/// Deletes a namespace (without waiting) when the test ends, passing or failing.
+struct DeleteOnDrop<'a> {
+    cluster: &'a Cluster,
+    namespace: String,
+}
+
+impl Drop for DeleteOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .cluster
+            .kubectl(&["delete", "namespace", &self.namespace, "--wait=false"]);
+    }
+}
+
 /// Names of the BPF programs the agent loads, from `bpftool prog show`.
 fn loaded_agent_programs() -> Vec<String> {
     const OURS: &[&str] = &[
@@ -148,6 +165,14 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     let client = cluster.client().await.unwrap();
 
     step("build the images and install the chart");
+    // Workload namespaces of an interrupted run (a passing or failing run deletes its own).
+    let _ = cluster.kubectl(&[
+        "delete",
+        "namespace",
+        "-l",
+        &format!("{E2E_LABEL}=real-node"),
+        "--wait=false",
+    ]);
     // A release left by an interrupted run keeps pods of images built from another checkout
     // under the same tag (an upgrade with unchanged values rolls nothing): start clean.
     cluster
@@ -360,6 +385,19 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     step("a workload Deployment, profiled with kubectl profile");
     let shop = format!("shop-{}", std::process::id());
     cluster.kubectl(&["create", "namespace", &shop]).unwrap();
+    // Busy demo workloads left running would slow every later run on this 2-core node.
+    let _shop_guard = DeleteOnDrop {
+        cluster,
+        namespace: shop.clone(),
+    };
+    cluster
+        .kubectl(&[
+            "label",
+            "namespace",
+            &shop,
+            &format!("{E2E_LABEL}=real-node"),
+        ])
+        .unwrap();
     let deployment = serde_json::to_string(&checkout_deployment(&shop, &tag)).unwrap();
     let file = std::env::temp_dir().join(format!("{shop}-checkout.json"));
     std::fs::write(&file, deployment).unwrap();

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
 use libbpf_rs::{Link, MapCore as _, MapFlags};
 
-use super::allocators::{AllocatorFinder, EntryKind};
+use super::allocators::{AllocatorBinary, AllocatorFinder, EntryKind};
 use super::sampling;
 use crate::bpf::heap::types;
 use crate::bpf::heap::{HeapSkel, HeapSkelBuilder};
@@ -498,57 +498,84 @@ impl Attacher {
                     if !self.attached.insert(bin.dev_ino) {
                         continue;
                     }
-                    for ep in &bin.entry_points {
-                        let what =
-                            || format!("attaching a uprobe to {} in {}", ep.symbol, bin.name);
-                        if self.mode == ProbeMode::Session && ep.kind == EntryKind::Malloc {
-                            let opts = libbpf_rs::UprobeMultiOpts {
-                                offsets: vec![ep.probe_offset as usize],
-                                session: true,
-                                ..Default::default()
-                            };
-                            let link = skel
-                                .progs
-                                .malloc_session
-                                .attach_uprobe_multi_with_opts(-1, &bin.path, "", opts)
-                                .map_err(|e| CaptureError::bpf(what(), e))?;
-                            links.push(link);
-                            stats.probes += 1;
-                            continue;
+                    // This binary's links, kept only when all of them attach.
+                    let mut bin_links = Vec::new();
+                    let attached = Self::attach_binary(self.mode, skel, &bin, &mut bin_links);
+                    match attached {
+                        Ok(probes) => {
+                            links.append(&mut bin_links);
+                            stats.probes += probes;
+                            stats.allocators.push(bin.name.clone());
                         }
-                        let prog = match ep.kind {
-                            EntryKind::Malloc => &skel.progs.malloc_enter,
-                            EntryKind::Calloc => &skel.progs.calloc_enter,
-                            EntryKind::Realloc => &skel.progs.realloc_enter,
-                            EntryKind::Memalign => &skel.progs.memalign_enter,
-                            EntryKind::PosixMemalign => &skel.progs.posix_memalign_enter,
-                            EntryKind::Free => &skel.progs.free_enter,
-                        };
-                        let mode = self.mode;
-                        let attach = |p: &libbpf_rs::ProgramMut<'_>, ret: bool| {
-                            if mode == ProbeMode::Classic {
-                                p.attach_uprobe(ret, -1, &bin.path, ep.probe_offset as usize)
-                            } else {
-                                let opts = libbpf_rs::UprobeMultiOpts {
-                                    offsets: vec![ep.probe_offset as usize],
-                                    retprobe: ret,
-                                    ..Default::default()
-                                };
-                                p.attach_uprobe_multi_with_opts(-1, &bin.path, "", opts)
-                            }
-                            .map_err(|e| CaptureError::bpf(what(), e))
-                        };
-                        links.push(attach(prog, false)?);
-                        if ep.kind.allocates() {
-                            links.push(attach(&skel.progs.alloc_exit, true)?);
+                        // The process exited between being listed and its probes attaching
+                        // (its `/proc/<pid>/root/...` path went with it): nothing to probe
+                        // there; another process of the same binary may bring it back.
+                        Err(_) if !bin.path.exists() => {
+                            drop(bin_links);
+                            self.attached.remove(&bin.dev_ino);
+                            tracing::debug!(pid, binary = %bin.name, "process exited before its allocator probes attached; skipped");
                         }
-                        stats.probes += 1 + usize::from(ep.kind.allocates());
+                        Err(e) => return Err(e),
                     }
-                    stats.allocators.push(bin.name.clone());
                 }
             }
         }
         Ok(())
+    }
+
+    /// Attaches the probes of one allocator binary into `links`; the number of probes.
+    fn attach_binary(
+        mode: ProbeMode,
+        skel: &HeapSkel<'_>,
+        bin: &AllocatorBinary,
+        links: &mut Vec<Link>,
+    ) -> Result<usize> {
+        let mut probes = 0;
+        for ep in &bin.entry_points {
+            let what = || format!("attaching a uprobe to {} in {}", ep.symbol, bin.name);
+            if mode == ProbeMode::Session && ep.kind == EntryKind::Malloc {
+                let opts = libbpf_rs::UprobeMultiOpts {
+                    offsets: vec![ep.probe_offset as usize],
+                    session: true,
+                    ..Default::default()
+                };
+                let link = skel
+                    .progs
+                    .malloc_session
+                    .attach_uprobe_multi_with_opts(-1, &bin.path, "", opts)
+                    .map_err(|e| CaptureError::bpf(what(), e))?;
+                links.push(link);
+                probes += 1;
+                continue;
+            }
+            let prog = match ep.kind {
+                EntryKind::Malloc => &skel.progs.malloc_enter,
+                EntryKind::Calloc => &skel.progs.calloc_enter,
+                EntryKind::Realloc => &skel.progs.realloc_enter,
+                EntryKind::Memalign => &skel.progs.memalign_enter,
+                EntryKind::PosixMemalign => &skel.progs.posix_memalign_enter,
+                EntryKind::Free => &skel.progs.free_enter,
+            };
+            let attach = |p: &libbpf_rs::ProgramMut<'_>, ret: bool| {
+                if mode == ProbeMode::Classic {
+                    p.attach_uprobe(ret, -1, &bin.path, ep.probe_offset as usize)
+                } else {
+                    let opts = libbpf_rs::UprobeMultiOpts {
+                        offsets: vec![ep.probe_offset as usize],
+                        retprobe: ret,
+                        ..Default::default()
+                    };
+                    p.attach_uprobe_multi_with_opts(-1, &bin.path, "", opts)
+                }
+                .map_err(|e| CaptureError::bpf(what(), e))
+            };
+            links.push(attach(prog, false)?);
+            if ep.kind.allocates() {
+                links.push(attach(&skel.progs.alloc_exit, true)?);
+            }
+            probes += 1 + usize::from(ep.kind.allocates());
+        }
+        Ok(probes)
     }
 }
 
