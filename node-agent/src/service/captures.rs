@@ -376,8 +376,9 @@ mod tests {
         for s in [Stage::Running, Stage::Running, Stage::Uploading] {
             handle.progress(stage(s));
         }
+        // A caller attaching now starts from the newest message it finds.
         let attached = match table.join("late", stage(Stage::Accepted)) {
-            Joined::Attached(rx) => rx,
+            Joined::Attached(rx) => follow(rx, false),
             other => panic!("expected to attach: {other:?}"),
         };
         handle.finish(stage(Stage::Done));
@@ -391,8 +392,7 @@ mod tests {
                 Stage::Done
             ]
         );
-        // A caller that attached mid-way starts from the newest message it found.
-        let seen: Vec<Stage> = follow(attached, false).map(|p| p.stage()).collect().await;
+        let seen: Vec<Stage> = attached.map(|p| p.stage()).collect().await;
         assert_eq!(seen, [Stage::Uploading, Stage::Done]);
     }
 }
