@@ -74,19 +74,15 @@ impl ProcessMemory {
     /// it shows at the first read ([`MemoryError::Open`]).
     pub fn open(pid: u32, budget: u64) -> Result<Self, MemoryError> {
         let open_err = |source| MemoryError::Open { pid, source };
-        let pidfd = pidfd_open(pid);
-        let start_time = match &pidfd {
-            Ok(_) => None,
-            Err(_) => Some(start_time(pid).map_err(open_err)?),
+        let (pidfd, start_time) = match pidfd_open(pid) {
+            Ok(fd) => (Some(fd), None),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Err(open_err(e)),
+            // Pidfds refused (old kernel, seccomp): compare start times instead.
+            Err(_) => (None, Some(start_time(pid).map_err(open_err)?)),
         };
-        if let Err(e) = &pidfd
-            && e.raw_os_error() == Some(libc::ESRCH)
-        {
-            return Err(open_err(std::io::Error::from_raw_os_error(libc::ESRCH)));
-        }
         Ok(Self {
             pid,
-            pidfd: pidfd.ok(),
+            pidfd,
             start_time,
             budget,
             bytes_read: 0,
