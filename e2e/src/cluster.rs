@@ -262,6 +262,32 @@ impl Cluster {
         })
     }
 
+    /// `helm uninstall RELEASE -n NAMESPACE --wait` (3 min at most); with `if_present`, a
+    /// missing release is not an error.
+    ///
+    /// # Errors
+    /// helm's message.
+    pub fn uninstall_flamefleet(
+        &self,
+        release: &str,
+        namespace: &str,
+        if_present: bool,
+    ) -> std::result::Result<(), String> {
+        let mut args = vec![
+            "uninstall",
+            release,
+            "-n",
+            namespace,
+            "--wait",
+            "--timeout",
+            "3m",
+        ];
+        if if_present {
+            args.push("--ignore-not-found");
+        }
+        self.helm(&args).map(|_| ())
+    }
+
     /// Waits until `check` returns `Some`, polling every 500 ms, for at most `timeout`.
     ///
     /// # Errors

@@ -176,16 +176,7 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     // A release left by an interrupted run keeps pods of images built from another checkout
     // under the same tag (an upgrade with unchanged values rolls nothing): start clean.
     cluster
-        .helm(&[
-            "uninstall",
-            RELEASE,
-            "-n",
-            NAMESPACE,
-            "--ignore-not-found",
-            "--wait",
-            "--timeout",
-            "3m",
-        ])
+        .uninstall_flamefleet(RELEASE, NAMESPACE, true)
         .expect("helm uninstall of a leftover release");
     let tag = cluster
         .build_images(None, None)
@@ -717,15 +708,7 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         .await
         .unwrap();
     cluster
-        .helm(&[
-            "uninstall",
-            RELEASE,
-            "-n",
-            NAMESPACE,
-            "--wait",
-            "--timeout",
-            "3m",
-        ])
+        .uninstall_flamefleet(RELEASE, NAMESPACE, false)
         .expect("helm uninstall");
     let pods_left = pods.clone();
     cluster
