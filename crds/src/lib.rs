@@ -26,9 +26,9 @@ pub use profile_download::{
     SkippedRequest,
 };
 pub use profile_request::{
-    Artifact, CpuOptions, HeapEndpoint, HeapOptions, HeapSource, LatencySummary, NodeStatus,
-    ProfileRequest, ProfileRequestSpec, ProfileRequestStatus, ProfileSummary, ProfileType,
-    RunqlatOptions, RunqlatUnit,
+    Artifact, CpuOptions, CpuSummary, HeapEndpoint, HeapOptions, HeapSource, LatencySummary,
+    NodeStatus, ProfileRequest, ProfileRequestSpec, ProfileRequestStatus, ProfileSummary,
+    ProfileType, RunqlatOptions, RunqlatUnit,
 };
 pub use sampling_policy::{
     ClusterSamplingPolicy, ClusterSamplingPolicySpec, Coverage, HistoryLimits, NodeBudget,

@@ -334,26 +334,49 @@ pub struct Artifact {
     pub sample_type: Option<String>,
 }
 
-/// Results summed over all nodes.
+/// Results over all nodes. Each field means one thing per profile type; docs/capture.md
+/// ("Capture summary") has the table.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProfileSummary {
-    /// Total samples over all artifacts.
+    /// What the profiles counted, summed over nodes: CPU samples taken in the targets
+    /// (cpu), run-queue waits measured (runqlat), allocations the heap profiles account
+    /// for, i.e. their `alloc_objects` total (heap; `inuse_objects` where a profile has
+    /// no alloc types).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples: Option<i64>,
     /// Number of artifacts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifacts: Option<i32>,
+    /// Sampling frequency (cpu only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuSummary>,
     /// Run-queue latency percentiles (runqlat only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runqlat: Option<LatencySummary>,
 }
 
-/// Latency percentiles in microseconds.
+/// The frequency CPU samples were really taken at.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuSummary {
+    /// Effective frequency in Hz: a capture that joins a node's running sampler gets that
+    /// sampler's frequency. The lowest over nodes when they differ.
+    pub frequency_hz: i64,
+    /// The frequency the request asked for, present only when some node sampled at
+    /// another one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_frequency_hz: Option<i64>,
+    /// Why the frequencies differ, present only when they do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Latency percentiles in microseconds, over all waits of all nodes.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LatencySummary {
-    /// Number of latency events counted.
+    /// Number of run-queue waits measured.
     pub events: i64,
     /// Median, microseconds.
     pub p50_us: i64,
@@ -361,9 +384,14 @@ pub struct LatencySummary {
     pub p90_us: i64,
     /// 99th percentile, microseconds.
     pub p99_us: i64,
-    /// Largest bucket upper bound seen, microseconds.
+    /// Upper bound of the highest non-empty log2 bucket, microseconds: no wait was longer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_us: Option<i64>,
+    /// True when the percentiles come from the nodes' histograms merged bucket by bucket
+    /// (exact up to the log2 buckets); false when some node reported no histogram (or
+    /// another unit) and the percentiles are the worst node's, an upper bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged: Option<bool>,
 }
 
 #[cfg(test)]

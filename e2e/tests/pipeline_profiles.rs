@@ -6,22 +6,70 @@
 
 mod pipeline_support;
 
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use flamefleet_api::{NodePhase, ProfileRequest, RequestPhase};
+use flamefleet_api::{Artifact, NodePhase, ProfileRequest, RequestPhase};
 use flamefleet_e2e::TestNamespace;
+use flamefleet_proto::agent::LatencyHistogram;
+use flamefleet_proto::pprof::Profile;
 use kube::api::Api;
 use pipeline_support::{Pipeline, PipelineOptions, check_digest, nodes_of, pprof_top, serial};
+use prost::Message;
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Runs one request of `profile_type` over pods on both nodes and checks every artifact.
+/// A downloaded pprof artifact: what the status says of it and the decoded profile.
+struct Downloaded {
+    artifact: Artifact,
+    file: PathBuf,
+    profile: Profile,
+}
+
+fn decode_pprof(file: &Path) -> Profile {
+    let gz = std::fs::read(file).expect("read the artifact");
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut raw)
+        .expect("a gzipped pprof");
+    Profile::decode(&raw[..]).expect("a pprof Profile")
+}
+
+/// The total of sample type `name` over a profile's samples.
+fn value_total(profile: &Profile, name: &str) -> i64 {
+    let s = |i: i64| profile.string_table[i as usize].as_str();
+    let index = profile
+        .sample_type
+        .iter()
+        .position(|t| s(t.r#type) == name)
+        .unwrap_or_else(|| panic!("no sample type {name}"));
+    profile.sample.iter().map(|x| x.value[index]).sum()
+}
+
+/// `go tool pprof -top -sample_index=INDEX`.
+fn pprof_top_index(file: &Path, index: &str) -> String {
+    let out = std::process::Command::new("go")
+        .args(["tool", "pprof", "-top", &format!("-sample_index={index}")])
+        .arg(file)
+        .output()
+        .expect("running `go tool pprof` (install Go)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs one request of `profile_type` over pods on both nodes and checks every artifact;
+/// returns the downloaded pprof artifacts too.
 async fn profile_two_nodes(
     profile_type: &str,
     mode: &str,
     extra: serde_json::Value,
-) -> (Pipeline, ProfileRequest) {
+) -> (Pipeline, ProfileRequest, Vec<Downloaded>) {
     let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
     let ns = TestNamespace::create(&format!("ff-{profile_type}"))
         .await
@@ -68,6 +116,7 @@ async fn profile_two_nodes(
         ["web-2"],
         "db-1 is not selected"
     );
+    let mut downloaded = Vec::new();
     for (node, entry) in &nodes {
         assert_eq!(entry.phase, Some(NodePhase::Succeeded), "{node}: {entry:?}");
         assert!(!entry.artifacts.is_empty(), "{node} has no artifacts");
@@ -80,6 +129,13 @@ async fn profile_two_nodes(
                     "empty pprof output for {}",
                     artifact.name
                 );
+                downloaded.push(Downloaded {
+                    artifact: artifact.clone(),
+                    profile: decode_pprof(&file),
+                    file,
+                });
+            } else {
+                assert_eq!(artifact.samples, None, "{} is not a profile", artifact.name);
             }
         }
     }
@@ -92,20 +148,33 @@ async fn profile_two_nodes(
         (completed.status.as_str(), completed.reason.as_str()),
         ("True", "Succeeded")
     );
-    (pipeline, done)
+    (pipeline, done, downloaded)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_request_succeeds_on_two_nodes_with_readable_profiles() {
     let _serial = serial().await;
-    let (pipeline, done) =
+    let (pipeline, done, profiles) =
         profile_two_nodes("cpu", "spin", json!({"cpu": {"frequencyHz": 199}})).await;
     let summary = done.status.unwrap().summary.expect("a summary");
-    assert!(
-        summary.samples.unwrap_or(0) > 0,
-        "no cpu samples: {summary:?}"
-    );
     assert_eq!(summary.artifacts, Some(2));
+    // summary.samples: the CPU samples of every node's profile (samples/count).
+    assert_eq!(profiles.len(), 2);
+    let mut total = 0;
+    for p in &profiles {
+        let n = value_total(&p.profile, "samples");
+        assert!(n > 0, "no samples in {}", p.artifact.name);
+        assert_eq!(p.artifact.samples, Some(n), "{}", p.artifact.name);
+        total += n;
+        // The workload's hot function, named.
+        let top = pprof_top(&p.file);
+        assert!(top.contains("burn_cpu"), "{}:\n{top}", p.artifact.name);
+        assert_eq!(p.profile.period, 1_000_000_000 / 199);
+    }
+    assert_eq!(summary.samples, Some(total), "{summary:?}");
+    let cpu = summary.cpu.expect("a cpu summary");
+    assert_eq!(cpu.frequency_hz, 199, "{cpu:?}");
+    assert_eq!((cpu.requested_frequency_hz, cpu.message), (None, None));
     let metrics = pipeline.operator_metrics().await;
     assert!(
         metrics.contains("flamefleet_operator_requests_finished_total{phase=\"Succeeded\"} 1"),
@@ -120,7 +189,7 @@ async fn cpu_request_succeeds_on_two_nodes_with_readable_profiles() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runqlat_request_succeeds_with_percentiles_in_the_summary() {
     let _serial = serial().await;
-    let (_pipeline, done) = profile_two_nodes("runqlat", "wake", json!({})).await;
+    let (_pipeline, done, profiles) = profile_two_nodes("runqlat", "wake", json!({})).await;
     let status = done.status.unwrap();
     let names: Vec<String> = status
         .nodes
@@ -132,18 +201,64 @@ async fn runqlat_request_succeeds_with_percentiles_in_the_summary() {
         2,
         "{names:?}"
     );
-    let latency = status
-        .summary
-        .and_then(|s| s.runqlat)
+    let summary = status.summary.expect("a summary");
+    let latency = summary
+        .runqlat
+        .clone()
         .expect("runqlat percentiles in the summary");
     assert!(latency.p99_us >= latency.p50_us, "{latency:?}");
     assert!(latency.events > 0, "{latency:?}");
+    // Each wait counted once: the pprof artifacts' waits, not doubled by the text ones.
+    assert_eq!(summary.samples, Some(latency.events), "{summary:?}");
+    // The percentiles are those of both nodes' waits together: merge the downloaded
+    // histograms (bucket_low labels, nanoseconds) and compare.
+    let mut merged = LatencyHistogram {
+        unit_ns: 1000,
+        buckets: vec![0; 27],
+    };
+    for p in &profiles {
+        let s = |i: i64| p.profile.string_table[i as usize].as_str();
+        let count = value_total(&p.profile, "count");
+        assert_eq!(p.artifact.samples, Some(count), "{}", p.artifact.name);
+        for sample in &p.profile.sample {
+            let low_ns = sample
+                .label
+                .iter()
+                .find(|l| s(l.key) == "bucket_low")
+                .expect("bucket_low")
+                .num;
+            let low_us = (low_ns / 1000) as u64;
+            let index = if low_us == 0 {
+                0
+            } else {
+                low_us.ilog2() as usize
+            };
+            merged.buckets[index] += sample.value[0] as u64;
+        }
+    }
+    assert_eq!(merged.count() as i64, latency.events);
+    let us = |q: f64| merged.quantile_us(q).map(|v| v.round() as i64);
+    assert_eq!(latency.merged, Some(true), "{latency:?}");
+    assert_eq!(
+        (
+            Some(latency.p50_us),
+            Some(latency.p90_us),
+            Some(latency.p99_us)
+        ),
+        (us(0.5), us(0.9), us(0.99)),
+        "{latency:?}"
+    );
+    assert_eq!(
+        latency.max_us,
+        merged.max_us().map(|v| v.round() as i64),
+        "{latency:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heap_request_succeeds_with_ebpf_allocation_profiles() {
     let _serial = serial().await;
-    let (_pipeline, done) = profile_two_nodes(
+    let (_pipeline, done, profiles) = profile_two_nodes(
         "heap",
         "alloc",
         // The alloc workload is nearly all allocator calls: the overhead guard would refuse it.
@@ -157,6 +272,17 @@ async fn heap_request_succeeds_with_ebpf_allocation_profiles() {
         .and_then(|s| s.samples)
         .unwrap_or(0);
     assert!(samples > 0, "no heap samples");
+    // summary.samples: the allocations the profiles account for (alloc_objects).
+    let mut total = 0;
+    for p in &profiles {
+        let n = value_total(&p.profile, "alloc_objects");
+        assert_eq!(p.artifact.samples, Some(n), "{}", p.artifact.name);
+        total += n;
+        // The workload's allocation site, named.
+        let top = pprof_top_index(&p.file, "alloc_space");
+        assert!(top.contains("churn_heap"), "{}:\n{top}", p.artifact.name);
+    }
+    assert_eq!(samples, total);
 }
 
 /// Namespace isolation and download permissions in one pipeline: a request in A that names

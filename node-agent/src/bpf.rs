@@ -22,6 +22,7 @@ unsafe impl Pod for runqlat::types::runqlat_slots {}
 unsafe impl Pod for heap::types::ff_target {}
 unsafe impl Pod for u64 {}
 unsafe impl Pod for u32 {}
+unsafe impl Pod for i32 {}
 
 /// Reads a `T` from map bytes; `None` when the length does not match.
 pub fn from_bytes<T: Pod>(bytes: &[u8]) -> Option<T> {

@@ -69,6 +69,13 @@ pub struct ServeArgs {
     /// Address of the probe server (`/healthz`, `/readyz`, `/metrics`); none when absent.
     #[arg(long)]
     pub probe_listen: Option<std::net::SocketAddr>,
+    /// Address of the agent's own profiles (`/debug/pprof/profile`, `/debug/pprof/heap`);
+    /// none when absent. Keep it cluster-internal (the chart does).
+    #[arg(long)]
+    pub debug_listen: Option<std::net::SocketAddr>,
+    /// Sizes of the samplers' BPF maps.
+    #[command(flatten)]
+    pub map_sizes: crate::capture::MapSizes,
     /// Kubeconfig for the CSR of `--tls-bootstrap csr` (default: in-cluster config).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -106,6 +113,8 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<()> {
             ),
         },
         probe_listen: args.probe_listen,
+        debug_listen: args.debug_listen,
+        map_sizes: args.map_sizes.clone(),
         kubeconfig: args.kubeconfig.clone(),
         cgroup_root: args.cgroup_root.clone(),
     };
@@ -265,7 +274,8 @@ pub enum CliError {
 pub struct CaptureReport {
     /// The pprof file.
     pub output: PathBuf,
-    /// Number of samples (CPU) or waits (runqlat).
+    /// Number of samples (CPU), waits (runqlat) or allocations (heap), as the capture
+    /// summary defines them (docs/capture.md).
     pub samples: u64,
     /// Text report (always computed; printed with `--text`).
     pub text: String,
@@ -342,7 +352,7 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
             request.ebpf.max_overhead_percent = args.max_overhead_percent;
             request.ebpf.force = args.force;
             let result = heap::capture(&request)?;
-            let samples = result.profile.sample.len() as u64;
+            let samples = crate::pprof::allocation_count(&result.profile);
             let text = result.text();
             (result.profile, samples, text)
         }

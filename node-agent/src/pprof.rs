@@ -231,6 +231,38 @@ impl ProfileBuilder {
     }
 }
 
+/// The total of sample type `kind` (with unit `unit`) over the profile's samples; `None`
+/// when the profile has no such sample type.
+pub fn value_total(profile: &pb::Profile, kind: &str, unit: &str) -> Option<u64> {
+    let name = |i: i64| {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| profile.string_table.get(i))
+            .map_or("", String::as_str)
+    };
+    let index = profile
+        .sample_type
+        .iter()
+        .position(|st| name(st.r#type) == kind && name(st.unit) == unit)?;
+    Some(
+        profile
+            .sample
+            .iter()
+            .filter_map(|s| s.value.get(index))
+            .map(|&v| u64::try_from(v).unwrap_or(0))
+            .fold(0u64, u64::saturating_add),
+    )
+}
+
+/// The `samples` of a heap profile: the allocations it accounts for, i.e. its
+/// `alloc_objects/count` total (`inuse_objects/count` where it has no alloc types); 0 when
+/// it counts no objects. (Not the number of pprof rows: one row is one stack.)
+pub fn allocation_count(profile: &pb::Profile) -> u64 {
+    value_total(profile, "alloc_objects", "count")
+        .or_else(|| value_total(profile, "inuse_objects", "count"))
+        .unwrap_or(0)
+}
+
 /// Serializes and gzips a profile, the on-disk pprof format.
 pub fn encode_gzip(profile: &pb::Profile) -> std::io::Result<Vec<u8>> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());

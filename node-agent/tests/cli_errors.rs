@@ -174,3 +174,14 @@ fn missing_output_directory_is_reported_after_capture() {
     .unwrap();
     expect_failure(out, "/nonexistent-dir/x.pb.gz");
 }
+
+#[test]
+fn serve_map_sizes_out_of_range_are_refused() {
+    for (flag, value) in [("--max-stacks", "0"), ("--max-targets", "99999999")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"))
+            .args(["serve", "--node-name", "n1", flag, value])
+            .output()
+            .unwrap();
+        expect_failure(out, &format!("invalid value '{value}' for '{flag}"));
+    }
+}

@@ -92,6 +92,13 @@ async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
     let top = pprof_top(&body);
     assert!(top.contains("burn_cpu"), "go tool pprof -top:\n{top}");
     let profile = flamefleet_agent::pprof::decode(&body).expect("decode");
+    // `samples` of a CPU capture is the profile's samples/count total.
+    assert_eq!(value_total(&profile, "samples"), a.samples as i64);
+    assert_eq!(
+        last.summary.get("frequency_hz").map(String::as_str),
+        Some("99")
+    );
+    assert!(!last.summary.contains_key("requested_frequency_hz"));
     let s = |i: i64| profile.string_table[i as usize].as_str();
     let labels: std::collections::BTreeSet<(String, String)> = profile
         .sample
@@ -111,6 +118,147 @@ async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
             "label {k}={v} missing in {labels:?}"
         );
     }
+}
+
+/// The total of sample type `name` over a profile's samples.
+fn value_total(profile: &flamefleet_proto::pprof::Profile, name: &str) -> i64 {
+    let s = |i: i64| profile.string_table[i as usize].as_str();
+    let index = profile
+        .sample_type
+        .iter()
+        .position(|t| s(t.r#type) == name)
+        .unwrap_or_else(|| panic!("no sample type {name}"));
+    profile.sample.iter().map(|x| x.value[index]).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runqlat_counts_each_wait_once_and_reports_its_histogram() {
+    require_root();
+    let _serial = serial().await;
+    let node = "node-rq-sum";
+    // The allocator sleeps 2 ms per iteration: ~500 wakeups, so run-queue waits, a second.
+    let Setup {
+        mut client,
+        agent,
+        upload,
+        tree,
+        pki: _pki,
+    } = Setup::new(node, allocator()).await;
+    let uid = unique("uid-rq-sum");
+    let mut req = cpu_request(&uid, node, &tree, &upload, 2000);
+    req.r#type = flamefleet_proto::agent::ProfileType::Runqlat as i32;
+    req.cpu = None;
+    req.uploads = upload.slots(
+        &uid,
+        &[
+            format!("runqlat-{node}.pb.gz"),
+            format!("runqlat-{node}.txt"),
+        ],
+    );
+    let progress = collect(&mut client, req).await;
+    assert_full_lifecycle(&progress, &agent);
+    let last = done(&progress);
+    let pb = &last.artifacts[0];
+    let txt = &last.artifacts[1];
+    assert_eq!(pb.name, format!("runqlat-{node}.pb.gz"));
+    assert_eq!(
+        txt.samples, 0,
+        "the text rendering counts no samples of its own"
+    );
+    let profile = flamefleet_agent::pprof::decode(&upload.body(&uid, &pb.name).expect("uploaded"))
+        .expect("decode");
+    let waits = value_total(&profile, "count");
+    assert!(waits >= 100, "only {waits} waits in 2 s of a 500/s sleeper");
+    assert_eq!(pb.samples, waits as u64);
+    let summary = |k: &str| -> f64 {
+        last.summary
+            .get(k)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{k} in {:?}", last.summary))
+    };
+    assert_eq!(summary("samples") as i64, waits);
+    assert_eq!(summary("events") as i64, waits);
+    let h = last
+        .runqlat_histogram
+        .as_ref()
+        .expect("a runqlat DONE carries its histogram");
+    assert_eq!(h.unit_ns, 1000);
+    assert_eq!(h.count() as i64, waits);
+    // The summary's numbers are the histogram's.
+    assert_eq!(
+        format!("{:.1}", h.quantile_us(0.5).unwrap()),
+        last.summary["p50_us"]
+    );
+    assert_eq!(
+        format!("{:.1}", h.quantile_us(0.99).unwrap()),
+        last.summary["p99_us"]
+    );
+    let max_us = summary("max_us");
+    assert!(summary("p99_us") <= max_us);
+    // max_us is the upper bound of the highest bucket the pprof has a sample in.
+    let s = |i: i64| profile.string_table[i as usize].as_str();
+    let highest_ns = profile
+        .sample
+        .iter()
+        .flat_map(|x| x.label.iter())
+        .filter(|l| s(l.key) == "bucket_high")
+        .map(|l| l.num)
+        .max()
+        .expect("bucket_high labels");
+    assert_eq!(max_us as i64, highest_ns / 1000, "{highest_ns} ns");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_joining_a_running_sampler_reports_the_effective_frequency() {
+    require_root();
+    let _serial = serial().await;
+    let node = "node-join-hz";
+    let setup = Setup::new(node, burner()).await;
+    let (upload, tree) = (&setup.upload, &setup.tree);
+    let first_uid = unique("uid-hz-first");
+    let mut first_req = cpu_request(&first_uid, node, tree, upload, 3000);
+    first_req.cpu = Some(flamefleet_proto::agent::CpuOptions { frequency_hz: 49 });
+    let mut c1 = setup.client().await;
+    let (attached, running) = tokio::sync::oneshot::channel();
+    let first = tokio::spawn(async move {
+        collect_signalling(&mut c1, first_req, sampler_attached, attached).await
+    });
+    running.await.expect("the first capture's sampler runs");
+    let second_uid = unique("uid-hz-second");
+    let second_req = cpu_request(&second_uid, node, tree, upload, 1000);
+    let mut c2 = setup.client().await;
+    let second = collect(&mut c2, second_req).await;
+    let first = first.await.expect("first caller");
+    let (d1, d2) = (done(&first), done(&second));
+    assert_eq!(
+        d1.summary.get("frequency_hz").map(String::as_str),
+        Some("49")
+    );
+    assert!(
+        !d1.summary.contains_key("requested_frequency_hz"),
+        "{:?}",
+        d1.summary
+    );
+    assert_eq!(
+        d2.summary.get("frequency_hz").map(String::as_str),
+        Some("49")
+    );
+    assert_eq!(
+        d2.summary.get("requested_frequency_hz").map(String::as_str),
+        Some("99")
+    );
+    let note = d2.summary.get("frequency_note").expect("a note");
+    assert!(note.contains("49 Hz") && note.contains("99 Hz"), "{note}");
+    // The profile agrees: its period is the effective one.
+    let body = upload
+        .body(&second_uid, &d2.artifacts[0].name)
+        .expect("uploaded");
+    let profile = flamefleet_agent::pprof::decode(&body).expect("decode");
+    assert_eq!(profile.period, 1_000_000_000 / 49, "{}", profile.period);
+    assert_eq!(
+        value_total(&profile, "samples"),
+        d2.artifacts[0].samples as i64
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,6 +515,14 @@ async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
     assert!(a.samples > 0, "{a:?}");
     assert_eq!(a.sample_type, "inuse_space/bytes");
     let body = upload.body(&uid, &a.name).expect("uploaded");
+    // `samples` of a heap capture is the allocations the profile accounts for (its
+    // alloc_objects total), not the number of pprof rows.
+    let profile = flamefleet_agent::pprof::decode(&body).expect("decode");
+    let alloc_objects = value_total(&profile, "alloc_objects");
+    assert!(alloc_objects > 0);
+    assert_ne!(alloc_objects, profile.sample.len() as i64, "rows by chance");
+    assert_eq!(a.samples, alloc_objects as u64);
+    assert_eq!(last.summary.get("samples"), Some(&a.samples.to_string()));
     // The allocation site holds the live blocks at the end of the window
     // (inuse_space, the default) and made the allocations during it (alloc_space).
     // inuse_space once came back empty in CI: the probes were detached one by one
@@ -379,4 +535,113 @@ async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
             "go tool pprof -top ({index}):\n{top}"
         );
     }
+}
+
+/// The address in the agent's "serving /debug/pprof" log line.
+async fn debug_address(agent: &AgentProcess) -> String {
+    let log = agent
+        .wait_for_log("serving /debug/pprof")
+        .await
+        .unwrap_or_else(|log| panic!("no debug server in the log:\n{log}"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("serving /debug/pprof"))
+        .expect("the line");
+    line.split("bound=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no bound= in {line:?}"))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_serves_its_own_cpu_profile_one_at_a_time() {
+    require_root();
+    let _serial = serial().await;
+    let node = "node-selfprof";
+    let pki = TestPki::new("ca");
+    let mut tree = PodTree::new();
+    tree.start(burner());
+    let upload = UploadServer::start(None).await;
+    let agent = AgentProcess::start_with(
+        node,
+        &pki,
+        &tree.root,
+        None,
+        &["--debug-listen", "127.0.0.1:0"],
+    );
+    let mut client = operator_client(&pki, &agent).await;
+    let debug = debug_address(&agent).await;
+    let http = reqwest::Client::new();
+
+    // Profile the agent while it captures and symbolizes.
+    let uid = unique("uid-selfprof");
+    let capture = tokio::spawn(async move {
+        collect(&mut client, cpu_request(&uid, node, &tree, &upload, 2000)).await
+    });
+    let profile = http
+        .get(format!(
+            "http://{debug}/debug/pprof/profile?seconds=3&frequency=499"
+        ))
+        .send()
+        .await
+        .expect("GET profile");
+    assert_eq!(profile.status(), 200);
+    let p = flamefleet_agent::pprof::decode(&profile.bytes().await.expect("body")).expect("pprof");
+    done(&capture.await.expect("capture"));
+    assert_eq!(p.period, 1_000_000_000 / 499);
+    let names: Vec<&str> = p
+        .function
+        .iter()
+        .map(|f| p.string_table[f.name as usize].as_str())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.contains("flamefleet_agent")),
+        "the agent's own functions: {names:?}"
+    );
+
+    // One at a time: while a long one runs, another is refused unless forced.
+    let long = {
+        let (http, debug) = (http.clone(), debug.clone());
+        tokio::spawn(async move {
+            http.get(format!(
+                "http://{debug}/debug/pprof/profile?seconds=120&format=svg"
+            ))
+            .send()
+            .await
+            .expect("GET long")
+            .status()
+        })
+    };
+    agent
+        .wait_for_log("self CPU profile started seconds=120")
+        .await
+        .expect("the long profile started");
+    let refused = http
+        .get(format!("http://{debug}/debug/pprof/profile?seconds=1"))
+        .send()
+        .await
+        .expect("GET refused");
+    assert_eq!(refused.status(), 409);
+    // (pprof: an idle agent may take no sample in 1 s, and a flame graph of nothing is an
+    // error.)
+    let forced = http
+        .get(format!(
+            "http://{debug}/debug/pprof/profile?seconds=1&force=true"
+        ))
+        .send()
+        .await
+        .expect("GET forced");
+    assert_eq!(forced.status(), 200);
+    flamefleet_agent::pprof::decode(&forced.bytes().await.expect("body")).expect("pprof");
+    // The forced-out profile ended early with what it had (or, with nothing sampled yet,
+    // a clear 500); either way it no longer runs.
+    let status = long.await.expect("long");
+    assert!(status == 200 || status == 500, "{status}");
+    let heap = http
+        .get(format!("http://{debug}/debug/pprof/heap"))
+        .send()
+        .await
+        .expect("GET heap");
+    assert_eq!(heap.status(), 501);
 }

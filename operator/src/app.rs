@@ -128,6 +128,10 @@ pub struct Options {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_listen: SocketAddr,
+    /// Address of the operator's own profiles (`/debug/pprof/profile`, `/debug/pprof/heap`);
+    /// none when absent. Keep it cluster-internal (the chart does).
+    #[arg(long)]
+    pub debug_listen: Option<SocketAddr>,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "flamefleet-operator")]
     pub lease_name: String,
@@ -313,6 +317,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             tracing::error!("metrics server stopped: {e}");
         }
     });
+    if let Some(listen) = options.debug_listen {
+        flamefleet_selfprof::spawn(listen).await?;
+    }
     let ca = match &options.ca_secret {
         Some(name) => Some(Arc::new(
             OperatorCa::load_or_create(&client, &options.agent_namespace, name)

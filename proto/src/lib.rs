@@ -1,6 +1,7 @@
 //! Flamefleet wire formats.
 
 pub mod identity;
+pub mod latency;
 pub mod tls_accept;
 
 /// The pprof `Profile` messages (package `perftools.profiles`), as read by

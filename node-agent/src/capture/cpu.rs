@@ -130,7 +130,7 @@ pub struct CpuSampler {
     perf_events: usize,
     catalog: ProcessCatalog,
     unwinder: Option<Arc<Unwinder>>,
-    _owner: OwnerThread,
+    owner: OwnerThread,
 }
 
 impl std::fmt::Debug for CpuSampler {
@@ -142,7 +142,38 @@ impl std::fmt::Debug for CpuSampler {
     }
 }
 
+/// How full a CPU sampler's maps are (entries in use), for leak checks, the soak benchmark
+/// and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CpuMapFill {
+    /// Target cgroups in the target map.
+    pub targets: usize,
+    /// (target, thread, stacks) counters.
+    pub counts: usize,
+    /// Stacks in the stack-trace map (frame-pointer user stacks and kernel stacks).
+    pub stacks: usize,
+    /// CFI-walked user stacks.
+    pub user_stacks: usize,
+}
+
 impl CpuSampler {
+    /// Whether the thread that owns the loaded programs still runs.
+    pub fn is_alive(&self) -> bool {
+        self.owner.is_alive()
+    }
+
+    /// Counts the entries of the sampler's maps (walks their keys: O(entries)).
+    pub fn map_fill(&self) -> CpuMapFill {
+        let shared = self.lock();
+        let maps = &shared.maps;
+        CpuMapFill {
+            targets: maps.targets.keys().count(),
+            counts: maps.counts.keys().count(),
+            stacks: maps.stacks.keys().count(),
+            user_stacks: maps.user_stacks.keys().count(),
+        }
+    }
+
     /// Loads and attaches the sampler. Fails with [`CaptureError::Privilege`]
     /// without CAP_BPF/CAP_PERFMON, [`CaptureError::KernelFeature`] when the
     /// event or BTF is missing.
@@ -200,7 +231,7 @@ impl CpuSampler {
             perf_events: cpus.len(),
             catalog,
             unwinder,
-            _owner: owner,
+            owner,
         })
     }
 
@@ -417,7 +448,64 @@ impl Drop for CpuCapture {
         let Shared { maps, table } = &mut *shared;
         let removed = table.release(&maps.target_maps(), &self.cgroup_ids);
         delete_target_entries::<cpu_sample_key>(&maps.counts, &removed, |k| k.target);
+        if !removed.is_empty() {
+            let freed = drop_unreferenced_stacks(maps);
+            tracing::debug!(?freed, "cpu sampler: stacks no count refers to removed");
+        }
     }
+}
+
+/// Stacks removed by [`drop_unreferenced_stacks`]: (stack-trace map, CFI `user_stacks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct FreedStacks {
+    /// Entries removed from `stacks`.
+    stacks: usize,
+    /// Entries removed from `user_stacks`.
+    user_stacks: usize,
+}
+
+/// Removes the stacks no count refers to any more, so that the stack maps hold only what
+/// the captures still running can read: without it they fill up over a long-lived sampler
+/// (every distinct stack ever seen stays) and then lose new stacks. Called when a capture
+/// released targets (their counts are gone).
+///
+/// The program may count a sample whose stack is removed in the instant between the scan
+/// and the removal, if that same stack was until then referred to only by released counts;
+/// the next sample of that stack stores it again under the same ID (a stack-trace map's ID
+/// and `user_stacks`' key are hashes of the frames), so only a stack seen exactly once in
+/// that instant can read back empty.
+fn drop_unreferenced_stacks(maps: &Maps) -> FreedStacks {
+    let mut stack_ids: HashSet<i32> = HashSet::new();
+    let mut user_keys: HashSet<u64> = HashSet::new();
+    for raw in maps.counts.keys() {
+        if let Some(k) = from_bytes::<cpu_sample_key>(&raw) {
+            stack_ids.insert(k.user_stack_id);
+            stack_ids.insert(k.kernel_stack_id);
+            user_keys.insert(k.user_stack);
+        }
+    }
+    let mut freed = FreedStacks::default();
+    let doomed: Vec<Vec<u8>> = maps
+        .stacks
+        .keys()
+        .filter(|k| from_bytes::<i32>(k).is_some_and(|id| !stack_ids.contains(&id)))
+        .collect();
+    for k in doomed {
+        if maps.stacks.delete(&k).is_ok() {
+            freed.stacks += 1;
+        }
+    }
+    let doomed: Vec<Vec<u8>> = maps
+        .user_stacks
+        .keys()
+        .filter(|k| from_bytes::<u64>(k).is_some_and(|key| !user_keys.contains(&key)))
+        .collect();
+    for k in doomed {
+        if maps.user_stacks.delete(&k).is_ok() {
+            freed.user_stacks += 1;
+        }
+    }
+    freed
 }
 
 impl CpuCapture {

@@ -202,6 +202,44 @@ impl Default for SamplerConfig {
     }
 }
 
+/// The BPF map sizes `serve` lets an operator set (`--max-…`); each bounds kernel memory
+/// for the sampler's whole life, however many captures run on it.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct MapSizes {
+    /// Target cgroups captured at once, over all captures (target map entries).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub max_targets: Option<u32>,
+    /// Distinct (cgroup, thread, stacks) entries the CPU sampler counts at once.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
+    pub max_cpu_entries: Option<u32>,
+    /// Distinct stacks the CPU sampler keeps at once (stack map entries); stacks no count
+    /// refers to any more are removed when a capture ends.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
+    pub max_stacks: Option<u32>,
+    /// runqlat's per-process histograms at once.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub max_histograms: Option<u32>,
+    /// runqlat's start timestamps at once where task storage is missing (hash-map fallback).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
+    pub max_start_entries: Option<u32>,
+}
+
+impl MapSizes {
+    /// Overrides `config`'s sizes with the ones set here.
+    pub fn apply(&self, config: &mut SamplerConfig) {
+        let set = |dst: &mut u32, v: Option<u32>| {
+            if let Some(v) = v {
+                *dst = v;
+            }
+        };
+        set(&mut config.max_targets, self.max_targets);
+        set(&mut config.max_cpu_entries, self.max_cpu_entries);
+        set(&mut config.max_stacks, self.max_stacks);
+        set(&mut config.max_histograms, self.max_histograms);
+        set(&mut config.max_start_entries, self.max_start_entries);
+    }
+}
+
 /// Whether the kernel has cgroup-local storage (6.2+), which the samplers
 /// use to cache target lookups.
 pub(crate) fn target_cache_supported() -> bool {

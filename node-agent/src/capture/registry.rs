@@ -41,6 +41,34 @@ impl Samplers {
         &self.config
     }
 
+    /// `Err` naming the sampler whose owner thread died (a panic): its programs are
+    /// detached and captures joining it would get nothing, so the agent must restart.
+    ///
+    /// # Errors
+    /// A message for `/healthz`.
+    pub fn health(&self) -> Result<(), String> {
+        let dead = |alive: Option<bool>, what: &str| match alive {
+            Some(false) => Err(format!(
+                "the {what} sampler's thread stopped unexpectedly (see the log); restart the agent"
+            )),
+            _ => Ok(()),
+        };
+        let lock = |m: &Mutex<Weak<CpuSampler>>| {
+            m.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .upgrade()
+                .map(|s| s.is_alive())
+        };
+        dead(lock(&self.cpu), "cpu")?;
+        let runqlat = self
+            .runqlat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade()
+            .map(|s| s.is_alive());
+        dead(runqlat, "runqlat")
+    }
+
     /// Process snapshots used to symbolize what the samplers saw.
     pub fn catalog(&self) -> &ProcessCatalog {
         &self.catalog

@@ -62,6 +62,18 @@ impl LatencyUnit {
     }
 }
 
+/// How full a runqlat sampler's maps are (entries in use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RunqlatMapFill {
+    /// Target cgroups in the target map.
+    pub targets: usize,
+    /// Per-process histograms.
+    pub histograms: usize,
+    /// Start timestamps of the hash-map fallback (`None` with task storage, which the
+    /// kernel frees with the task).
+    pub starts: Option<usize>,
+}
+
 /// Options of one runqlat capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RunqlatOptions {
@@ -97,6 +109,8 @@ struct Maps {
     /// Per-process histograms.
     hists: MapHandle,
     drops: MapHandle,
+    /// The start map of the hash-map fallback (`None` with task storage).
+    start_hash: Option<MapHandle>,
 }
 
 impl Maps {
@@ -117,7 +131,7 @@ struct Shared {
 pub struct RunqlatSampler {
     shared: Mutex<Shared>,
     storage: StartStorage,
-    _owner: OwnerThread,
+    owner: OwnerThread,
 }
 
 impl std::fmt::Debug for RunqlatSampler {
@@ -135,6 +149,11 @@ fn task_storage_supported() -> bool {
 }
 
 impl RunqlatSampler {
+    /// Whether the thread that owns the loaded programs still runs.
+    pub fn is_alive(&self) -> bool {
+        self.owner.is_alive()
+    }
+
     /// Loads and attaches the programs, choosing task storage when the kernel
     /// has it (and the config does not force the hash-map fallback).
     pub fn start(config: &SamplerConfig) -> Result<Self> {
@@ -169,13 +188,24 @@ impl RunqlatSampler {
                 table: TargetTable::new(max_targets, max_indices),
             }),
             storage,
-            _owner: owner,
+            owner,
         })
     }
 
     /// Where start timestamps are kept.
     pub fn storage(&self) -> StartStorage {
         self.storage
+    }
+
+    /// Counts the entries of the sampler's maps (walks their keys: O(entries)).
+    pub fn map_fill(&self) -> RunqlatMapFill {
+        let shared = self.lock();
+        let maps = &shared.maps;
+        RunqlatMapFill {
+            targets: maps.targets.keys().count(),
+            histograms: maps.hists.keys().count(),
+            starts: maps.start_hash.as_ref().map(|m| m.keys().count()),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
@@ -280,6 +310,11 @@ fn load<'obj>(
         target_hists: handle(&skel.maps.target_hists, "target_hists")?,
         hists: handle(&skel.maps.hists, "hists")?,
         drops: handle(&skel.maps.drops, "drops")?,
+        start_hash: if task {
+            None
+        } else {
+            Some(handle(&skel.maps.start_hash, "start_hash")?)
+        },
     };
     Ok((skel, maps))
 }
@@ -393,14 +428,9 @@ pub struct Histogram {
     pub slots: Vec<u64>,
 }
 
-/// Bounds of bucket `i` in units: `[low, high)`.
-pub fn bucket_bounds(i: usize) -> (u64, u64) {
-    if i == 0 {
-        (0, 2)
-    } else {
-        (1 << i, 1 << (i + 1))
-    }
-}
+/// Bounds of bucket `i` in units, `[low, high)`: the one definition the operator's merge
+/// shares.
+pub use flamefleet_proto::latency::bucket_bounds;
 
 impl Histogram {
     /// Number of waits.

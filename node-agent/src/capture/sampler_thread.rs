@@ -21,6 +21,13 @@ pub(crate) struct OwnerThread {
     handle: Option<JoinHandle<()>>,
 }
 
+impl OwnerThread {
+    /// Whether the thread still runs (it only ends when stopped, or by a panic).
+    pub(crate) fn is_alive(&self) -> bool {
+        self.handle.as_ref().is_some_and(|h| !h.is_finished())
+    }
+}
+
 impl Drop for OwnerThread {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);

@@ -91,6 +91,9 @@ pub enum ServiceError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The self-profiling server could not start.
+    #[error(transparent)]
+    Debug(#[from] flamefleet_selfprof::Error),
     /// The gRPC server failed.
     #[error("the gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -127,6 +130,10 @@ pub struct AgentConfig {
     pub tls: TlsSource,
     /// Address of `/healthz`, `/readyz` and `/metrics` (none: not served).
     pub probe_listen: Option<SocketAddr>,
+    /// Address of the agent's own profiles, `/debug/pprof/{profile,heap}` (none: not served).
+    pub debug_listen: Option<SocketAddr>,
+    /// Sizes of the samplers' BPF maps.
+    pub map_sizes: crate::capture::MapSizes,
     /// Kubeconfig for the CSR of `--tls-bootstrap csr`; `None`: in-cluster configuration.
     /// The agent writes nothing else to the API: it reports results to the operator.
     pub kubeconfig: Option<PathBuf>,
@@ -191,10 +198,12 @@ impl Agent {
             Some(p) => CgroupRoot::at_or_under(p)?,
             None => CgroupRoot::detect()?,
         };
-        let samplers = Arc::new(Samplers::new(SamplerConfig {
+        let mut sampler_config = SamplerConfig {
             node: config.node_name.clone(),
             ..SamplerConfig::default()
-        }));
+        };
+        config.map_sizes.apply(&mut sampler_config);
+        let samplers = Arc::new(Samplers::new(sampler_config));
         Ok(Self {
             ctx: Arc::new(Context {
                 node: config.node_name.clone(),
@@ -312,9 +321,15 @@ pub async fn serve(
     };
     let mut agent = Agent::new(&config).await?;
     let probes = Arc::clone(&agent.probes);
+    let samplers = Arc::clone(&agent.ctx.samplers);
+    probes.set_health_check(Box::new(move || samplers.health()));
     if let Some(listen) = config.probe_listen {
         let bound = probes::spawn(listen, Arc::clone(&probes)).await?;
         println!("probes on {bound}");
+    }
+    if let Some(listen) = config.debug_listen {
+        // Logged (not printed: stdout's first line is the gRPC address tools read).
+        flamefleet_selfprof::spawn(listen).await?;
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

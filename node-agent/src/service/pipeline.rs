@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::{
-    Artifact, CaptureProgress, CaptureRequest, ProfileType, UploadSlot, artifact_names,
+    Artifact, CaptureProgress, CaptureRequest, LatencyHistogram, ProfileType, UploadSlot,
+    artifact_names,
 };
 use flamefleet_proto::pprof::Profile;
 
@@ -18,7 +19,7 @@ use super::targets::{self, ResolvedTarget};
 use super::upload::{UploadError, Uploader, sha256_hex};
 use crate::capture::cpu::CpuOptions;
 use crate::capture::heap::{self, HeapError, HeapRequest, HeapSource};
-use crate::capture::runqlat::{Histogram, LatencyUnit, RunqlatOptions};
+use crate::capture::runqlat::{LatencyUnit, RunqlatOptions, RunqlatResult};
 use crate::capture::{CaptureError, CaptureTarget, Samplers};
 use crate::cgroup::CgroupRoot;
 use crate::pprof;
@@ -80,6 +81,77 @@ struct Built {
 struct Output {
     artifacts: Vec<Built>,
     summary: HashMap<String, String>,
+    runqlat_histogram: Option<LatencyHistogram>,
+}
+
+/// The summary of a CPU capture. `samples` is the number of CPU samples taken in the
+/// targets (the sum of the profile's `samples/count`); `frequency_hz` is the frequency the
+/// samples were really taken at: a capture that joins a running sampler gets the sampler's,
+/// and then `requested_frequency_hz` and `frequency_note` say so.
+fn cpu_summary(
+    samples: u64,
+    dropped: u64,
+    unsymbolized_pct: f64,
+    requested_hz: u64,
+    effective_hz: u64,
+) -> HashMap<String, String> {
+    let mut summary = HashMap::from([
+        ("samples".to_string(), samples.to_string()),
+        (
+            "unsymbolized_frames_pct".to_string(),
+            format!("{unsymbolized_pct:.2}"),
+        ),
+        ("dropped_samples".to_string(), dropped.to_string()),
+        ("frequency_hz".to_string(), effective_hz.to_string()),
+    ]);
+    if requested_hz != effective_hz {
+        summary.insert("requested_frequency_hz".into(), requested_hz.to_string());
+        summary.insert(
+            "frequency_note".into(),
+            format!(
+                "joined a sampler already running at {effective_hz} Hz; {requested_hz} Hz was requested"
+            ),
+        );
+    }
+    summary
+}
+
+/// Every wait of the capture's targets in one histogram (per-process histograms add up to
+/// their target's, so nothing is counted twice).
+fn node_histogram(result: &RunqlatResult) -> LatencyHistogram {
+    let mut all = LatencyHistogram {
+        unit_ns: result.unit.nanos(),
+        buckets: Vec::new(),
+    };
+    for h in &result.histograms {
+        let part = LatencyHistogram {
+            unit_ns: all.unit_ns,
+            buckets: h.slots.clone(),
+        };
+        // Same unit by construction.
+        let _ = all.merge(&part);
+    }
+    all
+}
+
+/// The summary of a runqlat capture: `samples` and `events` are the number of run-queue
+/// waits measured (the histogram's total, the sum of the pprof's `count/count`);
+/// percentiles and `max_us` come from the histogram the operator merges too.
+fn runqlat_summary(histogram: &LatencyHistogram) -> HashMap<String, String> {
+    let waits = histogram.count().to_string();
+    let mut summary = HashMap::from([
+        ("samples".to_string(), waits.clone()),
+        ("events".to_string(), waits),
+    ]);
+    for (key, q) in [("p50_us", 0.50), ("p90_us", 0.90), ("p99_us", 0.99)] {
+        if let Some(v) = histogram.quantile_us(q) {
+            summary.insert(key.into(), format!("{v:.1}"));
+        }
+    }
+    if let Some(max) = histogram.max_us() {
+        summary.insert("max_us".into(), format!("{max:.0}"));
+    }
+    summary
 }
 
 /// A progress message of `stage`.
@@ -241,28 +313,31 @@ async fn capture(
                 let _ = blocking("cpu", move || drop(running)).await;
                 return Err(e);
             }
-            let (bytes, total, drops, sample_type, unsymbolized) = blocking("cpu", move || {
-                let result = running.finish()?;
-                let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
-                let profile = result.to_profile(&mut symbolizer, &node);
-                let st = sample_type_of(&profile);
-                let unsymbolized = symbolizer.stats.unsymbolized_pct();
-                Ok::<_, PipelineError>((
-                    gzip(&profile)?,
-                    result.total(),
-                    result.drops.total(),
-                    st,
-                    unsymbolized,
-                ))
-            })
-            .await??;
-            summary.insert("samples".into(), total.to_string());
-            summary.insert(
-                "unsymbolized_frames_pct".into(),
-                format!("{unsymbolized:.2}"),
-            );
-            summary.insert("dropped_samples".into(), drops.to_string());
-            summary.insert("frequency_hz".into(), options.frequency.to_string());
+            let requested = options.frequency;
+            let (bytes, total, drops, sample_type, unsymbolized, effective) =
+                blocking("cpu", move || {
+                    let result = running.finish()?;
+                    let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
+                    let profile = result.to_profile(&mut symbolizer, &node);
+                    let st = sample_type_of(&profile);
+                    let unsymbolized = symbolizer.stats.unsymbolized_pct();
+                    Ok::<_, PipelineError>((
+                        gzip(&profile)?,
+                        result.total(),
+                        result.drops.total(),
+                        st,
+                        unsymbolized,
+                        result.options.frequency,
+                    ))
+                })
+                .await??;
+            summary.extend(cpu_summary(
+                total,
+                drops,
+                unsymbolized,
+                requested,
+                effective,
+            ));
             Ok(Output {
                 artifacts: vec![Built {
                     name: names[0].clone(),
@@ -271,6 +346,7 @@ async fn capture(
                     sample_type,
                 }],
                 summary,
+                runqlat_histogram: None,
             })
         }
         ProfileType::Runqlat => {
@@ -300,28 +376,9 @@ async fn capture(
             }
             let result = blocking("runqlat", move || running.finish()).await??;
             let profile = result.to_profile(&node);
-            let waits: u64 = result.histograms.iter().map(Histogram::count).sum();
-            let ns = result.unit.nanos() as f64;
-            let mut all = Histogram {
-                target: 0,
-                tgid: None,
-                comm: String::new(),
-                slots: Vec::new(),
-            };
-            for h in result.per_target() {
-                if all.slots.len() < h.slots.len() {
-                    all.slots.resize(h.slots.len(), 0);
-                }
-                for (a, b) in all.slots.iter_mut().zip(&h.slots) {
-                    *a += b;
-                }
-            }
-            for (key, q) in [("p50_us", 0.50), ("p90_us", 0.90), ("p99_us", 0.99)] {
-                if let Some(v) = all.quantile(q) {
-                    summary.insert(key.into(), format!("{:.1}", v * ns / 1e3));
-                }
-            }
-            summary.insert("events".into(), waits.to_string());
+            let histogram = node_histogram(&result);
+            let waits = histogram.count();
+            summary.extend(runqlat_summary(&histogram));
             summary.insert(
                 "dropped_samples".into(),
                 (result.drops.hists_full + result.drops.start_full).to_string(),
@@ -334,14 +391,17 @@ async fn capture(
                         samples: waits,
                         sample_type: sample_type_of(&profile),
                     },
+                    // The text rendering is not a profile: it counts no samples of its own
+                    // (the pprof artifact carries them), so the request's total is not doubled.
                     Built {
                         name: names[1].clone(),
                         bytes: result.text().into_bytes(),
-                        samples: waits,
+                        samples: 0,
                         sample_type: String::new(),
                     },
                 ],
                 summary,
+                runqlat_histogram: Some(histogram),
             })
         }
         ProfileType::Heap => {
@@ -374,7 +434,8 @@ async fn capture(
             // finishes its window (at most the requested duration) unobserved.
             let work = blocking("heap", move || heap::capture(&request));
             let result = run_with_progress(handle, started, duration, work).await???;
-            let samples = result.profile.sample.len() as u64;
+            let samples = pprof::allocation_count(&result.profile);
+            summary.insert("samples".into(), samples.to_string());
             summary.insert("heap_source".into(), result.source.to_string());
             summary.insert("heap_reason".into(), result.reason.clone());
             if let Some(stats) = &result.ebpf_stats {
@@ -407,6 +468,7 @@ async fn capture(
                     sample_type: sample_type_of(&result.profile),
                 }],
                 summary,
+                runqlat_histogram: None,
             })
         }
         ProfileType::Unspecified => Err(PipelineError::Invalid("profile type missing".into())),
@@ -448,7 +510,7 @@ async fn execute(
     ctx: &Context,
     handle: &CaptureHandle,
     req: &CaptureRequest,
-) -> Result<(Vec<Artifact>, HashMap<String, String>), PipelineError> {
+) -> Result<(Vec<Artifact>, Output), PipelineError> {
     let (ty, duration, slots) = validate(req, &ctx.node)?;
     if !req.request_name.is_empty() && req.request_namespace.is_empty() {
         return Err(PipelineError::Invalid(format!(
@@ -473,7 +535,7 @@ async fn execute(
         a = upload(ctx, &output, &slots) => a?,
         () = handle.cancelled() => return Err(PipelineError::Cancelled),
     };
-    Ok((artifacts, output.summary))
+    Ok((artifacts, output))
 }
 
 /// Runs the capture of `req` to its end and publishes the final message.
@@ -481,12 +543,13 @@ pub async fn run(ctx: Arc<Context>, handle: CaptureHandle, req: CaptureRequest) 
     let started = Instant::now();
     let outcome = execute(&ctx, &handle, &req).await;
     let last = match &outcome {
-        Ok((artifacts, summary)) => CaptureProgress {
+        Ok((artifacts, output)) => CaptureProgress {
             stage: Stage::Done as i32,
             message: format!("uploaded {} artifact(s)", artifacts.len()),
             elapsed_ms: millis(started.elapsed()),
             artifacts: artifacts.clone(),
-            summary: summary.clone(),
+            summary: output.summary.clone(),
+            runqlat_histogram: output.runqlat_histogram.clone(),
             ..Default::default()
         },
         Err(e) => CaptureProgress {

@@ -1,8 +1,10 @@
 //! The agent's probe server: `/healthz`, `/readyz` and `/metrics` on their own plain-HTTP
 //! port (the kubelet's probes cannot present the operator's client certificate).
 //!
-//! - `/healthz`: 200 while the gRPC server runs (a stuck or crashed server fails it, and the
-//!   kubelet restarts the agent).
+//! - `/healthz`: 200 while the gRPC server runs and every running sampler's owner thread is
+//!   alive (a crashed server, or a sampler thread that died with its programs, fails it, and
+//!   the kubelet restarts the agent); answered from the same runtime as the gRPC server, so a
+//!   wedged runtime fails it too (the probe times out).
 //! - `/readyz`: 200 once the agent serves with a node certificate; 503 with the reason
 //!   before (e.g. still waiting for the operator to sign its CSR).
 //! - `/metrics`: Prometheus text: readiness, the serving certificate's expiry, captures
@@ -19,13 +21,26 @@ use axum::routing::get;
 
 use super::{Result, ServiceError};
 
+/// A liveness check beyond "the server runs": `Err(reason)` fails `/healthz`.
+pub type HealthCheck = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// What the probes report, updated by the service.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct ProbeState {
     serving: AtomicBool,
     waiting_for: std::sync::Mutex<String>,
     cert_expiry_unix: AtomicU64,
     captures_active: AtomicU64,
+    health: std::sync::OnceLock<HealthCheck>,
+}
+
+impl std::fmt::Debug for ProbeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeState")
+            .field("serving", &self.serving)
+            .field("captures_active", &self.captures_active)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ProbeState {
@@ -41,6 +56,12 @@ impl ProbeState {
         if let Ok(mut w) = self.waiting_for.lock() {
             what.clone_into(&mut w);
         }
+    }
+
+    /// Adds the liveness check `/healthz` runs while serving (set once; later calls are
+    /// ignored).
+    pub fn set_health_check(&self, check: HealthCheck) {
+        let _ = self.health.set(check);
     }
 
     /// Marks the gRPC server as serving (or not).
@@ -75,7 +96,10 @@ impl ProbeState {
 
 async fn healthz(State(state): State<Arc<ProbeState>>) -> (StatusCode, String) {
     if state.serving() {
-        (StatusCode::OK, "ok\n".into())
+        match state.health.get().map_or(Ok(()), |check| check()) {
+            Ok(()) => (StatusCode::OK, "ok\n".into()),
+            Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+        }
     } else {
         // Not serving yet is still healthy: readiness says why; liveness must not kill an
         // agent that waits for the operator to sign its certificate.
@@ -154,4 +178,27 @@ pub async fn spawn(listen: SocketAddr, state: Arc<ProbeState>) -> Result<SocketA
         }
     });
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn healthz_runs_the_health_check_while_serving() {
+        let state = ProbeState::new("waiting for a certificate");
+        // Waiting is healthy (liveness must not kill an agent waiting for its CSR).
+        assert_eq!(healthz(State(Arc::clone(&state))).await.0, StatusCode::OK);
+        state.set_waiting("");
+        state.set_serving(true);
+        assert_eq!(healthz(State(Arc::clone(&state))).await.0, StatusCode::OK);
+        state.set_health_check(Box::new(|| Err("the cpu sampler's thread stopped".into())));
+        let (code, body) = healthz(State(Arc::clone(&state))).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("cpu sampler"), "{body}");
+        state.set_serving(false);
+        let (code, body) = healthz(State(state)).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("gRPC server stopped"), "{body}");
+    }
 }

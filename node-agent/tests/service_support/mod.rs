@@ -66,6 +66,17 @@ pub struct AgentProcess {
 impl AgentProcess {
     /// Starts the agent binary for `node`, serving with `pki`'s agent pair.
     pub fn start(node: &str, pki: &TestPki, cgroup_root: &Path, kubeconfig: Option<&Path>) -> Self {
+        Self::start_with(node, pki, cgroup_root, kubeconfig, &[])
+    }
+
+    /// [`AgentProcess::start`] with extra `serve` arguments.
+    pub fn start_with(
+        node: &str,
+        pki: &TestPki,
+        cgroup_root: &Path,
+        kubeconfig: Option<&Path>,
+        extra: &[&str],
+    ) -> Self {
         let log = pki.dir.path().join(format!("agent-{node}.log"));
         let stderr = std::fs::File::create(&log).expect("agent log");
         let files = &pki.pki.files;
@@ -81,6 +92,7 @@ impl AgentProcess {
             .arg(&agent_key)
             .arg("--cgroup-root")
             .arg(cgroup_root)
+            .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .env_remove("KUBECONFIG")

@@ -8,7 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use flamefleet_api::{LatencySummary, NodePhase, NodeStatus, ProfileSummary, RequestPhase};
+use flamefleet_api::{
+    CpuSummary, LatencySummary, NodePhase, NodeStatus, ProfileSummary, RequestPhase,
+};
+use flamefleet_proto::agent::LatencyHistogram;
 
 use super::node_outcome::NodeOutcome;
 
@@ -76,27 +79,118 @@ fn summary_value(summary: &BTreeMap<String, String>, key: &str) -> Option<i64> {
         .map(|v| v.round() as i64)
 }
 
-/// Totals over nodes. Run-queue latency percentiles cannot be merged exactly from per-node
-/// percentiles, so the summary reports the worst node's (max), which is exact with one node
-/// and an upper bound otherwise; each node's histogram artifact has the full detail.
+/// Totals over nodes; docs/capture.md ("Capture summary") defines each field.
+///
+/// `samples` sums the profile artifacts' sample counts (an artifact without a sample type,
+/// runqlat's text, counts none). Run-queue latency percentiles come from the nodes' log2
+/// histograms merged bucket by bucket, which is exact up to the buckets; only when some
+/// node reported no histogram (an older agent) or another unit do they fall back to the
+/// worst node's percentiles, an upper bound, and `merged` says false.
 pub fn summarize(
     effective: &[NodeStatus],
     outcomes: &BTreeMap<String, NodeOutcome>,
 ) -> ProfileSummary {
     let artifacts: Vec<_> = effective.iter().flat_map(|n| n.artifacts.iter()).collect();
     let samples: i64 = artifacts.iter().filter_map(|a| a.samples).sum();
-    let mut runqlat: Option<LatencySummary> = None;
-    for outcome in outcomes.values() {
-        let NodeOutcome::Done { summary, .. } = outcome else {
+    let done: Vec<(&BTreeMap<String, String>, Option<&LatencyHistogram>)> = outcomes
+        .values()
+        .filter_map(|outcome| match outcome {
+            NodeOutcome::Done {
+                summary,
+                runqlat_histogram,
+                ..
+            } => Some((summary, runqlat_histogram.as_ref())),
+            NodeOutcome::Failed(_) => None,
+        })
+        .collect();
+    ProfileSummary {
+        samples: Some(samples),
+        artifacts: Some(i32::try_from(artifacts.len()).unwrap_or(i32::MAX)),
+        cpu: cpu_summary(done.iter().map(|(s, _)| *s)),
+        runqlat: merged_runqlat(&done).or_else(|| worst_node_runqlat(&done)),
+    }
+}
+
+/// The effective CPU frequency (the lowest over nodes) and, when some node sampled at
+/// another frequency than requested, the requested one and why.
+fn cpu_summary<'a>(
+    summaries: impl Iterator<Item = &'a BTreeMap<String, String>>,
+) -> Option<CpuSummary> {
+    let mut cpu: Option<CpuSummary> = None;
+    for summary in summaries {
+        let Some(hz) = summary_value(summary, "frequency_hz") else {
             continue;
         };
+        let c = cpu.get_or_insert_with(|| CpuSummary {
+            frequency_hz: hz,
+            ..Default::default()
+        });
+        c.frequency_hz = c.frequency_hz.min(hz);
+        if let Some(requested) = summary_value(summary, "requested_frequency_hz") {
+            c.requested_frequency_hz = Some(requested);
+            if c.message.is_none() {
+                c.message = summary.get("frequency_note").cloned();
+            }
+        }
+    }
+    cpu
+}
+
+fn latency_summary(h: &LatencyHistogram, merged: bool) -> Option<LatencySummary> {
+    let us = |q: f64| h.quantile_us(q).map(|v| v.round() as i64);
+    Some(LatencySummary {
+        events: i64::try_from(h.count()).unwrap_or(i64::MAX),
+        p50_us: us(0.50)?,
+        p90_us: us(0.90)?,
+        p99_us: us(0.99)?,
+        max_us: h.max_us().map(|v| v.round() as i64),
+        merged: Some(merged),
+    })
+}
+
+/// Percentiles of every node's waits together, when every node with a runqlat result sent
+/// its histogram in one unit.
+fn merged_runqlat(
+    done: &[(&BTreeMap<String, String>, Option<&LatencyHistogram>)],
+) -> Option<LatencySummary> {
+    let mut all = LatencyHistogram::default();
+    let mut any = false;
+    for (summary, histogram) in done {
+        match histogram {
+            Some(h) => {
+                all.merge(h).ok()?;
+                any = true;
+            }
+            // A node with runqlat numbers but no histogram: cannot merge exactly.
+            None if summary.contains_key("p50_us") => return None,
+            None => {}
+        }
+    }
+    if !any {
+        return None;
+    }
+    latency_summary(&all, true).or(Some(LatencySummary {
+        merged: Some(true),
+        ..Default::default()
+    }))
+}
+
+/// The worst node's percentiles (exact with one node, an upper bound otherwise).
+fn worst_node_runqlat(
+    done: &[(&BTreeMap<String, String>, Option<&LatencyHistogram>)],
+) -> Option<LatencySummary> {
+    let mut runqlat: Option<LatencySummary> = None;
+    for (summary, _) in done {
         let (Some(p50), Some(p99)) = (
             summary_value(summary, "p50_us"),
             summary_value(summary, "p99_us"),
         ) else {
             continue;
         };
-        let r = runqlat.get_or_insert_with(LatencySummary::default);
+        let r = runqlat.get_or_insert_with(|| LatencySummary {
+            merged: Some(false),
+            ..Default::default()
+        });
         r.events += summary_value(summary, "events").unwrap_or(0);
         r.p50_us = r.p50_us.max(p50);
         r.p90_us = r
@@ -107,11 +201,7 @@ pub fn summarize(
             r.max_us = Some(r.max_us.unwrap_or(0).max(max));
         }
     }
-    ProfileSummary {
-        samples: Some(samples),
-        artifacts: Some(i32::try_from(artifacts.len()).unwrap_or(i32::MAX)),
-        runqlat,
-    }
+    runqlat
 }
 
 /// One line describing how the nodes ended, for the Completed condition and the Event.
@@ -166,6 +256,28 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            runqlat_histogram: None,
+        }
+    }
+
+    fn with_histogram(outcome: NodeOutcome, pairs: &[(usize, u64)]) -> NodeOutcome {
+        let NodeOutcome::Done {
+            artifacts, summary, ..
+        } = outcome
+        else {
+            return outcome;
+        };
+        let mut buckets = vec![0; 27];
+        for &(i, n) in pairs {
+            buckets[i] = n;
+        }
+        NodeOutcome::Done {
+            artifacts,
+            summary,
+            runqlat_histogram: Some(LatencyHistogram {
+                unit_ns: 1000,
+                buckets,
+            }),
         }
     }
 
@@ -281,5 +393,80 @@ mod tests {
         let r = summary.runqlat.unwrap();
         assert_eq!((r.p50_us, r.p90_us, r.p99_us, r.events), (5, 20, 40, 150));
         assert_eq!(r.max_us, Some(64));
+        assert_eq!(r.merged, Some(false));
+    }
+
+    #[test]
+    fn runqlat_summary_merges_the_node_histograms() {
+        let current = [
+            entry("a", Some(NodePhase::Succeeded)),
+            entry("b", Some(NodePhase::Succeeded)),
+        ];
+        // Node a: 90 waits in [2, 4) us; node b: 10 in [1024, 2048) us. The worst node's
+        // median would be 1.5 ms; the cluster's median is a few microseconds.
+        let a = with_histogram(
+            done(90, &[("p50_us", "3"), ("p99_us", "4"), ("events", "90")]),
+            &[(1, 90)],
+        );
+        let b = with_histogram(
+            done(
+                10,
+                &[("p50_us", "1536"), ("p99_us", "2038"), ("events", "10")],
+            ),
+            &[(10, 10)],
+        );
+        let outcomes = BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)]);
+        let summary = aggregate(&current, &outcomes, true).summary.unwrap();
+        assert_eq!(summary.samples, Some(100));
+        let r = summary.runqlat.unwrap();
+        assert_eq!(r.events, 100);
+        assert_eq!(r.merged, Some(true));
+        assert!(r.p50_us <= 4, "{r:?}");
+        assert!((1024..2048).contains(&r.p99_us), "{r:?}");
+        assert_eq!(r.max_us, Some(2048));
+
+        // A node without a histogram (an older agent): the worst node's numbers.
+        let c = done(1, &[("p50_us", "7"), ("p99_us", "9"), ("events", "1")]);
+        let mut outcomes = outcomes;
+        outcomes.insert("c".into(), c);
+        let r = summarize(&current, &outcomes).runqlat.unwrap();
+        assert_eq!(r.merged, Some(false));
+        assert_eq!(r.p50_us, 1536);
+    }
+
+    #[test]
+    fn cpu_summary_reports_the_effective_frequency() {
+        let current = [
+            entry("a", Some(NodePhase::Succeeded)),
+            entry("b", Some(NodePhase::Succeeded)),
+        ];
+        let same = BTreeMap::from([
+            ("a".to_string(), done(5, &[("frequency_hz", "99")])),
+            ("b".to_string(), done(5, &[("frequency_hz", "99")])),
+        ]);
+        let cpu = summarize(&current, &same).cpu.unwrap();
+        assert_eq!(cpu.frequency_hz, 99);
+        assert_eq!((cpu.requested_frequency_hz, cpu.message), (None, None));
+        let joined = BTreeMap::from([
+            ("a".to_string(), done(5, &[("frequency_hz", "99")])),
+            (
+                "b".to_string(),
+                done(
+                    5,
+                    &[
+                        ("frequency_hz", "19"),
+                        ("requested_frequency_hz", "99"),
+                        (
+                            "frequency_note",
+                            "joined a sampler already running at 19 Hz",
+                        ),
+                    ],
+                ),
+            ),
+        ]);
+        let cpu = summarize(&current, &joined).cpu.unwrap();
+        assert_eq!(cpu.frequency_hz, 19);
+        assert_eq!(cpu.requested_frequency_hz, Some(99));
+        assert!(cpu.message.unwrap().contains("19 Hz"));
     }
 }

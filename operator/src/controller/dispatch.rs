@@ -400,7 +400,11 @@ impl Dispatcher {
                 url: None,
                 size_bytes: i64::try_from(digest.size_bytes).ok(),
                 sha256: Some(digest.sha256.to_string()),
-                samples: i64::try_from(reported.samples).ok(),
+                // An artifact without a sample type (runqlat's text) is not a profile and
+                // counts no samples.
+                samples: i64::try_from(reported.samples)
+                    .ok()
+                    .filter(|_| !reported.sample_type.is_empty()),
                 sample_type: Some(reported.sample_type.clone()).filter(|s| !s.is_empty()),
             });
         }
@@ -415,6 +419,7 @@ impl Dispatcher {
         NodeOutcome::Done {
             artifacts,
             summary: done.summary.into_iter().collect(),
+            runqlat_histogram: done.runqlat_histogram,
         }
     }
 }

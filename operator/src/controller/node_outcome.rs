@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use flamefleet_api::Artifact;
+use flamefleet_proto::agent::LatencyHistogram;
 
 /// The end of one node's capture.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,6 +15,9 @@ pub enum NodeOutcome {
         artifacts: Vec<Artifact>,
         /// The agent's summary (e.g. `p50_us`, `p99_us`, `heap_source`).
         summary: BTreeMap<String, String>,
+        /// A runqlat capture's log2 histogram of every wait on the node, merged over nodes
+        /// for the request's percentiles.
+        runqlat_histogram: Option<LatencyHistogram>,
     },
     /// The node's capture failed.
     Failed(NodeFailure),

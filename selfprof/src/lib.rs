@@ -1,0 +1,145 @@
+//! The operator's and the agent's own profiles over HTTP, as Go's `net/http/pprof` serves
+//! them:
+//!
+//! - `GET /debug/pprof/profile?seconds=N&frequency=F&format=pprof|svg[&force=true]`: a CPU
+//!   profile of this process over the next N seconds (pprof-rs' SIGPROF sampler), as a
+//!   gzipped pprof (`go tool pprof` reads it) or a flame graph. One at a time: a second
+//!   request gets 409 Conflict, unless it says `force=true`, which ends the running
+//!   profile early (its client gets what was sampled so far) and starts the new one.
+//! - `GET /debug/pprof/heap`: the heap profile of the process's allocator where it has a
+//!   sampling profiler; neither binary uses jemalloc today, so this answers 501 with why.
+//!
+//! Serve [`router`] on a port of its own (`--debug-listen`): the chart keeps it
+//! cluster-internal (no Service outside the cluster; its NetworkPolicy admits only pods of
+//! the release's namespace).
+
+mod cpu;
+mod encode;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+pub use cpu::{CpuProfileRequest, Format, SelfProfiler};
+
+/// Errors of the self-profiling endpoints.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A query parameter is out of range.
+    #[error("invalid parameter: {0}")]
+    Invalid(String),
+    /// Another CPU profile runs.
+    #[error(
+        "a CPU profile of this process is already running; wait for it, or add force=true to end it and start this one"
+    )]
+    Busy,
+    /// The sampler could not start or report.
+    #[error("the CPU profiler failed: {0}")]
+    Profiler(String),
+    /// Rendering or encoding failed.
+    #[error("rendering the profile failed: {0}")]
+    Render(String),
+    /// The listener could not be bound.
+    #[error("binding the debug listener on {addr}: {source}; pick a free --debug-listen address")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Result of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            Self::Invalid(_) => StatusCode::BAD_REQUEST,
+            Self::Busy => StatusCode::CONFLICT,
+            Self::Profiler(_) | Self::Render(_) | Self::Bind { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        (status, format!("{self}\n")).into_response()
+    }
+}
+
+async fn cpu_profile(
+    State(profiler): State<Arc<SelfProfiler>>,
+    Query(query): Query<cpu::Query>,
+) -> Result<Response> {
+    let request = CpuProfileRequest::from_query(&query)?;
+    let format = request.format;
+    let body = profiler.profile(request).await?;
+    let (content_type, disposition) = match format {
+        Format::Pprof => (
+            "application/octet-stream",
+            "attachment; filename=\"profile.pb.gz\"",
+        ),
+        Format::Svg => ("image/svg+xml", "inline; filename=\"profile.svg\""),
+    };
+    Ok((
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CONTENT_DISPOSITION, disposition),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+async fn heap_profile() -> (StatusCode, &'static str) {
+    (
+        StatusCode::NOT_IMPLEMENTED,
+        "no heap profile: this binary uses the system allocator, which has no sampling \
+         profiler; profile its heap from outside with a Flamefleet heap capture (source ebpf)\n",
+    )
+}
+
+/// The `/debug/pprof/*` routes over `profiler`.
+pub fn router(profiler: Arc<SelfProfiler>) -> Router {
+    Router::new()
+        .route("/debug/pprof/profile", get(cpu_profile))
+        .route("/debug/pprof/heap", get(heap_profile))
+        .with_state(profiler)
+}
+
+/// Serves [`router`] on `listen` in a background task with a profiler of its own; returns
+/// the bound address.
+///
+/// # Errors
+/// [`Error::Bind`] when the address is taken.
+pub async fn spawn(listen: SocketAddr) -> Result<SocketAddr> {
+    spawn_with(listen, Arc::new(SelfProfiler::default())).await
+}
+
+/// Like [`spawn`], over the caller's `profiler`.
+///
+/// # Errors
+/// [`Error::Bind`] when the address is taken.
+pub async fn spawn_with(listen: SocketAddr, profiler: Arc<SelfProfiler>) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: listen,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| Error::Bind {
+        addr: listen,
+        source,
+    })?;
+    let app = router(profiler);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("debug server stopped: {e}");
+        }
+    });
+    tracing::info!(%bound, "serving /debug/pprof");
+    Ok(bound)
+}
