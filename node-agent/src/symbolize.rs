@@ -29,6 +29,24 @@ pub const MAX_PROCESSES: usize = 8192;
 /// new binaries are symbolized by path only (fine unless they are deleted).
 pub const MAX_OPEN_BINARIES: usize = 512;
 
+/// Most symbolized file offsets one binary remembers (see [`Binary::cached_lines`]).
+pub const MAX_CACHED_OFFSETS_PER_BINARY: usize = 16_384;
+/// Most symbolized file offsets the whole agent remembers. An entry is a few
+/// hundred bytes (function and file names of the frame and its inlined callers),
+/// so the cache stays under ~20 MiB however many binaries are profiled.
+pub const MAX_CACHED_OFFSETS: usize = 65_536;
+
+/// Most kernel addresses whose frames the agent remembers (kernel text is a few
+/// thousand hot functions; an entry is one or two names).
+pub const MAX_CACHED_KERNEL_ADDRESSES: usize = 32_768;
+
+/// Kernel frames by address, shared by every capture of this agent.
+static KERNEL_LINES: std::sync::LazyLock<Mutex<HashMap<u64, Arc<[FrameLine]>>>> =
+    std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Entries in every binary's offset cache, for [`MAX_CACHED_OFFSETS`].
+static CACHED_OFFSETS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// An executable file kept reachable for symbolization.
 #[derive(Debug)]
 pub struct Binary {
@@ -38,9 +56,49 @@ pub struct Binary {
     pub build_id: String,
     /// Open file keeping the inode alive; `None` when the open-file cap was hit.
     file: Option<File>,
+    /// Frames already symbolized in this file, by file offset, shared by every
+    /// capture: a daemon profiling the same workloads capture after capture resolves
+    /// each hot address once instead of re-reading DWARF after every window. The
+    /// file is pinned open (same inode, and a running executable cannot be written),
+    /// so an entry never goes stale; it goes when the catalog forgets the binary.
+    lines: Mutex<HashMap<u64, Arc<[FrameLine]>>>,
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let n = self.lines.get_mut().map_or(0, |m| m.len());
+        CACHED_OFFSETS.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Binary {
+    /// The frames cached for `file_offset`, if this binary symbolized it before.
+    pub fn cached_lines(&self, file_offset: u64) -> Option<Arc<[FrameLine]>> {
+        self.lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&file_offset)
+            .cloned()
+    }
+
+    /// Remembers the frames of `file_offset` (an empty list too: an address without a
+    /// symbol stays without one), unless a cache bound is reached.
+    fn remember(&self, file_offset: u64, lines: Arc<[FrameLine]>) {
+        use std::sync::atomic::Ordering;
+        let mut map = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.len() >= MAX_CACHED_OFFSETS_PER_BINARY || map.contains_key(&file_offset) {
+            return;
+        }
+        let reserved = CACHED_OFFSETS
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < MAX_CACHED_OFFSETS).then_some(n + 1)
+            })
+            .is_ok();
+        if reserved {
+            map.insert(file_offset, lines);
+        }
+    }
+
     /// A path that opens this very file now, even if the original was deleted.
     pub fn open_path(&self, tgid: u32) -> PathBuf {
         match &self.file {
@@ -212,6 +270,7 @@ impl ProcessCatalog {
             path: path.to_owned(),
             build_id,
             file: keep.then_some(file),
+            lines: Mutex::new(HashMap::new()),
         });
         if keep {
             st.binaries.insert(key, b.clone());
@@ -234,6 +293,10 @@ pub struct SymbolizeStats {
     pub sampled_frames: u64,
     /// Of those, frames without a function name.
     pub sampled_unsymbolized: u64,
+    /// User frames answered from a binary's offset cache, without blazesym.
+    pub cache_hits: u64,
+    /// Kernel frames answered from the kernel cache, without kallsyms.
+    pub kernel_cache_hits: u64,
 }
 
 impl SymbolizeStats {
@@ -374,9 +437,7 @@ impl StackSymbolizer {
                 addr.saturating_sub(1)
             };
             let lines = match &range.binary {
-                Some(bin) => {
-                    self.elf_lines(&bin.open_path(tgid), lookup - range.start + range.offset)
-                }
+                Some(bin) => self.binary_lines(bin, tgid, lookup - range.start + range.offset),
                 None => Vec::new(),
             };
             if lines.is_empty() {
@@ -438,26 +499,61 @@ impl StackSymbolizer {
                 has_functions: true,
             })
         });
-        let src = Source::Kernel(Kernel {
-            vmlinux: MaybeDefault::None,
-            ..Kernel::default()
-        });
-        let syms = self
-            .blaze
-            .symbolize(&src, Input::AbsAddr(stack))
-            .unwrap_or_default();
-        stack
+        // Kernel text does not move while the agent runs, so frames resolved once are
+        // kept (bounded) and only new addresses go to kallsyms.
+        let mut cache = KERNEL_LINES.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut missing: Vec<u64> = stack
             .iter()
-            .enumerate()
-            .map(|(i, &addr)| Frame {
-                address: addr,
-                mapping: Some(mapping),
-                lines: syms
+            .copied()
+            .filter(|a| !cache.contains_key(a))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        self.stats.kernel_cache_hits += (stack.len() - missing.len()) as u64;
+        if !missing.is_empty() {
+            let src = Source::Kernel(Kernel {
+                vmlinux: MaybeDefault::None,
+                ..Kernel::default()
+            });
+            let syms = self
+                .blaze
+                .symbolize(&src, Input::AbsAddr(&missing))
+                .unwrap_or_default();
+            for (i, &addr) in missing.iter().enumerate() {
+                let lines: Arc<[FrameLine]> = syms
                     .get(i)
                     .map(|s| to_lines(s, "[kernel]"))
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    .into();
+                if cache.len() < MAX_CACHED_KERNEL_ADDRESSES {
+                    cache.insert(addr, lines);
+                } else {
+                    // Full: answer this stack without keeping the new address.
+                    drop(cache);
+                    return kernel_frames_uncached(mapping, stack, &missing, &syms);
+                }
+            }
+        }
+        stack
+            .iter()
+            .map(|&addr| Frame {
+                address: addr,
+                mapping: Some(mapping),
+                lines: cache.get(&addr).map(|l| l.to_vec()).unwrap_or_default(),
             })
             .collect()
+    }
+
+    /// The frames of `file_offset` in `bin`: from the binary's cache, or symbolized now
+    /// and cached.
+    fn binary_lines(&mut self, bin: &Binary, tgid: u32, file_offset: u64) -> Vec<FrameLine> {
+        if let Some(lines) = bin.cached_lines(file_offset) {
+            self.stats.cache_hits += 1;
+            return lines.to_vec();
+        }
+        let lines = self.elf_lines(&bin.open_path(tgid), file_offset);
+        bin.remember(file_offset, Arc::from(lines.as_slice()));
+        lines
     }
 
     fn elf_lines(&mut self, path: &std::path::Path, file_offset: u64) -> Vec<FrameLine> {
@@ -470,6 +566,36 @@ impl StackSymbolizer {
             Err(_) => Vec::new(),
         }
     }
+}
+
+/// [`StackSymbolizer::kernel_frames`] once the kernel cache is full: cached frames from the
+/// cache, the others from `syms` (blazesym's answer for `missing`, in order).
+fn kernel_frames_uncached(
+    mapping: u64,
+    stack: &[u64],
+    missing: &[u64],
+    syms: &[Symbolized<'_>],
+) -> Vec<Frame> {
+    let cache = KERNEL_LINES.lock().unwrap_or_else(PoisonError::into_inner);
+    stack
+        .iter()
+        .map(|&addr| {
+            let lines = match cache.get(&addr) {
+                Some(l) => l.to_vec(),
+                None => missing
+                    .binary_search(&addr)
+                    .ok()
+                    .and_then(|i| syms.get(i))
+                    .map(|s| to_lines(s, "[kernel]"))
+                    .unwrap_or_default(),
+            };
+            Frame {
+                address: addr,
+                mapping: Some(mapping),
+                lines,
+            }
+        })
+        .collect()
 }
 
 /// Innermost inlined function first, the containing function last.
@@ -531,5 +657,59 @@ mod tests {
             "got {name}"
         );
         assert_eq!(s.stats.user_symbolized, 1);
+    }
+
+    #[test]
+    fn a_later_capture_reuses_the_frames_an_earlier_one_symbolized() {
+        let catalog = ProcessCatalog::new();
+        let me = std::process::id();
+        assert!(catalog.snapshot(me));
+        let addr =
+            a_later_capture_reuses_the_frames_an_earlier_one_symbolized as fn() as usize as u64;
+        let mut out = ProfileBuilder::new(&[("samples", "count")]);
+        let mut first = StackSymbolizer::new(catalog.clone());
+        let cold = first.user_frames(&mut out, me, &[addr]);
+        assert_eq!(first.stats.cache_hits, 0);
+        // A new symbolizer, as the next capture makes: the frame comes from the cache.
+        let mut second = StackSymbolizer::new(catalog);
+        let warm = second.user_frames(&mut out, me, &[addr]);
+        assert_eq!(second.stats.cache_hits, 1);
+        assert_eq!(warm[0].lines, cold[0].lines);
+        assert!(
+            warm[0]
+                .lines
+                .last()
+                .unwrap()
+                .function
+                .contains("reuses_the_frames"),
+            "got {:?}",
+            warm[0].lines
+        );
+    }
+
+    #[test]
+    fn kernel_frames_resolved_once_are_reused() {
+        // Needs kallsyms addresses (root); the address of `schedule` stands for a stack.
+        let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
+        let addr = kallsyms
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                let (a, _, name) = (f.next()?, f.next()?, f.next()?);
+                (name == "schedule").then(|| u64::from_str_radix(a, 16).ok())?
+            })
+            .expect("schedule in /proc/kallsyms");
+        assert_ne!(addr, 0, "kallsyms addresses are hidden: run as root");
+        let mut out = ProfileBuilder::new(&[("samples", "count")]);
+        let mut first = StackSymbolizer::new(ProcessCatalog::new());
+        let cold = first.kernel_frames(&mut out, &[addr]);
+        let mut second = StackSymbolizer::new(ProcessCatalog::new());
+        let warm = second.kernel_frames(&mut out, &[addr, addr]);
+        assert_eq!(second.stats.kernel_cache_hits, 2);
+        assert_eq!(warm[0].lines, cold[0].lines);
+        assert_eq!(
+            warm[0].lines.last().map(|l| l.function.as_str()),
+            Some("schedule")
+        );
     }
 }
