@@ -83,6 +83,54 @@ impl Samplers {
         with_sampler(&self.cpu, start, |s| s.capture(targets))
     }
 
+    /// The fill of the running samplers' maps (entries in use, counted by walking the
+    /// keys) in Prometheus text format; nothing for a sampler that is not running.
+    pub fn map_fill_metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::from(
+            "# HELP flamefleet_agent_map_entries Entries in use in a running sampler's BPF map.\n\
+             # TYPE flamefleet_agent_map_entries gauge\n",
+        );
+        let cpu = self
+            .cpu
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade();
+        if let Some(fill) = cpu.map(|s| s.map_fill()) {
+            for (map, n) in [
+                ("targets", fill.targets),
+                ("counts", fill.counts),
+                ("stacks", fill.stacks),
+                ("user_stacks", fill.user_stacks),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "flamefleet_agent_map_entries{{sampler=\"cpu\",map=\"{map}\"}} {n}"
+                );
+            }
+        }
+        let runqlat = self
+            .runqlat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade();
+        if let Some(fill) = runqlat.map(|s| s.map_fill()) {
+            for (map, n) in [
+                ("targets", Some(fill.targets)),
+                ("histograms", Some(fill.histograms)),
+                ("starts", fill.starts),
+            ] {
+                if let Some(n) = n {
+                    let _ = writeln!(
+                        out,
+                        "flamefleet_agent_map_entries{{sampler=\"runqlat\",map=\"{map}\"}} {n}"
+                    );
+                }
+            }
+        }
+        out
+    }
+
     /// Starts a run-queue latency capture of `targets`.
     pub fn start_runqlat(
         &self,

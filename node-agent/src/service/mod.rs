@@ -16,6 +16,7 @@
 pub mod captures;
 pub mod identity;
 pub mod info;
+pub mod metrics;
 pub mod pipeline;
 pub mod probes;
 pub mod targets;
@@ -210,6 +211,7 @@ impl Agent {
                 cgroup_root,
                 samplers,
                 uploader: Uploader::new(UploadPolicy::default())?,
+                metrics: Arc::new(metrics::AgentMetrics::default()),
             }),
             table: Arc::new(CaptureTable::new(CacheLimits::default())),
             probes: ProbeState::new("starting"),
@@ -323,6 +325,10 @@ pub async fn serve(
     let probes = Arc::clone(&agent.probes);
     let samplers = Arc::clone(&agent.ctx.samplers);
     probes.set_health_check(Box::new(move || samplers.health()));
+    probes.set_metrics(
+        Arc::clone(&agent.ctx.metrics),
+        Arc::clone(&agent.ctx.samplers),
+    );
     if let Some(listen) = config.probe_listen {
         let bound = probes::spawn(listen, Arc::clone(&probes)).await?;
         println!("probes on {bound}");

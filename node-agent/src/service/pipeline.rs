@@ -15,6 +15,7 @@ use flamefleet_proto::agent::{
 use flamefleet_proto::pprof::Profile;
 
 use super::captures::CaptureHandle;
+use super::metrics::Outcome;
 use super::targets::{self, ResolvedTarget};
 use super::upload::{UploadError, Uploader, sha256_hex};
 use crate::capture::cpu::CpuOptions;
@@ -41,6 +42,8 @@ pub struct Context {
     pub samplers: Arc<Samplers>,
     /// The uploader.
     pub uploader: Uploader,
+    /// Counters for `/metrics`.
+    pub metrics: Arc<super::metrics::AgentMetrics>,
 }
 
 /// Why a capture failed; the Display text is the FAILED reason.
@@ -152,6 +155,16 @@ fn runqlat_summary(histogram: &LatencyHistogram) -> HashMap<String, String> {
         summary.insert("max_us".into(), format!("{max:.0}"));
     }
     summary
+}
+
+/// The `type` label of a profile type in the agent's metrics.
+fn type_label(ty: ProfileType) -> &'static str {
+    match ty {
+        ProfileType::Cpu => "cpu",
+        ProfileType::Heap => "heap",
+        ProfileType::Runqlat => "runqlat",
+        ProfileType::Unspecified => "unspecified",
+    }
 }
 
 /// A progress message of `stage`.
@@ -314,11 +327,14 @@ async fn capture(
                 return Err(e);
             }
             let requested = options.frequency;
+            let metrics = Arc::clone(&ctx.metrics);
             let (bytes, total, drops, sample_type, unsymbolized, effective) =
                 blocking("cpu", move || {
+                    let after_window = Instant::now();
                     let result = running.finish()?;
                     let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
                     let profile = result.to_profile(&mut symbolizer, &node);
+                    metrics.symbolized("cpu", after_window.elapsed());
                     let st = sample_type_of(&profile);
                     let unsymbolized = symbolizer.stats.unsymbolized_pct();
                     Ok::<_, PipelineError>((
@@ -492,6 +508,7 @@ async fn upload(
         ctx.uploader
             .put(&built.name, &slot.put_url, &built.bytes, slot.max_bytes)
             .await?;
+        ctx.metrics.uploaded(built.bytes.len());
         tracing::info!(artifact = %built.name, bytes = built.bytes.len(), "uploaded");
         done.push(Artifact {
             name: built.name.clone(),
@@ -563,6 +580,23 @@ pub async fn run(ctx: Arc<Context>, handle: CaptureHandle, req: CaptureRequest) 
         Ok(_) => tracing::info!(uid = %req.request_uid, "capture done"),
         Err(e) => tracing::warn!(uid = %req.request_uid, error = %e, "capture failed"),
     }
+    let ty = type_label(req.r#type());
+    if let Ok((_, output)) = &outcome
+        && let Some(n) = output
+            .summary
+            .get("dropped_samples")
+            .and_then(|v| v.parse::<u64>().ok())
+    {
+        ctx.metrics.dropped(ty, n);
+    }
+    ctx.metrics.capture_finished(
+        ty,
+        match &outcome {
+            Ok(_) => Outcome::Succeeded,
+            Err(PipelineError::Cancelled) => Outcome::Cancelled,
+            Err(_) => Outcome::Failed,
+        },
+    );
     handle.finish(last);
 }
 

@@ -8,7 +8,8 @@
 //! - `/readyz`: 200 once the agent serves with a node certificate; 503 with the reason
 //!   before (e.g. still waiting for the operator to sign its CSR).
 //! - `/metrics`: Prometheus text: readiness, the serving certificate's expiry, captures
-//!   running.
+//!   running; captures by type and outcome, dropped samples, symbolization time, upload
+//!   bytes ([`super::metrics`]); and the fill of every running sampler's maps.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,7 +20,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 
+use super::metrics::AgentMetrics;
 use super::{Result, ServiceError};
+use crate::capture::Samplers;
 
 /// A liveness check beyond "the server runs": `Err(reason)` fails `/healthz`.
 pub type HealthCheck = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -32,6 +35,7 @@ pub struct ProbeState {
     cert_expiry_unix: AtomicU64,
     captures_active: AtomicU64,
     health: std::sync::OnceLock<HealthCheck>,
+    counters: std::sync::OnceLock<(Arc<AgentMetrics>, Arc<Samplers>)>,
 }
 
 impl std::fmt::Debug for ProbeState {
@@ -62,6 +66,12 @@ impl ProbeState {
     /// ignored).
     pub fn set_health_check(&self, check: HealthCheck) {
         let _ = self.health.set(check);
+    }
+
+    /// Adds the capture counters and the samplers whose map fill `/metrics` reports (set
+    /// once; later calls are ignored).
+    pub fn set_metrics(&self, metrics: Arc<AgentMetrics>, samplers: Arc<Samplers>) {
+        let _ = self.counters.set((metrics, samplers));
     }
 
     /// Marks the gRPC server as serving (or not).
@@ -136,7 +146,7 @@ async fn readyz(State(state): State<Arc<ProbeState>>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
-    format!(
+    let mut text = format!(
         "# HELP flamefleet_agent_ready Whether the agent serves gRPC with a node certificate.\n\
          # TYPE flamefleet_agent_ready gauge\n\
          flamefleet_agent_ready {}\n\
@@ -149,7 +159,16 @@ async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
         u8::from(state.serving()),
         state.cert_expiry_unix.load(Ordering::Relaxed),
         state.captures_active.load(Ordering::Relaxed),
-    )
+    );
+    if let Some((counters, samplers)) = state.counters.get() {
+        text.push_str(&counters.render());
+        // Walking the maps' keys takes the samplers' locks briefly: off the runtime.
+        let samplers = Arc::clone(samplers);
+        if let Ok(fill) = tokio::task::spawn_blocking(move || samplers.map_fill_metrics()).await {
+            text.push_str(&fill);
+        }
+    }
+    text
 }
 
 /// Serves the probes on `listen` in a background task; returns the bound address.

@@ -59,6 +59,8 @@ impl TestPki {
 pub struct AgentProcess {
     child: Child,
     pub addr: String,
+    /// The probe server's address, when started with `--probe-listen`.
+    pub probes: Option<String>,
     pub node: String,
     stderr_log: PathBuf,
 }
@@ -114,8 +116,15 @@ impl AgentProcess {
         }
         let mut child = cmd.spawn().expect("spawning flamefleet-agent serve");
         let stdout = child.stdout.take().expect("piped stdout");
+        // With --probe-listen, `probes on ADDR` comes first.
+        let mut reader = BufReader::new(stdout);
         let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line);
+        let mut read = reader.read_line(&mut line);
+        let probes = line.trim().strip_prefix("probes on ").map(str::to_owned);
+        if probes.is_some() {
+            line.clear();
+            read = reader.read_line(&mut line);
+        }
         let addr = line.trim().strip_prefix("listening on ").map(str::to_owned);
         let Some(addr) = addr.filter(|_| read.is_ok()) else {
             let _ = child.kill();
@@ -128,6 +137,7 @@ impl AgentProcess {
         Self {
             child,
             addr,
+            probes,
             node: node.to_owned(),
             stderr_log: log,
         }

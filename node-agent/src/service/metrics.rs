@@ -1,0 +1,177 @@
+//! What the agent counts about its captures, rendered on the probe server's `/metrics`:
+//! captures by type and outcome, samples dropped in the kernel, time spent symbolizing,
+//! bytes uploaded. Map fill is read from the samplers at scrape time (see
+//! [`super::probes`]).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How a capture ended, as the `outcome` label says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    /// Artifacts uploaded, DONE sent.
+    Succeeded,
+    /// FAILED sent.
+    Failed,
+    /// Cancelled by the operator.
+    Cancelled,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Counters of the agent's captures. Labels are fixed sets (profile type, outcome), so
+/// the series are bounded.
+#[derive(Debug, Default)]
+pub struct AgentMetrics {
+    captures: Mutex<BTreeMap<(&'static str, Outcome), u64>>,
+    drops: Mutex<BTreeMap<&'static str, u64>>,
+    symbolize: Mutex<BTreeMap<&'static str, (Duration, u64)>>,
+    upload_bytes: AtomicU64,
+    uploads: AtomicU64,
+}
+
+impl AgentMetrics {
+    /// Counts a capture of `profile_type` that ended with `outcome`.
+    pub fn capture_finished(&self, profile_type: &'static str, outcome: Outcome) {
+        *self
+            .captures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((profile_type, outcome))
+            .or_default() += 1;
+    }
+
+    /// Adds samples (or waits) a capture of `profile_type` lost in the kernel.
+    pub fn dropped(&self, profile_type: &'static str, n: u64) {
+        *self
+            .drops
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(profile_type)
+            .or_default() += n;
+    }
+
+    /// Records the time one capture of `profile_type` spent symbolizing and building its
+    /// profile after the window.
+    pub fn symbolized(&self, profile_type: &'static str, took: Duration) {
+        let mut s = self
+            .symbolize
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let e = s.entry(profile_type).or_default();
+        e.0 += took;
+        e.1 += 1;
+    }
+
+    /// Counts one uploaded artifact of `bytes`.
+    pub fn uploaded(&self, bytes: usize) {
+        self.upload_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.uploads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str(
+            "# HELP flamefleet_agent_captures_total Captures ended, by profile type and outcome.\n\
+             # TYPE flamefleet_agent_captures_total counter\n",
+        );
+        for ((ty, outcome), n) in self
+            .captures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "flamefleet_agent_captures_total{{type=\"{ty}\",outcome=\"{}\"}} {n}",
+                outcome.as_str()
+            );
+        }
+        out.push_str(
+            "# HELP flamefleet_agent_dropped_samples_total Samples or waits the kernel side could not record (a full map), by profile type.\n\
+             # TYPE flamefleet_agent_dropped_samples_total counter\n",
+        );
+        for (ty, n) in self
+            .drops
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "flamefleet_agent_dropped_samples_total{{type=\"{ty}\"}} {n}"
+            );
+        }
+        out.push_str(
+            "# HELP flamefleet_agent_symbolize_seconds Time spent after a capture's window reading maps, symbolizing and encoding its profile.\n\
+             # TYPE flamefleet_agent_symbolize_seconds summary\n",
+        );
+        for (ty, (sum, count)) in self
+            .symbolize
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "flamefleet_agent_symbolize_seconds_sum{{type=\"{ty}\"}} {:.6}\n\
+                 flamefleet_agent_symbolize_seconds_count{{type=\"{ty}\"}} {count}",
+                sum.as_secs_f64()
+            );
+        }
+        let _ = write!(
+            out,
+            "# HELP flamefleet_agent_upload_bytes_total Bytes of artifacts uploaded to the store.\n\
+             # TYPE flamefleet_agent_upload_bytes_total counter\n\
+             flamefleet_agent_upload_bytes_total {}\n\
+             # HELP flamefleet_agent_uploads_total Artifacts uploaded to the store.\n\
+             # TYPE flamefleet_agent_uploads_total counter\n\
+             flamefleet_agent_uploads_total {}\n",
+            self.upload_bytes.load(Ordering::Relaxed),
+            self.uploads.load(Ordering::Relaxed)
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_counter_with_its_labels() {
+        let m = AgentMetrics::default();
+        m.capture_finished("cpu", Outcome::Succeeded);
+        m.capture_finished("cpu", Outcome::Succeeded);
+        m.capture_finished("heap", Outcome::Failed);
+        m.dropped("cpu", 3);
+        m.symbolized("cpu", Duration::from_millis(250));
+        m.uploaded(1000);
+        m.uploaded(24);
+        let text = m.render();
+        for line in [
+            "flamefleet_agent_captures_total{type=\"cpu\",outcome=\"succeeded\"} 2",
+            "flamefleet_agent_captures_total{type=\"heap\",outcome=\"failed\"} 1",
+            "flamefleet_agent_dropped_samples_total{type=\"cpu\"} 3",
+            "flamefleet_agent_symbolize_seconds_sum{type=\"cpu\"} 0.250000",
+            "flamefleet_agent_symbolize_seconds_count{type=\"cpu\"} 1",
+            "flamefleet_agent_upload_bytes_total 1024",
+            "flamefleet_agent_uploads_total 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+    }
+}
