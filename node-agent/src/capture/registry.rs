@@ -97,7 +97,7 @@ impl Samplers {
 /// Runs `capture` on the running sampler of `slot` (starting one if none
 /// runs); when that sampler has no target indices left, on a fresh one that
 /// replaces it for later captures.
-fn with_sampler<S, C>(
+pub(crate) fn with_sampler<S, C>(
     slot: &Mutex<Weak<S>>,
     start: impl Fn() -> Result<S>,
     capture: impl Fn(&Arc<S>) -> Result<C>,
