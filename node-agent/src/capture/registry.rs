@@ -66,7 +66,10 @@ impl Samplers {
             .unwrap_or_else(PoisonError::into_inner)
             .upgrade()
             .map(|s| s.is_alive());
-        dead(runqlat, "runqlat")
+        dead(runqlat, "runqlat")?;
+        // The heap sampler lives in its own process-wide slot (capture::heap::sampler).
+        let heap = super::heap::sampler::running().map(|s| s.is_alive());
+        dead(heap, "eBPF heap")
     }
 
     /// Process snapshots used to symbolize what the samplers saw.
