@@ -9,7 +9,8 @@
 
 mod support;
 
-use std::io::{BufRead as _, BufReader, Lines, Write as _};
+use std::io::{BufRead as _, BufReader, Lines, Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -98,6 +99,30 @@ fn bytes_of(p: &Profile, function: &str) -> (i64, i64) {
         .fold((0, 0), |(a, i), s| (a + s.value[alloc], i + s.value[inuse]))
 }
 
+/// The agent's probe server (`/metrics`) on a runtime of its own.
+fn probe_server() -> (tokio::runtime::Runtime, SocketAddr) {
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let state = flamefleet_agent::service::probes::ProbeState::new("test");
+    let addr = rt
+        .block_on(flamefleet_agent::service::probes::spawn(
+            "127.0.0.1:0".parse().expect("address"),
+            state,
+        ))
+        .expect("probe server");
+    (rt, addr)
+}
+
+/// The value of gauge `name` on `/metrics`.
+fn gauge(addr: SocketAddr, name: &str) -> u64 {
+    let mut conn = TcpStream::connect(addr).expect("connect to /metrics");
+    write!(conn, "GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n").expect("request");
+    let mut text = String::new();
+    conn.read_to_string(&mut text).expect("response");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+}
+
 fn libc_attachments() -> Vec<sampler::AllocatorAttachment> {
     sampler::running()
         .expect("a heap sampler runs while captures do")
@@ -122,6 +147,8 @@ fn overlapping_heap_captures_share_one_sampler_and_see_only_their_own() {
     let mut a = Workload::start(&mut cg_a, &bin);
     let mut b = Workload::start(&mut cg_b, &bin);
     assert!(sampler::running().is_none(), "no heap capture runs yet");
+    let (_rt, metrics) = probe_server();
+    assert_eq!(gauge(metrics, "flamefleet_agent_heap_probed_binaries"), 0);
 
     // A: from the start, long enough to outlive every step below.
     let sample_bytes = 64 * 1024;
@@ -138,6 +165,17 @@ fn overlapping_heap_captures_share_one_sampler_and_see_only_their_own() {
         "one attachment per allocator binary, not one per capture: {libc:?}"
     );
     assert_eq!(libc[0].captures, 3, "{libc:?}");
+    // The same on /metrics: one entry per binary, three captures on one sampler.
+    let attached = sampler::running().expect("running").attachments();
+    assert_eq!(
+        gauge(metrics, "flamefleet_agent_heap_probed_binaries"),
+        attached.len() as u64
+    );
+    assert_eq!(
+        gauge(metrics, "flamefleet_agent_heap_uprobes"),
+        attached.iter().map(|a| a.probes as u64).sum::<u64>()
+    );
+    assert_eq!(gauge(metrics, "flamefleet_agent_heap_sampler_captures"), 3);
     b.run("beta");
 
     let (profile_b, stats_b) = cap_b.join().unwrap().expect("capture B");
@@ -157,6 +195,7 @@ fn overlapping_heap_captures_share_one_sampler_and_see_only_their_own() {
         sampler::running().is_none(),
         "the sampler stops (and detaches) when its last capture ends"
     );
+    assert_eq!(gauge(metrics, "flamefleet_agent_heap_uprobes"), 0);
 
     let mib = |b: i64| b as f64 / (1024.0 * 1024.0);
     let expect_16 = |who: &str, f: &str, (alloc, inuse): (i64, i64)| {

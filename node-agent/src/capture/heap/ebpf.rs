@@ -330,9 +330,11 @@ fn guard_overhead(
     Ok(())
 }
 
-/// Hands the unwinder the targets' processes not seen yet (`known`), so their
-/// stacks unwind with CFI from their first samples: on the caller's thread
-/// for up to 300 ms when `now` (a capture's start), queued otherwise.
+/// Snapshots the maps of the targets' processes not seen yet (`known`) for symbolization
+/// and hands them to the unwinder, so their stacks unwind with CFI from their first
+/// samples: on the caller's thread for up to 300 ms when `now` (a capture's start), queued
+/// otherwise. Done per capture: the node's sampler announces a process only on its first
+/// sample ever, and a capture must not symbolize with a snapshot older than itself.
 fn register_new_processes(
     unwinder: &Option<Arc<Unwinder>>,
     catalog: &ProcessCatalog,
@@ -340,7 +342,6 @@ fn register_new_processes(
     known: &mut HashSet<u32>,
     now: bool,
 ) {
-    let Some(u) = unwinder else { return };
     let mut new = Vec::new();
     for t in targets {
         for pid in t.cgroup.procs_recursive().unwrap_or_default() {
@@ -349,6 +350,7 @@ fn register_new_processes(
             }
         }
     }
+    let Some(u) = unwinder else { return };
     if now {
         u.register_now(new, Duration::from_millis(300));
     } else {
