@@ -315,10 +315,14 @@ impl HeapSampler {
         let own: HashSet<u32> = table.covered(&cgroup_ids).keys().copied().collect();
         // Baseline first, then the start time: an allocation in between counts in
         // alloc_* but not in inuse_* (never in-use without having been allocated).
-        let baseline = read_alloc_counters(&maps.heap_agg, &own)?
-            .into_iter()
-            .map(|(k, v)| (agg_key(&k), v))
-            .collect();
+        let baseline = match read_alloc_counters(&maps.heap_agg, &own) {
+            Ok(rows) => rows.into_iter().map(|(k, v)| (agg_key(&k), v)).collect(),
+            Err(e) => {
+                // Not joined after all: give the targets back.
+                table.release(&maps.target_maps(), &cgroup_ids);
+                return Err(e);
+            }
+        };
         let start_ns = monotonic_ns();
         running.insert(id, start_ns);
         drop(shared);
