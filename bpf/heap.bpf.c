@@ -255,6 +255,7 @@ static __always_inline void record(struct pt_regs *ctx, struct heap_thread *ts, 
 	long id;
 
 	lv.size = ts->size;
+	lv.alloc_ns = bpf_ktime_get_ns();
 	lv.agg.target = ts->target;
 	lv.agg.tgid = tgid;
 	lv.agg.size_class = size_class(ts->size);

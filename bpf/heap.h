@@ -19,7 +19,9 @@ struct heap_agg_key {
 	__u64 user_stack;
 };
 
-/* Sampled (not yet scaled) totals of one aggregation row. */
+/* Sampled (not yet scaled) totals of one aggregation row. The alloc_* counters only grow:
+ * a capture reads their increase over its window. The inuse_* counters are node-wide running
+ * totals that user space does not read (a capture's in-use comes from heap_live). */
 struct heap_agg_val {
 	__u64 alloc_count;
 	__u64 alloc_bytes;
@@ -34,10 +36,13 @@ struct heap_live_key {
 	__u64 addr;
 };
 
-/* What a live sampled allocation counts against. */
+/* What a live sampled allocation counts against, and when it was made (bpf_ktime_get_ns):
+ * captures sharing the sampler count as their in-use only the live allocations made since
+ * they started. */
 struct heap_live_val {
 	struct heap_agg_key agg;
 	__u64 size;
+	__u64 alloc_ns;
 };
 
 /* Counters in the per-CPU `heap_stats` array. */

@@ -5,6 +5,9 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use flamefleet_agent::cli::{Cli, Command, run_capture, run_serve};
 
+// jemalloc with its heap profiler on, for /debug/pprof/heap (docs/observability.md).
+flamefleet_selfprof::jemalloc_heap_profiling!();
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())

@@ -643,5 +643,15 @@ async fn the_agent_serves_its_own_cpu_profile_one_at_a_time() {
         .send()
         .await
         .expect("GET heap");
-    assert_eq!(heap.status(), 501);
+    // The binary runs on jemalloc with its profiler on: its in-use heap, as pprof.
+    assert_eq!(heap.status(), 200);
+    let h = flamefleet_agent::pprof::decode(&heap.bytes().await.expect("body")).expect("pprof");
+    assert_eq!(
+        h.string_table[h.sample_type[0].r#type as usize],
+        "inuse_space"
+    );
+    assert!(
+        !h.sample.is_empty(),
+        "an agent that captured holds sampled memory"
+    );
 }

@@ -2,6 +2,9 @@
 
 use clap::Parser;
 
+// jemalloc with its heap profiler on, for /debug/pprof/heap (docs/observability.md).
+flamefleet_selfprof::jemalloc_heap_profiling!();
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()

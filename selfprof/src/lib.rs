@@ -6,8 +6,10 @@
 //!   gzipped pprof (`go tool pprof` reads it) or a flame graph. One at a time: a second
 //!   request gets 409 Conflict, unless it says `force=true`, which ends the running
 //!   profile early (its client gets what was sampled so far) and starts the new one.
-//! - `GET /debug/pprof/heap`: the heap profile of the process's allocator where it has a
-//!   sampling profiler; neither binary uses jemalloc today, so this answers 501 with why.
+//! - `GET /debug/pprof/heap`: the in-use heap of this process as a gzipped pprof, from
+//!   jemalloc's sampling heap profiler. Binaries opt in with [`jemalloc_heap_profiling!`]
+//!   (jemalloc as global allocator, profiling on from start-up); where the profiler is off
+//!   this answers 501 with why.
 //!
 //! Serve [`router`] on a port of its own (`--debug-listen`): the chart keeps it
 //! cluster-internal (no Service outside the cluster; its NetworkPolicy admits only pods of
@@ -15,6 +17,7 @@
 
 mod cpu;
 mod encode;
+pub mod heap;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +29,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 pub use cpu::{CpuProfileRequest, Format, SelfProfiler};
+/// The allocator [`jemalloc_heap_profiling!`] installs (re-exported so binaries need no
+/// direct dependency on it).
+pub use tikv_jemallocator::Jemalloc;
 
 /// Errors of the self-profiling endpoints.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +47,9 @@ pub enum Error {
     /// The sampler could not start or report.
     #[error("the CPU profiler failed: {0}")]
     Profiler(String),
+    /// This process has no active heap profiler.
+    #[error("no heap profile: {0}")]
+    HeapUnavailable(String),
     /// Rendering or encoding failed.
     #[error("rendering the profile failed: {0}")]
     Render(String),
@@ -62,6 +71,7 @@ impl IntoResponse for Error {
         let status = match &self {
             Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::Busy => StatusCode::CONFLICT,
+            Self::HeapUnavailable(_) => StatusCode::NOT_IMPLEMENTED,
             Self::Profiler(_) | Self::Render(_) | Self::Bind { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -94,12 +104,21 @@ async fn cpu_profile(
         .into_response())
 }
 
-async fn heap_profile() -> (StatusCode, &'static str) {
-    (
-        StatusCode::NOT_IMPLEMENTED,
-        "no heap profile: this binary uses the system allocator, which has no sampling \
-         profiler; profile its heap from outside with a Flamefleet heap capture (source ebpf)\n",
+async fn heap_profile() -> Result<Response> {
+    let body = tokio::task::spawn_blocking(heap::in_use_pprof)
+        .await
+        .map_err(|e| Error::Profiler(format!("the heap dump task failed: {e}")))??;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"heap.pb.gz\"",
+            ),
+        ],
+        body,
     )
+        .into_response())
 }
 
 /// The `/debug/pprof/*` routes over `profiler`.

@@ -183,5 +183,8 @@ async fn a_second_profile_is_refused_unless_forced() {
         .send()
         .await
         .expect("GET heap");
+    // This test binary links jemalloc but does not switch its profiler on.
     assert_eq!(heap.status(), 501);
+    let text = heap.text().await.expect("text");
+    assert!(text.contains("opt.prof=false"), "{text}");
 }

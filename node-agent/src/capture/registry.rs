@@ -66,7 +66,10 @@ impl Samplers {
             .unwrap_or_else(PoisonError::into_inner)
             .upgrade()
             .map(|s| s.is_alive());
-        dead(runqlat, "runqlat")
+        dead(runqlat, "runqlat")?;
+        // The heap sampler lives in its own process-wide slot (capture::heap::sampler).
+        let heap = super::heap::sampler::running().map(|s| s.is_alive());
+        dead(heap, "eBPF heap")
     }
 
     /// Process snapshots used to symbolize what the samplers saw.
@@ -145,7 +148,7 @@ impl Samplers {
 /// Runs `capture` on the running sampler of `slot` (starting one if none
 /// runs); when that sampler has no target indices left, on a fresh one that
 /// replaces it for later captures.
-fn with_sampler<S, C>(
+pub(crate) fn with_sampler<S, C>(
     slot: &Mutex<Weak<S>>,
     start: impl Fn() -> Result<S>,
     capture: impl Fn(&Arc<S>) -> Result<C>,

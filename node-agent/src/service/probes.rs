@@ -146,6 +146,7 @@ async fn readyz(State(state): State<Arc<ProbeState>>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
+    let heap = heap_sampler_gauges();
     let mut text = format!(
         "# HELP flamefleet_agent_ready Whether the agent serves gRPC with a node certificate.\n\
          # TYPE flamefleet_agent_ready gauge\n\
@@ -155,10 +156,22 @@ async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
          flamefleet_agent_certificate_expiry_timestamp_seconds {}\n\
          # HELP flamefleet_agent_captures_active Captures running now.\n\
          # TYPE flamefleet_agent_captures_active gauge\n\
-         flamefleet_agent_captures_active {}\n",
+         flamefleet_agent_captures_active {}\n\
+         # HELP flamefleet_agent_heap_probed_binaries Allocator binaries with eBPF heap uprobes attached (one attachment per binary, however many heap captures use it).\n\
+         # TYPE flamefleet_agent_heap_probed_binaries gauge\n\
+         flamefleet_agent_heap_probed_binaries {}\n\
+         # HELP flamefleet_agent_heap_uprobes eBPF heap uprobes attached.\n\
+         # TYPE flamefleet_agent_heap_uprobes gauge\n\
+         flamefleet_agent_heap_uprobes {}\n\
+         # HELP flamefleet_agent_heap_sampler_captures eBPF heap captures sharing the node's heap sampler.\n\
+         # TYPE flamefleet_agent_heap_sampler_captures gauge\n\
+         flamefleet_agent_heap_sampler_captures {}\n",
         u8::from(state.serving()),
         state.cert_expiry_unix.load(Ordering::Relaxed),
         state.captures_active.load(Ordering::Relaxed),
+        heap.0,
+        heap.1,
+        heap.2,
     );
     if let Some((counters, samplers)) = state.counters.get() {
         text.push_str(&counters.render());
@@ -169,6 +182,18 @@ async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
         }
     }
     text
+}
+
+/// (probed binaries, uprobes, captures) of the node's eBPF heap sampler; zeros when none runs.
+fn heap_sampler_gauges() -> (usize, usize, usize) {
+    crate::capture::heap::sampler::running().map_or((0, 0, 0), |s| {
+        let attached = s.attachments();
+        (
+            attached.len(),
+            attached.iter().map(|a| a.probes).sum(),
+            s.captures(),
+        )
+    })
 }
 
 /// Serves the probes on `listen` in a background task; returns the bound address.

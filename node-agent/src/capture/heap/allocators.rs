@@ -344,7 +344,7 @@ mod tests {
     }
 
     #[test]
-    fn finds_glibc_in_this_process_with_deduplicated_aliases() {
+    fn finds_glibc_and_our_linked_jemalloc_in_this_process() {
         let mut finder = AllocatorFinder::new();
         let allocators = finder.allocators_of(std::process::id());
         let libc = allocators
@@ -367,12 +367,20 @@ mod tests {
             libc.entry_points.len(),
             "one probe per address"
         );
-        // Our own executable imports malloc but does not define it.
+        // Our own executable defines malloc too: it links jemalloc with unprefixed symbols
+        // (through flamefleet-selfprof, for /debug/pprof/heap), which replaces the process's
+        // malloc. It is found as an allocator of its own, with jemalloc's entry points.
         let exe = fs::read_link("/proc/self/exe").unwrap();
-        assert!(
-            allocators
-                .iter()
-                .all(|a| std::path::Path::new(&a.name) != exe)
-        );
+        let own = allocators
+            .iter()
+            .find(|a| std::path::Path::new(&a.name) == exe)
+            .unwrap_or_else(|| panic!("expected {} among {allocators:?}", exe.display()));
+        let own_symbols: Vec<_> = own.entry_points.iter().map(|e| e.symbol.as_str()).collect();
+        for needed in ["malloc", "free", "mallocx"] {
+            assert!(
+                own_symbols.contains(&needed),
+                "{needed} missing from {own_symbols:?}"
+            );
+        }
     }
 }

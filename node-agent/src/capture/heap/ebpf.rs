@@ -17,21 +17,23 @@
 //! capture; `inuse_*` those of them still live at its end. Allocations made
 //! before the capture started are not seen (use the endpoint source for a
 //! process's whole heap).
+//!
+//! The programs and probes are the node's one [`super::sampler::HeapSampler`],
+//! shared by concurrent captures: a capture adds its targets to it, holds the
+//! probes of the allocators its targets use, and reads only its own counts.
 
 use std::collections::{HashMap, HashSet};
-use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
-use libbpf_rs::{Link, MapCore as _, MapFlags};
+use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 
-use super::allocators::{AllocatorBinary, AllocatorFinder, EntryKind};
+use super::allocators::AllocatorFinder;
+use super::sampler::{self, HeapSampler, JoinedCapture, MAX_FRAMES};
 use super::sampling;
 use crate::bpf::heap::types;
-use crate::bpf::heap::{HeapSkel, HeapSkelBuilder};
 use crate::bpf::{Pod, from_bytes};
-use crate::capture::{CaptureError, CaptureTarget, Result, check_btf, target_labels};
+use crate::capture::{CaptureError, CaptureTarget, Result, target_labels};
 use crate::pprof::{Label, ProfileBuilder};
 use crate::symbolize::{ProcessCatalog, StackSymbolizer};
 use crate::unwind::{UnwindConfig, Unwinder, WalkStats};
@@ -40,12 +42,8 @@ use flamefleet_proto::pprof::Profile;
 // SAFETY: generated from BTF of plain C structs of integers and arrays.
 unsafe impl Pod for types::heap_agg_key {}
 unsafe impl Pod for types::heap_agg_val {}
+unsafe impl Pod for types::heap_live_val {}
 unsafe impl Pod for types::ff_proc_event {}
-
-/// Number of entries in the exponential gap table (`HEAP_GAP_TABLE_SIZE`).
-const GAP_TABLE_SIZE: usize = 4096;
-/// Frames kept per stack by the stack map (its value size in the BPF source).
-const MAX_FRAMES: usize = 127;
 
 /// Settings of one eBPF heap capture.
 #[derive(Debug, Clone)]
@@ -53,6 +51,8 @@ pub struct EbpfHeapOptions {
     /// How long to sample.
     pub duration: Duration,
     /// Mean bytes between samples (`heap.sampleBytes`); 0 samples every allocation.
+    /// The node's sampler runs at its first capture's rate: a capture joining it samples
+    /// at that rate and says so ([`EbpfHeapStats::sample_bytes`]).
     pub sample_bytes: u64,
     /// Live sampled allocations tracked at once (beyond: counted as drops).
     pub max_live: u32,
@@ -111,9 +111,16 @@ impl Default for EbpfHeapOptions {
     }
 }
 
-/// Counters of one capture, reported with the profile; drops are never silent.
+/// Counters of one capture, reported with the profile; drops are never silent. The call,
+/// sample and drop counters are the node's sampler's over the capture's window (all
+/// captures running then: their maps are shared).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EbpfHeapStats {
+    /// The sampling rate in effect (the node sampler's, set by its first capture; it can
+    /// differ from the rate this capture asked for).
+    pub sample_bytes: u64,
+    /// Other captures sharing the sampler when this one started.
+    pub shared_with: usize,
     /// Allocation calls made by target threads.
     pub calls: u64,
     /// Sampled allocations recorded.
@@ -130,9 +137,10 @@ pub struct EbpfHeapStats {
     pub dropped_thread_state: u64,
     /// Process notifications lost (ring buffer full).
     pub dropped_notifications: u64,
-    /// Allocator binaries probed (paths inside the processes' namespaces).
+    /// Allocator binaries probed for this capture (paths inside the processes'
+    /// namespaces), whether it attached them or joined probes already attached.
     pub allocators: Vec<String>,
-    /// Uprobes attached.
+    /// Uprobes on those binaries.
     pub probes: usize,
     /// Whether malloc-like entry points used session uprobes (Linux 6.13+),
     /// which skip the return trap for unsampled calls.
@@ -144,7 +152,8 @@ pub struct EbpfHeapStats {
     pub projected_overhead_basis_points: Option<u64>,
 }
 
-/// Runs one eBPF heap capture of `targets` and returns the profile.
+/// Runs one eBPF heap capture of `targets` on the node's heap sampler and returns the
+/// profile.
 pub fn capture(
     targets: &[CaptureTarget],
     opts: &EbpfHeapOptions,
@@ -159,145 +168,114 @@ pub fn capture(
             "duration must be positive, found 0".into(),
         ));
     }
-    check_btf()?;
     let started = SystemTime::now();
-    // The node's unwind tables, shared with the CPU sampler.
-    let unwinder = if opts.cfi_unwind {
-        Some(Unwinder::shared(&opts.unwind)?)
-    } else {
-        None
-    };
-    let mut objects: [MaybeUninit<libbpf_rs::OpenObject>; 3] = [
-        MaybeUninit::uninit(),
-        MaybeUninit::uninit(),
-        MaybeUninit::uninit(),
-    ];
-    let [session_object, multi_object, classic_object] = &mut objects;
-    // Best first: session uprobes (Linux 6.13+: no return trap for unsampled calls), then
-    // uprobe_multi links (6.6+), then perf-event uprobes. The two link-based modes need only
-    // CAP_BPF and CAP_PERFMON; perf-event uprobes need CAP_SYS_ADMIN on recent kernels.
-    let (skel, mode) = if opts.force_classic_uprobes {
-        (
-            load(
-                classic_object,
-                opts,
-                ProbeMode::Classic,
-                unwinder.as_deref(),
-            )?,
-            ProbeMode::Classic,
-        )
-    } else if let Ok(skel) = load(
-        session_object,
-        opts,
-        ProbeMode::Session,
-        unwinder.as_deref(),
-    ) {
-        (skel, ProbeMode::Session)
-    } else if let Ok(skel) = load(multi_object, opts, ProbeMode::Multi, unwinder.as_deref()) {
-        (skel, ProbeMode::Multi)
-    } else {
-        (
-            load(
-                classic_object,
-                opts,
-                ProbeMode::Classic,
-                unwinder.as_deref(),
-            )?,
-            ProbeMode::Classic,
-        )
-    };
-    let session = mode == ProbeMode::Session;
-    for (i, t) in targets.iter().enumerate() {
-        let value = types::ff_target {
-            index: i as u32 + 1,
-            flags: 0,
-        };
-        // The kernel covers the cgroup's descendants (a pod's containers), live.
-        skel.maps
-            .targets
-            .update(
-                &t.cgroup.id.to_ne_bytes(),
-                crate::bpf::as_bytes(&value),
-                MapFlags::ANY,
-            )
-            .map_err(|e| CaptureError::bpf("adding a cgroup to the heap target map", e))?;
-    }
-    skel.maps
-        .target_generation
-        .update(&0u32.to_ne_bytes(), &1u64.to_ne_bytes(), MapFlags::ANY)
-        .map_err(|e| CaptureError::bpf("publishing the heap target map", e))?;
-    let catalog = ProcessCatalog::new();
+    let joined = sampler::join(targets, opts)?;
+    let capture = Capture(joined);
+    let s = Arc::clone(&capture.0.sampler);
+    let settings = s.settings();
+    let unwinder = s.unwinder().cloned();
     let mut stats = EbpfHeapStats {
-        session_uprobes: session,
+        sample_bytes: settings.sample_bytes,
+        shared_with: s.captures().saturating_sub(1),
+        session_uprobes: settings.session_uprobes,
         ..EbpfHeapStats::default()
+    };
+    let (stats_before, walk_before) = {
+        let shared = s.lock();
+        (
+            read_counters(&shared.maps.heap_stats)?,
+            WalkStats::read(&shared.maps.unwind_stats),
+        )
     };
     // Tables of the processes running now, before their first sample.
     let mut known = HashSet::new();
-    register_new_processes(&unwinder, &catalog, targets, &mut known, true);
-    let rows = {
-        let mut links: Vec<Link> = Vec::new();
-        links.push(
-            skel.progs
-                .heap_on_exec
-                .attach()
-                .map_err(|e| CaptureError::bpf("attaching the exec tracepoint", e))?,
-        );
-        let mut attacher = Attacher {
-            mode,
-            ..Attacher::default()
-        };
-        attacher.rescan(&skel, targets, &mut links, &mut stats)?;
-        let events = catalog.clone();
-        let mut rb = libbpf_rs::RingBufferBuilder::new();
-        let events_unwinder = unwinder.clone();
-        rb.add(&skel.maps.proc_events, move |data: &[u8]| {
-            if let Some(ev) = from_bytes::<types::ff_proc_event>(data) {
-                events.snapshot(ev.tgid);
-                if let (Some(u), Some(maps)) = (&events_unwinder, events.lookup(ev.tgid)) {
-                    u.register(ev.tgid, maps);
-                }
-            }
-            0
-        })
-        .map_err(|e| CaptureError::bpf("opening the process ring buffer", e))?;
-        let rb = rb
-            .build()
-            .map_err(|e| CaptureError::bpf("opening the process ring buffer", e))?;
-        guard_overhead(&skel, targets, opts, &mut stats)?;
-        if let Some(ready) = &opts.ready {
-            // The receiver may have gone: nothing to tell then.
-            let _ = ready.try_send(());
+    register_new_processes(&unwinder, s.catalog(), targets, &mut known, true);
+    let mut finder = AllocatorFinder::default();
+    hold_allocators(&capture.0, &mut finder, targets, &mut stats)?;
+    guard_overhead(&s, targets, opts, &mut stats)?;
+    if let Some(ready) = &opts.ready {
+        // The receiver may have gone: nothing to tell then.
+        let _ = ready.try_send(());
+    }
+    let deadline = Instant::now() + opts.duration;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        std::thread::sleep(left.min(opts.rescan.max(Duration::from_millis(10))));
+        if Instant::now() < deadline {
+            hold_allocators(&capture.0, &mut finder, targets, &mut stats)?;
+            register_new_processes(&unwinder, s.catalog(), targets, &mut known, false);
         }
-        let deadline = Instant::now() + opts.duration;
-        let mut next_rescan = Instant::now() + opts.rescan;
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            // Poll errors are EINTR at worst; the loop goes on to the deadline.
-            let _ = rb.poll(left.min(Duration::from_millis(100)));
-            if Instant::now() >= next_rescan {
-                attacher.rescan(&skel, targets, &mut links, &mut stats)?;
-                register_new_processes(&unwinder, &catalog, targets, &mut known, false);
-                next_rescan = Instant::now() + opts.rescan;
-            }
-        }
-        let _ = rb.consume();
-        // Read while every probe is still attached: detaching is not atomic
-        // (each uprobe waits for an RCU grace period, tens of milliseconds on
-        // a loaded machine), and while `malloc`'s probe is gone but `free`'s
-        // is not, a process that frees and allocates in a loop would have all
-        // its live samples retired — an empty inuse_space, seen once in CI.
-        read_stats(&skel, &mut stats)?;
+    }
+    // Read while every probe this capture holds is still attached: detaching is not
+    // atomic (each uprobe waits for an RCU grace period), and while `malloc`'s probe is
+    // gone but `free`'s is not, a process that frees and allocates in a loop would have
+    // all its live samples retired — an empty inuse_space, seen once in CI.
+    let read = {
+        let shared = s.lock();
+        let now = read_counters(&shared.maps.heap_stats)?;
+        apply_counters(&mut stats, now, stats_before);
         if unwinder.is_some() {
-            stats.walk = Some(WalkStats::read(&skel.maps.unwind_stats));
+            stats.walk = Some(WalkStats::read(&shared.maps.unwind_stats).since(walk_before));
         }
-        let rows = read_rows(&skel, opts.sample_bytes)?;
-        drop(links);
-        rows
+        read_capture(&shared, &capture.0, settings.sample_bytes)?
     };
+    drop(capture);
     let duration = started.elapsed().unwrap_or(opts.duration);
     let profile = build_profile(
-        &skel, rows, targets, opts, &catalog, started, duration, &stats,
+        read,
+        targets,
+        opts,
+        settings.sample_bytes,
+        s.catalog(),
+        started,
+        duration,
+        &stats,
     );
     Ok((profile, stats))
+}
+
+/// A capture joined to the node's sampler; leaves it (targets, probes) when dropped,
+/// also on errors.
+struct Capture(JoinedCapture);
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.0.sampler.release(self.0.id, &self.0.cgroup_ids);
+    }
+}
+
+/// Holds the probes of the allocators the targets' processes map that this capture does
+/// not hold yet (attaching those no capture holds).
+fn hold_allocators(
+    capture: &JoinedCapture,
+    finder: &mut AllocatorFinder,
+    targets: &[CaptureTarget],
+    stats: &mut EbpfHeapStats,
+) -> Result<()> {
+    for t in targets {
+        // A target whose processes all exited is simply empty.
+        for pid in t.cgroup.procs_recursive().unwrap_or_default() {
+            for bin in finder.allocators_of(pid) {
+                if capture.sampler.holds(capture.id, bin.dev_ino) {
+                    continue;
+                }
+                match capture.sampler.hold_binary(capture.id, &bin) {
+                    Ok(Some(probes)) => {
+                        stats.probes += probes;
+                        stats.allocators.push(bin.name.clone());
+                    }
+                    Ok(None) => {}
+                    // The process exited between being listed and its probes attaching
+                    // (its `/proc/<pid>/root/...` path went with it): nothing to probe
+                    // there; another process of the same binary may bring it back.
+                    Err(_) if !bin.path.exists() => {
+                        tracing::debug!(pid, binary = %bin.name, "process exited before its allocator probes attached; skipped");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// CPU time the targets' cgroups (with their descendants) have used so far.
@@ -318,8 +296,11 @@ fn targets_cpu(targets: &[CaptureTarget]) -> Duration {
 /// every probe attached, counts the targets' allocator calls and their CPU
 /// time, and refuses the capture when the projected trap cost is above
 /// `max_overhead_percent` (unless forced). The projection goes in `stats`.
+/// The call counter is the shared sampler's: with other heap captures
+/// running it also counts their targets' calls, so the projection errs high
+/// (a refusal names the figure; `force` overrides it).
 fn guard_overhead(
-    skel: &HeapSkel<'_>,
+    sampler: &HeapSampler,
     targets: &[CaptureTarget],
     opts: &EbpfHeapOptions,
     stats: &mut EbpfHeapStats,
@@ -327,12 +308,11 @@ fn guard_overhead(
     if opts.max_overhead_percent <= 0.0 || opts.overhead_window.is_zero() {
         return Ok(());
     }
-    read_stats(skel, stats)?;
-    let (calls0, cpu0, t0) = (stats.calls, targets_cpu(targets), Instant::now());
+    let calls = || -> Result<u64> { Ok(read_counters(&sampler.lock().maps.heap_stats)?[0]) };
+    let (calls0, cpu0, t0) = (calls()?, targets_cpu(targets), Instant::now());
     std::thread::sleep(opts.overhead_window);
-    read_stats(skel, stats)?;
     let projection = super::overhead::project(
-        stats.calls.saturating_sub(calls0),
+        calls()?.saturating_sub(calls0),
         t0.elapsed(),
         targets_cpu(targets).saturating_sub(cpu0),
         super::overhead::UPROBE_CALL_COST,
@@ -350,9 +330,11 @@ fn guard_overhead(
     Ok(())
 }
 
-/// Hands the unwinder the targets' processes not seen yet (`known`), so their
-/// stacks unwind with CFI from their first samples: on the caller's thread
-/// for up to 300 ms when `now` (a capture's start), queued otherwise.
+/// Snapshots the maps of the targets' processes not seen yet (`known`) for symbolization
+/// and hands them to the unwinder, so their stacks unwind with CFI from their first
+/// samples: on the caller's thread for up to 300 ms when `now` (a capture's start), queued
+/// otherwise. Done per capture: the node's sampler announces a process only on its first
+/// sample ever, and a capture must not symbolize with a snapshot older than itself.
 fn register_new_processes(
     unwinder: &Option<Arc<Unwinder>>,
     catalog: &ProcessCatalog,
@@ -360,7 +342,6 @@ fn register_new_processes(
     known: &mut HashSet<u32>,
     now: bool,
 ) {
-    let Some(u) = unwinder else { return };
     let mut new = Vec::new();
     for t in targets {
         for pid in t.cgroup.procs_recursive().unwrap_or_default() {
@@ -369,6 +350,7 @@ fn register_new_processes(
             }
         }
     }
+    let Some(u) = unwinder else { return };
     if now {
         u.register_now(new, Duration::from_millis(300));
     } else {
@@ -378,275 +360,122 @@ fn register_new_processes(
     }
 }
 
-/// How uprobes are attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-enum ProbeMode {
-    /// malloc-like entry points as session uprobes, the others as uprobe_multi links
-    /// (Linux 6.13+).
-    Session,
-    /// Every entry and return probe as a uprobe_multi link (Linux 6.6+).
-    Multi,
-    /// Perf-event uprobes (any kernel; CAP_SYS_ADMIN on recent ones).
-    #[default]
-    Classic,
-}
-
-/// Opens, sizes and loads the heap programs for `mode`.
-fn load<'obj>(
-    open_object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
-    opts: &EbpfHeapOptions,
-    mode: ProbeMode,
-    unwinder: Option<&Unwinder>,
-) -> Result<HeapSkel<'obj>> {
-    let mut open = HeapSkelBuilder::default()
-        .open(open_object)
-        .map_err(|e| CaptureError::bpf("opening the heap BPF object", e))?;
-    open.progs
-        .malloc_session
-        .set_autoload(mode == ProbeMode::Session);
-    if mode != ProbeMode::Classic {
-        for prog in [
-            &mut open.progs.malloc_enter,
-            &mut open.progs.calloc_enter,
-            &mut open.progs.realloc_enter,
-            &mut open.progs.memalign_enter,
-            &mut open.progs.posix_memalign_enter,
-            &mut open.progs.free_enter,
-            &mut open.progs.alloc_exit,
-        ] {
-            prog.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
-        }
-    }
-    let table = sampling::gap_table(opts.sample_bytes, GAP_TABLE_SIZE);
-    let rodata =
-        open.maps
-            .rodata_data
-            .as_deref_mut()
-            .ok_or_else(|| CaptureError::KernelFeature {
-                feature: "BPF global data".into(),
-                detail:
-                    "the heap program's read-only data section is not mmapable; need Linux 5.2+"
-                        .into(),
-            })?;
-    rodata.gap_table.copy_from_slice(&table);
-    rodata.cfi_unwind = unwinder.is_some();
-    let cache = !opts.no_target_cache && crate::capture::target_cache_supported();
-    rodata.ff_cgrp_cache = cache;
-    open.maps
-        .target_cache
-        .set_autocreate(cache)
-        .map_err(|e| CaptureError::bpf("configuring the heap target cache", e))?;
-    // The stack map the configured walk does not use keeps one entry.
-    let (fp_stacks, cfi_stacks) = match unwinder {
-        Some(u) => {
-            u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
-            (1, opts.max_stacks)
-        }
-        None => {
-            for map in [&mut open.maps.unwind_tables, &mut open.maps.unwind_procs] {
-                map.set_max_entries(1)
-                    .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;
-            }
-            (opts.max_stacks, 1)
-        }
-    };
-    for (map, n) in [
-        (&mut open.maps.heap_live, opts.max_live),
-        (&mut open.maps.heap_agg, opts.max_rows),
-        (&mut open.maps.heap_stacks, fp_stacks),
-        (&mut open.maps.user_stacks, cfi_stacks),
-    ] {
-        map.set_max_entries(n.max(1))
-            .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;
-    }
-    open.load().map_err(|e| {
-        let err = CaptureError::bpf("loading the heap BPF programs", e);
-        match err {
-            CaptureError::Bpf { action, source } => CaptureError::KernelFeature {
-                feature: "uprobes with BPF task storage".into(),
-                detail: format!(
-                    "{action} failed ({source}); need Linux 5.11+ with BTF, and CAP_BPF + CAP_PERFMON"
-                ),
-            },
-            other => other,
-        }
-    })
-}
-
-/// Attaches probes to allocator binaries found in the targets' processes,
-/// once per binary (inode).
-#[derive(Default)]
-struct Attacher {
-    /// How to attach.
-    mode: ProbeMode,
-    finder: AllocatorFinder,
-    attached: HashSet<(u64, u64)>,
-}
-
-impl Attacher {
-    fn rescan(
-        &mut self,
-        skel: &HeapSkel<'_>,
-        targets: &[CaptureTarget],
-        links: &mut Vec<Link>,
-        stats: &mut EbpfHeapStats,
-    ) -> Result<()> {
-        for t in targets {
-            // A target whose processes all exited is simply empty.
-            for pid in t.cgroup.procs_recursive().unwrap_or_default() {
-                for bin in self.finder.allocators_of(pid) {
-                    if !self.attached.insert(bin.dev_ino) {
-                        continue;
-                    }
-                    // This binary's links, kept only when all of them attach.
-                    let mut bin_links = Vec::new();
-                    let attached = Self::attach_binary(self.mode, skel, &bin, &mut bin_links);
-                    match attached {
-                        Ok(probes) => {
-                            links.append(&mut bin_links);
-                            stats.probes += probes;
-                            stats.allocators.push(bin.name.clone());
-                        }
-                        // The process exited between being listed and its probes attaching
-                        // (its `/proc/<pid>/root/...` path went with it): nothing to probe
-                        // there; another process of the same binary may bring it back.
-                        Err(_) if !bin.path.exists() => {
-                            drop(bin_links);
-                            self.attached.remove(&bin.dev_ino);
-                            tracing::debug!(pid, binary = %bin.name, "process exited before its allocator probes attached; skipped");
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Attaches the probes of one allocator binary into `links`; the number of probes.
-    fn attach_binary(
-        mode: ProbeMode,
-        skel: &HeapSkel<'_>,
-        bin: &AllocatorBinary,
-        links: &mut Vec<Link>,
-    ) -> Result<usize> {
-        let mut probes = 0;
-        for ep in &bin.entry_points {
-            let what = || format!("attaching a uprobe to {} in {}", ep.symbol, bin.name);
-            if mode == ProbeMode::Session && ep.kind == EntryKind::Malloc {
-                let opts = libbpf_rs::UprobeMultiOpts {
-                    offsets: vec![ep.probe_offset as usize],
-                    session: true,
-                    ..Default::default()
-                };
-                let link = skel
-                    .progs
-                    .malloc_session
-                    .attach_uprobe_multi_with_opts(-1, &bin.path, "", opts)
-                    .map_err(|e| CaptureError::bpf(what(), e))?;
-                links.push(link);
-                probes += 1;
-                continue;
-            }
-            let prog = match ep.kind {
-                EntryKind::Malloc => &skel.progs.malloc_enter,
-                EntryKind::Calloc => &skel.progs.calloc_enter,
-                EntryKind::Realloc => &skel.progs.realloc_enter,
-                EntryKind::Memalign => &skel.progs.memalign_enter,
-                EntryKind::PosixMemalign => &skel.progs.posix_memalign_enter,
-                EntryKind::Free => &skel.progs.free_enter,
-            };
-            let attach = |p: &libbpf_rs::ProgramMut<'_>, ret: bool| {
-                if mode == ProbeMode::Classic {
-                    p.attach_uprobe(ret, -1, &bin.path, ep.probe_offset as usize)
-                } else {
-                    let opts = libbpf_rs::UprobeMultiOpts {
-                        offsets: vec![ep.probe_offset as usize],
-                        retprobe: ret,
-                        ..Default::default()
-                    };
-                    p.attach_uprobe_multi_with_opts(-1, &bin.path, "", opts)
-                }
-                .map_err(|e| CaptureError::bpf(what(), e))
-            };
-            links.push(attach(prog, false)?);
-            if ep.kind.allocates() {
-                links.push(attach(&skel.progs.alloc_exit, true)?);
-            }
-            probes += 1 + usize::from(ep.kind.allocates());
-        }
-        Ok(probes)
-    }
-}
-
-fn read_stats(skel: &HeapSkel<'_>, stats: &mut EbpfHeapStats) -> Result<()> {
+/// The sampler's counters (`enum heap_stat`), summed over CPUs.
+fn read_counters(map: &MapHandle) -> Result<[u64; 8]> {
     let mut totals = [0u64; 8];
     for (i, total) in totals.iter_mut().enumerate() {
-        let per_cpu = skel
-            .maps
-            .heap_stats
+        let per_cpu = map
             .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
             .map_err(|e| CaptureError::bpf("reading the heap counters", e))?
             .unwrap_or_default();
         *total = per_cpu.iter().filter_map(|v| from_bytes::<u64>(v)).sum();
     }
-    stats.calls = totals[0];
-    stats.sampled = totals[1];
-    stats.freed = totals[2];
-    stats.dropped_live_full = totals[3];
-    stats.dropped_rows_full = totals[4];
-    stats.dropped_stacks = totals[5];
-    stats.dropped_thread_state = totals[6];
-    stats.dropped_notifications = totals[7];
-    Ok(())
+    Ok(totals)
+}
+
+/// Puts the increase of the counters from `before` to `now` in `stats`.
+fn apply_counters(stats: &mut EbpfHeapStats, now: [u64; 8], before: [u64; 8]) {
+    let d = |i: usize| now[i].saturating_sub(before[i]);
+    stats.calls = d(0);
+    stats.sampled = d(1);
+    stats.freed = d(2);
+    stats.dropped_live_full = d(3);
+    stats.dropped_rows_full = d(4);
+    stats.dropped_stacks = d(5);
+    stats.dropped_thread_state = d(6);
+    stats.dropped_notifications = d(7);
 }
 
 /// Scaled values of one (target, process, stack): alloc objects, alloc
 /// bytes, in-use objects, in-use bytes.
 type Row = [f64; 4];
 
-/// Aggregation rows by (target, process, stack ID, CFI stack key).
-type Rows = HashMap<(u32, u32, i32, u64), Row>;
+/// Aggregation rows by (target position, process, stack ID, CFI stack key).
+type Rows = HashMap<(usize, u32, i32, u64), Row>;
 
-/// The aggregation rows, scaled, summed over size classes.
-fn read_rows(skel: &HeapSkel<'_>, rate: u64) -> Result<Rows> {
-    let mut rows: Rows = HashMap::new();
-    for key_bytes in skel.maps.heap_agg.keys() {
-        let Some(key) = from_bytes::<types::heap_agg_key>(&key_bytes) else {
+/// What a capture read from the sampler, before symbolization.
+struct CaptureRead {
+    rows: Rows,
+    /// The stacks the rows refer to, by (stack ID, CFI stack key), leaf first.
+    stacks: HashMap<(i32, u64), Vec<u64>>,
+}
+
+/// This capture's rows: per size class, `alloc_*` is the increase of the row's counters
+/// since the capture started and `inuse_*` the live sampled allocations made since then;
+/// each is scaled (the bias correction depends on the size), then summed over size classes.
+fn read_capture(
+    shared: &sampler::Shared,
+    capture: &JoinedCapture,
+    rate: u64,
+) -> Result<CaptureRead> {
+    // Indices nested below a target (another capture's) count for it too.
+    let target_of_index: HashMap<u32, usize> = shared
+        .table
+        .covered(&capture.cgroup_ids)
+        .into_iter()
+        .map(|(index, pos)| (index, capture.owner_of[pos]))
+        .collect();
+    let own: HashSet<u32> = target_of_index.keys().copied().collect();
+    // Sampled (count, bytes) per aggregation key: allocated, in use.
+    let mut sampled: HashMap<sampler::AggKey, [u64; 4]> = HashMap::new();
+    for (key, (count, bytes)) in sampler::read_alloc_counters(&shared.maps.heap_agg, &own)? {
+        let key = sampler::agg_key(&key);
+        let (c0, b0) = capture.baseline.get(&key).copied().unwrap_or((0, 0));
+        let e = sampled.entry(key).or_default();
+        e[0] += count.saturating_sub(c0);
+        e[1] += bytes.saturating_sub(b0);
+    }
+    for raw in shared.maps.heap_live.keys() {
+        let Some(live) = shared
+            .maps
+            .heap_live
+            .lookup(&raw, MapFlags::ANY)
+            .ok()
+            .flatten()
+            .and_then(|v| from_bytes::<types::heap_live_val>(&v))
+        else {
             continue;
         };
-        let val = skel
-            .maps
-            .heap_agg
-            .lookup(&key_bytes, MapFlags::ANY)
-            .map_err(|e| CaptureError::bpf("reading the heap aggregation map", e))?
-            .and_then(|v| from_bytes::<types::heap_agg_val>(&v));
-        let Some(val) = val else { continue };
-        let (ac, ab) = sampling::scale(val.alloc_count, val.alloc_bytes, rate);
-        let (ic, ib) = sampling::scale(val.inuse_count, val.inuse_bytes, rate);
+        if live.alloc_ns < capture.start_ns || !own.contains(&live.agg.target) {
+            continue;
+        }
+        let e = sampled.entry(sampler::agg_key(&live.agg)).or_default();
+        e[2] += 1;
+        e[3] += live.size;
+    }
+    let mut rows: Rows = HashMap::new();
+    let mut stacks = HashMap::new();
+    for ((index, tgid, stack_id, _size_class, user_stack), [ac, ab, ic, ib]) in sampled {
+        let Some(&target) = target_of_index.get(&index) else {
+            continue;
+        };
+        let (ac, ab) = sampling::scale(ac, ab, rate);
+        let (ic, ib) = sampling::scale(ic, ib, rate);
         let row = rows
-            .entry((key.target, key.tgid, key.stack_id, key.user_stack))
+            .entry((target, tgid, stack_id, user_stack))
             .or_default();
         row[0] += ac;
         row[1] += ab;
         row[2] += ic;
         row[3] += ib;
+        stacks
+            .entry((stack_id, user_stack))
+            .or_insert_with(|| read_stack(&shared.maps, stack_id, user_stack));
     }
-    Ok(rows)
+    Ok(CaptureRead { rows, stacks })
 }
 
 #[allow(clippy::too_many_arguments)]
 fn build_profile(
-    skel: &HeapSkel<'_>,
-    rows: Rows,
+    read: CaptureRead,
     targets: &[CaptureTarget],
     opts: &EbpfHeapOptions,
+    rate: u64,
     catalog: &ProcessCatalog,
     started: SystemTime,
     duration: Duration,
     stats: &EbpfHeapStats,
 ) -> Profile {
-    let rate = opts.sample_bytes;
     let mut b = ProfileBuilder::new(&[
         ("alloc_objects", "count"),
         ("alloc_space", "bytes"),
@@ -665,16 +494,26 @@ fn build_profile(
             "flamefleet eBPF heap sampling, one sample per {rate} bytes on average; \
              alloc_* = allocations during the capture, inuse_* = those still live at its end"
         ));
+    if rate != opts.sample_bytes {
+        b.comment(&format!(
+            "asked for one sample per {} bytes; the node's heap sampler, shared with {} other \
+             capture(s), samples at {rate}",
+            opts.sample_bytes, stats.shared_with
+        ));
+    }
     let mut symbolizer = StackSymbolizer::new(catalog.clone());
-    let mut sorted: Vec<_> = rows.into_iter().collect();
+    let mut sorted: Vec<_> = read.rows.into_iter().collect();
     sorted.sort_by_key(|(k, _)| *k);
     let mut comms: HashMap<u32, String> = HashMap::new();
     for ((target, tgid, stack_id, user_stack), row) in sorted {
-        let Some(t) = targets.get((target as usize).wrapping_sub(1)) else {
+        let Some(t) = targets.get(target) else {
             continue;
         };
-        let stack = read_stack(skel, stack_id, user_stack);
-        let frames = symbolizer.user_frames(&mut b, tgid, &stack);
+        let stack = read
+            .stacks
+            .get(&(stack_id, user_stack))
+            .map_or(&[][..], Vec::as_slice);
+        let frames = symbolizer.user_frames(&mut b, tgid, stack);
         let comm = comms
             .entry(tgid)
             .or_insert_with(|| {
@@ -701,18 +540,15 @@ fn build_profile(
 
 /// The user stack `id` of `heap_stacks`, or `user_stack` of `user_stacks`
 /// when not 0 (leaf first); empty when it was not captured.
-fn read_stack(skel: &HeapSkel<'_>, id: i32, user_stack: u64) -> Vec<u64> {
+fn read_stack(maps: &sampler::Maps, id: i32, user_stack: u64) -> Vec<u64> {
     let bytes = if user_stack != 0 {
-        skel.maps
-            .user_stacks
+        maps.user_stacks
             .lookup(&user_stack.to_ne_bytes(), MapFlags::ANY)
     } else {
         let Ok(id) = u32::try_from(id) else {
             return Vec::new();
         };
-        skel.maps
-            .heap_stacks
-            .lookup(&id.to_ne_bytes(), MapFlags::ANY)
+        maps.heap_stacks.lookup(&id.to_ne_bytes(), MapFlags::ANY)
     };
     let bytes = bytes.ok().flatten().unwrap_or_default();
     bytes

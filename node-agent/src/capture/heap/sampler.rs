@@ -1,0 +1,733 @@
+//! The node's one eBPF heap sampler, shared by every concurrent eBPF heap capture.
+//!
+//! Uprobes on an allocator trap every process that maps it, whether or not it is a target,
+//! so N captures with their own programs would put N traps on every `malloc` of the node.
+//! Instead, like the CPU and runqlat samplers ([`crate::capture::registry`]), one program
+//! set is loaded while any heap capture runs, and:
+//!
+//! - **targets** go into one refcounted target table ([`TargetTable`]): each capture's
+//!   cgroups get indices, and the kernel aggregates by index;
+//! - **uprobes** attach once per allocator binary (device, inode) while any capture needs
+//!   it: each capture holds a reference on the binaries its targets' processes map, and the
+//!   last capture holding a binary detaches its probes ([`HeapSampler::attachments`]);
+//! - **results** stay per capture: `alloc_*` is the increase of the kernel's (only growing)
+//!   counters over the capture's window, and `inuse_*` counts the live sampled allocations
+//!   made since the capture started (every live entry carries its allocation time), so a
+//!   capture joining mid-way never counts what was allocated before it.
+//!
+//! Settings fixed at load — `sample_bytes` (the gap table is read-only data), the probe
+//! mode, CFI unwinding, the map sizes — are the first capture's: later captures join the
+//! running sampler and report the effective `sample_bytes` in their stats and profile (as
+//! CPU captures report the effective frequency). A different rate per capture would need a
+//! per-target gap table and a per-thread countdown per rate; one rate keeps the one trap
+//! per call cheap, and a capture's profile is still unbiased (it is scaled by the rate it
+//! was sampled at).
+//!
+//! The instance lives in a process-wide slot (one agent per node; the same pattern as
+//! [`Unwinder::shared`]): the first capture starts it, and it stops — detaching everything
+//! and freeing its maps — when the last capture holding it ends. Like the other samplers it
+//! has a bounded life: when its target indices run out, the next capture starts a fresh one.
+
+use std::collections::{HashMap, HashSet};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
+use libbpf_rs::{Link, MapCore as _, MapFlags, MapHandle, RingBufferBuilder};
+
+use super::allocators::{AllocatorBinary, EntryKind};
+use super::ebpf::EbpfHeapOptions;
+use super::sampling;
+use crate::bpf::from_bytes;
+use crate::bpf::heap::types;
+use crate::bpf::heap::{HeapSkel, HeapSkelBuilder};
+use crate::capture::sampler_thread::{self, OwnerThread};
+use crate::capture::target_table::{TargetCgroup, TargetMaps, TargetTable};
+use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig};
+use crate::symbolize::ProcessCatalog;
+use crate::unwind::Unwinder;
+
+/// Number of entries in the exponential gap table (`HEAP_GAP_TABLE_SIZE`).
+const GAP_TABLE_SIZE: usize = 4096;
+/// Frames kept per stack by the stack map (its value size in the BPF source).
+pub(crate) const MAX_FRAMES: usize = 127;
+
+/// A binary's identity for uprobes: (device, inode).
+pub type DevIno = (u64, u64);
+
+/// `struct heap_agg_key` as a hashable tuple: (target, tgid, stack_id, size_class,
+/// user_stack).
+pub(crate) type AggKey = (u32, u32, i32, u32, u64);
+
+pub(crate) fn agg_key(k: &types::heap_agg_key) -> AggKey {
+    (k.target, k.tgid, k.stack_id, k.size_class, k.user_stack)
+}
+
+/// How uprobes are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum ProbeMode {
+    /// malloc-like entry points as session uprobes, the others as uprobe_multi links
+    /// (Linux 6.13+).
+    Session,
+    /// Every entry and return probe as a uprobe_multi link (Linux 6.6+).
+    Multi,
+    /// Perf-event uprobes (any kernel; CAP_SYS_ADMIN on recent ones).
+    #[default]
+    Classic,
+}
+
+/// The settings a heap sampler was loaded with (the first capture's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapSamplerSettings {
+    /// Mean bytes between samples.
+    pub sample_bytes: u64,
+    /// Whether stacks are walked with CFI tables.
+    pub cfi_unwind: bool,
+    /// Whether malloc-like entry points use session uprobes.
+    pub session_uprobes: bool,
+}
+
+/// One allocator binary's probes, as [`HeapSampler::attachments`] reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatorAttachment {
+    /// The binary's path inside the namespace of the process it was found in.
+    pub name: String,
+    /// Its identity.
+    pub dev_ino: DevIno,
+    /// Uprobes attached to it (entry and return probes).
+    pub probes: usize,
+    /// Captures holding it.
+    pub captures: usize,
+}
+
+/// Handles on the sampler's maps (duplicated fds: usable from any thread).
+pub(crate) struct Maps {
+    pub(crate) targets: MapHandle,
+    pub(crate) generation: MapHandle,
+    pub(crate) heap_agg: MapHandle,
+    pub(crate) heap_live: MapHandle,
+    pub(crate) heap_stacks: MapHandle,
+    pub(crate) user_stacks: MapHandle,
+    pub(crate) heap_stats: MapHandle,
+    pub(crate) unwind_stats: MapHandle,
+}
+
+impl Maps {
+    pub(crate) fn target_maps(&self) -> TargetMaps<'_> {
+        TargetMaps {
+            targets: &self.targets,
+            generation: &self.generation,
+        }
+    }
+}
+
+/// One attached allocator binary.
+struct Attached {
+    name: String,
+    probes: usize,
+    /// Captures (by ID) holding it.
+    holders: HashSet<u64>,
+    /// Dropping them detaches the probes.
+    links: Vec<Link>,
+}
+
+/// State every capture of the sampler reads and changes, under one lock.
+pub(crate) struct Shared {
+    pub(crate) maps: Maps,
+    pub(crate) table: TargetTable,
+    attached: HashMap<DevIno, Attached>,
+    /// Start (`CLOCK_MONOTONIC` ns, the clock of `bpf_ktime_get_ns`) of each running capture.
+    running: HashMap<u64, u64>,
+}
+
+/// A request to the owner thread, which alone can reach the loaded programs.
+struct AttachRequest {
+    binary: AllocatorBinary,
+    reply: mpsc::SyncSender<Result<(Vec<Link>, usize)>>,
+}
+
+/// The node's eBPF heap sampler (see the module documentation).
+pub struct HeapSampler {
+    shared: Mutex<Shared>,
+    requests: Mutex<mpsc::Sender<AttachRequest>>,
+    settings: HeapSamplerSettings,
+    catalog: ProcessCatalog,
+    unwinder: Option<Arc<Unwinder>>,
+    next_capture: AtomicU64,
+    owner: OwnerThread,
+}
+
+impl std::fmt::Debug for HeapSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeapSampler")
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+static NODE: Mutex<Weak<HeapSampler>> = Mutex::new(Weak::new());
+
+/// The node's heap sampler if one runs (for the agent's metrics and tests).
+pub fn running() -> Option<Arc<HeapSampler>> {
+    NODE.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .upgrade()
+}
+
+/// Starts a capture of `targets` on the node's sampler, starting the sampler with `opts`
+/// when none runs (or when the running one has no target indices left).
+pub(crate) fn join(targets: &[CaptureTarget], opts: &EbpfHeapOptions) -> Result<JoinedCapture> {
+    let start = || HeapSampler::start(opts);
+    crate::capture::registry::with_sampler(&NODE, start, |s| s.register(targets))
+}
+
+/// What a capture got when it joined: its sampler, ID, cgroups and baseline.
+pub(crate) struct JoinedCapture {
+    pub(crate) sampler: Arc<HeapSampler>,
+    pub(crate) id: u64,
+    pub(crate) cgroup_ids: Vec<u64>,
+    pub(crate) owner_of: Vec<usize>,
+    /// `heap_agg` alloc counters of the capture's indices when it started.
+    pub(crate) baseline: HashMap<AggKey, (u64, u64)>,
+    pub(crate) start_ns: u64,
+}
+
+/// `CLOCK_MONOTONIC` now, in ns (what `bpf_ktime_get_ns` returns).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+impl HeapSampler {
+    /// Loads the programs (session uprobes, else uprobe_multi, else perf-event uprobes) on
+    /// an owner thread and attaches the exec tracepoint; no uprobe is attached yet.
+    fn start(opts: &EbpfHeapOptions) -> Result<Self> {
+        crate::capture::check_btf()?;
+        let unwinder = if opts.cfi_unwind {
+            Some(Unwinder::shared(&opts.unwind)?)
+        } else {
+            None
+        };
+        let catalog = ProcessCatalog::new();
+        let (thread_opts, thread_catalog, thread_unwinder) =
+            (opts.clone(), catalog.clone(), unwinder.clone());
+        let (tx, rx) = mpsc::channel::<AttachRequest>();
+        let ((maps, mode), owner) = sampler_thread::spawn("heap", move |ready, stop| {
+            run_owner(
+                &thread_opts,
+                &thread_catalog,
+                thread_unwinder,
+                &rx,
+                &ready,
+                &stop,
+            );
+        })?;
+        let config = SamplerConfig::default();
+        Ok(Self {
+            shared: Mutex::new(Shared {
+                maps,
+                table: TargetTable::new(config.max_targets, config.max_target_indices),
+                attached: HashMap::new(),
+                running: HashMap::new(),
+            }),
+            requests: Mutex::new(tx),
+            settings: HeapSamplerSettings {
+                sample_bytes: opts.sample_bytes,
+                cfi_unwind: unwinder.is_some(),
+                session_uprobes: mode == ProbeMode::Session,
+            },
+            catalog,
+            unwinder,
+            next_capture: AtomicU64::new(1),
+            owner,
+        })
+    }
+
+    /// Whether the thread that owns the loaded programs still runs.
+    pub fn is_alive(&self) -> bool {
+        self.owner.is_alive()
+    }
+
+    /// The settings the sampler was loaded with (the first capture's).
+    pub fn settings(&self) -> HeapSamplerSettings {
+        self.settings
+    }
+
+    /// The allocator binaries probed now: one entry per binary however many captures
+    /// hold it.
+    pub fn attachments(&self) -> Vec<AllocatorAttachment> {
+        let shared = self.lock();
+        let mut out: Vec<AllocatorAttachment> = shared
+            .attached
+            .iter()
+            .map(|(&dev_ino, a)| AllocatorAttachment {
+                name: a.name.clone(),
+                dev_ino,
+                probes: a.probes,
+                captures: a.holders.len(),
+            })
+            .collect();
+        out.sort_by_key(|a| a.dev_ino);
+        out
+    }
+
+    /// Captures running on the sampler.
+    pub fn captures(&self) -> usize {
+        self.lock().running.len()
+    }
+
+    pub(crate) fn catalog(&self) -> &ProcessCatalog {
+        &self.catalog
+    }
+
+    pub(crate) fn unwinder(&self) -> Option<&Arc<Unwinder>> {
+        self.unwinder.as_ref()
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds `targets` to the target table and takes the capture's baseline.
+    fn register(self: &Arc<Self>, targets: &[CaptureTarget]) -> Result<JoinedCapture> {
+        let (cgroups, owner_of): (Vec<TargetCgroup>, Vec<usize>) =
+            crate::capture::expand_targets(targets);
+        let id = self.next_capture.fetch_add(1, Ordering::Relaxed);
+        let mut shared = self.lock();
+        let Shared {
+            maps,
+            table,
+            running,
+            ..
+        } = &mut *shared;
+        table.acquire::<types::ff_target>(&maps.target_maps(), &cgroups, 0, |a, _| Ok(a))?;
+        let cgroup_ids: Vec<u64> = cgroups.iter().map(|c| c.id).collect();
+        let own: HashSet<u32> = table.covered(&cgroup_ids).keys().copied().collect();
+        // Baseline first, then the start time: an allocation in between counts in
+        // alloc_* but not in inuse_* (never in-use without having been allocated).
+        let baseline = match read_alloc_counters(&maps.heap_agg, &own) {
+            Ok(rows) => rows.into_iter().map(|(k, v)| (agg_key(&k), v)).collect(),
+            Err(e) => {
+                // Not joined after all: give the targets back.
+                table.release(&maps.target_maps(), &cgroup_ids);
+                return Err(e);
+            }
+        };
+        let start_ns = monotonic_ns();
+        running.insert(id, start_ns);
+        drop(shared);
+        Ok(JoinedCapture {
+            sampler: Arc::clone(self),
+            id,
+            cgroup_ids,
+            owner_of,
+            baseline,
+            start_ns,
+        })
+    }
+
+    /// Holds `binary`'s probes for capture `id`, attaching them if no capture holds them
+    /// yet. `Ok(Some(probes))` when this capture newly holds it, `Ok(None)` when it already
+    /// did.
+    pub(crate) fn hold_binary(&self, id: u64, binary: &AllocatorBinary) -> Result<Option<usize>> {
+        let mut shared = self.lock();
+        if let Some(a) = shared.attached.get_mut(&binary.dev_ino) {
+            return Ok(a.holders.insert(id).then_some(a.probes));
+        }
+        // Attached while the lock is held, so two captures never attach the same binary.
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send(AttachRequest {
+                binary: binary.clone(),
+                reply,
+            })
+            .map_err(|_| CaptureError::SamplerGone("heap"))?;
+        let (links, probes) = answer
+            .recv()
+            .map_err(|_| CaptureError::SamplerGone("heap"))??;
+        shared.attached.insert(
+            binary.dev_ino,
+            Attached {
+                name: binary.name.clone(),
+                probes,
+                holders: HashSet::from([id]),
+                links,
+            },
+        );
+        Ok(Some(probes))
+    }
+
+    /// Whether capture `id` holds the binary `dev_ino`.
+    pub(crate) fn holds(&self, id: u64, dev_ino: DevIno) -> bool {
+        self.lock()
+            .attached
+            .get(&dev_ino)
+            .is_some_and(|a| a.holders.contains(&id))
+    }
+
+    /// Ends capture `id`: releases its targets (deleting what the kernel counted for
+    /// targets no capture has any more), its binaries (detaching those no capture holds),
+    /// and the live entries no running capture can count any more.
+    pub(crate) fn release(&self, id: u64, cgroup_ids: &[u64]) {
+        let mut shared = self.lock();
+        let Shared {
+            maps,
+            table,
+            attached,
+            running,
+        } = &mut *shared;
+        running.remove(&id);
+        let removed = table.release(&maps.target_maps(), cgroup_ids);
+        crate::capture::target_table::delete_target_entries::<types::heap_agg_key>(
+            &maps.heap_agg,
+            &removed,
+            |k| k.target,
+        );
+        // Live allocations of removed targets, and those older than every running capture
+        // (no capture counts them), go: the live map holds only what can still be counted.
+        let oldest = running.values().copied().min().unwrap_or(u64::MAX);
+        let doomed: Vec<Vec<u8>> = maps
+            .heap_live
+            .keys()
+            .filter(|k| {
+                maps.heap_live
+                    .lookup(k, MapFlags::ANY)
+                    .ok()
+                    .flatten()
+                    .and_then(|v| from_bytes::<types::heap_live_val>(&v))
+                    .is_some_and(|v| removed.contains(&v.agg.target) || v.alloc_ns < oldest)
+            })
+            .collect();
+        for k in doomed {
+            // Freed meanwhile is fine.
+            let _ = maps.heap_live.delete(&k);
+        }
+        if !removed.is_empty() {
+            drop_unreferenced_stacks(maps);
+        }
+        let mut detached = Vec::new();
+        attached.retain(|_, a| {
+            a.holders.remove(&id);
+            if a.holders.is_empty() {
+                detached.push(std::mem::take(&mut a.links));
+                false
+            } else {
+                true
+            }
+        });
+        drop(shared);
+        // Detaching waits for an RCU grace period per probe: outside the lock.
+        drop(detached);
+    }
+}
+
+/// The owner thread's body: loads the programs (best probe mode first), reports the map
+/// handles, then answers attach requests and drains process notifications until stopped.
+fn run_owner(
+    opts: &EbpfHeapOptions,
+    catalog: &ProcessCatalog,
+    unwinder: Option<Arc<Unwinder>>,
+    requests: &mpsc::Receiver<AttachRequest>,
+    ready: &sampler_thread::Ready<(Maps, ProbeMode)>,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    let mut objects: [MaybeUninit<libbpf_rs::OpenObject>; 3] = [const { MaybeUninit::uninit() }; 3];
+    let [session_object, multi_object, classic_object] = &mut objects;
+    let u = unwinder.as_deref();
+    // Best first: session uprobes (Linux 6.13+: no return trap for unsampled calls), then
+    // uprobe_multi links (6.6+), then perf-event uprobes. The two link-based modes need only
+    // CAP_BPF and CAP_PERFMON; perf-event uprobes need CAP_SYS_ADMIN on recent kernels.
+    let loaded = if opts.force_classic_uprobes {
+        load(classic_object, opts, ProbeMode::Classic, u).map(|s| (s, ProbeMode::Classic))
+    } else if let Ok(skel) = load(session_object, opts, ProbeMode::Session, u) {
+        Ok((skel, ProbeMode::Session))
+    } else if let Ok(skel) = load(multi_object, opts, ProbeMode::Multi, u) {
+        Ok((skel, ProbeMode::Multi))
+    } else {
+        load(classic_object, opts, ProbeMode::Classic, u).map(|s| (s, ProbeMode::Classic))
+    };
+    let (skel, mode) = match loaded {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let setup = || -> Result<(Link, Maps, libbpf_rs::RingBuffer<'static>)> {
+        let exec = skel
+            .progs
+            .heap_on_exec
+            .attach()
+            .map_err(|e| CaptureError::bpf("attaching the exec tracepoint", e))?;
+        let maps = map_handles(&skel)?;
+        let events = MapHandle::try_from(&skel.maps.proc_events)
+            .map_err(|e| CaptureError::bpf("duplicating heap map proc_events", e))?;
+        let (catalog, unwinder) = (catalog.clone(), unwinder.clone());
+        let mut rb = RingBufferBuilder::new();
+        rb.add(&events, move |data: &[u8]| {
+            if let Some(ev) = from_bytes::<types::ff_proc_event>(data) {
+                catalog.snapshot(ev.tgid);
+                if let (Some(u), Some(maps)) = (&unwinder, catalog.lookup(ev.tgid)) {
+                    u.register(ev.tgid, maps);
+                }
+            }
+            0
+        })
+        .map_err(|e| CaptureError::bpf("opening the process ring buffer", e))?;
+        let rb = rb
+            .build()
+            .map_err(|e| CaptureError::bpf("opening the process ring buffer", e))?;
+        Ok((exec, maps, rb))
+    };
+    let (exec, maps, rb) = match setup() {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    if ready.send(Ok((maps, mode))).is_err() {
+        return;
+    }
+    while !stop.load(Ordering::Acquire) {
+        // Attach requests are answered at once; process notifications within 20 ms (the
+        // ring buffer holds thousands of them).
+        match requests.recv_timeout(Duration::from_millis(20)) {
+            Ok(req) => {
+                let mut links = Vec::new();
+                let result =
+                    attach_binary(mode, &skel, &req.binary, &mut links).map(|n| (links, n));
+                // The capture that asked may have gone: its links then detach here.
+                let _ = req.reply.send(result);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            // The sampler is being dropped; its stop flag is set next.
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = rb.consume();
+    }
+    drop(rb);
+    drop(exec);
+    drop(skel);
+}
+
+/// Alloc counters (count, bytes) of `heap_agg` rows of the given target indices.
+pub(crate) fn read_alloc_counters(
+    agg: &MapHandle,
+    own: &HashSet<u32>,
+) -> Result<Vec<(types::heap_agg_key, (u64, u64))>> {
+    let mut out = Vec::new();
+    for raw in agg.keys() {
+        let Some(key) = from_bytes::<types::heap_agg_key>(&raw) else {
+            continue;
+        };
+        if !own.contains(&key.target) {
+            continue;
+        }
+        let val = agg
+            .lookup(&raw, MapFlags::ANY)
+            .map_err(|e| CaptureError::bpf("reading the heap aggregation map", e))?
+            .and_then(|v| from_bytes::<types::heap_agg_val>(&v));
+        if let Some(v) = val {
+            out.push((key, (v.alloc_count, v.alloc_bytes)));
+        }
+    }
+    Ok(out)
+}
+
+/// Removes stacks that neither an aggregation row nor a live allocation refers to, so the
+/// stack maps hold only what running captures can read (see the CPU sampler's twin).
+fn drop_unreferenced_stacks(maps: &Maps) {
+    let mut ids: HashSet<i32> = HashSet::new();
+    let mut user: HashSet<u64> = HashSet::new();
+    for raw in maps.heap_agg.keys() {
+        if let Some(k) = from_bytes::<types::heap_agg_key>(&raw) {
+            ids.insert(k.stack_id);
+            user.insert(k.user_stack);
+        }
+    }
+    let stale_ids: Vec<Vec<u8>> = maps
+        .heap_stacks
+        .keys()
+        .filter(|k| from_bytes::<u32>(k).is_some_and(|id| !ids.contains(&(id as i32))))
+        .collect();
+    for k in stale_ids {
+        let _ = maps.heap_stacks.delete(&k);
+    }
+    let stale_user: Vec<Vec<u8>> = maps
+        .user_stacks
+        .keys()
+        .filter(|k| from_bytes::<u64>(k).is_some_and(|key| !user.contains(&key)))
+        .collect();
+    for k in stale_user {
+        let _ = maps.user_stacks.delete(&k);
+    }
+}
+
+fn map_handles(skel: &HeapSkel<'_>) -> Result<Maps> {
+    let handle = |m: &libbpf_rs::MapMut<'_>, what: &str| {
+        MapHandle::try_from(m)
+            .map_err(|e| CaptureError::bpf(format!("duplicating heap map {what}"), e))
+    };
+    Ok(Maps {
+        targets: handle(&skel.maps.targets, "targets")?,
+        generation: handle(&skel.maps.target_generation, "target_generation")?,
+        heap_agg: handle(&skel.maps.heap_agg, "heap_agg")?,
+        heap_live: handle(&skel.maps.heap_live, "heap_live")?,
+        heap_stacks: handle(&skel.maps.heap_stacks, "heap_stacks")?,
+        user_stacks: handle(&skel.maps.user_stacks, "user_stacks")?,
+        heap_stats: handle(&skel.maps.heap_stats, "heap_stats")?,
+        unwind_stats: handle(&skel.maps.unwind_stats, "unwind_stats")?,
+    })
+}
+
+/// Opens, sizes and loads the heap programs for `mode`.
+fn load<'obj>(
+    open_object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
+    opts: &EbpfHeapOptions,
+    mode: ProbeMode,
+    unwinder: Option<&Unwinder>,
+) -> Result<HeapSkel<'obj>> {
+    let mut open = HeapSkelBuilder::default()
+        .open(open_object)
+        .map_err(|e| CaptureError::bpf("opening the heap BPF object", e))?;
+    open.progs
+        .malloc_session
+        .set_autoload(mode == ProbeMode::Session);
+    if mode != ProbeMode::Classic {
+        for prog in [
+            &mut open.progs.malloc_enter,
+            &mut open.progs.calloc_enter,
+            &mut open.progs.realloc_enter,
+            &mut open.progs.memalign_enter,
+            &mut open.progs.posix_memalign_enter,
+            &mut open.progs.free_enter,
+            &mut open.progs.alloc_exit,
+        ] {
+            prog.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
+        }
+    }
+    let table = sampling::gap_table(opts.sample_bytes, GAP_TABLE_SIZE);
+    let rodata =
+        open.maps
+            .rodata_data
+            .as_deref_mut()
+            .ok_or_else(|| CaptureError::KernelFeature {
+                feature: "BPF global data".into(),
+                detail:
+                    "the heap program's read-only data section is not mmapable; need Linux 5.2+"
+                        .into(),
+            })?;
+    rodata.gap_table.copy_from_slice(&table);
+    rodata.cfi_unwind = unwinder.is_some();
+    let cache = !opts.no_target_cache && crate::capture::target_cache_supported();
+    rodata.ff_cgrp_cache = cache;
+    open.maps
+        .target_cache
+        .set_autocreate(cache)
+        .map_err(|e| CaptureError::bpf("configuring the heap target cache", e))?;
+    // The stack map the configured walk does not use keeps one entry.
+    let (fp_stacks, cfi_stacks) = match unwinder {
+        Some(u) => {
+            u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
+            (1, opts.max_stacks)
+        }
+        None => {
+            for map in [&mut open.maps.unwind_tables, &mut open.maps.unwind_procs] {
+                map.set_max_entries(1)
+                    .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;
+            }
+            (opts.max_stacks, 1)
+        }
+    };
+    for (map, n) in [
+        (&mut open.maps.heap_live, opts.max_live),
+        (&mut open.maps.heap_agg, opts.max_rows),
+        (&mut open.maps.heap_stacks, fp_stacks),
+        (&mut open.maps.user_stacks, cfi_stacks),
+    ] {
+        map.set_max_entries(n.max(1))
+            .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;
+    }
+    open.load().map_err(|e| {
+        let err = CaptureError::bpf("loading the heap BPF programs", e);
+        match err {
+            CaptureError::Bpf { action, source } => CaptureError::KernelFeature {
+                feature: "uprobes with BPF task storage".into(),
+                detail: format!(
+                    "{action} failed ({source}); need Linux 5.11+ with BTF, and CAP_BPF + CAP_PERFMON"
+                ),
+            },
+            other => other,
+        }
+    })
+}
+
+/// Attaches the probes of one allocator binary into `links`; the number of probes.
+fn attach_binary(
+    mode: ProbeMode,
+    skel: &HeapSkel<'_>,
+    bin: &AllocatorBinary,
+    links: &mut Vec<Link>,
+) -> Result<usize> {
+    let mut probes = 0;
+    for ep in &bin.entry_points {
+        let what = || format!("attaching a uprobe to {} in {}", ep.symbol, bin.name);
+        if mode == ProbeMode::Session && ep.kind == EntryKind::Malloc {
+            let opts = libbpf_rs::UprobeMultiOpts {
+                offsets: vec![ep.probe_offset as usize],
+                session: true,
+                ..Default::default()
+            };
+            let link = skel
+                .progs
+                .malloc_session
+                .attach_uprobe_multi_with_opts(-1, &bin.path, "", opts)
+                .map_err(|e| CaptureError::bpf(what(), e))?;
+            links.push(link);
+            probes += 1;
+            continue;
+        }
+        let prog = match ep.kind {
+            EntryKind::Malloc => &skel.progs.malloc_enter,
+            EntryKind::Calloc => &skel.progs.calloc_enter,
+            EntryKind::Realloc => &skel.progs.realloc_enter,
+            EntryKind::Memalign => &skel.progs.memalign_enter,
+            EntryKind::PosixMemalign => &skel.progs.posix_memalign_enter,
+            EntryKind::Free => &skel.progs.free_enter,
+        };
+        let attach = |p: &libbpf_rs::ProgramMut<'_>, ret: bool| {
+            if mode == ProbeMode::Classic {
+                p.attach_uprobe(ret, -1, &bin.path, ep.probe_offset as usize)
+            } else {
+                let opts = libbpf_rs::UprobeMultiOpts {
+                    offsets: vec![ep.probe_offset as usize],
+                    retprobe: ret,
+                    ..Default::default()
+                };
+                p.attach_uprobe_multi_with_opts(-1, &bin.path, "", opts)
+            }
+            .map_err(|e| CaptureError::bpf(what(), e))
+        };
+        links.push(attach(prog, false)?);
+        if ep.kind.allocates() {
+            links.push(attach(&skel.progs.alloc_exit, true)?);
+        }
+        probes += 1 + usize::from(ep.kind.allocates());
+    }
+    Ok(probes)
+}
