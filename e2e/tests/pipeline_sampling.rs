@@ -102,7 +102,7 @@ async fn a_policy_runs_repeatedly_and_history_limits_delete_old_runs_and_artifac
         assert_eq!(run.spec.pod_names.len(), 2, "maxPods: 2");
         assert!(run.spec.selector.is_none());
         assert_eq!(run.spec.cpu.as_ref().map(|c| c.frequency_hz), Some(19));
-        let artifacts: Vec<_> = flamefleet_api::results::artifacts(run).collect();
+        let artifacts = pipeline_support::artifacts_of(&pipeline.client, run).await;
         assert!(!artifacts.is_empty(), "{:#?}", run.status);
         assert_eq!(
             run.name_any(),
@@ -113,9 +113,10 @@ async fn a_policy_runs_repeatedly_and_history_limits_delete_old_runs_and_artifac
 
     // History limits: the oldest succeeded run goes, and its artifacts with it.
     let oldest = first_succeeded.unwrap();
-    let artifact = flamefleet_api::results::artifacts(&oldest)
+    let artifact = pipeline_support::artifacts_of(&pipeline.client, &oldest)
+        .await
+        .into_iter()
         .next()
-        .cloned()
         .unwrap();
     let oldest_name = oldest.name_any();
     let stored = pipeline.stored_artifact(&oldest, &artifact.name);
@@ -597,8 +598,8 @@ async fn the_fleet_view_merges_every_run_of_the_window_into_one_profile() {
     assert!(!top.trim().is_empty());
     let mut expected = 0;
     for run in &succeeded {
-        for a in flamefleet_api::results::artifacts(run) {
-            let file = pipeline.download(run, a).await;
+        for a in pipeline_support::artifacts_of(&pipeline.client, run).await {
+            let file = pipeline.download(run, &a).await;
             expected += sample_total(&file);
         }
     }

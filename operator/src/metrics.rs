@@ -56,6 +56,7 @@ pub struct Metrics {
     agent_channels: Gauge,
     policy_runs: Counter,
     budget_skips: Counter,
+    slice_writes: Counter,
 }
 
 impl Default for Metrics {
@@ -103,6 +104,12 @@ impl Metrics {
         );
         let policy_runs = Counter::default();
         let budget_skips = Counter::default();
+        let slice_writes = Counter::default();
+        registry.register(
+            "result_slice_writes",
+            "ProfileResultSlices applied (each holds up to 100 nodes' results)",
+            slice_writes.clone(),
+        );
         registry.register(
             "policy_runs",
             "Runs created by sampling policies",
@@ -169,6 +176,7 @@ impl Metrics {
             agent_channels,
             policy_runs,
             budget_skips,
+            slice_writes,
         }
     }
 
@@ -266,6 +274,17 @@ impl Metrics {
     pub fn budget_skips(&self, n: usize) {
         self.budget_skips
             .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+    }
+
+    /// Counts result slices written.
+    pub fn result_slices_written(&self, n: usize) {
+        self.slice_writes
+            .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+    }
+
+    /// Result slices written so far.
+    pub fn result_slice_writes(&self) -> u64 {
+        self.slice_writes.get()
     }
 
     /// Total reconciles so far.

@@ -21,6 +21,7 @@ use super::agent_client::{AgentConnector, Backoff};
 use super::agents::AgentEndpoint;
 use super::node_outcome::{NodeFailure, NodeOutcome};
 use super::resolve::TargetPod;
+use super::result_table::ResultTable;
 use super::uploads::{UrlPolicy, upload_slots};
 use crate::metrics::Metrics;
 use crate::store::{ArtifactStore, RequestRef, Sha256Digest};
@@ -68,6 +69,12 @@ pub struct Session {
     /// Set once the terminal status is written; the session is forgotten when a reconcile
     /// sees the terminal phase (until then the cache may still show Running).
     completed: std::sync::atomic::AtomicBool,
+    /// The request's per-node results and the slices still to write; installed by the
+    /// reconciler right after [`Dispatcher::start`].
+    results: Mutex<Option<ResultTable>>,
+    /// Nodes whose outcome was recorded but is not in `results` yet (drained by
+    /// [`Session::with_results`], so each outcome is looked at once).
+    news: Mutex<Vec<String>>,
 }
 
 impl Session {
@@ -101,6 +108,40 @@ impl Session {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(node.to_string(), outcome);
+        self.news
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(node.to_string());
+    }
+
+    /// Installs the result table, unless one is installed already (a session returned by
+    /// [`Dispatcher::start`] for a request it was running keeps its own). Returns whether
+    /// `table` was installed.
+    pub fn install_results(&self, table: ResultTable) -> bool {
+        let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
+        if results.is_some() {
+            return false;
+        }
+        *results = Some(table);
+        true
+    }
+
+    /// Moves the outcomes recorded since the last call into the result table (each outcome
+    /// once: O(new outcomes), not O(nodes)), then runs `f` on the table. `None` when no
+    /// table is installed.
+    pub fn with_results<R>(&self, f: impl FnOnce(&mut ResultTable) -> R) -> Option<R> {
+        let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
+        let table = results.as_mut()?;
+        let news = std::mem::take(&mut *self.news.lock().unwrap_or_else(|e| e.into_inner()));
+        if !news.is_empty() {
+            let outcomes = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
+            for node in &news {
+                if let Some(outcome) = outcomes.get(node) {
+                    table.apply(node, outcome);
+                }
+            }
+        }
+        Some(f(table))
     }
 }
 
@@ -207,6 +248,8 @@ impl Dispatcher {
                 .map(|n| (n.node.clone(), n.agent.clone()))
                 .collect(),
             completed: std::sync::atomic::AtomicBool::new(false),
+            results: Mutex::new(None),
+            news: Mutex::new(plan.settled.keys().cloned().collect()),
         });
         sessions.insert(uid, session.clone());
         drop(sessions);

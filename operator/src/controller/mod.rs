@@ -9,6 +9,8 @@ pub mod limits;
 pub mod node_outcome;
 pub mod profile_request;
 pub mod resolve;
+pub mod result_slices;
+pub mod result_table;
 pub mod status;
 pub mod ttl;
 pub mod uploads;
