@@ -23,6 +23,7 @@
 //! real agents, one per node, do not have: one process uploading for 5,000 nodes at once
 //! would otherwise open 5,000 connections to the store).
 
+pub mod cluster;
 pub mod profile;
 pub mod service;
 pub mod tls;
@@ -106,6 +107,44 @@ pub enum Behaviour {
     Fail,
     /// Never answers: the stream stays open until the capture is cancelled.
     Silent,
+}
+
+impl Behaviour {
+    fn code(self) -> u8 {
+        match self {
+            Self::Succeed => 0,
+            Self::Fail => 1,
+            Self::Silent => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Self {
+        match code {
+            1 => Self::Fail,
+            2 => Self::Silent,
+            _ => Self::Succeed,
+        }
+    }
+}
+
+/// A node's behaviour, changeable between requests ([`HollowFleet::set_mix`]); a capture
+/// keeps the behaviour it started with.
+#[derive(Debug, Default)]
+pub struct BehaviourCell(std::sync::atomic::AtomicU8);
+
+impl BehaviourCell {
+    fn new(b: Behaviour) -> Self {
+        Self(std::sync::atomic::AtomicU8::new(b.code()))
+    }
+
+    /// The current behaviour.
+    pub fn get(&self) -> Behaviour {
+        Behaviour::from_code(self.0.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, b: Behaviour) {
+        self.0.store(b.code(), Ordering::Relaxed);
+    }
 }
 
 /// Settings of a hollow fleet.
@@ -235,10 +274,22 @@ pub struct HollowNode {
     pub behaviour: Behaviour,
 }
 
+struct NodeEntry {
+    name: String,
+    address: SocketAddrV4,
+    behaviour: Arc<BehaviourCell>,
+}
+
+impl std::fmt::Debug for NodeEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
 /// A running hollow fleet; stops (every listener and capture) when dropped.
 #[derive(Debug)]
 pub struct HollowFleet {
-    nodes: Vec<HollowNode>,
+    nodes: Vec<NodeEntry>,
     shared: Arc<Shared>,
     servers: Vec<JoinHandle<()>>,
 }
@@ -366,7 +417,8 @@ impl HollowFleet {
                     addr: address.into(),
                     source,
                 })?;
-            let agent = HollowAgent::new(&name, behaviour, fleet.shared.clone());
+            let behaviour = Arc::new(BehaviourCell::new(behaviour));
+            let agent = HollowAgent::new(&name, behaviour.clone(), fleet.shared.clone());
             let accepted = flamefleet_proto::tls_accept::accept_tls(
                 listener,
                 server_tls,
@@ -384,7 +436,7 @@ impl HollowFleet {
                     .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
                     .await;
             }));
-            fleet.nodes.push(HollowNode {
+            fleet.nodes.push(NodeEntry {
                 name,
                 address,
                 behaviour,
@@ -393,17 +445,47 @@ impl HollowFleet {
         Ok(fleet)
     }
 
-    /// The nodes, in index order.
-    pub fn nodes(&self) -> &[HollowNode] {
-        &self.nodes
+    /// The nodes, in index order, with their current behaviour.
+    pub fn nodes(&self) -> Vec<HollowNode> {
+        self.nodes
+            .iter()
+            .map(|n| HollowNode {
+                name: n.name.clone(),
+                address: n.address,
+                behaviour: n.behaviour.get(),
+            })
+            .collect()
     }
 
-    /// Number of nodes that behave as `behaviour`.
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True for a fleet of no node.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Number of nodes that behave as `behaviour` now.
     pub fn count(&self, behaviour: Behaviour) -> usize {
         self.nodes
             .iter()
-            .filter(|n| n.behaviour == behaviour)
+            .filter(|n| n.behaviour.get() == behaviour)
             .count()
+    }
+
+    /// Draws the failure mix again (see [`behaviours`]); captures started from now on follow
+    /// it, running ones keep theirs.
+    ///
+    /// # Errors
+    /// [`HollowError::Fractions`] for invalid fractions (nothing changes).
+    pub fn set_mix(&self, fail: f64, silent: f64, seed: u64) -> Result<(), HollowError> {
+        let drawn = behaviours(self.nodes.len(), fail, silent, seed)?;
+        for (node, b) in self.nodes.iter().zip(drawn) {
+            node.behaviour.set(b);
+        }
+        Ok(())
     }
 
     /// The fleet's counters now.

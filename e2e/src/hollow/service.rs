@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::{Behaviour, Shared, profile};
+use super::{Behaviour, BehaviourCell, Shared, profile};
 
 /// Longest capture accepted (as the real agent).
 const MAX_DURATION: Duration = Duration::from_secs(3600);
@@ -43,7 +43,7 @@ enum Entry {
 #[derive(Clone)]
 pub struct HollowAgent {
     node: Arc<str>,
-    behaviour: Behaviour,
+    behaviour: Arc<BehaviourCell>,
     captures: Arc<Mutex<HashMap<String, Entry>>>,
     shared: Arc<Shared>,
 }
@@ -97,7 +97,7 @@ fn follow(log: watch::Receiver<Log>, seen: usize) -> impl Stream<Item = CaptureP
 }
 
 impl HollowAgent {
-    pub(super) fn new(node: &str, behaviour: Behaviour, shared: Arc<Shared>) -> Self {
+    pub(super) fn new(node: &str, behaviour: Arc<BehaviourCell>, shared: Arc<Shared>) -> Self {
         Self {
             node: node.into(),
             behaviour,
@@ -122,10 +122,16 @@ impl HollowAgent {
     }
 
     /// Runs one capture to its final message.
-    async fn run(self, req: CaptureRequest, tx: watch::Sender<Log>, cancel: CancellationToken) {
+    async fn run(
+        self,
+        req: CaptureRequest,
+        behaviour: Behaviour,
+        tx: watch::Sender<Log>,
+        cancel: CancellationToken,
+    ) {
         let uid = req.request_uid.trim().to_owned();
         let started = Instant::now();
-        let last = match self.behaviour {
+        let last = match behaviour {
             Behaviour::Silent => {
                 // Never answers: the stream stays open, without a message, until Cancel (or
                 // the fleet stops).
@@ -312,7 +318,8 @@ impl AgentService for HollowAgent {
             }
             None => {
                 self.shared.stats.captures.fetch_add(1, Ordering::Relaxed);
-                let first = match self.behaviour {
+                let behaviour = self.behaviour.get();
+                let first = match behaviour {
                     // A hung agent: not even ACCEPTED.
                     Behaviour::Silent => Vec::new(),
                     _ => vec![progress(
@@ -329,7 +336,7 @@ impl AgentService for HollowAgent {
                         cancel: cancel.clone(),
                     },
                 );
-                tokio::spawn(self.clone().run(req, tx, cancel));
+                tokio::spawn(self.clone().run(req, behaviour, tx, cancel));
                 Box::pin(follow(rx, 0).map(Ok)) as ProgressStream
             }
         };
