@@ -57,9 +57,17 @@ pub const REQUEST_UID_LABEL: &str = "flamefleet.dev/request-uid";
     doc = "Up to 100 nodes' results (phase, pods, message, artifacts) of one ProfileRequest; written only by the operator",
     printcolumn(name = "Request", type_ = "string", json_path = ".request.name"),
     printcolumn(name = "Nodes", type_ = "integer", json_path = ".nodeCounts.total"),
-    printcolumn(name = "Succeeded", type_ = "integer", json_path = ".nodeCounts.succeeded"),
+    printcolumn(
+        name = "Succeeded",
+        type_ = "integer",
+        json_path = ".nodeCounts.succeeded"
+    ),
     printcolumn(name = "Failed", type_ = "integer", json_path = ".nodeCounts.failed"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ProfileResultSliceFields {
@@ -283,6 +291,45 @@ mod tests {
         assert_eq!(slice_index(uid, &slice_name(uid, 12)), Some(12));
         assert_eq!(slice_index(uid, "other-1"), None);
         assert_eq!(slice_index(uid, &format!("{uid}-x")), None);
+    }
+
+    #[test]
+    fn a_full_slice_stays_far_below_the_object_size_limit() {
+        use crate::profile_request::Artifact;
+        let nodes: Vec<NodeStatus> = (0..MAX_NODES_PER_SLICE)
+            .map(|i| {
+                let node = format!(
+                    "ip-10-20-{}-{}.eu-west-1.compute.internal",
+                    i / 256,
+                    i % 256
+                );
+                NodeStatus {
+                    node: node.clone(),
+                    phase: Some(NodePhase::Succeeded),
+                    pods: (0..4)
+                        .map(|p| format!("checkout-7d9f8c6b5-{p:05}"))
+                        .collect(),
+                    artifacts: ["cpu", "heap", "runqlat"]
+                        .iter()
+                        .map(|t| Artifact {
+                            name: format!("{t}-{node}.pb.gz"),
+                            size_bytes: Some(48_213),
+                            sha256: Some("ab".repeat(32)),
+                            samples: Some(2950),
+                            sample_type: Some("cpu/nanoseconds".into()),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let slice = ProfileResultSlice::for_request(&request("checkout-cpu"), 0, nodes).unwrap();
+        let bytes = serde_json::to_vec(&slice).unwrap().len();
+        // 100 nodes, 4 pods and 3 artifacts each: about 100 KB, under the 256 KiB we aim
+        // for and far under etcd's 1.5 MiB (docs/results.md).
+        assert!(bytes < 256 * 1024, "{bytes} bytes");
+        eprintln!("a full slice: {bytes} bytes");
     }
 
     #[test]

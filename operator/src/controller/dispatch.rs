@@ -73,7 +73,7 @@ pub struct Session {
     /// reconciler right after [`Dispatcher::start`].
     results: Mutex<Option<ResultTable>>,
     /// Nodes whose outcome was recorded but is not in `results` yet (drained by
-    /// [`Session::with_results`], so each outcome is looked at once).
+    /// [`Session::absorb_news`], so each outcome is looked at once).
     news: Mutex<Vec<String>>,
 }
 
@@ -126,22 +126,32 @@ impl Session {
         true
     }
 
-    /// Moves the outcomes recorded since the last call into the result table (each outcome
-    /// once: O(new outcomes), not O(nodes)), then runs `f` on the table. `None` when no
-    /// table is installed.
-    pub fn with_results<R>(&self, f: impl FnOnce(&mut ResultTable) -> R) -> Option<R> {
+    /// Moves the outcomes recorded since the last call into the result table, each outcome
+    /// once (O(new outcomes), not O(nodes)). Returns how many were moved; none while no table
+    /// is installed (they wait for it).
+    ///
+    /// Called once at the start of a progress reconcile, so that the slices it writes and
+    /// the status it computes see the same outcomes; later ones wait for the next reconcile
+    /// (each recorded outcome triggers one).
+    pub fn absorb_news(&self) -> usize {
         let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
-        let table = results.as_mut()?;
+        let Some(table) = results.as_mut() else {
+            return 0;
+        };
         let news = std::mem::take(&mut *self.news.lock().unwrap_or_else(|e| e.into_inner()));
-        if !news.is_empty() {
-            let outcomes = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
-            for node in &news {
-                if let Some(outcome) = outcomes.get(node) {
-                    table.apply(node, outcome);
-                }
+        let outcomes = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
+        for node in &news {
+            if let Some(outcome) = outcomes.get(node) {
+                table.apply(node, outcome);
             }
         }
-        Some(f(table))
+        news.len()
+    }
+
+    /// Runs `f` on the result table; `None` when no table is installed.
+    pub fn with_results<R>(&self, f: impl FnOnce(&mut ResultTable) -> R) -> Option<R> {
+        let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
+        results.as_mut().map(f)
     }
 }
 

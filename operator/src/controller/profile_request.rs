@@ -445,6 +445,9 @@ async fn progress(
         // have failed half-way, the slices have it.
         session.install_results(result_slices::read_table(&ctx.client, &request).await?);
     }
+    // One snapshot of the outcomes per reconcile: the slices written below and the status
+    // computed after them agree (an outcome arriving meanwhile waits for the next round).
+    session.absorb_news();
     let dirty = session
         .with_results(|t| t.dirty_slices())
         .unwrap_or_default();
@@ -461,11 +464,12 @@ async fn progress(
     let (phase, counts, failures) = session
         .with_results(|t| {
             set_results(&mut status, t);
-            (
-                t.phase(settled),
-                t.counts(),
-                t.failures(MAX_STATUS_FAILURES).0,
-            )
+            // Terminal only once every slice is written as the table says.
+            let phase = match t.phase(settled) {
+                p if p.is_terminal() && t.has_dirty() => RequestPhase::Running,
+                p => p,
+            };
+            (phase, t.counts(), t.failures(MAX_STATUS_FAILURES).0)
         })
         .unwrap_or((RequestPhase::Running, Default::default(), Vec::new()));
     let terminal = phase.is_terminal();
