@@ -195,6 +195,10 @@ pub struct ClusterOptions {
     pub operator_log: String,
     /// Print setup progress every this many pods (0: never).
     pub progress_every: usize,
+    /// Subsets: target pod `i` is labelled `flamefleet.dev/e2e-first-<k>=true` for every
+    /// `k` here with `i < k`, so a request can select the first `k` nodes
+    /// ([`HollowCluster::request_first`]).
+    pub subsets: Vec<usize>,
 }
 
 impl Default for ClusterOptions {
@@ -206,6 +210,7 @@ impl Default for ClusterOptions {
             operator_args: Vec::new(),
             operator_log: "info,kube_lease_manager=warn".into(),
             progress_every: 1000,
+            subsets: Vec::new(),
         }
     }
 }
@@ -311,6 +316,13 @@ impl HollowCluster {
         let mut writes = futures::stream::iter(nodes.iter().enumerate().flat_map(|(i, node)| {
             let agents = agents.clone();
             let targets = targets.clone();
+            let subsets: Vec<usize> = self
+                .options
+                .subsets
+                .iter()
+                .copied()
+                .filter(|k| i < *k)
+                .collect();
             let agent = async move {
                 agent_pod(
                     &agents,
@@ -327,6 +339,9 @@ impl HollowCluster {
                     &format!("containerd://{:064x}", i + 1),
                 )
                 .label(TARGET_LABEL, "fleet");
+                let fixture = subsets
+                    .iter()
+                    .fold(fixture, |f, k| f.label(&subset_label(*k), "true"));
                 create_running_pod(&targets, &fixture)
                     .await
                     .map(|_| ())
@@ -458,6 +473,28 @@ impl HollowCluster {
         }))?)
     }
 
+    /// A cpu ProfileRequest over the first `k` nodes (one of [`ClusterOptions::subsets`]).
+    ///
+    /// # Errors
+    /// Never for valid names (serde).
+    pub fn request_first(
+        &self,
+        name: &str,
+        duration: Duration,
+        k: usize,
+    ) -> anyhow::Result<flamefleet_api::ProfileRequest> {
+        anyhow::ensure!(
+            self.options.subsets.contains(&k),
+            "no subset of {k} nodes; ClusterOptions::subsets is {:?}",
+            self.options.subsets
+        );
+        let mut request = self.request(name, duration)?;
+        request.spec.selector = Some(serde_json::from_value(
+            json!({"matchLabels": {subset_label(k): "true"}}),
+        )?);
+        Ok(request)
+    }
+
     /// Appends `text` to a file in the cluster's directory (figures for later reading).
     ///
     /// # Errors
@@ -470,6 +507,11 @@ impl HollowCluster {
         writeln!(f, "{text}")?;
         Ok(())
     }
+}
+
+/// The label of the first `k` target pods.
+pub fn subset_label(k: usize) -> String {
+    format!("flamefleet.dev/e2e-first-{k}")
 }
 
 /// Creates (or re-applies) the agent pod of `node` at `ip:port`, Running and Ready.
