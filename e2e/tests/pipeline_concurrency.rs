@@ -44,7 +44,9 @@ async fn twenty_concurrent_requests_all_complete() {
         assert_eq!(
             status.phase,
             Some(RequestPhase::Succeeded),
-            "{name}: {status:#?}"
+            "{name}: {status:#?}\n--- operator:\n{}\n--- agents:\n{}",
+            pipeline.operator_logs(),
+            pipeline.agent_logs()
         );
         let nodes = pipeline_support::node_results(&pipeline.client, &done).await;
         assert_eq!(nodes.len(), 2, "{name}");

@@ -343,4 +343,11 @@ async fn ttl_deletes_finished_requests_and_their_artifacts() {
         "artifact kept after the TTL deletion: {}",
         stored.display()
     );
+    // The finalizer deleted the result slices too (this control plane has no garbage
+    // collector to follow their ownerReference).
+    let uid = done.metadata.uid.clone().unwrap();
+    let slices = flamefleet_api::results::list_slices(&pipeline.client, ns.name(), &uid)
+        .await
+        .unwrap();
+    assert!(slices.is_empty(), "slices kept after deletion: {slices:#?}");
 }
