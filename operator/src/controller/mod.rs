@@ -5,6 +5,7 @@ pub mod agent_client;
 pub mod agents;
 pub mod aggregate;
 pub mod dispatch;
+pub mod lean_pods;
 pub mod limits;
 pub mod node_outcome;
 pub mod profile_request;
