@@ -31,27 +31,57 @@ pub struct DownloadUrls {
     pub ca_bundle: Option<String>,
 }
 
+/// Most nodes one ProfileDownload may name (the API's limit).
+pub const MAX_NODES_PER_DOWNLOAD: usize = flamefleet_api::profile_download::MAX_DOWNLOAD_NODES;
+/// Most URLs one ProfileDownload answers with (the operator's limit).
+pub const MAX_URLS_PER_DOWNLOAD: usize = flamefleet_api::profile_download::MAX_DOWNLOAD_URLS;
+
+/// One ProfileDownload to create: requests, and (for part of one request) its nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Request names (at most [`MAX_REQUESTS_PER_DOWNLOAD`]).
+    pub requests: Vec<String>,
+    /// Only these nodes' artifacts (at most [`MAX_NODES_PER_DOWNLOAD`]); all when empty.
+    pub nodes: Vec<String>,
+}
+
 /// Asks for URLs of every artifact of `requests` (in the cluster's namespace), in batches of
 /// [`MAX_REQUESTS_PER_DOWNLOAD`].
 ///
 /// # Errors
+/// As [`batch_urls`].
+pub async fn request_urls(cluster: &Cluster, requests: &[String]) -> Result<DownloadUrls> {
+    let batches: Vec<Batch> = requests
+        .chunks(MAX_REQUESTS_PER_DOWNLOAD)
+        .map(|chunk| Batch {
+            requests: chunk.to_vec(),
+            nodes: Vec::new(),
+        })
+        .collect();
+    batch_urls(cluster, &batches).await
+}
+
+/// Asks for URLs of the artifacts each batch names, one ProfileDownload per batch.
+///
+/// # Errors
 /// [`Error::DownloadRefused`] when the API server refuses (RBAC or the admission policy),
 /// [`Error::DownloadUnanswered`] when no operator answers in time.
-pub async fn request_urls(cluster: &Cluster, requests: &[String]) -> Result<DownloadUrls> {
+pub async fn batch_urls(cluster: &Cluster, batches: &[Batch]) -> Result<DownloadUrls> {
     let mut all = DownloadUrls::default();
     let add = |answer: DownloadUrls, all: &mut DownloadUrls| {
         all.urls.extend(answer.urls);
         all.skipped.extend(answer.skipped);
         all.ca_bundle = all.ca_bundle.take().or(answer.ca_bundle);
     };
-    for batch in requests.chunks(MAX_REQUESTS_PER_DOWNLOAD) {
-        match one_batch(cluster, batch).await {
+    for batch in batches {
+        match one_batch(cluster, &batch.requests, &batch.nodes).await {
             Ok(answer) => add(answer, &mut all),
             // A user allowed to get single requests only (RBAC resourceNames) may download
             // them one at a time: the admission policy checks each name then.
-            Err(Error::DownloadRefused { .. }) if batch.len() > 1 => {
-                for one in batch {
-                    let answer = one_batch(cluster, std::slice::from_ref(one)).await?;
+            Err(Error::DownloadRefused { .. }) if batch.requests.len() > 1 => {
+                for one in &batch.requests {
+                    let answer =
+                        one_batch(cluster, std::slice::from_ref(one), &batch.nodes).await?;
                     add(answer, &mut all);
                 }
             }
@@ -61,7 +91,11 @@ pub async fn request_urls(cluster: &Cluster, requests: &[String]) -> Result<Down
     Ok(all)
 }
 
-async fn one_batch(cluster: &Cluster, requests: &[String]) -> Result<DownloadUrls> {
+async fn one_batch(
+    cluster: &Cluster,
+    requests: &[String],
+    nodes: &[String],
+) -> Result<DownloadUrls> {
     let api: Api<ProfileDownload> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
     let stem: String = requests
         .first()
@@ -74,6 +108,7 @@ async fn one_batch(cluster: &Cluster, requests: &[String]) -> Result<DownloadUrl
         },
         spec: ProfileDownloadSpec {
             requests: requests.to_vec(),
+            nodes: nodes.to_vec(),
         },
         status: None,
     };

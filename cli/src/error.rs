@@ -31,6 +31,20 @@ pub enum Error {
         /// Its current phase.
         phase: String,
     },
+    /// The request's per-node results (its ProfileResultSlices) are missing or unreadable.
+    #[error(
+        "profilerequest {name:?}: {reason}; its per-node results live in ProfileResultSlices (`kubectl get prslice -l flamefleet.dev/request-uid={uid} -n {namespace}`)"
+    )]
+    ResultsMissing {
+        /// The request's name.
+        name: String,
+        /// Its UID.
+        uid: String,
+        /// Its namespace.
+        namespace: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The artifact store could not be reached or answered with an error.
     #[error("cannot download artifact {artifact} from {url}: {reason}")]
     StoreUnreachable {
@@ -55,13 +69,15 @@ pub enum Error {
     },
     /// The API server refused the operation.
     #[error(
-        "forbidden: {message}; ask your cluster admin for the RBAC permission (e.g. `kubectl auth can-i {verb} profilerequests.flamefleet.dev -n {namespace}`)"
+        "forbidden: {message}; ask your cluster admin for the RBAC permission (e.g. `kubectl auth can-i {verb} {resource}.flamefleet.dev -n {namespace}`)"
     )]
     Forbidden {
         /// The API server's message.
         message: String,
         /// The verb that was refused.
         verb: String,
+        /// The resource (plural), e.g. `profilerequests`.
+        resource: String,
         /// The namespace.
         namespace: String,
     },
@@ -196,7 +212,10 @@ impl Error {
             Self::Usage(_) => 2,
             Self::NotFound { .. } | Self::PolicyNotFound { .. } => 3,
             Self::RequestFailed { .. } => 4,
-            Self::NoArtifacts { .. } | Self::DownloadFailed { .. } | Self::NoRuns { .. } => 5,
+            Self::NoArtifacts { .. }
+            | Self::ResultsMissing { .. }
+            | Self::DownloadFailed { .. }
+            | Self::NoRuns { .. } => 5,
             Self::StoreUnreachable { .. } | Self::DownloadUnanswered { .. } => 6,
             Self::ChecksumMismatch { .. } => 7,
             Self::Forbidden { .. } | Self::DownloadRefused { .. } => 8,

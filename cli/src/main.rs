@@ -81,6 +81,12 @@ enum Command {
         /// With sp/NAME or csp/NAME: merge the runs scheduled within this long, e.g. 24h.
         #[arg(long, default_value = "24h")]
         since: String,
+        /// Only this node's artifacts (repeatable, or a comma-separated list).
+        #[arg(long = "node", value_name = "NAME", value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// At most this many nodes' artifacts (the first in name order).
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
     },
     /// List the namespace's requests, or (sp/NAME, csp/NAME) a sampling policy's runs.
     List {
@@ -129,7 +135,15 @@ async fn capture_cmd(
         return Ok(());
     }
     let request = capture::wait(cluster, &name, duration, timeout, out).await?;
-    get::download_request(cluster, &request, &a.output, a.format, out).await?;
+    get::download_request(
+        cluster,
+        &request,
+        &a.output,
+        a.format,
+        &get::NodeSelection::default(),
+        out,
+    )
+    .await?;
     Ok(())
 }
 
@@ -160,7 +174,12 @@ async fn run(cli: Cli) -> Result<()> {
             output,
             format,
             since,
+            nodes,
+            limit,
         } => match fleet::PolicyRef::parse(&name) {
+            Some(_) if !nodes.is_empty() || limit.is_some() => Err(Error::Usage(
+                "--node and --limit select nodes of one ProfileRequest; they do not apply to sp/NAME or csp/NAME".into(),
+            )),
             Some(policy) => {
                 let since = flamefleet_api::duration::parse_duration(&since)
                     .map_err(|e| Error::Usage(format!("--since: {e}")))?;
@@ -168,9 +187,12 @@ async fn run(cli: Cli) -> Result<()> {
                     .await
                     .map(|_| ())
             }
-            None => get::run(&cluster, &name, &output, format, &mut out)
-                .await
-                .map(|_| ()),
+            None => {
+                let selection = get::NodeSelection { nodes, limit };
+                get::run(&cluster, &name, &output, format, &selection, &mut out)
+                    .await
+                    .map(|_| ())
+            }
         },
         Command::List { policy: None } => list::list(&cluster, &mut out).await,
         Command::List {

@@ -2,6 +2,7 @@
 //! installed, 403 → forbidden).
 
 use flamefleet_api::ProfileRequest;
+use flamefleet_api::results::RequestResults;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 use crate::cluster::Cluster;
@@ -25,6 +26,7 @@ fn map_err(cluster: &Cluster, verb: &str, action: String, e: kube::Error) -> Err
         (Some(403), kube::Error::Api(status)) => Error::Forbidden {
             message: status.message.clone(),
             verb: verb.to_string(),
+            resource: "profilerequests".into(),
             namespace: cluster.namespace.clone(),
         },
         _ => Error::Kube { action, source: e },
@@ -110,4 +112,57 @@ pub async fn create(cluster: &Cluster, request: &ProfileRequest) -> Result<Profi
             e,
         )),
     }
+}
+
+/// The per-node results of `request`: one list of its ProfileResultSlices by the label
+/// `flamefleet.dev/request-uid`.
+///
+/// # Errors
+/// [`Error::Forbidden`] without `list` on profileresultslices, [`Error::ResultsMissing`]
+/// when the request announces slices that are not there, [`Error::Kube`] otherwise.
+pub async fn results(cluster: &Cluster, request: &ProfileRequest) -> Result<RequestResults> {
+    let name = request.metadata.name.clone().unwrap_or_default();
+    let uid = request.metadata.uid.clone().unwrap_or_default();
+    let namespace = request
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| cluster.namespace.clone());
+    let missing = |reason: String| Error::ResultsMissing {
+        name: name.clone(),
+        uid: uid.clone(),
+        namespace: namespace.clone(),
+        reason,
+    };
+    let results = match flamefleet_api::results::fetch(&cluster.client, request).await {
+        Ok(r) => r,
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            return Err(Error::Forbidden {
+                message: status.message.clone(),
+                verb: "list".into(),
+                resource: "profileresultslices".into(),
+                namespace,
+            });
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            return Err(missing(
+                "the API server has no profileresultslices.flamefleet.dev resource: the installed CRDs are older than this kubectl-profile; apply charts/flamefleet/crds/".into(),
+            ));
+        }
+        Err(e) => {
+            return Err(Error::Kube {
+                action: format!("listing the profileresultslices of {name}"),
+                source: e,
+            });
+        }
+    };
+    if results.incomplete() {
+        return Err(missing(format!(
+            "{} of its {} result slices are missing (indexes {:?}), so the results of their nodes are unknown",
+            results.missing_slices.len(),
+            results.missing_slices.len() + results.slices,
+            results.missing_slices
+        )));
+    }
+    Ok(results)
 }

@@ -157,12 +157,12 @@ async fn cpu_waits_shows_progress_and_downloads() {
     assert_eq!(r.code, 0, "{r:?}");
     // Not a terminal: one plain line per state change.
     assert!(
-        r.stdout.contains(" Running ") && r.stdout.contains("node-a=Running"),
+        r.stdout.contains(" Running ") && r.stdout.contains("1 nodes, 1 capturing"),
         "{}",
         r.stdout
     );
     assert!(
-        r.stdout.contains(" Succeeded ") && r.stdout.contains("node-a=Succeeded"),
+        r.stdout.contains(" Succeeded ") && r.stdout.contains("1 nodes, 1 succeeded"),
         "{}",
         r.stdout
     );

@@ -163,6 +163,7 @@ async fn downloads_are_authorized_per_request_when_asked_and_revocable() {
         },
         spec: ProfileDownloadSpec {
             requests: requests.into_iter().map(String::from).collect(),
+            nodes: Vec::new(),
         },
         status: None,
     };

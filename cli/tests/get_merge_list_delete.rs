@@ -369,3 +369,74 @@ async fn runqlat_prints_the_histogram_and_top_buckets() {
         ["runqlat-node-a.pb.gz", "runqlat-node-a.txt"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_downloads_a_subset_of_nodes_and_says_when_slices_are_missing() {
+    let ns = namespace("cli-subset").await;
+    let kc = support::admin_kubeconfig(&ns);
+    let store = Store::start_for(&ns).await;
+    let req = create_request(&ns, "wide").await;
+    let mut nodes = Vec::new();
+    for n in ["node-a", "node-b", "node-c"] {
+        let artifact = store
+            .upload(
+                &req,
+                &format!("cpu-{n}.pb.gz"),
+                &cpu_profile("crc32_hot_loop"),
+            )
+            .await;
+        nodes.push(node(n, NodePhase::Succeeded, None, vec![artifact]));
+    }
+    write_status(&ns, "wide", RequestPhase::Succeeded, nodes).await;
+
+    // --node, repeatable and comma-separated: only those nodes' files.
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let r = cli(
+        &kc,
+        ns.name(),
+        &["get", "wide", "-o", dir, "--node", "node-c,node-a"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz", "cpu-node-c.pb.gz"]);
+
+    // --limit: the first nodes in name order.
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let r = cli(&kc, ns.name(), &["get", "wide", "-o", dir, "--limit", "1"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
+
+    // A node the request never ran on: a usage error naming it.
+    let r = cli(
+        &kc,
+        ns.name(),
+        &["get", "wide", "-o", dir, "--node", "nope"],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("has no node nope"), "{}", r.stderr);
+
+    // The status announces two slices but only one exists: say so, download nothing.
+    let api: kube::Api<flamefleet_api::ProfileRequest> = ns.api();
+    api.patch_status(
+        "wide",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"status": {"resultSlices": 2}})),
+    )
+    .await
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let r = cli(&kc, ns.name(), &["get", "wide", "-o", dir]).await;
+    assert_eq!(r.code, 5, "{r:?}");
+    assert!(
+        r.stderr.contains("1 of its 2 result slices are missing")
+            && r.stderr
+                .contains("kubectl get prslice -l flamefleet.dev/request-uid="),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(files(out.path()), Vec::<String>::new());
+}

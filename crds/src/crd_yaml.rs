@@ -11,6 +11,7 @@ use kube::CustomResourceExt;
 
 use crate::profile_download::ProfileDownload;
 use crate::profile_request::ProfileRequest;
+use crate::result_slice::ProfileResultSlice;
 use crate::sampling_policy::{ClusterSamplingPolicy, SamplingPolicy};
 use crate::{Error, Result};
 
@@ -25,6 +26,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         SamplingPolicy::crd(),
         ClusterSamplingPolicy::crd(),
         ProfileDownload::crd(),
+        ProfileResultSlice::crd(),
     ]
 }
 

@@ -2,6 +2,8 @@
 //!
 //! - [`ProfileRequest`]: one on-demand capture (cpu, heap or runqlat) of selected pods.
 //! - [`SamplingPolicy`] / [`ClusterSamplingPolicy`]: scheduled, sampled captures.
+//! - [`ProfileResultSlice`]: up to 100 nodes' results of one ProfileRequest (written only by
+//!   the operator; the request's status stays small whatever the fleet size).
 //! - [`ProfileDownload`]: short-lived download URLs of finished requests' artifacts,
 //!   authorized by the API server when asked for.
 //!
@@ -16,6 +18,7 @@ pub mod duration;
 pub mod phase;
 pub mod profile_download;
 pub mod profile_request;
+pub mod result_slice;
 pub mod results;
 pub mod sampling_policy;
 pub mod status_apply;
@@ -27,9 +30,10 @@ pub use profile_download::{
 };
 pub use profile_request::{
     Artifact, CpuOptions, CpuSummary, HeapEndpoint, HeapOptions, HeapSource, LatencySummary,
-    NodeStatus, ProfileRequest, ProfileRequestSpec, ProfileRequestStatus, ProfileSummary,
-    ProfileType, RunqlatOptions, RunqlatUnit,
+    NodeCounts, NodeFailureEntry, NodeStatus, ProfileRequest, ProfileRequestSpec,
+    ProfileRequestStatus, ProfileSummary, ProfileType, RunqlatOptions, RunqlatUnit,
 };
+pub use result_slice::{ProfileResultSlice, ProfileResultSliceFields, RequestReference};
 pub use sampling_policy::{
     ClusterSamplingPolicy, ClusterSamplingPolicySpec, Coverage, HistoryLimits, NodeBudget,
     PendingRun, PlannedRequest, RotationState, RunReference, SamplingLimits, SamplingPolicy,
@@ -80,6 +84,9 @@ pub enum Error {
         /// The parser's error.
         source: serde_yaml::Error,
     },
+    /// An object lacks metadata the API server always sets.
+    #[error("the object has no metadata.{0}; it was not read from the API server")]
+    MissingMetadata(&'static str),
     /// A CRD could not be rendered as YAML.
     #[error("cannot render CRD {name} as YAML: {source}")]
     Yaml {

@@ -75,7 +75,7 @@ impl fmt::Display for RequestPhase {
     }
 }
 
-/// The phase of one node's share of a request (`status.nodes[].phase`).
+/// The phase of one node's share of a request (`nodes[].phase` of a `ProfileResultSlice`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum NodePhase {
     /// The operator has not reached the agent yet.

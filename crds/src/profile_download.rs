@@ -17,6 +17,11 @@ use serde::{Deserialize, Serialize};
 
 /// Most ProfileRequests one download may name.
 pub const MAX_DOWNLOAD_REQUESTS: usize = 100;
+/// Most nodes one download may name.
+pub const MAX_DOWNLOAD_NODES: usize = 100;
+/// Most URLs one answer holds: a larger answer is refused (name nodes, in batches), so the
+/// status of a download stays far below the API server's object size limit.
+pub const MAX_DOWNLOAD_URLS: usize = 500;
 
 /// The ProfileRequests (of this namespace) whose artifacts to download.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -41,6 +46,11 @@ pub struct ProfileDownloadSpec {
     #[schemars(length(min = 1, max = 100), inner(length(min = 1, max = 253)))]
     #[x_kube(validation = Rule::new("self.all(n, n.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$'))").message("each entry must be a ProfileRequest name"))]
     pub requests: Vec<String>,
+    /// Only the artifacts of these nodes (at most 100); every node's when empty. A request
+    /// with more than 500 artifacts must be downloaded in batches of nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100), inner(length(min = 1, max = 253)))]
+    pub nodes: Vec<String>,
 }
 
 /// Where the answer stands.

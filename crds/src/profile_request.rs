@@ -35,6 +35,8 @@ pub const DEFAULT_HEAP_PATH: &str = "/debug/pprof/heap";
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Pods", type_ = "integer", json_path = ".status.podCount"),
     printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.nodeCount"),
+    printcolumn(name = "Succeeded", type_ = "integer", json_path = ".status.nodeCounts.succeeded"),
+    printcolumn(name = "Failed", type_ = "integer", json_path = ".status.nodeCounts.failed"),
     printcolumn(name = "Duration", type_ = "string", json_path = ".spec.duration"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("self.spec == oldSelf.spec").message("spec is immutable: delete the ProfileRequest and create a new one")
@@ -234,11 +236,15 @@ pub enum RunqlatUnit {
     Ms,
 }
 
-/// What happened to a ProfileRequest. Written only through the status subresource.
+/// Most entries of `status.failures`.
+pub const MAX_STATUS_FAILURES: usize = 20;
+
+/// What happened to a ProfileRequest. Written only through the status subresource, only by
+/// the operator (field manager `flamefleet-operator`).
 ///
-/// Field ownership under server-side apply: the operator (`flamefleet-operator`) owns
-/// everything but the contents of `nodes[]` entries it did not create; each agent
-/// (`flamefleet-agent.<node>`) applies its own `nodes[]` entry, merged by `node`.
+/// Bounded whatever the number of nodes: the per-node results live in the request's
+/// `ProfileResultSlice`s (label `flamefleet.dev/request-uid=<uid>`, see
+/// [`crate::result_slice`]); the status holds counts, at most 20 failures and the summary.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProfileRequestStatus {
@@ -264,25 +270,61 @@ pub struct ProfileRequestStatus {
     /// Number of nodes targeted (the NODES column).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_count: Option<i32>,
-    /// One entry per node, keyed by `node`; each agent applies its own entry.
+    /// The targeted nodes by phase of their capture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_counts: Option<NodeCounts>,
+    /// Number of `ProfileResultSlice`s holding the per-node results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub result_slices: Option<i32>,
+    /// Failed nodes and why: the first 20 in node-name order; `failuresOmitted` counts the
+    /// others (every failure is in the result slices).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["node".into()]))]
-    pub nodes: Vec<NodeStatus>,
+    pub failures: Vec<NodeFailureEntry>,
+    /// Failed nodes left out of `failures`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub failures_omitted: Option<i32>,
     /// Results summed over nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<ProfileSummary>,
 }
 
-impl ProfileRequestStatus {
-    /// The entry of `node`, if present.
-    pub fn node(&self, node: &str) -> Option<&NodeStatus> {
-        self.nodes.iter().find(|n| n.node == node)
-    }
+/// Nodes by the phase of their capture.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCounts {
+    /// Every node.
+    #[serde(default)]
+    pub total: i32,
+    /// Nodes whose agent has not reported yet (dispatched or about to be).
+    #[serde(default)]
+    pub pending: i32,
+    /// Nodes an agent reported as capturing.
+    #[serde(default)]
+    pub running: i32,
+    /// Nodes whose artifacts were uploaded and verified.
+    #[serde(default)]
+    pub succeeded: i32,
+    /// Nodes whose capture failed.
+    #[serde(default)]
+    pub failed: i32,
+}
 
-    /// The request phase implied by the node entries (see [`RequestPhase::from_nodes`]).
-    pub fn phase_from_nodes(&self) -> Option<RequestPhase> {
-        RequestPhase::from_nodes(self.nodes.iter().map(|n| n.phase))
-    }
+/// One failed node, in the request's status.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFailureEntry {
+    /// Node name (the list-map key).
+    pub node: String,
+    /// A short machine-readable reason, e.g. `AgentUnreachable`, `TimedOut`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// What happened (at most 1 KiB; the node's slice entry has the whole message).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// One node's share of a request: its pods, its phase and the artifacts its agent uploaded.
@@ -298,6 +340,9 @@ pub struct NodeStatus {
     /// Names of the targeted pods on this node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<String>,
+    /// A short machine-readable reason of a failure, e.g. `AgentUnreachable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// Human-readable detail, e.g. why the capture failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -422,37 +467,37 @@ mod tests {
     #[test]
     fn optional_fields_are_not_serialized_so_apply_never_claims_them() {
         let status = ProfileRequestStatus {
-            nodes: vec![NodeStatus {
+            phase: Some(RequestPhase::Running),
+            failures: vec![NodeFailureEntry {
                 node: "n1".into(),
-                phase: Some(NodePhase::Running),
+                reason: "TimedOut".into(),
                 ..Default::default()
             }],
             ..Default::default()
         };
         assert_eq!(
             serde_json::to_value(&status).unwrap(),
-            serde_json::json!({"nodes": [{"node": "n1", "phase": "Running"}]})
+            serde_json::json!({"phase": "Running", "failures": [{"node": "n1", "reason": "TimedOut"}]})
         );
     }
 
     #[test]
-    fn phase_from_nodes_treats_missing_phase_as_pending() {
-        let status = ProfileRequestStatus {
-            nodes: vec![
-                NodeStatus {
-                    node: "a".into(),
-                    phase: Some(NodePhase::Succeeded),
-                    ..Default::default()
-                },
-                NodeStatus {
-                    node: "b".into(),
-                    ..Default::default()
-                },
-            ],
-            ..Default::default()
-        };
-        assert_eq!(status.phase_from_nodes(), Some(RequestPhase::Running));
-        assert_eq!(status.node("a").unwrap().phase, Some(NodePhase::Succeeded));
-        assert!(status.node("c").is_none());
+    fn node_counts_add_and_remove() {
+        let mut counts = NodeCounts::default();
+        counts.add(None, 2);
+        counts.add(Some(NodePhase::Failed), 1);
+        counts.add(None, -1);
+        counts.add(Some(NodePhase::Succeeded), 1);
+        assert_eq!(
+            counts,
+            NodeCounts {
+                total: 3,
+                pending: 1,
+                running: 0,
+                succeeded: 1,
+                failed: 1
+            }
+        );
+        assert_eq!(counts.unfinished(), 1);
     }
 }

@@ -1,15 +1,13 @@
 //! Server-side-apply bodies and the field-manager name for status writes.
 //!
-//! The operator is the only writer of `ProfileRequest` status: agents report their results
-//! over the gRPC `Capture` stream and have no access to ProfileRequests, so a node cannot
-//! forge another node's entry (the API server's RBAC enforces it). The operator applies the
+//! The operator is the only writer of `ProfileRequest` status and of `ProfileResultSlice`s:
+//! agents report their results over the gRPC `Capture` stream and have no access to either,
+//! so a node cannot forge another node's entry (the API server's RBAC enforces it). The operator applies the
 //! whole status, with its field manager, through the status subresource.
 
 use kube::Resource;
 use serde_json::{Value, json};
 
-#[cfg(test)]
-use crate::profile_request::NodeStatus;
 use crate::profile_request::{ProfileRequest, ProfileRequestStatus};
 use crate::{Error, Result};
 
@@ -37,17 +35,13 @@ pub fn status_apply_body(name: &str, status: &ProfileRequestStatus) -> Result<Va
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::phase::NodePhase;
+    use crate::phase::RequestPhase;
 
     #[test]
     fn body_carries_type_meta_and_the_status() {
         let status = ProfileRequestStatus {
-            nodes: vec![NodeStatus {
-                node: "worker-1".into(),
-                phase: Some(NodePhase::Succeeded),
-                pods: vec!["p".into()],
-                ..Default::default()
-            }],
+            phase: Some(RequestPhase::Running),
+            node_count: Some(1),
             ..Default::default()
         };
         let body = status_apply_body("req", &status).unwrap();
@@ -57,7 +51,7 @@ mod tests {
                 "apiVersion": "flamefleet.dev/v1alpha1",
                 "kind": "ProfileRequest",
                 "metadata": {"name": "req"},
-                "status": {"nodes": [{"node": "worker-1", "phase": "Succeeded", "pods": ["p"]}]},
+                "status": {"phase": "Running", "nodeCount": 1},
             })
         );
     }

@@ -62,11 +62,9 @@ async fn wait_succeeded(api: &Api<ProfileRequest>, name: &str) -> Milestones {
         if status.phase.is_some() && status.phase != Some(RequestPhase::Pending) {
             running.get_or_insert(now);
         }
-        if !status.nodes.is_empty()
-            && status
-                .nodes
-                .iter()
-                .all(|n| n.phase == Some(flamefleet_api::NodePhase::Succeeded))
+        if status
+            .node_counts
+            .is_some_and(|c| c.total > 0 && c.succeeded == c.total)
         {
             nodes_done.get_or_insert(now);
         }

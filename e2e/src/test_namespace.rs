@@ -196,11 +196,14 @@ impl TestNamespace {
     }
 }
 
-/// RBAC rules to `get` ProfileRequest `request` and download its artifacts.
+/// RBAC rules to `get` ProfileRequest `request` and download its artifacts (the CLI lists
+/// the request's result slices by label, which RBAC cannot narrow to one request).
 pub fn download_rules(request: &str) -> serde_json::Value {
     json!([
         {"apiGroups": ["flamefleet.dev"], "resources": ["profilerequests"],
          "resourceNames": [request], "verbs": ["get"]},
+        {"apiGroups": ["flamefleet.dev"], "resources": ["profileresultslices"],
+         "verbs": ["get", "list"]},
         {"apiGroups": ["flamefleet.dev"], "resources": ["profiledownloads"],
          "verbs": ["create", "get", "list", "watch", "delete"]},
     ])

@@ -484,7 +484,8 @@ async fn kubectl_get_preq_shows_the_printer_columns() {
     let api: Api<ProfileRequest> = ns.api();
     let local: ProfileRequest = serde_yaml::from_str(&example("profilerequest-cpu.yaml")).unwrap();
     api.create(&PostParams::default(), &local).await.unwrap();
-    let status = json!({"status": {"phase": "Running", "podCount": 3, "nodeCount": 2}});
+    let status = json!({"status": {"phase": "Running", "podCount": 3, "nodeCount": 2,
+        "nodeCounts": {"total": 2, "pending": 1, "succeeded": 1}}});
     api.patch_status(
         "checkout-cpu",
         &PatchParams::default(),
@@ -499,13 +500,23 @@ async fn kubectl_get_preq_shows_the_printer_columns() {
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "TYPE", "PHASE", "PODS", "NODES", "DURATION", "AGE"],
+        [
+            "NAME",
+            "TYPE",
+            "PHASE",
+            "PODS",
+            "NODES",
+            "SUCCEEDED",
+            "FAILED",
+            "DURATION",
+            "AGE"
+        ],
         "{out}"
     );
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(
-        &row[..6],
-        ["checkout-cpu", "cpu", "Running", "3", "2", "30s"],
+        &row[..8],
+        ["checkout-cpu", "cpu", "Running", "3", "2", "1", "0", "30s"],
         "{out}"
     );
 
@@ -514,6 +525,90 @@ async fn kubectl_get_preq_shows_the_printer_columns() {
     assert!(
         out.contains("profilerequest.flamefleet.dev/checkout-cpu"),
         "{out}"
+    );
+}
+
+/// A slice of request `request` named `name` with `nodes` entries.
+fn slice_json(name: &str, request: &ProfileRequest, nodes: usize) -> Value {
+    let entries: Vec<Value> = (0..nodes)
+        .map(|i| json!({"node": format!("node-{i:03}"), "phase": "Succeeded", "pods": ["web-0"]}))
+        .collect();
+    json!({
+        "apiVersion": "flamefleet.dev/v1alpha1",
+        "kind": "ProfileResultSlice",
+        "metadata": {"name": name},
+        "request": {"name": request.metadata.name, "uid": request.metadata.uid},
+        "nodeCounts": {"total": nodes, "succeeded": nodes},
+        "nodes": entries,
+    })
+}
+
+#[tokio::test]
+async fn result_slices_hold_at_most_100_nodes_and_show_their_counts() {
+    let ns = TestNamespace::create("slices").await.unwrap();
+    let requests: Api<ProfileRequest> = ns.api();
+    let local: ProfileRequest = serde_yaml::from_str(&example("profilerequest-cpu.yaml")).unwrap();
+    let request = requests
+        .create(&PostParams::default(), &local)
+        .await
+        .unwrap();
+    let api = dynamic_api::<flamefleet_api::ProfileResultSlice>(&ns.client(), Some(ns.name()));
+
+    let err = create_raw(&api, &slice_json("too-big", &request, 101))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("must have at most 100 items"),
+        "{err}"
+    );
+    let created = create_raw(&api, &slice_json("full", &request, 100))
+        .await
+        .unwrap();
+    let slice: flamefleet_api::ProfileResultSlice =
+        serde_json::from_value(serde_json::to_value(created).unwrap()).unwrap();
+    assert_eq!(slice.spec.nodes.len(), 100);
+    assert_eq!(slice.spec.request.name, "checkout-cpu");
+
+    // Entries are keyed by node: a duplicate is refused.
+    let mut dup = slice_json("dup", &request, 2);
+    dup["nodes"][1]["node"] = json!("node-000");
+    let err = create_raw(&api, &dup).await.unwrap_err();
+    assert!(err.to_string().contains("Duplicate value"), "{err}");
+
+    let out = kubectl(
+        ns.control_plane().kubeconfig(),
+        &["get", "prslice", "-n", ns.name()],
+    )
+    .unwrap();
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "REQUEST", "NODES", "SUCCEEDED", "FAILED", "AGE"],
+        "{out}"
+    );
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        &row[..5],
+        ["full", "checkout-cpu", "100", "100", "0"],
+        "{out}"
+    );
+
+    // The failure list of a request's status is bounded too.
+    let failures: Vec<Value> = (0..21)
+        .map(|i| json!({"node": format!("n{i}"), "reason": "TimedOut"}))
+        .collect();
+    let err = requests
+        .patch_status(
+            "checkout-cpu",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"failures": failures}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("must have at most 20 items"),
+        "{err}"
     );
 }
 

@@ -40,18 +40,22 @@ async fn twenty_concurrent_requests_all_complete() {
         let (done, _) = pipeline
             .wait_terminal(&api, name, Duration::from_secs(120), phases)
             .await;
-        let status = done.status.unwrap();
+        let status = done.status.clone().unwrap();
         assert_eq!(
             status.phase,
             Some(RequestPhase::Succeeded),
-            "{name}: {status:#?}"
+            "{name}: {status:#?}\n--- operator:\n{}\n--- agents:\n{}",
+            pipeline.operator_logs(),
+            pipeline.agent_logs()
         );
-        assert_eq!(status.nodes.len(), 2, "{name}");
+        let nodes = pipeline_support::node_results(&pipeline.client, &done).await;
+        assert_eq!(nodes.len(), 2, "{name}");
         assert!(
-            status.nodes.iter().all(|n| !n.artifacts.is_empty()),
-            "{name}: {:#?}",
-            status.nodes
+            nodes.values().all(|n| !n.artifacts.is_empty()),
+            "{name}: {nodes:#?}"
         );
+        assert_eq!(status.node_counts.map(|c| c.succeeded), Some(2), "{name}");
+        assert_eq!(status.result_slices, Some(1), "{name}");
     }
     let metrics = pipeline.operator_metrics().await;
     assert!(

@@ -10,7 +10,7 @@ use flamefleet_api::{NodePhase, ProfileRequest, RequestPhase};
 use flamefleet_e2e::TestNamespace;
 use flamefleet_e2e::pods::PodFixture;
 use kube::api::Api;
-use pipeline_support::{Pipeline, PipelineOptions, nodes_of, serial};
+use pipeline_support::{Pipeline, PipelineOptions, node_results, serial};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -69,7 +69,7 @@ async fn agent_killed_mid_capture_fails_its_node_only() {
         "{status:#?}\n{}",
         pipeline.operator_logs()
     );
-    let nodes = nodes_of(&done);
+    let nodes = node_results(&pipeline.client, &done).await;
     let ok = &nodes[&pipeline.nodes[0]];
     assert_eq!(ok.phase, Some(NodePhase::Succeeded), "{ok:?}");
     assert!(!ok.artifacts.is_empty());
@@ -136,7 +136,7 @@ async fn each_failing_node_says_why() {
         "{status:#?}\n{}",
         pipeline.operator_logs()
     );
-    let nodes = nodes_of(&done);
+    let nodes = node_results(&pipeline.client, &done).await;
     let message = |node: &str| nodes[node].message.clone().unwrap_or_default();
     for node in nodes.values() {
         assert_eq!(node.phase, Some(NodePhase::Failed), "{node:?}");
@@ -323,7 +323,7 @@ async fn ttl_deletes_finished_requests_and_their_artifacts() {
         done.status.clone().unwrap().phase,
         Some(RequestPhase::Succeeded)
     );
-    let artifact = nodes_of(&done)[&pipeline.nodes[0]].artifacts[0]
+    let artifact = node_results(&pipeline.client, &done).await[&pipeline.nodes[0]].artifacts[0]
         .name
         .clone();
     let stored = pipeline.stored_artifact(&done, &artifact);
@@ -343,4 +343,11 @@ async fn ttl_deletes_finished_requests_and_their_artifacts() {
         "artifact kept after the TTL deletion: {}",
         stored.display()
     );
+    // The finalizer deleted the result slices too (this control plane has no garbage
+    // collector to follow their ownerReference).
+    let uid = done.metadata.uid.clone().unwrap();
+    let slices = flamefleet_api::results::list_slices(&pipeline.client, ns.name(), &uid)
+        .await
+        .unwrap();
+    assert!(slices.is_empty(), "slices kept after deletion: {slices:#?}");
 }

@@ -15,7 +15,7 @@ use flamefleet_e2e::TestNamespace;
 use flamefleet_proto::agent::LatencyHistogram;
 use flamefleet_proto::pprof::Profile;
 use kube::api::Api;
-use pipeline_support::{Pipeline, PipelineOptions, check_digest, nodes_of, pprof_top, serial};
+use pipeline_support::{Pipeline, PipelineOptions, check_digest, node_results, pprof_top, serial};
 use prost::Message;
 use serde_json::json;
 
@@ -108,7 +108,7 @@ async fn profile_two_nodes(
     );
     assert_eq!((status.pod_count, status.node_count), (Some(2), Some(2)));
     assert!(status.start_time.is_some() && status.completion_time.is_some());
-    let nodes = nodes_of(&done);
+    let nodes = node_results(&pipeline.client, &done).await;
     assert_eq!(nodes.len(), 2);
     assert_eq!(nodes[&pipeline.nodes[0]].pods, ["web-1"]);
     assert_eq!(
@@ -189,13 +189,13 @@ async fn cpu_request_succeeds_on_two_nodes_with_readable_profiles() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runqlat_request_succeeds_with_percentiles_in_the_summary() {
     let _serial = serial().await;
-    let (_pipeline, done, profiles) = profile_two_nodes("runqlat", "wake", json!({})).await;
-    let status = done.status.unwrap();
-    let names: Vec<String> = status
-        .nodes
-        .iter()
-        .flat_map(|n| n.artifacts.iter().map(|a| a.name.clone()))
+    let (pipeline, done, profiles) = profile_two_nodes("runqlat", "wake", json!({})).await;
+    let names: Vec<String> = pipeline_support::artifacts_of(&pipeline.client, &done)
+        .await
+        .into_iter()
+        .map(|a| a.name)
         .collect();
+    let status = done.status.unwrap();
     assert_eq!(
         names.iter().filter(|n| n.ends_with(".txt")).count(),
         2,
@@ -312,7 +312,7 @@ async fn requests_stay_in_their_namespace_and_downloads_need_permission() {
     let (done, _) = pipeline.run(&a, &request, TIMEOUT).await;
     let status = done.status.clone().unwrap();
     assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:#?}");
-    let nodes = nodes_of(&done);
+    let nodes = node_results(&pipeline.client, &done).await;
     assert_eq!(
         nodes.keys().collect::<Vec<_>>(),
         [&pipeline.nodes[0]],
@@ -336,9 +336,13 @@ async fn requests_stay_in_their_namespace_and_downloads_need_permission() {
         json!({"type": "cpu", "podNames": ["only-in-b"], "duration": "1s"}),
     );
     let (failed, _) = pipeline.run(&a, &only_b, TIMEOUT).await;
-    let status = failed.status.unwrap();
+    let status = failed.status.clone().unwrap();
     assert_eq!(status.phase, Some(RequestPhase::Failed));
-    assert!(status.nodes.is_empty(), "{status:#?}");
+    assert_eq!(status.node_count, Some(0), "{status:#?}");
+    assert!(
+        node_results(&pipeline.client, &failed).await.is_empty(),
+        "a request that reached no node has no result slices"
+    );
     let resolved = status
         .conditions
         .iter()

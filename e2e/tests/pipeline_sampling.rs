@@ -67,33 +67,38 @@ async fn a_policy_runs_repeatedly_and_history_limits_delete_old_runs_and_artifac
     let uid = policy.uid().unwrap();
     let client = ns.client();
 
-    // Three runs succeed, each a ProfileRequest owned by the policy, with artifacts.
-    let mut first_succeeded: Option<ProfileRequest> = None;
-    let mut seen: BTreeMap<String, ProfileRequest> = BTreeMap::new();
-    pipeline
+    // Three runs succeed, each a ProfileRequest owned by the policy, with artifacts. Each
+    // succeeded run's artifacts are read from its slices when it is first seen: the history
+    // limit deletes the oldest run (and its slices) as soon as the third succeeds.
+    type Seen = BTreeMap<String, (ProfileRequest, Vec<flamefleet_api::Artifact>)>;
+    let cache: std::sync::Arc<tokio::sync::Mutex<Seen>> = Default::default();
+    let seen: Seen = pipeline
         .wait_for("three succeeded runs", TIMEOUT, || {
             let client = client.clone();
             let uid = uid.clone();
+            let cache = cache.clone();
             async move {
-                let runs = runs_of(&client, &uid).await;
-                let ok: Vec<ProfileRequest> = runs
-                    .into_iter()
-                    .filter(|r| {
-                        r.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Succeeded)
-                    })
-                    .collect();
-                (ok.len() >= 3).then_some(ok)
+                let mut cache = cache.lock().await;
+                for run in runs_of(&client, &uid).await {
+                    let succeeded =
+                        run.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Succeeded);
+                    if !succeeded || cache.contains_key(&run.name_any()) {
+                        continue;
+                    }
+                    let results = flamefleet_api::results::fetch(&client, &run)
+                        .await
+                        .expect("listing result slices");
+                    if results.incomplete() {
+                        continue; // deleted meanwhile
+                    }
+                    let artifacts = results.artifacts().map(|(_, a)| a.clone()).collect();
+                    cache.insert(run.name_any(), (run, artifacts));
+                }
+                (cache.len() >= 3).then(|| cache.clone())
             }
         })
-        .await
-        .into_iter()
-        .for_each(|r| {
-            if first_succeeded.is_none() {
-                first_succeeded = Some(r.clone());
-            }
-            seen.insert(r.name_any(), r);
-        });
-    for run in seen.values() {
+        .await;
+    for (run, artifacts) in seen.values() {
         let owner = &run.owner_references()[0];
         assert_eq!(owner.kind, "SamplingPolicy");
         assert_eq!(owner.uid, uid);
@@ -102,7 +107,6 @@ async fn a_policy_runs_repeatedly_and_history_limits_delete_old_runs_and_artifac
         assert_eq!(run.spec.pod_names.len(), 2, "maxPods: 2");
         assert!(run.spec.selector.is_none());
         assert_eq!(run.spec.cpu.as_ref().map(|c| c.frequency_hz), Some(19));
-        let artifacts: Vec<_> = flamefleet_api::results::artifacts(run).collect();
         assert!(!artifacts.is_empty(), "{:#?}", run.status);
         assert_eq!(
             run.name_any(),
@@ -112,11 +116,12 @@ async fn a_policy_runs_repeatedly_and_history_limits_delete_old_runs_and_artifac
     }
 
     // History limits: the oldest succeeded run goes, and its artifacts with it.
-    let oldest = first_succeeded.unwrap();
-    let artifact = flamefleet_api::results::artifacts(&oldest)
-        .next()
+    let (oldest, oldest_artifacts) = seen
+        .values()
+        .min_by_key(|(r, _)| scheduled_second(r))
         .cloned()
         .unwrap();
+    let artifact = oldest_artifacts.into_iter().next().unwrap();
     let oldest_name = oldest.name_any();
     let stored = pipeline.stored_artifact(&oldest, &artifact.name);
     let api: Api<ProfileRequest> = ns.api();
@@ -597,8 +602,8 @@ async fn the_fleet_view_merges_every_run_of_the_window_into_one_profile() {
     assert!(!top.trim().is_empty());
     let mut expected = 0;
     for run in &succeeded {
-        for a in flamefleet_api::results::artifacts(run) {
-            let file = pipeline.download(run, a).await;
+        for a in pipeline_support::artifacts_of(&pipeline.client, run).await {
+            let file = pipeline.download(run, &a).await;
             expected += sample_total(&file);
         }
     }

@@ -311,6 +311,8 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         ("patch", "profilerequests.flamefleet.dev", Some("status")),
         ("update", "profilerequests.flamefleet.dev", Some("status")),
         ("get", "profilerequests.flamefleet.dev", None),
+        ("create", "profileresultslices.flamefleet.dev", None),
+        ("patch", "profileresultslices.flamefleet.dev", None),
         ("get", "secrets", None),
         ("list", "pods", None),
     ] {

@@ -4,7 +4,7 @@
 //! The fleet: 10,000 Running pods in 20 namespaces on 500 nodes, each node with a Running
 //! agent pod, and 100 hourly policies with their history (10 succeeded and 3 failed runs each,
 //! the default history limits, plus a run capturing now for one policy in ten: 1,310 runs
-//! whose statuses list their nodes, pods and artifacts) and 50 ad hoc requests capturing now.
+//! whose result slices list their nodes, pods and artifacts) and 50 ad hoc requests capturing now.
 //! Everything lives in the same reflector stores the operator reads (`sampling::fleet::Fleet`),
 //! filled in memory.
 //!
@@ -24,10 +24,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use flamefleet_api::{ProfileRequest, RotationState, SamplingLimits};
+use flamefleet_api::{ProfileRequest, ProfileResultSlice, RotationState, SamplingLimits};
 use flamefleet_operator::controller::agents::AGENT_LABEL;
 use flamefleet_operator::sampling::budget::{Budget, Ledger};
-use flamefleet_operator::sampling::fleet::{Fleet, Scope, slim_pod};
+use flamefleet_operator::sampling::fleet::{Fleet, Scope, slim_pod, slim_slice};
 use flamefleet_operator::sampling::rotation::{self, Limits};
 use flamefleet_operator::sampling::run_name::{
     POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL,
@@ -136,8 +136,29 @@ fn node_name(i: usize) -> String {
     format!("node-{:03}", i % NODES)
 }
 
-/// One run of policy `p` (run `k`): `nodes` node entries of 4 pods and one artifact each.
-fn run(p: usize, k: usize, phase: &str, start: i64, nodes: usize) -> ProfileRequest {
+/// The result slice of `request` holding `nodes` (as the slice cache keeps it, slimmed).
+fn slice_of(request: &ProfileRequest, nodes: Vec<serde_json::Value>) -> ProfileResultSlice {
+    let mut slice: ProfileResultSlice = serde_json::from_value(json!({
+        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileResultSlice",
+        "metadata": {"name": format!("{}-0", request.metadata.uid.clone().unwrap_or_default()),
+            "namespace": request.metadata.namespace.clone()},
+        "request": {"name": request.metadata.name.clone(), "uid": request.metadata.uid.clone()},
+        "nodes": nodes,
+    }))
+    .expect("slice JSON");
+    slim_slice(&mut slice);
+    slice
+}
+
+/// One run of policy `p` (run `k`): `nodes` node entries of 4 pods and one artifact each,
+/// in one result slice.
+fn run(
+    p: usize,
+    k: usize,
+    phase: &str,
+    start: i64,
+    nodes: usize,
+) -> (ProfileRequest, ProfileResultSlice) {
     let ns = format!("shop-{:02}", p % NAMESPACES);
     let start_t = jiff::Timestamp::from_second(start).expect("time");
     let end_t = jiff::Timestamp::from_second(start + 30).expect("time");
@@ -158,7 +179,7 @@ fn run(p: usize, k: usize, phase: &str, start: i64, nodes: usize) -> ProfileRequ
         .collect();
     let mut status = json!({
         "phase": phase, "startTime": start_t.to_string(),
-        "podCount": nodes * 4, "nodeCount": nodes, "nodes": node_entries,
+        "podCount": nodes * 4, "nodeCount": nodes, "resultSlices": 1,
         "observedGeneration": 1,
         "conditions": [{"type": "Ready", "status": "True", "reason": phase,
             "message": format!("{nodes} of {nodes} nodes {phase}"),
@@ -167,7 +188,7 @@ fn run(p: usize, k: usize, phase: &str, start: i64, nodes: usize) -> ProfileRequ
     if phase != "Running" {
         status["completionTime"] = json!(end_t.to_string());
     }
-    serde_json::from_value(json!({
+    let request: ProfileRequest = serde_json::from_value(json!({
         "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",
         "metadata": {
             "name": format!("policy-{p}-{k}"), "namespace": ns, "uid": format!("run-{p}-{k}"),
@@ -179,20 +200,27 @@ fn run(p: usize, k: usize, phase: &str, start: i64, nodes: usize) -> ProfileRequ
             "podNames": (0..nodes * 4).map(|i| format!("shop-{p}-{k}-{i}")).collect::<Vec<_>>()},
         "status": status,
     }))
-    .expect("request JSON")
+    .expect("request JSON");
+    let slice = slice_of(&request, node_entries);
+    (request, slice)
 }
 
-fn ad_hoc(i: usize, now: i64) -> ProfileRequest {
+fn ad_hoc(i: usize, now: i64) -> (ProfileRequest, ProfileResultSlice) {
     let start_t = jiff::Timestamp::from_second(now - 5).expect("time");
-    serde_json::from_value(json!({
+    let request: ProfileRequest = serde_json::from_value(json!({
         "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",
         "metadata": {"name": format!("debug-{i}"), "namespace": format!("shop-{:02}", i % NAMESPACES),
             "uid": format!("adhoc-{i}"), "creationTimestamp": start_t.to_string()},
         "spec": {"type": "cpu", "duration": "60s", "selector": {"matchLabels": {"app": format!("app-{i}")}}},
-        "status": {"phase": "Running", "startTime": start_t.to_string(),
-            "nodes": [{"node": node_name(i * 11), "phase": "Running"}]},
+        "status": {"phase": "Running", "startTime": start_t.to_string(), "nodeCount": 1,
+            "resultSlices": 1},
     }))
-    .expect("request JSON")
+    .expect("request JSON");
+    let slice = slice_of(
+        &request,
+        vec![json!({"node": node_name(i * 11), "phase": "Running"})],
+    );
+    (request, slice)
 }
 
 fn main() {
@@ -209,6 +237,7 @@ fn main() {
     let (pods, mut pods_w) = reflector::store::<Pod>();
     let (namespaces, mut ns_w) = reflector::store::<Namespace>();
     let (requests, mut requests_w) = reflector::store::<ProfileRequest>();
+    let (results, mut results_w) = reflector::store::<ProfileResultSlice>();
 
     let mut all_pods = Vec::with_capacity(PODS + NODES);
     for i in 0..PODS {
@@ -271,13 +300,16 @@ fn main() {
         all_requests.push(ad_hoc(i, now_s));
     }
     let request_count = all_requests.len();
+    let (all_requests, all_slices): (Vec<_>, Vec<_>) = all_requests.into_iter().unzip();
     fill(&mut requests_w, all_requests);
+    fill(&mut results_w, all_slices);
     let heap_all = LIVE.load(Ordering::Relaxed);
 
     let fleet = Fleet {
         pods,
         namespaces,
         requests,
+        results,
         agent_namespace: AGENT_NS.into(),
     };
     let ledger = Ledger::default();
@@ -299,7 +331,12 @@ fn main() {
     let duration = Duration::from_secs(30);
 
     // Which nodes the budget admits (the load is the same for every run here).
-    let load = ledger.load(&fleet.requests.state(), &fleet.pods.state(), now);
+    let load = ledger.load(
+        &fleet.requests.state(),
+        &fleet.results.state(),
+        &fleet.pods.state(),
+        now,
+    );
     let mut gate = load.gate(budget, flamefleet_api::ProfileType::Cpu, duration, now);
     let admitted: std::collections::BTreeSet<String> = (0..NODES)
         .map(node_name)
@@ -328,7 +365,12 @@ fn main() {
             &[],
         );
         let t1 = Instant::now();
-        let load = ledger.load(&fleet.requests.state(), &fleet.pods.state(), now);
+        let load = ledger.load(
+            &fleet.requests.state(),
+            &fleet.results.state(),
+            &fleet.pods.state(),
+            now,
+        );
         let t2 = Instant::now();
         let mut gate = load.gate(budget, flamefleet_api::ProfileType::Cpu, duration, now);
         let limits = Limits::from_spec(Some(&sampling), eligibility.candidates.len());

@@ -10,7 +10,7 @@ use clap::{Parser, ValueEnum};
 use futures::FutureExt as _;
 use kube::runtime::events::{Recorder, Reporter};
 
-use crate::controller::agent_client::AgentConnector;
+use crate::controller::agent_client::{AgentConnector, Backoff};
 use crate::controller::dispatch::{DispatchSettings, Dispatcher};
 use crate::controller::limits::TenantLimits;
 use crate::controller::uploads::UrlPolicy;
@@ -167,6 +167,14 @@ pub struct Options {
     /// Timeout of a connection attempt to an agent.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub agent_connect_timeout: Duration,
+    /// Capture calls being set up at once (connection or cached channel, TLS handshake, call
+    /// start), over all requests; an open capture stream holds no slot (0: unlimited).
+    #[arg(long, default_value_t = 256)]
+    pub max_concurrent_dispatch: usize,
+    /// Attempts to reach an agent before its node fails as unreachable; retries wait with
+    /// exponential backoff and full jitter.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub agent_connect_attempts: u32,
 }
 
 /// A client from `kubeconfig`, or the in-cluster configuration when `None`.
@@ -405,13 +413,18 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     });
     let (trigger, triggers) = tokio::sync::mpsc::unbounded_channel();
     let dispatcher = Arc::new(Dispatcher::new(
-        connector,
+        connector.with_metrics(metrics.clone()),
         store.clone(),
         trigger,
         DispatchSettings {
             grace: options.capture_grace,
             urls: UrlPolicy {
                 max_bytes: options.store_max_bytes,
+            },
+            max_concurrent_dispatch: options.max_concurrent_dispatch,
+            backoff: Backoff {
+                attempts: options.agent_connect_attempts,
+                ..Backoff::default()
             },
         },
         metrics.clone(),

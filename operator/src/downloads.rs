@@ -5,13 +5,19 @@
 //! The API server has already authorized the download when the object was created (RBAC on
 //! `profiledownloads`, and the `flamefleet-profile-download` admission policy requiring
 //! `get` on each named request), so the controller only checks that each request exists,
-//! has finished, belongs to this operator (`--request-selector`) and lists artifacts.
+//! has finished, belongs to this operator (`--request-selector`) and has artifacts (in its
+//! `ProfileResultSlice`s, optionally only those of the download's `spec.nodes`).
+//!
+//! An answer holds at most [`MAX_DOWNLOAD_URLS`] URLs, so its status stays small: a larger
+//! request is downloaded in batches of nodes (`kubectl profile get` does so).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use flamefleet_api::conditions::{new_condition, set_condition};
+use flamefleet_api::profile_download::MAX_DOWNLOAD_URLS;
+use flamefleet_api::results::RequestResults;
 use flamefleet_api::{
     DownloadPhase, DownloadUrl, ProfileDownload, ProfileDownloadStatus, ProfileRequest,
     SkippedRequest,
@@ -61,29 +67,42 @@ fn now() -> Time {
     Time(jiff::Timestamp::now())
 }
 
-/// What one named request contributes (pure): its artifacts' keys, or why it has none.
+/// What one named request contributes (pure): its artifacts' names (those of `nodes` only,
+/// unless empty), or why it has none.
 pub fn artifacts_of(
     name: &str,
     request: Option<&ProfileRequest>,
+    results: &RequestResults,
+    nodes: &[String],
 ) -> std::result::Result<Vec<String>, String> {
     let Some(request) = request else {
         return Err("not found".into());
     };
-    let status = request.status.clone().unwrap_or_default();
-    let phase = status.phase;
+    let phase = request.status.as_ref().and_then(|s| s.phase);
     if !phase.is_some_and(|p| p.is_terminal()) {
         return Err(format!(
             "still {}; download it once it has finished",
             phase.map_or("Pending", |p| p.as_str())
         ));
     }
-    let names: Vec<String> = status
-        .nodes
-        .iter()
-        .flat_map(|n| n.artifacts.iter())
-        .map(|a| a.name.clone())
+    let names: Vec<String> = results
+        .artifacts()
+        .filter(|(n, _)| nodes.is_empty() || nodes.contains(&n.node))
+        .map(|(_, a)| a.name.clone())
         .collect();
     if names.is_empty() {
+        if !nodes.is_empty() {
+            return Err(format!(
+                "{name} has no artifacts of node(s) {}",
+                nodes.join(", ")
+            ));
+        }
+        if results.incomplete() {
+            return Err(format!(
+                "{name}: its ProfileResultSlices {:?} are missing, so its artifacts are unknown",
+                results.missing_slices
+            ));
+        }
         return Err(format!(
             "{name} finished {} without artifacts",
             phase.map_or("", |p| p.as_str())
@@ -125,7 +144,15 @@ async fn answer(
             continue;
         }
         mine += usize::from(request.is_some());
-        match artifacts_of(name, request.as_ref()) {
+        let results = match &request {
+            Some(r) => flamefleet_api::results::fetch(&ctx.client, r)
+                .await
+                .map_err(Error::kube(format!(
+                    "listing the ProfileResultSlices of {namespace}/{name}"
+                )))?,
+            None => RequestResults::default(),
+        };
+        match artifacts_of(name, request.as_ref(), &results, &download.spec.nodes) {
             Err(reason) => skipped.push(SkippedRequest {
                 request: name.clone(),
                 reason,
@@ -147,6 +174,17 @@ async fn answer(
                 }
             }
         }
+    }
+    if artifacts.len() > MAX_DOWNLOAD_URLS {
+        let total = artifacts.len();
+        artifacts.clear();
+        skipped.clear();
+        skipped.push(SkippedRequest {
+            request: download.spec.requests.join(","),
+            reason: format!(
+                "{total} artifacts are more than one download answers ({MAX_DOWNLOAD_URLS}); name at most 100 nodes in spec.nodes and download in batches (kubectl profile get does)"
+            ),
+        });
     }
     if mine == 0 && others > 0 {
         // Only other shards' requests (and maybe missing ones): not ours to answer.
@@ -282,9 +320,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn request(phase: Option<&str>, artifacts: &[&str]) -> ProfileRequest {
-        let artifacts: Vec<_> = artifacts.iter().map(|a| json!({"name": a})).collect();
-        let mut status = json!({"nodes": [{"node": "n1", "artifacts": artifacts}]});
+    fn request(phase: Option<&str>) -> ProfileRequest {
+        let mut status = json!({});
         if let Some(p) = phase {
             status["phase"] = json!(p);
         }
@@ -297,21 +334,76 @@ mod tests {
         .expect("request")
     }
 
+    /// The results of request `r`: node `n1` with `artifacts`, node `n2` with one.
+    fn results(artifacts: &[&str]) -> RequestResults {
+        let node = |name: &str, artifacts: &[&str]| flamefleet_api::NodeStatus {
+            node: name.into(),
+            artifacts: artifacts
+                .iter()
+                .map(|a| flamefleet_api::Artifact {
+                    name: a.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let r = request(None);
+        let slice = flamefleet_api::ProfileResultSlice::for_request(
+            &r,
+            0,
+            vec![node("n1", artifacts), node("n2", &["cpu-n2.pb.gz"])],
+        )
+        .expect("slice");
+        RequestResults::from_slices("0c7e3a40-0000-4000-8000-000000000001", [&slice], Some(1))
+    }
+
     #[test]
     fn only_finished_requests_with_artifacts_are_downloadable() {
+        let all: &[String] = &[];
         assert_eq!(
-            artifacts_of("r", Some(&request(Some("Succeeded"), &["cpu-n1.pb.gz"]))),
-            Ok(vec!["cpu-n1.pb.gz".to_string()])
+            artifacts_of(
+                "r",
+                Some(&request(Some("Succeeded"))),
+                &results(&["cpu-n1.pb.gz"]),
+                all
+            ),
+            Ok(vec!["cpu-n1.pb.gz".to_string(), "cpu-n2.pb.gz".to_string()])
         );
         assert_eq!(
-            artifacts_of("r", Some(&request(Some("PartiallySucceeded"), &["a", "b"])))
-                .map(|v| v.len()),
-            Ok(2)
+            artifacts_of(
+                "r",
+                Some(&request(Some("PartiallySucceeded"))),
+                &results(&["a", "b"]),
+                &["n1".to_string()]
+            ),
+            Ok(vec!["a".to_string(), "b".to_string()])
         );
-        let running = artifacts_of("r", Some(&request(Some("Running"), &["x"]))).unwrap_err();
+        let running =
+            artifacts_of("r", Some(&request(Some("Running"))), &results(&["x"]), all).unwrap_err();
         assert!(running.contains("still Running"), "{running}");
-        let failed = artifacts_of("r", Some(&request(Some("Failed"), &[]))).unwrap_err();
+        let failed = artifacts_of(
+            "r",
+            Some(&request(Some("Failed"))),
+            &RequestResults::default(),
+            all,
+        )
+        .unwrap_err();
         assert!(failed.contains("without artifacts"), "{failed}");
-        assert!(artifacts_of("r", None).unwrap_err().contains("not found"));
+        let other = artifacts_of(
+            "r",
+            Some(&request(Some("Succeeded"))),
+            &results(&[]),
+            &["n9".to_string()],
+        )
+        .unwrap_err();
+        assert!(other.contains("no artifacts of node(s) n9"), "{other}");
+        let missing = RequestResults::from_slices("other-uid", [], Some(2));
+        let gone = artifacts_of("r", Some(&request(Some("Succeeded"))), &missing, all).unwrap_err();
+        assert!(gone.contains("are missing"), "{gone}");
+        assert!(
+            artifacts_of("r", None, &RequestResults::default(), all)
+                .unwrap_err()
+                .contains("not found")
+        );
     }
 }

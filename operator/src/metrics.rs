@@ -31,6 +31,13 @@ pub struct PhaseLabels {
     pub phase: String,
 }
 
+/// Label of an agent connection attempt.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionLabels {
+    /// `ok` or `error`.
+    pub result: String,
+}
+
 /// The operator's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -43,8 +50,13 @@ pub struct Metrics {
     finished: Family<PhaseLabels, Counter>,
     sessions: Gauge,
     leader: Gauge,
+    dispatch_wait: Histogram,
+    dispatch_retries: Counter,
+    agent_connections: Family<ConnectionLabels, Counter>,
+    agent_channels: Gauge,
     policy_runs: Counter,
     budget_skips: Counter,
+    slice_writes: Counter,
 }
 
 impl Default for Metrics {
@@ -65,8 +77,39 @@ impl Metrics {
         let finished = Family::<PhaseLabels, Counter>::default();
         let sessions = Gauge::default();
         let leader = Gauge::default();
+        // 1 ms .. ~33 s: a node's wait for a dispatch permit behind a large fleet's setup.
+        let dispatch_wait = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let dispatch_retries = Counter::default();
+        let agent_connections = Family::<ConnectionLabels, Counter>::default();
+        let agent_channels = Gauge::default();
+        registry.register(
+            "dispatch_wait_seconds",
+            "Time a node's capture waited for a dispatch permit (--max-concurrent-dispatch)",
+            dispatch_wait.clone(),
+        );
+        registry.register(
+            "dispatch_retries",
+            "Capture calls retried after the agent could not be reached",
+            dispatch_retries.clone(),
+        );
+        registry.register(
+            "agent_connections",
+            "New connections to agents (cached channels are reused), by result",
+            agent_connections.clone(),
+        );
+        registry.register(
+            "agent_channels",
+            "Open agent channels in the connection cache",
+            agent_channels.clone(),
+        );
         let policy_runs = Counter::default();
         let budget_skips = Counter::default();
+        let slice_writes = Counter::default();
+        registry.register(
+            "result_slice_writes",
+            "ProfileResultSlices applied (each holds up to 100 nodes' results)",
+            slice_writes.clone(),
+        );
         registry.register(
             "policy_runs",
             "Runs created by sampling policies",
@@ -127,8 +170,13 @@ impl Metrics {
             finished,
             sessions,
             leader,
+            dispatch_wait,
+            dispatch_retries,
+            agent_connections,
+            agent_channels,
             policy_runs,
             budget_skips,
+            slice_writes,
         }
     }
 
@@ -187,6 +235,31 @@ impl Metrics {
         self.sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
+    /// Records how long a node waited for a dispatch permit.
+    pub fn dispatch_waited(&self, waited: std::time::Duration) {
+        self.dispatch_wait.observe(waited.as_secs_f64());
+    }
+
+    /// Counts a capture call retried after a connection failure.
+    pub fn dispatch_retried(&self) {
+        self.dispatch_retries.inc();
+    }
+
+    /// Counts a new agent connection, established or not.
+    pub fn agent_connection(&self, ok: bool) {
+        self.agent_connections
+            .get_or_create(&ConnectionLabels {
+                result: if ok { "ok" } else { "error" }.to_string(),
+            })
+            .inc();
+    }
+
+    /// Sets the number of cached agent channels.
+    pub fn set_agent_channels(&self, n: usize) {
+        self.agent_channels
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
     /// Records whether this replica leads.
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
@@ -201,6 +274,17 @@ impl Metrics {
     pub fn budget_skips(&self, n: usize) {
         self.budget_skips
             .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+    }
+
+    /// Counts result slices written.
+    pub fn result_slices_written(&self, n: usize) {
+        self.slice_writes
+            .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+    }
+
+    /// Result slices written so far.
+    pub fn result_slice_writes(&self) -> u64 {
+        self.slice_writes.get()
     }
 
     /// Total reconciles so far.
@@ -245,6 +329,9 @@ mod tests {
         m.node_failed("TimedOut");
         m.request_finished("Succeeded");
         m.set_leader(true);
+        m.agent_connection(true);
+        m.set_agent_channels(3);
+        m.dispatch_waited(std::time::Duration::from_millis(5));
         let text = m.encode();
         assert!(
             text.contains("flamefleet_operator_reconciles_total 1"),
@@ -265,6 +352,18 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("flamefleet_operator_leader 1"), "{text}");
+        assert!(
+            text.contains("flamefleet_operator_agent_connections_total{result=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("flamefleet_operator_agent_channels 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("flamefleet_operator_dispatch_wait_seconds_count 1"),
+            "{text}"
+        );
         assert_eq!(m.reconcile_count(), 1);
     }
 }

@@ -193,25 +193,33 @@ pub async fn build_request(cluster: &Cluster, opts: &CaptureOptions) -> Result<P
     })
 }
 
-/// One progress line: the phase, the time left, and each node's phase.
+/// One progress line: the phase, the time left, and the nodes by phase (counts, so the line
+/// stays short on any fleet).
 pub fn progress_line(request: &ProfileRequest, left: Duration) -> String {
     let status = request.status.as_ref();
     let phase = status
         .and_then(|s| s.phase)
         .map_or("Pending", |p| p.as_str());
-    let nodes: Vec<String> = status
-        .map(|s| {
-            s.nodes
-                .iter()
-                .map(|n| format!("{}={}", n.node, n.phase.map_or("Pending", |p| p.as_str())))
-                .collect()
+    let nodes = status
+        .and_then(|s| s.node_counts)
+        .map(|c| {
+            let mut parts = vec![format!("{} nodes", c.total)];
+            for (n, what) in [
+                (c.pending + c.running, "capturing"),
+                (c.succeeded, "succeeded"),
+                (c.failed, "failed"),
+            ] {
+                if n > 0 {
+                    parts.push(format!("{n} {what}"));
+                }
+            }
+            parts.join(", ")
         })
         .unwrap_or_default();
     format!(
-        "{} {phase} ({}s left) {}",
+        "{} {phase} ({}s left) {nodes}",
         request.metadata.name.as_deref().unwrap_or(""),
         left.as_secs(),
-        nodes.join(" ")
     )
 }
 

@@ -17,7 +17,7 @@ use flamefleet_api::{ClusterSamplingPolicy, ProfileRequest, RequestPhase, Sampli
 use kube::api::{Api, ListParams};
 
 use crate::cluster::Cluster;
-use crate::download::{Downloaded, fetch_all};
+use crate::download::{Downloaded, FromRequest, fetch_all};
 use crate::error::{Error, Result};
 use crate::{merge, profile_file};
 
@@ -72,6 +72,7 @@ fn kube_err(action: String) -> impl FnOnce(kube::Error) -> Error {
         kube::Error::Api(s) if s.code == 403 => Error::Forbidden {
             message: s.message.clone(),
             verb: "list".into(),
+            resource: "profilerequests".into(),
             namespace: String::new(),
         },
         _ => Error::Kube { action, source },
@@ -149,13 +150,12 @@ fn namespace_of(r: &ProfileRequest) -> String {
     r.metadata.namespace.clone().unwrap_or_default()
 }
 
-fn samples(r: &ProfileRequest) -> i64 {
+/// The samples of a finished run (its summary's total over nodes); none before it finished.
+fn samples(r: &ProfileRequest) -> Option<i64> {
     r.status
-        .iter()
-        .flat_map(|s| s.nodes.iter())
-        .flat_map(|n| n.artifacts.iter())
-        .filter_map(|a| a.samples)
-        .sum()
+        .as_ref()
+        .and_then(|s| s.summary.as_ref())
+        .and_then(|s| s.samples)
 }
 
 /// Downloads the profiles of every finished run of `policy` scheduled within `since`, merges
@@ -217,7 +217,24 @@ pub async fn get(
             namespace: namespace.clone(),
             ..cluster.clone()
         };
-        for (run, d) in fetch_all(&scoped, requests, |a| is_pprof(&a.name)).await? {
+        let mut results = Vec::with_capacity(requests.len());
+        for r in requests {
+            results.push(crate::requests::results(&scoped, r).await?);
+        }
+        let names: Vec<String> = requests
+            .iter()
+            .map(|r| r.metadata.name.clone().unwrap_or_default())
+            .collect();
+        let from: Vec<FromRequest<'_>> = names
+            .iter()
+            .zip(&results)
+            .map(|(name, results)| FromRequest {
+                name,
+                results,
+                nodes: None,
+            })
+            .collect();
+        for (run, d) in fetch_all(&scoped, &from, |a| is_pprof(&a.name)).await? {
             let source = format!("{namespace}/{run}/{}", d.name);
             let mut profile = profile_file::decode(&d.bytes, &source)?;
             merge::add_label(&mut profile, "run", &run);
@@ -298,7 +315,7 @@ pub fn runs_table(runs: &[ProfileRequest], now: i64) -> String {
             status
                 .and_then(|s| s.node_count)
                 .map_or("-".into(), |n| n.to_string()),
-            samples(r).to_string(),
+            samples(r).map_or("-".into(), |n| n.to_string()),
         ]);
     }
     let widths: Vec<usize> = (0..7)
@@ -329,7 +346,7 @@ mod tests {
                          "labels": {SCHEDULED_TIME_LABEL: scheduled.to_string()}},
             "spec": {"type": "cpu", "podNames": ["p"], "duration": "1s"},
             "status": {"phase": phase, "podCount": 1, "nodeCount": 1,
-                       "nodes": [{"node": "n1", "artifacts": [{"name": "cpu-n1.pb.gz", "samples": samples}]}]},
+                       "summary": {"samples": samples, "artifacts": 1}},
         }))
         .unwrap()
     }
@@ -373,6 +390,12 @@ mod tests {
             "{table}"
         );
         assert!(table.lines().nth(3).unwrap().ends_with('3'), "{table}");
+        let mut running = run("d", 9_500, "Running", 0);
+        if let Some(s) = running.status.as_mut() {
+            s.summary = None;
+        }
+        let table = runs_table(&[running], 10_000);
+        assert!(table.lines().nth(1).unwrap().ends_with('-'), "{table}");
     }
 
     #[test]

@@ -1,12 +1,15 @@
-//! `kubectl profile get NAME`: download, verify and render every artifact of a request.
+//! `kubectl profile get NAME [--node N]... [--limit N]`: download, verify and render the
+//! artifacts of a request (every node's, or a subset's), listed in its result slices.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use flamefleet_api::{ProfileRequest, RequestPhase};
+use flamefleet_api::results::RequestResults;
+use flamefleet_api::{NodePhase, ProfileRequest, RequestPhase};
 
 use crate::cluster::Cluster;
-use crate::download::{Downloaded, fetch_all, write_atomic};
+use crate::download::{Downloaded, FromRequest, fetch_all, write_atomic};
 use crate::error::{Error, Result};
 use crate::{flamegraph, profile_file, requests, stacks, top_functions};
 
@@ -23,14 +26,81 @@ pub enum Format {
     Folded,
 }
 
-/// The node lines of a failed request: `node: phase: message`.
-pub fn node_details(request: &ProfileRequest) -> String {
-    let Some(status) = &request.status else {
-        return "  (no status)".into();
-    };
-    status
+/// Most node lines [`node_details`] prints.
+const DETAIL_LINES: usize = 20;
+
+/// Which nodes' artifacts to download (`--node`, `--limit`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeSelection {
+    /// Only these nodes; every node when empty.
+    pub nodes: Vec<String>,
+    /// At most this many nodes (the first in name order among those with artifacts).
+    pub limit: Option<usize>,
+}
+
+impl NodeSelection {
+    /// True when every node's artifacts are wanted.
+    pub fn is_all(&self) -> bool {
+        self.nodes.is_empty() && self.limit.is_none()
+    }
+
+    /// The nodes of `results` this selection picks, or `None` for all of them.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] naming a node the request does not have.
+    pub fn resolve(
+        &self,
+        name: &str,
+        results: &RequestResults,
+    ) -> Result<Option<BTreeSet<String>>> {
+        if self.is_all() {
+            return Ok(None);
+        }
+        let unknown: Vec<&str> = self
+            .nodes
+            .iter()
+            .filter(|n| !results.nodes.contains_key(n.as_str()))
+            .map(String::as_str)
+            .collect();
+        if !unknown.is_empty() {
+            return Err(Error::Usage(format!(
+                "profilerequest {name:?} has no node {}; it ran on {} nodes (list them with `kubectl get prslice -l flamefleet.dev/request={name} -o yaml`)",
+                unknown.join(", "),
+                results.nodes.len()
+            )));
+        }
+        let picked = results
+            .nodes
+            .values()
+            .filter(|n| self.nodes.is_empty() || self.nodes.contains(&n.node))
+            .filter(|n| !n.artifacts.is_empty())
+            .take(self.limit.unwrap_or(usize::MAX))
+            .map(|n| n.node.clone())
+            .collect();
+        Ok(Some(picked))
+    }
+}
+
+/// The node lines of a failed or partly failed request: `node: phase: message` for each node
+/// that did not succeed (at most 20, then how many more), or the request's own message when
+/// it failed before reaching any node.
+pub fn node_details(request: &ProfileRequest, results: &RequestResults) -> String {
+    let unsucceeded: Vec<_> = results
         .nodes
+        .values()
+        .filter(|n| n.phase != Some(NodePhase::Succeeded))
+        .collect();
+    if unsucceeded.is_empty() {
+        let completed = request
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Completed"))
+            .map(|c| c.message.clone());
+        return format!("  {}", completed.unwrap_or_else(|| "(no status)".into()));
+    }
+    let mut lines: Vec<String> = unsucceeded
         .iter()
+        .take(DETAIL_LINES)
         .map(|n| {
             format!(
                 "  {}: {}: {}",
@@ -39,21 +109,29 @@ pub fn node_details(request: &ProfileRequest) -> String {
                 n.message.as_deref().unwrap_or("")
             )
         })
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect();
+    if unsucceeded.len() > DETAIL_LINES {
+        lines.push(format!(
+            "  ... and {} more nodes (`kubectl get prslice -l flamefleet.dev/request-uid={} -o yaml`)",
+            unsucceeded.len() - DETAIL_LINES,
+            request.metadata.uid.as_deref().unwrap_or("")
+        ));
+    }
+    lines.join("\n")
 }
 
-/// Downloads every listed artifact (all verified before any is written), writes them into
+/// Downloads the selected artifacts (all verified before any is written), writes them into
 /// `dir`, renders per `format`, and prints what was written to `out`.
 pub async fn run(
     cluster: &Cluster,
     name: &str,
     dir: &Path,
     format: Format,
+    selection: &NodeSelection,
     out: &mut dyn Write,
 ) -> Result<Vec<PathBuf>> {
     let request = requests::get(cluster, name).await?;
-    download_request(cluster, &request, dir, format, out).await
+    download_request(cluster, &request, dir, format, selection, out).await
 }
 
 /// The part of `get` after the request was read (shared with the capture commands).
@@ -62,33 +140,41 @@ pub async fn download_request(
     request: &ProfileRequest,
     dir: &Path,
     format: Format,
+    selection: &NodeSelection,
     out: &mut dyn Write,
 ) -> Result<Vec<PathBuf>> {
     let name = request.metadata.name.clone().unwrap_or_default();
     let phase = request.status.as_ref().and_then(|s| s.phase);
-    let artifacts: Vec<_> = request
-        .status
-        .iter()
-        .flat_map(|s| s.nodes.iter())
-        .flat_map(|n| n.artifacts.iter())
-        .collect();
-    if phase == Some(RequestPhase::Failed) && artifacts.is_empty() {
+    let results = requests::results(cluster, request).await?;
+    let artifacts = results.artifacts().count();
+    if phase == Some(RequestPhase::Failed) && artifacts == 0 {
         return Err(Error::RequestFailed {
             name,
-            details: node_details(request),
+            details: node_details(request, &results),
         });
     }
-    if artifacts.is_empty() {
+    if artifacts == 0 {
         return Err(Error::NoArtifacts {
             name,
             phase: phase.map_or("Pending", |p| p.as_str()).to_string(),
         });
     }
-    let downloaded: Vec<Downloaded> = fetch_all(cluster, &[request], |_| true)
+    let nodes = selection.resolve(&name, &results)?;
+    let from = FromRequest {
+        name: &name,
+        results: &results,
+        nodes: nodes.as_ref(),
+    };
+    let downloaded: Vec<Downloaded> = fetch_all(cluster, &[from], |_| true)
         .await?
         .into_iter()
         .map(|(_, d)| d)
         .collect();
+    if downloaded.is_empty() {
+        return Err(Error::Usage(format!(
+            "no artifacts of the selected nodes of profilerequest {name:?}; the nodes that failed have none"
+        )));
+    }
     let mut written = Vec::new();
     for d in &downloaded {
         written.extend(render(d, dir, format, out)?);
@@ -97,7 +183,7 @@ pub async fn download_request(
         let _ = writeln!(
             out,
             "warning: some nodes failed:\n{}",
-            node_details(request)
+            node_details(request, &results)
         );
     }
     Ok(written)

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::cluster::Cluster;
-use crate::download::{fetch_all, write_atomic};
+use crate::download::{FromRequest, fetch_all, write_atomic};
 use crate::error::{Error, Result};
 use crate::{merge, profile_file, requests};
 
@@ -27,14 +27,10 @@ pub async fn run(
         let cluster = cluster
             .ok_or_else(|| Error::Usage(format!("{input} is neither a file nor a request name")))?;
         let request = requests::get(cluster, input).await?;
+        let results = requests::results(cluster, &request).await?;
         let is_pprof =
             |a: &flamefleet_api::Artifact| a.name.ends_with(".pb.gz") || a.name.ends_with(".pb");
-        let has_pprof = request
-            .status
-            .iter()
-            .flat_map(|s| s.nodes.iter())
-            .flat_map(|n| n.artifacts.iter())
-            .any(is_pprof);
+        let has_pprof = results.artifacts().any(|(_, a)| is_pprof(a));
         if !has_pprof {
             return Err(Error::NoArtifacts {
                 name: input.clone(),
@@ -46,7 +42,12 @@ pub async fn run(
                     .to_string(),
             });
         }
-        for (_, d) in fetch_all(cluster, &[&request], is_pprof).await? {
+        let from = FromRequest {
+            name: input,
+            results: &results,
+            nodes: None,
+        };
+        for (_, d) in fetch_all(cluster, &[from], is_pprof).await? {
             let source = format!("{input}/{}", d.name);
             profiles.push((source.clone(), profile_file::decode(&d.bytes, &source)?));
         }

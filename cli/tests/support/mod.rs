@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flamefleet_api::{Artifact, NodePhase, NodeStatus, ProfileRequest, RequestPhase};
+use flamefleet_api::{
+    Artifact, NodeCounts, NodePhase, NodeStatus, ProfileRequest, ProfileResultSlice, RequestPhase,
+};
 use flamefleet_e2e::TestNamespace;
 use flamefleet_operator::store::{
     ArtifactStore, RequestRef, UploadLimits,
@@ -200,7 +202,8 @@ pub async fn create_request(ns: &TestNamespace, name: &str) -> ProfileRequest {
     api.create(&PostParams::default(), &req).await.unwrap()
 }
 
-/// Writes `status.phase` and node entries through the status subresource.
+/// Writes `status.phase` through the status subresource and the node entries as the
+/// request's ProfileResultSlice, as the operator does.
 pub async fn write_status(
     ns: &TestNamespace,
     name: &str,
@@ -208,8 +211,20 @@ pub async fn write_status(
     nodes: Vec<NodeStatus>,
 ) {
     let api: Api<ProfileRequest> = ns.api();
+    let request = api.get(name).await.unwrap();
+    let slices: Api<ProfileResultSlice> = ns.api();
+    let slice = ProfileResultSlice::for_request(&request, 0, nodes.clone()).unwrap();
+    slices
+        .patch(
+            slice.metadata.name.as_deref().unwrap(),
+            &PatchParams::apply("flamefleet-operator").force(),
+            &Patch::Apply(slice.apply_body().unwrap()),
+        )
+        .await
+        .unwrap();
     let patch = serde_json::json!({
-        "status": {"phase": phase, "nodeCount": nodes.len(), "podCount": 1, "nodes": nodes}
+        "status": {"phase": phase, "nodeCount": nodes.len(), "podCount": 1,
+            "resultSlices": 1, "nodeCounts": NodeCounts::of(&nodes)}
     });
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -229,6 +244,7 @@ pub fn node(
         pods: vec!["web-0".into()],
         message: message.map(str::to_string),
         artifacts,
+        ..Default::default()
     }
 }
 

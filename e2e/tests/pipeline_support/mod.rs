@@ -822,6 +822,7 @@ impl Pipeline {
                     },
                     spec: ProfileDownloadSpec {
                         requests: vec![name.clone()],
+                        nodes: Vec::new(),
                     },
                     status: None,
                 },
@@ -931,13 +932,30 @@ pub fn pprof_top(file: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Node entries of a request by node name.
-pub fn nodes_of(request: &ProfileRequest) -> BTreeMap<String, flamefleet_api::NodeStatus> {
-    request
-        .status
-        .iter()
-        .flat_map(|s| s.nodes.iter())
-        .map(|n| (n.node.clone(), n.clone()))
+/// Node entries of a request by node name, from its ProfileResultSlices (one list by the
+/// label `flamefleet.dev/request-uid`); panics when slices the status announces are missing.
+pub async fn node_results(
+    client: &kube::Client,
+    request: &ProfileRequest,
+) -> BTreeMap<String, flamefleet_api::NodeStatus> {
+    let results = flamefleet_api::results::fetch(client, request)
+        .await
+        .expect("listing the request's ProfileResultSlices");
+    assert!(
+        !results.incomplete(),
+        "result slices {:?} of {} are missing",
+        results.missing_slices,
+        request.metadata.name.as_deref().unwrap_or("")
+    );
+    results.nodes
+}
+
+/// Every artifact of a request, node by node (see [`node_results`]).
+pub async fn artifacts_of(client: &kube::Client, request: &ProfileRequest) -> Vec<Artifact> {
+    node_results(client, request)
+        .await
+        .into_values()
+        .flat_map(|n| n.artifacts)
         .collect()
 }
 

@@ -5,10 +5,16 @@
 //! another. The operator's own client certificate comes either from files (set up by hand)
 //! or from the operator's CA ([`AgentConnector::from_ca`]), which issues a short-lived one
 //! and renews it in the background.
+//!
+//! Channels are cached per agent endpoint (node name and address): a request over N nodes
+//! opens at most one connection per agent, every capture and cancel of later requests
+//! multiplexes on it (HTTP/2 streams), and a fleet of thousands of agents is not
+//! re-handshaken for every request. See [`ChannelCache`] for what evicts an entry.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::agent_service_client::AgentServiceClient;
 use flamefleet_proto::identity::agent_dns_name;
@@ -16,12 +22,22 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use super::agents::AgentEndpoint;
 use crate::identity::ca::OperatorCa;
+use crate::metrics::Metrics;
 use crate::{Error, Result};
 
 /// Lifetime of the operator's client certificates issued by its CA.
 const CLIENT_CERT_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How often the client certificate is renewed (a third of its lifetime: two spare renewals).
 const CLIENT_CERT_RENEWAL: Duration = Duration::from_secs(8 * 3600);
+/// A cached channel unused for this long is closed on the next cache access. Long enough to
+/// keep the connections of back-to-back requests and sampling-policy runs (minutes apart);
+/// short enough that an idle operator does not hold one TLS connection (tens of KiB) per
+/// agent of a large fleet for ever.
+pub const CHANNEL_IDLE_TTL: Duration = Duration::from_secs(10 * 60);
+/// HTTP/2 keepalive ping interval on agent channels: a dead peer (node gone, agent killed
+/// without a FIN) is noticed within interval + timeout instead of at the capture deadline.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The CA that agents' certificates chain to, and the operator's client identity, PEM.
 #[derive(Clone)]
@@ -29,19 +45,148 @@ struct TlsMaterial {
     ca_pem: Vec<u8>,
     cert_pem: Vec<u8>,
     key_pem: Vec<u8>,
+    /// Bumped at every renewal: channels built with an older generation are replaced, so
+    /// reconnections never present an expired client certificate.
+    generation: u64,
 }
 
-/// Opens mTLS channels to agents with the operator's client certificate.
+/// Exponential backoff with full jitter (AWS Architecture Blog, "Exponential Backoff And
+/// Jitter"): the delay before retry `attempt` (0-based) is uniform in
+/// `[0, min(cap, base * 2^attempt)]`. Thousands of nodes retrying after one blip (an agent
+/// DaemonSet rollout, a network partition healing) spread over the whole window instead of
+/// arriving in lock-step waves, which the fixed `200 ms * attempt` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Upper bound of the first delay.
+    pub base: Duration,
+    /// Upper bound of any delay.
+    pub cap: Duration,
+    /// Attempts in all (the first one included).
+    pub attempts: u32,
+}
+
+impl Default for Backoff {
+    /// Three attempts within about a second and a half: an agent that is just starting
+    /// refuses connections briefly; one that stays down is reported, not waited for (the
+    /// request's deadline is the capture duration plus grace).
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(250),
+            cap: Duration::from_secs(2),
+            attempts: 3,
+        }
+    }
+}
+
+impl Backoff {
+    /// The largest delay before retry `attempt` (0-based): `min(cap, base * 2^attempt)`.
+    pub fn ceiling(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX);
+        self.base.saturating_mul(factor).min(self.cap)
+    }
+
+    /// The delay before retry `attempt` (0-based), drawn from `rng`.
+    pub fn delay(&self, attempt: u32, rng: &mut fastrand::Rng) -> Duration {
+        let ceiling = u64::try_from(self.ceiling(attempt).as_micros()).unwrap_or(u64::MAX);
+        Duration::from_micros(rng.u64(0..=ceiling))
+    }
+}
+
+/// One cached channel.
+#[derive(Debug, Clone)]
+struct Cached {
+    address: String,
+    generation: u64,
+    channel: Channel,
+    last_used: Instant,
+}
+
+/// Open channels by node. An entry is replaced when the node's agent moves (a new pod, a
+/// new address) or the operator's client certificate is renewed, removed after a
+/// connection error ([`AgentConnector::evict`]) and closed after [`CHANNEL_IDLE_TTL`] unused.
+/// Its size is bounded by the number of nodes with an agent.
+#[derive(Debug, Default)]
+pub struct ChannelCache {
+    entries: Mutex<HashMap<String, Cached>>,
+}
+
+impl ChannelCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The live channel of `node` at `address` built with TLS `generation`, if any; drops a
+    /// stale one (other address or generation) and every entry idle past `ttl`.
+    fn get(
+        &self,
+        node: &str,
+        address: &str,
+        generation: u64,
+        now: Instant,
+        ttl: Duration,
+    ) -> Option<Channel> {
+        let mut entries = self.lock();
+        entries.retain(|_, c| now.saturating_duration_since(c.last_used) <= ttl);
+        match entries.get_mut(node) {
+            Some(c) if c.address == address && c.generation == generation => {
+                c.last_used = now;
+                Some(c.channel.clone())
+            }
+            Some(_) => {
+                entries.remove(node);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn insert(&self, node: &str, address: &str, generation: u64, channel: Channel, now: Instant) {
+        self.lock().insert(
+            node.to_owned(),
+            Cached {
+                address: address.to_owned(),
+                generation,
+                channel,
+                last_used: now,
+            },
+        );
+    }
+
+    /// Forgets the channel of `node` if it still points at `address`.
+    fn evict(&self, node: &str, address: &str) -> bool {
+        let mut entries = self.lock();
+        if entries.get(node).is_some_and(|c| c.address == address) {
+            entries.remove(node);
+            return true;
+        }
+        false
+    }
+
+    /// Number of cached channels.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when no channel is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Opens mTLS channels to agents with the operator's client certificate, and keeps them.
 #[derive(Clone)]
 pub struct AgentConnector {
     material: Arc<RwLock<TlsMaterial>>,
     connect_timeout: Duration,
+    channels: Arc<ChannelCache>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for AgentConnector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentConnector")
             .field("connect_timeout", &self.connect_timeout)
+            .field("channels", &self.channels.len())
             .finish_non_exhaustive()
     }
 }
@@ -72,8 +217,11 @@ impl AgentConnector {
                 ca_pem: read(ca, "CA certificate")?,
                 cert_pem: read(cert, "client certificate")?,
                 key_pem: read(key, "client key")?,
+                generation: 0,
             })),
             connect_timeout,
+            channels: Arc::default(),
+            metrics: None,
         })
     }
 
@@ -83,23 +231,26 @@ impl AgentConnector {
     /// # Errors
     /// [`Error::Tls`] when the first certificate cannot be issued.
     pub fn from_ca(ca: Arc<OperatorCa>, connect_timeout: Duration) -> Result<Self> {
-        let issue = |ca: &OperatorCa| -> Result<TlsMaterial> {
+        let issue = |ca: &OperatorCa, generation: u64| -> Result<TlsMaterial> {
             let pair = ca.issue_operator_client(CLIENT_CERT_TTL)?;
             Ok(TlsMaterial {
                 ca_pem: ca.cert_pem().as_bytes().to_vec(),
                 cert_pem: pair.chain_pem.into_bytes(),
                 key_pem: pair.key_pem.into_bytes(),
+                generation,
             })
         };
-        let material = Arc::new(RwLock::new(issue(&ca)?));
+        let material = Arc::new(RwLock::new(issue(&ca, 0)?));
         let weak = Arc::downgrade(&material);
         tokio::spawn(async move {
+            let mut generation = 0;
             loop {
                 tokio::time::sleep(CLIENT_CERT_RENEWAL).await;
                 let Some(material) = weak.upgrade() else {
                     return;
                 };
-                match issue(&ca) {
+                generation += 1;
+                match issue(&ca, generation) {
                     Ok(fresh) => {
                         if let Ok(mut current) = material.write() {
                             *current = fresh;
@@ -115,35 +266,93 @@ impl AgentConnector {
         Ok(Self {
             material,
             connect_timeout,
+            channels: Arc::default(),
+            metrics: None,
         })
     }
 
-    fn tls_for(&self, node: &str) -> Result<ClientTlsConfig, String> {
-        let m = self
-            .material
-            .read()
-            .map_err(|_| "the TLS material lock is poisoned".to_owned())?
-            .clone();
-        Ok(ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(m.ca_pem))
-            .identity(Identity::from_pem(m.cert_pem, m.key_pem))
-            .domain_name(agent_dns_name(node)))
+    /// Reports connections and cached channels to `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
-    /// Connects to `agent`, which must prove it serves `agent.node`; the error is a
+    /// The cached channels.
+    pub fn channels(&self) -> &ChannelCache {
+        &self.channels
+    }
+
+    fn material(&self) -> Result<TlsMaterial, String> {
+        self.material
+            .read()
+            .map(|m| m.clone())
+            .map_err(|_| "the TLS material lock is poisoned".to_owned())
+    }
+
+    fn tls_for(m: TlsMaterial, node: &str) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(m.ca_pem))
+            .identity(Identity::from_pem(m.cert_pem, m.key_pem))
+            .domain_name(agent_dns_name(node))
+    }
+
+    /// A client of `agent`, which must prove it serves `agent.node`: on the cached channel
+    /// when there is one, else on a new connection (then cached). The error is a
     /// human-readable transport error.
     pub async fn connect(
         &self,
         agent: &AgentEndpoint,
     ) -> std::result::Result<AgentServiceClient<Channel>, String> {
+        let material = self.material()?;
+        let generation = material.generation;
+        let now = Instant::now();
+        if let Some(channel) = self.channels.get(
+            &agent.node,
+            &agent.address,
+            generation,
+            now,
+            CHANNEL_IDLE_TTL,
+        ) {
+            return Ok(AgentServiceClient::new(channel));
+        }
         let endpoint = Endpoint::from_shared(agent.uri())
             .map_err(|e| format!("invalid agent URI {}: {e}", agent.uri()))?
-            .tls_config(self.tls_for(&agent.node)?)
+            .tls_config(Self::tls_for(material, &agent.node))
             .map_err(|e| format!("TLS configuration: {e}"))?
             .connect_timeout(self.connect_timeout)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .tcp_nodelay(true);
-        let channel = endpoint.connect().await.map_err(|e| describe(&e))?;
+        let connected = endpoint.connect().await.map_err(|e| describe(&e));
+        if let Some(metrics) = &self.metrics {
+            metrics.agent_connection(connected.is_ok());
+        }
+        let channel = connected?;
+        self.channels.insert(
+            &agent.node,
+            &agent.address,
+            generation,
+            channel.clone(),
+            Instant::now(),
+        );
+        self.report_channels();
         Ok(AgentServiceClient::new(channel))
+    }
+
+    /// Forgets the cached channel of `agent` (after a connection error), so the next call
+    /// connects afresh.
+    pub fn evict(&self, agent: &AgentEndpoint) {
+        if self.channels.evict(&agent.node, &agent.address) {
+            tracing::debug!(node = %agent.node, address = %agent.address, "dropped the cached agent channel");
+        }
+        self.report_channels();
+    }
+
+    fn report_channels(&self) {
+        if let Some(metrics) = &self.metrics {
+            metrics.set_agent_channels(self.channels.len());
+        }
     }
 }
 
@@ -159,4 +368,96 @@ pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
         source = e.source();
     }
     parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_ceiling_doubles_up_to_the_cap() {
+        let b = Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(700),
+            attempts: 10,
+        };
+        let ceilings: Vec<u128> = (0..5).map(|a| b.ceiling(a).as_millis()).collect();
+        assert_eq!(ceilings, [100, 200, 400, 700, 700]);
+        // No overflow for absurd attempt numbers.
+        assert_eq!(b.ceiling(u32::MAX), Duration::from_millis(700));
+    }
+
+    #[test]
+    fn backoff_delays_are_spread_over_the_whole_window() {
+        let b = Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(10),
+            attempts: 3,
+        };
+        let mut rng = fastrand::Rng::with_seed(7);
+        let delays: Vec<Duration> = (0..2000).map(|_| b.delay(2, &mut rng)).collect();
+        let ceiling = b.ceiling(2);
+        assert!(delays.iter().all(|d| *d <= ceiling), "{delays:?}");
+        // Full jitter: about uniform over [0, 400 ms]; each quarter gets a fair share.
+        let quarter = ceiling / 4;
+        for q in 0..4u32 {
+            let (lo, hi) = (quarter * q, quarter * (q + 1));
+            let n = delays.iter().filter(|d| **d >= lo && **d < hi).count();
+            assert!((350..650).contains(&n), "quarter {q} got {n} of 2000");
+        }
+        // Two nodes with different random streams do not retry in lock-step.
+        let mut other = fastrand::Rng::with_seed(8);
+        let theirs: Vec<Duration> = (0..20).map(|_| b.delay(0, &mut other)).collect();
+        let mut rng = fastrand::Rng::with_seed(7);
+        let ours: Vec<Duration> = (0..20).map(|_| b.delay(0, &mut rng)).collect();
+        assert_ne!(ours, theirs);
+    }
+
+    fn lazy_channel(address: &str) -> Channel {
+        Endpoint::from_shared(format!("http://{address}"))
+            .unwrap()
+            .connect_lazy()
+    }
+
+    #[tokio::test]
+    async fn cache_reuses_and_replaces_on_a_new_address_or_certificate() {
+        let cache = ChannelCache::default();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(60);
+        assert!(cache.get("n1", "10.0.0.1:7070", 0, t0, ttl).is_none());
+        cache.insert("n1", "10.0.0.1:7070", 0, lazy_channel("10.0.0.1:7070"), t0);
+        cache.insert("n2", "10.0.0.2:7070", 0, lazy_channel("10.0.0.2:7070"), t0);
+        assert!(cache.get("n1", "10.0.0.1:7070", 0, t0, ttl).is_some());
+        assert_eq!(cache.len(), 2);
+        // The agent of n1 moved: the old channel goes.
+        assert!(cache.get("n1", "10.0.0.9:7070", 0, t0, ttl).is_none());
+        assert_eq!(cache.len(), 1);
+        // A renewed client certificate replaces n2's channel.
+        assert!(cache.get("n2", "10.0.0.2:7070", 1, t0, ttl).is_none());
+        assert!(cache.is_empty());
+    }
+
+    #[tokio::test]
+    async fn cache_evicts_on_error_and_when_idle() {
+        let cache = ChannelCache::default();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(60);
+        cache.insert("n1", "10.0.0.1:7070", 0, lazy_channel("10.0.0.1:7070"), t0);
+        cache.insert("n2", "10.0.0.2:7070", 0, lazy_channel("10.0.0.2:7070"), t0);
+        // An eviction for an address the node no longer has leaves the new channel alone.
+        assert!(!cache.evict("n1", "10.0.0.7:7070"));
+        assert!(cache.evict("n1", "10.0.0.1:7070"));
+        assert!(cache.get("n1", "10.0.0.1:7070", 0, t0, ttl).is_none());
+        // n2 used at t0 + 50 s stays until 60 s after that use.
+        let t1 = t0 + Duration::from_secs(50);
+        assert!(cache.get("n2", "10.0.0.2:7070", 0, t1, ttl).is_some());
+        assert!(
+            cache
+                .get("n2", "10.0.0.2:7070", 0, t1 + Duration::from_secs(59), ttl)
+                .is_some()
+        );
+        let later = t1 + Duration::from_secs(59) + Duration::from_secs(61);
+        assert!(cache.get("n3", "10.0.0.3:7070", 0, later, ttl).is_none());
+        assert!(cache.is_empty(), "idle entries are dropped on access");
+    }
 }

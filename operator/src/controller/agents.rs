@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
+use kube::api::ListParams;
 
 use crate::{Error, Result};
 
@@ -94,14 +94,18 @@ pub async fn discover(
     client: &kube::Client,
     agent_namespace: &str,
 ) -> Result<BTreeMap<String, AgentEndpoint>> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), agent_namespace);
-    let pods = api
-        .list(&ListParams::default().labels(AGENT_LABEL))
-        .await
-        .map_err(Error::kube(format!(
-            "listing agent pods ({AGENT_LABEL}) in {agent_namespace}"
-        )))?;
-    Ok(agents_by_node(&pods.items))
+    // One pod per node of the cluster, whatever the request's size: listed without their
+    // managed fields (`lean_pods`).
+    let pods = super::lean_pods::list(
+        client,
+        agent_namespace,
+        &ListParams::default().labels(AGENT_LABEL),
+    )
+    .await
+    .map_err(Error::kube(format!(
+        "listing agent pods ({AGENT_LABEL}) in {agent_namespace}"
+    )))?;
+    Ok(agents_by_node(&pods))
 }
 
 /// The status message of a node that has no agent.

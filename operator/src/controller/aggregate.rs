@@ -1,76 +1,23 @@
-//! From node entries and capture outcomes to the request's phase, summary and node entries
-//! (pure logic).
+//! The request's summary and completion message from its per-node results (pure logic).
 //!
-//! The operator is the only writer of a request's status: agents report their results over
-//! the `Capture` stream, and the operator records them after checking every artifact
-//! against the store. So a node entry changes only when the operator's session has an
-//! outcome for it; entries recorded before (e.g. by a previous leader) stay as they are.
+//! The operator is the only writer of results: agents report over the `Capture` stream, and
+//! the operator records them after checking every artifact against the store. The per-node
+//! table itself (entries, counts, failures, dirty slices) is [`super::result_table`]; this
+//! module sums it up once the request is terminal.
 
 use std::collections::BTreeMap;
 
 use flamefleet_api::{
-    CpuSummary, LatencySummary, NodePhase, NodeStatus, ProfileSummary, RequestPhase,
+    CpuSummary, LatencySummary, NodeCounts, NodeFailureEntry, NodeStatus, ProfileSummary,
 };
 use flamefleet_proto::agent::LatencyHistogram;
 
 use super::node_outcome::NodeOutcome;
 
-/// The result of aggregating a request's nodes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Aggregation {
-    /// Every node entry, with the outcomes applied.
-    pub nodes: Vec<NodeStatus>,
-    /// `Running`, or the terminal phase once every node is terminal and the dispatcher settled.
-    pub phase: RequestPhase,
-    /// Sums over nodes; set once the phase is terminal.
-    pub summary: Option<ProfileSummary>,
-}
-
-/// Combines the stored node entries with the dispatcher's outcomes. `settled` is true when
-/// every node has an outcome (or the dispatcher knows it will get none), so the phase may
-/// become terminal.
-pub fn aggregate(
-    current: &[NodeStatus],
-    outcomes: &BTreeMap<String, NodeOutcome>,
-    settled: bool,
-) -> Aggregation {
-    let nodes: Vec<NodeStatus> = current
-        .iter()
-        .map(|entry| {
-            let base = NodeStatus {
-                node: entry.node.clone(),
-                pods: entry.pods.clone(),
-                ..Default::default()
-            };
-            match outcomes.get(&entry.node) {
-                Some(NodeOutcome::Done { artifacts, .. }) => NodeStatus {
-                    phase: Some(NodePhase::Succeeded),
-                    artifacts: artifacts.clone(),
-                    ..base
-                },
-                Some(NodeOutcome::Failed(failure)) => NodeStatus {
-                    phase: Some(NodePhase::Failed),
-                    message: Some(failure.to_string()),
-                    ..base
-                },
-                None => entry.clone(),
-            }
-        })
-        .collect();
-    let from_nodes =
-        RequestPhase::from_nodes(nodes.iter().map(|n| n.phase)).unwrap_or(RequestPhase::Failed);
-    let phase = if from_nodes.is_terminal() && !settled {
-        RequestPhase::Running
-    } else {
-        from_nodes
-    };
-    let summary = phase.is_terminal().then(|| summarize(&nodes, outcomes));
-    Aggregation {
-        nodes,
-        phase,
-        summary,
-    }
-}
+/// Most failed nodes the completion message names.
+const MESSAGE_FAILURES: usize = 3;
+/// Longest failure message the completion message quotes per node.
+const MESSAGE_FAILURE_BYTES: usize = 200;
 
 fn summary_value(summary: &BTreeMap<String, String>, key: &str) -> Option<i64> {
     summary
@@ -86,12 +33,15 @@ fn summary_value(summary: &BTreeMap<String, String>, key: &str) -> Option<i64> {
 /// histograms merged bucket by bucket, which is exact up to the buckets; only when some
 /// node reported no histogram (an older agent) or another unit do they fall back to the
 /// worst node's percentiles, an upper bound, and `merged` says false.
-pub fn summarize(
-    effective: &[NodeStatus],
+pub fn summarize<'a>(
+    effective: impl IntoIterator<Item = &'a NodeStatus>,
     outcomes: &BTreeMap<String, NodeOutcome>,
 ) -> ProfileSummary {
-    let artifacts: Vec<_> = effective.iter().flat_map(|n| n.artifacts.iter()).collect();
-    let samples: i64 = artifacts.iter().filter_map(|a| a.samples).sum();
+    let (mut count, mut samples) = (0usize, 0i64);
+    for artifact in effective.into_iter().flat_map(|n| n.artifacts.iter()) {
+        count += 1;
+        samples += artifact.samples.unwrap_or(0);
+    }
     let done: Vec<(&BTreeMap<String, String>, Option<&LatencyHistogram>)> = outcomes
         .values()
         .filter_map(|outcome| match outcome {
@@ -105,7 +55,7 @@ pub fn summarize(
         .collect();
     ProfileSummary {
         samples: Some(samples),
-        artifacts: Some(i32::try_from(artifacts.len()).unwrap_or(i32::MAX)),
+        artifacts: Some(i32::try_from(count).unwrap_or(i32::MAX)),
         cpu: cpu_summary(done.iter().map(|(s, _)| *s)),
         runqlat: merged_runqlat(&done).or_else(|| worst_node_runqlat(&done)),
     }
@@ -204,33 +154,48 @@ fn worst_node_runqlat(
     runqlat
 }
 
-/// One line describing how the nodes ended, for the Completed condition and the Event.
-pub fn outcome_message(effective: &[NodeStatus]) -> String {
-    let total = effective.len();
-    let succeeded = effective
-        .iter()
-        .filter(|n| n.phase == Some(NodePhase::Succeeded))
-        .count();
-    let failures: Vec<String> = effective
-        .iter()
-        .filter(|n| n.phase == Some(NodePhase::Failed))
-        .map(|n| format!("{}: {}", n.node, n.message.as_deref().unwrap_or("failed")))
-        .collect();
-    if failures.is_empty() {
-        format!("{succeeded} of {total} nodes succeeded")
-    } else {
-        format!(
-            "{succeeded} of {total} nodes succeeded; failed: {}",
-            failures.join("; ")
-        )
+/// One line describing how the nodes ended, for the Completed condition and the Event:
+/// the counts and the first few failures (bounded whatever the number of nodes).
+pub fn outcome_message(counts: NodeCounts, failures: &[NodeFailureEntry]) -> String {
+    let head = format!("{} of {} nodes succeeded", counts.succeeded, counts.total);
+    if counts.failed == 0 {
+        return head;
     }
+    let named: Vec<String> = failures
+        .iter()
+        .take(MESSAGE_FAILURES)
+        .map(|f| {
+            let mut message = f.message.clone();
+            if message.len() > MESSAGE_FAILURE_BYTES {
+                let mut cut = MESSAGE_FAILURE_BYTES;
+                while !message.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                message.truncate(cut);
+                message.push('…');
+            }
+            format!("{}: {message}", f.node)
+        })
+        .collect();
+    let more = usize::try_from(counts.failed)
+        .unwrap_or(0)
+        .saturating_sub(named.len());
+    let mut text = format!("{head}; {} failed: {}", counts.failed, named.join("; "));
+    if more > 0 {
+        text.push_str(&format!(
+            "; and {more} more (status.failures and the ProfileResultSlices list them)"
+        ));
+    }
+    text
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::node_outcome::NodeFailure;
+    use super::super::result_table::ResultTable;
     use super::*;
     use flamefleet_api::Artifact;
+    use flamefleet_api::{NodePhase, RequestPhase};
 
     fn entry(node: &str, phase: Option<NodePhase>) -> NodeStatus {
         NodeStatus {
@@ -281,45 +246,42 @@ mod tests {
         }
     }
 
-    #[test]
-    fn entries_without_an_outcome_stay_as_recorded() {
-        let mut a = entry("a", Some(NodePhase::Succeeded));
-        a.artifacts = vec![artifact("cpu-a.pb.gz", 10)];
-        let current = [
-            a.clone(),
-            entry("b", None),
-            entry("c", Some(NodePhase::Running)),
-        ];
-        let agg = aggregate(&current, &BTreeMap::new(), false);
-        assert_eq!(agg.phase, RequestPhase::Running);
-        assert_eq!(agg.nodes, current.to_vec());
-        assert!(agg.summary.is_none());
+    /// The table after `outcomes`, as the reconciler keeps it.
+    fn table(current: &[NodeStatus], outcomes: &BTreeMap<String, NodeOutcome>) -> ResultTable {
+        let mut table = ResultTable::new(current.to_vec());
+        for (node, outcome) in outcomes {
+            table.apply(node, outcome);
+        }
+        table
+    }
+
+    fn summary_of(
+        current: &[NodeStatus],
+        outcomes: &BTreeMap<String, NodeOutcome>,
+    ) -> ProfileSummary {
+        summarize(table(current, outcomes).entries(), outcomes)
     }
 
     #[test]
     fn all_succeeded_after_settling() {
-        let current = [
-            entry("a", Some(NodePhase::Succeeded)),
-            entry("b", Some(NodePhase::Succeeded)),
-        ];
+        let current = [entry("a", None), entry("b", None)];
         let outcomes = BTreeMap::from([
             ("a".to_string(), done(5, &[])),
             ("b".to_string(), done(7, &[])),
         ]);
-        let unsettled = aggregate(&current, &outcomes, false);
-        assert_eq!(unsettled.phase, RequestPhase::Running);
-        let agg = aggregate(&current, &outcomes, true);
-        assert_eq!(agg.phase, RequestPhase::Succeeded);
-        assert_eq!(outcome_message(&agg.nodes), "2 of 2 nodes succeeded");
-        assert_eq!(agg.summary.unwrap().samples, Some(12));
+        let t = table(&current, &outcomes);
+        assert_eq!(t.phase(false), RequestPhase::Running);
+        assert_eq!(t.phase(true), RequestPhase::Succeeded);
+        assert_eq!(
+            outcome_message(t.counts(), &t.failures(20).0),
+            "2 of 2 nodes succeeded"
+        );
+        assert_eq!(summary_of(&current, &outcomes).samples, Some(12));
     }
 
     #[test]
     fn failure_outcomes_mark_nodes_and_give_partial_success() {
-        let current = [
-            entry("a", Some(NodePhase::Running)),
-            entry("b", Some(NodePhase::Running)),
-        ];
+        let current = [entry("a", None), entry("b", None)];
         let outcomes = BTreeMap::from([
             ("a".to_string(), done(5, &[])),
             (
@@ -329,32 +291,46 @@ mod tests {
                 }),
             ),
         ]);
-        let agg = aggregate(&current, &outcomes, true);
-        assert_eq!(agg.phase, RequestPhase::PartiallySucceeded);
-        assert_eq!(agg.nodes.len(), 2);
-        let b = &agg.nodes[1];
+        let t = table(&current, &outcomes);
+        assert_eq!(t.phase(true), RequestPhase::PartiallySucceeded);
+        let b = t.entry("b").unwrap();
         assert_eq!(b.phase, Some(NodePhase::Failed));
+        assert_eq!(b.reason.as_deref(), Some("CaptureFailed"));
         assert_eq!(
             b.message.as_deref(),
             Some("capture failed on the agent: no cgroup")
         );
         // A DONE outcome records the artifacts the agent reported.
-        assert_eq!(agg.nodes[0].artifacts.len(), 1);
-        let msg = outcome_message(&agg.nodes);
+        assert_eq!(t.entry("a").unwrap().artifacts.len(), 1);
+        let msg = outcome_message(t.counts(), &t.failures(20).0);
         assert!(
-            msg.contains("1 of 2 nodes succeeded; failed: b: capture failed"),
+            msg.contains("1 of 2 nodes succeeded; 1 failed: b: capture failed"),
             "{msg}"
         );
-        assert_eq!(agg.summary.unwrap().samples, Some(5));
+        assert_eq!(summary_of(&current, &outcomes).samples, Some(5));
     }
 
     #[test]
-    fn every_node_failed_is_failed_and_no_nodes_is_failed() {
-        let current = [entry("a", Some(NodePhase::Failed))];
-        let agg = aggregate(&current, &BTreeMap::new(), true);
-        assert_eq!(agg.phase, RequestPhase::Failed);
-        let none = aggregate(&[], &BTreeMap::new(), true);
-        assert_eq!(none.phase, RequestPhase::Failed);
+    fn the_message_names_a_few_failures_and_counts_the_rest() {
+        let current: Vec<NodeStatus> = (0..50).map(|i| entry(&format!("n{i:02}"), None)).collect();
+        let outcomes: BTreeMap<String, NodeOutcome> = (0..50)
+            .map(|i| {
+                (
+                    format!("n{i:02}"),
+                    NodeOutcome::Failed(NodeFailure::CaptureFailed {
+                        reason: "y".repeat(1000),
+                    }),
+                )
+            })
+            .collect();
+        let t = table(&current, &outcomes);
+        let msg = outcome_message(t.counts(), &t.failures(20).0);
+        assert!(
+            msg.starts_with("0 of 50 nodes succeeded; 50 failed: n00: "),
+            "{msg}"
+        );
+        assert!(msg.contains("and 47 more"), "{msg}");
+        assert!(msg.len() < 1000, "{}", msg.len());
     }
 
     #[test]
@@ -389,7 +365,7 @@ mod tests {
                 ),
             ),
         ]);
-        let summary = aggregate(&current, &outcomes, true).summary.unwrap();
+        let summary = summary_of(&current, &outcomes);
         let r = summary.runqlat.unwrap();
         assert_eq!((r.p50_us, r.p90_us, r.p99_us, r.events), (5, 20, 40, 150));
         assert_eq!(r.max_us, Some(64));
@@ -416,7 +392,7 @@ mod tests {
             &[(10, 10)],
         );
         let outcomes = BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)]);
-        let summary = aggregate(&current, &outcomes, true).summary.unwrap();
+        let summary = summary_of(&current, &outcomes);
         assert_eq!(summary.samples, Some(100));
         let r = summary.runqlat.unwrap();
         assert_eq!(r.events, 100);

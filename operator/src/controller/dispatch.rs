@@ -13,17 +13,24 @@ use std::time::Duration;
 use flamefleet_api::{Artifact, HeapSource, ProfileRequestSpec, ProfileType, RunqlatUnit};
 use flamefleet_proto::agent::{self as pb, CancelRequest, CaptureRequest, capture_progress::Stage};
 use kube::runtime::reflector::ObjectRef;
+use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::AbortHandle;
 
-use super::agent_client::AgentConnector;
+use super::agent_client::{AgentConnector, Backoff};
 use super::agents::AgentEndpoint;
 use super::node_outcome::{NodeFailure, NodeOutcome};
 use super::resolve::TargetPod;
+use super::result_table::ResultTable;
 use super::uploads::{UrlPolicy, upload_slots};
 use crate::metrics::Metrics;
 use crate::store::{ArtifactStore, RequestRef, Sha256Digest};
 use flamefleet_api::ProfileRequest;
+
+/// How long an agent may take to answer a `Capture` call with its response headers (the
+/// agent answers at once and streams progress after): a hung agent must not keep a dispatch
+/// permit for the whole capture deadline.
+const CALL_START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What one node should capture.
 #[derive(Debug, Clone)]
@@ -62,6 +69,12 @@ pub struct Session {
     /// Set once the terminal status is written; the session is forgotten when a reconcile
     /// sees the terminal phase (until then the cache may still show Running).
     completed: std::sync::atomic::AtomicBool,
+    /// The request's per-node results and the slices still to write; installed by the
+    /// reconciler right after [`Dispatcher::start`].
+    results: Mutex<Option<ResultTable>>,
+    /// Nodes whose outcome was recorded but is not in `results` yet (drained by
+    /// [`Session::absorb_news`], so each outcome is looked at once).
+    news: Mutex<Vec<String>>,
 }
 
 impl Session {
@@ -95,6 +108,50 @@ impl Session {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(node.to_string(), outcome);
+        self.news
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(node.to_string());
+    }
+
+    /// Installs the result table, unless one is installed already (a session returned by
+    /// [`Dispatcher::start`] for a request it was running keeps its own). Returns whether
+    /// `table` was installed.
+    pub fn install_results(&self, table: ResultTable) -> bool {
+        let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
+        if results.is_some() {
+            return false;
+        }
+        *results = Some(table);
+        true
+    }
+
+    /// Moves the outcomes recorded since the last call into the result table, each outcome
+    /// once (O(new outcomes), not O(nodes)). Returns how many were moved; none while no table
+    /// is installed (they wait for it).
+    ///
+    /// Called once at the start of a progress reconcile, so that the slices it writes and
+    /// the status it computes see the same outcomes; later ones wait for the next reconcile
+    /// (each recorded outcome triggers one).
+    pub fn absorb_news(&self) -> usize {
+        let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(table) = results.as_mut() else {
+            return 0;
+        };
+        let news = std::mem::take(&mut *self.news.lock().unwrap_or_else(|e| e.into_inner()));
+        let outcomes = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
+        for node in &news {
+            if let Some(outcome) = outcomes.get(node) {
+                table.apply(node, outcome);
+            }
+        }
+        news.len()
+    }
+
+    /// Runs `f` on the result table; `None` when no table is installed.
+    pub fn with_results<R>(&self, f: impl FnOnce(&mut ResultTable) -> R) -> Option<R> {
+        let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
+        results.as_mut().map(f)
     }
 }
 
@@ -105,6 +162,11 @@ pub struct DispatchSettings {
     pub grace: Duration,
     /// Artifact URL policy.
     pub urls: UrlPolicy,
+    /// Capture calls being set up at once, over all requests (0: unlimited). See
+    /// [`Dispatcher::start`] for what the bound covers.
+    pub max_concurrent_dispatch: usize,
+    /// Retries of a node whose agent cannot be reached.
+    pub backoff: Backoff,
 }
 
 /// Starts and tracks sessions, one per request UID.
@@ -116,6 +178,8 @@ pub struct Dispatcher {
     trigger: UnboundedSender<ObjectRef<ProfileRequest>>,
     settings: DispatchSettings,
     metrics: Arc<Metrics>,
+    /// Bounds the calls being set up (see [`Dispatcher::start`]).
+    permits: Arc<Semaphore>,
 }
 
 impl Dispatcher {
@@ -127,6 +191,10 @@ impl Dispatcher {
         settings: DispatchSettings,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let permits = match settings.max_concurrent_dispatch {
+            0 => Semaphore::MAX_PERMITS,
+            n => n.min(Semaphore::MAX_PERMITS),
+        };
         Self {
             sessions: Mutex::new(HashMap::new()),
             connector,
@@ -134,6 +202,7 @@ impl Dispatcher {
             trigger,
             settings,
             metrics,
+            permits: Arc::new(Semaphore::new(permits)),
         }
     }
 
@@ -157,6 +226,16 @@ impl Dispatcher {
     }
 
     /// Starts the captures of `plan` (or returns the session already running for it).
+    ///
+    /// One task per node. What is bounded (`max_concurrent_dispatch` permits, shared by every
+    /// request) is a node's *setup*: connecting (TCP, TLS handshake) or picking the cached
+    /// channel, and starting the `Capture` call until the agent's response headers; then the
+    /// permit is released and the open stream is followed without one. Bounding the whole
+    /// stream instead would run a 5,000-node request in waves of one capture duration each;
+    /// an open HTTP/2 stream on a cached connection costs a few KiB and no CPU, while
+    /// handshakes and connection attempts are what a burst of thousands makes expensive
+    /// (CPU, file descriptors, SYN backlogs). Verifying a node's artifacts against the store
+    /// takes a permit again, as does a `Cancel`.
     pub fn start(self: &Arc<Self>, plan: CapturePlan) -> Arc<Session> {
         let uid = plan.request.uid().to_string();
         let mut sessions = self.lock();
@@ -179,6 +258,8 @@ impl Dispatcher {
                 .map(|n| (n.node.clone(), n.agent.clone()))
                 .collect(),
             completed: std::sync::atomic::AtomicBool::new(false),
+            results: Mutex::new(None),
+            news: Mutex::new(plan.settled.keys().cloned().collect()),
         });
         sessions.insert(uid, session.clone());
         drop(sessions);
@@ -219,7 +300,8 @@ impl Dispatcher {
     }
 
     /// Stops the session of `uid` (the request is being deleted): aborts its calls and asks
-    /// the agents of unfinished nodes to cancel.
+    /// the agents of unfinished nodes to cancel (at most `max_concurrent_dispatch` at once,
+    /// like the captures' setup).
     pub async fn cancel(&self, uid: &str) {
         let Some(session) = self.lock().remove(uid) else {
             return;
@@ -234,22 +316,37 @@ impl Dispatcher {
             task.abort();
         }
         let outcomes = session.outcomes();
-        for (node, agent) in &session.agents {
-            if !outcomes.contains_key(node) {
-                self.cancel_on(agent, uid).await;
-            }
-        }
+        let unfinished = session
+            .agents
+            .iter()
+            .filter(|(node, _)| !outcomes.contains_key(*node));
+        futures::StreamExt::for_each_concurrent(
+            futures::stream::iter(unfinished),
+            None,
+            |(_, agent)| self.cancel_on(agent, uid),
+        )
+        .await;
     }
 
+    /// Asks `agent` to cancel the capture of `uid`, best effort (3 s, one attempt): a
+    /// capture that is not cancelled ends by itself after its duration and its upload slot
+    /// expires. Takes a dispatch permit, so a mass deletion does not open thousands of
+    /// connections at once.
     async fn cancel_on(&self, agent: &AgentEndpoint, uid: &str) {
         let call = async {
+            let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
             let mut client = self.connector.connect(agent).await?;
             client
                 .cancel(CancelRequest {
                     request_uid: uid.to_string(),
                 })
                 .await
-                .map_err(|s| s.message().to_string())
+                .map_err(|s| {
+                    if is_connection_error(&s) {
+                        self.connector.evict(agent);
+                    }
+                    s.message().to_string()
+                })
         };
         if let Err(e) = tokio::time::timeout(Duration::from_secs(3), call)
             .await
@@ -280,57 +377,93 @@ impl Dispatcher {
             }
         };
         let request = capture_request(plan, node, slots.clone());
-        self.metrics.capture_dispatched();
-        let outcome = match tokio::time::timeout(deadline, self.call_capture(node, request)).await {
-            Ok(outcome) => outcome,
-            Err(_) => {
-                self.cancel_on(&node.agent, plan.request.uid()).await;
-                return NodeOutcome::Failed(NodeFailure::TimedOut { after: deadline });
-            }
+        // The deadline starts once a permit is held: time queued behind other nodes' setup
+        // is the operator's, not the agent's, and the agent's capture starts only then.
+        let waiting = std::time::Instant::now();
+        let Ok(permit) = self.permits.clone().acquire_owned().await else {
+            return NodeOutcome::Failed(NodeFailure::Preparation {
+                error: "the dispatcher is shutting down".into(),
+            });
         };
+        self.metrics.dispatch_waited(waiting.elapsed());
+        self.metrics.capture_dispatched();
+        let outcome =
+            match tokio::time::timeout(deadline, self.call_capture(node, request, permit)).await {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    self.cancel_on(&node.agent, plan.request.uid()).await;
+                    return NodeOutcome::Failed(NodeFailure::TimedOut { after: deadline });
+                }
+            };
         match outcome {
-            Ok(done) => self.verify(plan, &slots, done).await,
+            Ok(done) => {
+                // Verification reads the artifact back from the store: bounded like the
+                // setup, since a fleet's nodes all finish within the same second or so.
+                let _permit = self.permits.acquire().await;
+                self.verify(plan, &slots, done).await
+            }
             Err(failure) => NodeOutcome::Failed(failure),
         }
     }
 
+    /// Opens the capture stream on the agent (retrying connection failures with jittered
+    /// backoff, on a cached channel when there is one), releases `permit` once the stream is
+    /// open, and follows the stream to its terminal message.
     async fn call_capture(
         &self,
         node: &NodePlan,
         request: CaptureRequest,
+        permit: tokio::sync::OwnedSemaphorePermit,
     ) -> std::result::Result<pb::CaptureProgress, NodeFailure> {
         let unreachable = |error: String| NodeFailure::Unreachable {
             agent: node.agent.pod.clone(),
             address: node.agent.address.clone(),
             error,
         };
-        // A few quick attempts: an agent that is just starting refuses connections briefly.
-        let mut client = None;
-        let mut last_error = String::new();
-        for attempt in 0..3u32 {
-            match self.connector.connect(&node.agent).await {
-                Ok(c) => {
-                    client = Some(c);
-                    break;
+        let backoff = self.settings.backoff;
+        // Seeded per call: thousands of nodes failing together draw different delays.
+        let mut rng = fastrand::Rng::new();
+        let mut attempt = 0u32;
+        let mut stream = loop {
+            let error = match self.connector.connect(&node.agent).await {
+                // `Capture` is idempotent per (request UID, node): calling again after a
+                // failed start attaches to the capture if the first call did reach the agent.
+                Ok(mut client) => {
+                    match tokio::time::timeout(CALL_START_TIMEOUT, client.capture(request.clone()))
+                        .await
+                    {
+                        Ok(Ok(response)) => break response.into_inner(),
+                        Ok(Err(status)) if is_connection_error(&status) => {
+                            self.connector.evict(&node.agent);
+                            status_text(&status)
+                        }
+                        Ok(Err(status)) => {
+                            return Err(NodeFailure::CaptureFailed {
+                                reason: status_text(&status),
+                            });
+                        }
+                        Err(_) => {
+                            self.connector.evict(&node.agent);
+                            format!(
+                                "the agent did not answer the Capture call within {CALL_START_TIMEOUT:?}"
+                            )
+                        }
+                    }
                 }
-                Err(e) => last_error = e,
+                Err(e) => e,
+            };
+            attempt += 1;
+            if attempt >= backoff.attempts.max(1) {
+                return Err(unreachable(error));
             }
-            tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt + 1))).await;
-        }
-        let Some(mut client) = client else {
-            return Err(unreachable(last_error));
+            self.metrics.dispatch_retried();
+            let delay = backoff.delay(attempt - 1, &mut rng);
+            tracing::debug!(node = %node.node, attempt, ?delay, "agent unreachable, retrying: {error}");
+            tokio::time::sleep(delay).await;
         };
-        let mut stream = match client.capture(request).await {
-            Ok(response) => response.into_inner(),
-            Err(status) if status.code() == tonic::Code::Unavailable => {
-                return Err(unreachable(status_text(&status)));
-            }
-            Err(status) => {
-                return Err(NodeFailure::CaptureFailed {
-                    reason: status_text(&status),
-                });
-            }
-        };
+        // The stream is open: from here on the call costs the operator an idle HTTP/2 stream,
+        // not a handshake; let the next node start.
+        drop(permit);
         loop {
             match stream.message().await {
                 Ok(Some(progress)) => match progress.stage() {
@@ -351,6 +484,9 @@ impl Dispatcher {
                     });
                 }
                 Err(status) => {
+                    if is_connection_error(&status) {
+                        self.connector.evict(&node.agent);
+                    }
                     return Err(NodeFailure::Interrupted {
                         agent: node.agent.pod.clone(),
                         error: status_text(&status),
@@ -421,6 +557,17 @@ impl Dispatcher {
             summary: done.summary.into_iter().collect(),
             runqlat_histogram: done.runqlat_histogram,
         }
+    }
+}
+
+/// True when `status` says the connection failed (refused, reset, TLS, HTTP/2 GOAWAY), not
+/// that the agent answered: the cached channel is dropped and the call may be retried.
+fn is_connection_error(status: &tonic::Status) -> bool {
+    match status.code() {
+        tonic::Code::Unavailable => true,
+        // A transport error below an unknown status (a reset stream, a broken connection).
+        tonic::Code::Unknown => std::error::Error::source(status).is_some(),
+        _ => false,
     }
 }
 

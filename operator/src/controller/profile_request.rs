@@ -1,12 +1,18 @@
 //! The ProfileRequest reconciler: a `finalizer(...)` wrapper around an idempotent apply
 //! (Pending → resolve → Running → aggregate → terminal → TTL) and a cleanup that deletes the
-//! request's artifacts.
+//! request's artifacts and result slices.
+//!
+//! Per-node results live in `ProfileResultSlice`s (at most 100 nodes each), the status only
+//! in counts and a bounded failure list: at start the slices are written with every node
+//! pending, then the status; each progress reconcile folds the new outcomes into the
+//! session's [`ResultTable`], applies only the slices that changed, then the status.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use flamefleet_api::conditions::{new_condition, set_condition};
+use flamefleet_api::profile_request::MAX_STATUS_FAILURES;
 use flamefleet_api::{NodePhase, NodeStatus, ProfileRequest, ProfileRequestStatus, RequestPhase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -17,11 +23,12 @@ use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Resource, ResourceExt};
 use tracing::instrument;
 
-use super::aggregate::{aggregate, outcome_message};
+use super::aggregate::{outcome_message, summarize};
 use super::dispatch::{CapturePlan, NodePlan, Session};
 use super::node_outcome::{NodeFailure, NodeOutcome};
+use super::result_table::ResultTable;
 use super::ttl::{TtlAction, ttl_action};
-use super::{Context, agents, limits, resolve, status};
+use super::{Context, agents, limits, resolve, result_slices, status};
 use crate::store::RequestRef;
 use crate::{Error, Result};
 
@@ -109,19 +116,18 @@ fn ids(request: &ProfileRequest) -> Result<Ids> {
     })
 }
 
-/// The operator-owned fields of `current`, without node entries.
+/// The status to start from: the current one (the operator owns all of it).
 fn operator_fields(current: &ProfileRequestStatus) -> ProfileRequestStatus {
-    ProfileRequestStatus {
-        phase: current.phase,
-        conditions: current.conditions.clone(),
-        observed_generation: current.observed_generation,
-        start_time: current.start_time.clone(),
-        completion_time: current.completion_time.clone(),
-        pod_count: current.pod_count,
-        node_count: current.node_count,
-        nodes: Vec::new(),
-        summary: current.summary.clone(),
-    }
+    current.clone()
+}
+
+/// Sets the node counts, the slice count and the bounded failure list from `table`.
+fn set_results(status: &mut ProfileRequestStatus, table: &ResultTable) {
+    let (failures, omitted) = table.failures(MAX_STATUS_FAILURES);
+    status.node_counts = Some(table.counts());
+    status.result_slices = i32::try_from(table.slice_count()).ok();
+    status.failures = failures;
+    status.failures_omitted = (omitted > 0).then(|| i32::try_from(omitted).unwrap_or(i32::MAX));
 }
 
 async fn apply(
@@ -241,6 +247,7 @@ async fn start(
                     node: node.clone(),
                     phase: Some(NodePhase::Failed),
                     pods,
+                    reason: Some(failure.reason().to_string()),
                     message: Some(failure.to_string()),
                     ..Default::default()
                 });
@@ -248,6 +255,11 @@ async fn start(
             }
         }
     }
+
+    // The slices first, every node pending: once the status says Running, a restarted
+    // operator resumes from them.
+    let mut table = ResultTable::new(entries);
+    result_slices::write_all(&ctx.client, &request, &mut table).await?;
 
     let current = request.status.clone().unwrap_or_default();
     let mut status = operator_fields(&current);
@@ -258,7 +270,7 @@ async fn start(
     status.start_time = Some(now());
     status.pod_count = i32::try_from(pod_count).ok();
     status.node_count = i32::try_from(node_count).ok();
-    status.nodes = entries;
+    set_results(&mut status, &table);
     let mut resolved = format!("{pod_count} pods on {node_count} nodes");
     if !resolution.skipped.is_empty() {
         let skipped: Vec<String> = resolution
@@ -320,29 +332,44 @@ async fn start(
         ),
     )
     .await;
-    ctx.dispatcher.start(CapturePlan {
+    let session = ctx.dispatcher.start(CapturePlan {
         request: request_ref,
         spec: spec.clone(),
         duration,
         nodes: plans,
         settled,
     });
+    session.install_results(table);
     Ok(Action::requeue(RUNNING_RESYNC))
 }
 
 /// Builds the session of a Running request this process has no session for (the operator
-/// restarted, or leadership moved): nodes already recorded are left alone, the others are
-/// dispatched again and attach to the agents' running captures.
-async fn resume(request: &ProfileRequest, ctx: &Context) -> Result<Arc<Session>> {
+/// restarted, or leadership moved) from the request's result slices: nodes already recorded
+/// are left alone, the others are dispatched again and attach to the agents' running
+/// captures. `None` when the request has no slices (they were deleted, or an operator
+/// older than slices started it): it cannot be resumed.
+async fn resume(request: &ProfileRequest, ctx: &Context) -> Result<Option<Arc<Session>>> {
     let ids = ids(request)?;
     let spec = &request.spec;
-    let current = request.status.clone().unwrap_or_default();
     let request_ref = RequestRef::new(&ids.namespace, &ids.name, &ids.uid)?;
     let duration = spec.capture_duration()?;
+    let table = result_slices::read_table(&ctx.client, request).await?;
+    if table.is_empty() {
+        return Ok(None);
+    }
+    let expected = request.status.as_ref().and_then(|s| s.node_count);
+    if expected.is_some_and(|n| usize::try_from(n).ok() != Some(table.len())) {
+        tracing::warn!(
+            request = %request_ref.prefix(),
+            expected = ?expected,
+            found = table.len(),
+            "some result slices of a Running request are missing; their nodes are not resumed"
+        );
+    }
     let agents = agents::discover(&ctx.client, &ctx.agent_namespace).await?;
     let mut plans = Vec::new();
     let mut settled = BTreeMap::new();
-    for entry in &current.nodes {
+    for entry in table.entries() {
         if entry.phase.is_some_and(NodePhase::is_terminal) {
             continue;
         }
@@ -377,16 +404,19 @@ async fn resume(request: &ProfileRequest, ctx: &Context) -> Result<Arc<Session>>
         nodes = plans.len(),
         "resuming the captures of a Running request"
     );
-    Ok(ctx.dispatcher.start(CapturePlan {
+    let session = ctx.dispatcher.start(CapturePlan {
         request: request_ref,
         spec: spec.clone(),
         duration,
         nodes: plans,
         settled,
-    }))
+    });
+    session.install_results(table);
+    Ok(Some(session))
 }
 
-/// Aggregates node results; writes what changed; finishes the request when all are in.
+/// Folds new outcomes into the session's result table, applies the slices that changed,
+/// then the status; finishes the request when all results are in.
 async fn progress(
     request: Arc<ProfileRequest>,
     ctx: &Context,
@@ -399,35 +429,71 @@ async fn progress(
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
         Some(session) => session,
-        None => resume(&request, ctx).await?,
+        None => match resume(&request, ctx).await? {
+            Some(session) => session,
+            None => {
+                let message = format!(
+                    "the request is Running but its per-node results are missing: no ProfileResultSlice has label {}; it cannot be resumed, create it again",
+                    flamefleet_api::result_slice::selector_for(&ids.uid)
+                );
+                return fail_request(&request, ctx, api, "ResultsMissing", message).await;
+            }
+        },
     };
+    if session.with_results(|_| ()).is_none() {
+        // Installed right after the session starts, within the same reconcile; should that
+        // have failed half-way, the slices have it.
+        session.install_results(result_slices::read_table(&ctx.client, &request).await?);
+    }
+    // One snapshot of the outcomes per reconcile: the slices written below and the status
+    // computed after them agree (an outcome arriving meanwhile waits for the next round).
+    session.absorb_news();
+    let dirty = session
+        .with_results(|t| t.dirty_slices())
+        .unwrap_or_default();
+    let written = result_slices::write_dirty(&ctx.client, &request, dirty, |i| {
+        session.with_results(|t| t.mark_clean(i));
+    })
+    .await?;
+    if written > 0 {
+        ctx.metrics.result_slices_written(written);
+    }
+    let settled = session.settled();
     let current = request.status.clone().unwrap_or_default();
-    let outcomes = session.outcomes();
-    let agg = aggregate(&current.nodes, &outcomes, session.settled());
-    let terminal = agg.phase.is_terminal();
-    let nodes_changed = agg.nodes != current.nodes;
-    if !terminal && !nodes_changed {
+    let mut status = operator_fields(&current);
+    let (phase, counts, failures) = session
+        .with_results(|t| {
+            set_results(&mut status, t);
+            // Terminal only once every slice is written as the table says.
+            let phase = match t.phase(settled) {
+                p if p.is_terminal() && t.has_dirty() => RequestPhase::Running,
+                p => p,
+            };
+            (phase, t.counts(), t.failures(MAX_STATUS_FAILURES).0)
+        })
+        .unwrap_or((RequestPhase::Running, Default::default(), Vec::new()));
+    let terminal = phase.is_terminal();
+    status.phase = Some(phase);
+    if !terminal && status == current {
         return Ok(Action::requeue(RUNNING_RESYNC));
     }
-    let mut status = operator_fields(&current);
-    status.phase = Some(agg.phase);
-    status.nodes = agg.nodes.clone();
-    let message = outcome_message(&agg.nodes);
+    let message = outcome_message(counts, &failures);
     if terminal {
+        let outcomes = session.outcomes();
         status.completion_time = Some(now());
-        status.summary = agg.summary.clone();
+        status.summary = session.with_results(|t| summarize(t.entries(), &outcomes));
         set_condition(
             &mut status.conditions,
             new_condition(
                 CONDITION_COMPLETED,
                 true,
-                agg.phase.as_str(),
+                phase.as_str(),
                 &message,
                 ids.generation,
                 now(),
             ),
         );
-        let failed = agg.nodes.iter().any(|n| n.phase == Some(NodePhase::Failed));
+        let failed = counts.failed > 0;
         set_condition(
             &mut status.conditions,
             new_condition(
@@ -445,33 +511,24 @@ async fn progress(
         );
     }
     let updated = status::apply(api, &ids.name, &status).await?;
-    for node in &agg.nodes {
-        let newly_failed = node.phase == Some(NodePhase::Failed)
-            && current.node(&node.node).and_then(|n| n.phase) != Some(NodePhase::Failed);
-        if newly_failed {
-            let reason = match outcomes.get(&node.node) {
-                Some(NodeOutcome::Failed(f)) => f.reason(),
-                _ => "NodeFailed",
-            };
-            let note = format!(
-                "node {}: {}",
-                node.node,
-                node.message.as_deref().unwrap_or("")
-            );
-            publish(ctx, &request, EventType::Warning, reason, note).await;
-        }
+    let announcements = session
+        .with_results(ResultTable::take_announcements)
+        .unwrap_or_default();
+    for failure in announcements {
+        let note = format!("node {}: {}", failure.node, failure.message);
+        publish(ctx, &request, EventType::Warning, &failure.reason, note).await;
     }
     if !terminal {
         return Ok(Action::requeue(RUNNING_RESYNC));
     }
     session.mark_completed();
-    ctx.metrics.request_finished(agg.phase.as_str());
-    let kind = if agg.phase == RequestPhase::Succeeded {
+    ctx.metrics.request_finished(phase.as_str());
+    let kind = if phase == RequestPhase::Succeeded {
         EventType::Normal
     } else {
         EventType::Warning
     };
-    publish(ctx, &request, kind, agg.phase.as_str(), message).await;
+    publish(ctx, &request, kind, phase.as_str(), message).await;
     expire(&updated, api).await
 }
 
@@ -607,10 +664,13 @@ async fn expire(request: &ProfileRequest, api: &Api<ProfileRequest>) -> Result<A
     }
 }
 
-/// The request is being deleted: stop its captures and delete its artifacts.
+/// The request is being deleted: stop its captures, delete its artifacts and its result
+/// slices (their ownerReference lets a cluster's garbage collector delete them too, but a
+/// control plane without one, like the e2e tests', would keep them).
 async fn cleanup(request: Arc<ProfileRequest>, ctx: &Context) -> Result<Action> {
     let ids = ids(&request)?;
     ctx.dispatcher.cancel(&ids.uid).await;
+    result_slices::delete_all(&ctx.client, &ids.namespace, &ids.uid).await?;
     // A request whose name or UID cannot form a key never had artifacts.
     if let Ok(request_ref) = RequestRef::new(&ids.namespace, &ids.name, &ids.uid) {
         let deleted = ctx.store.delete_request(&request_ref).await?;

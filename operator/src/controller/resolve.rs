@@ -180,11 +180,14 @@ pub async fn resolve(
         .map_err(|e| Error::Selector(e.to_string()))?;
     let mut pods = Vec::new();
     if let Some(selector) = &selector {
-        let list = api
-            .list(&ListParams::default().labels_from(selector))
-            .await
-            .map_err(Error::kube(format!("listing pods in {namespace}")))?;
-        pods.extend(list.items);
+        let list = super::lean_pods::list(
+            client,
+            namespace,
+            &ListParams::default().labels_from(selector),
+        )
+        .await
+        .map_err(Error::kube(format!("listing pods in {namespace}")))?;
+        pods.extend(list);
     }
     for name in &spec.pod_names {
         if pods

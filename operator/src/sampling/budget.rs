@@ -1,12 +1,12 @@
 //! The per-node cost budget of scheduled runs, counted over everything that captures on a
 //! node: every policy's runs and every ad hoc ProfileRequest.
 //!
-//! What runs on each node is derived from the API (the cached ProfileRequests), not from
-//! this process's dispatcher: the API is the one record that survives an operator restart,
-//! a leader hand-over, and sharding (`--request-selector`), where another operator dispatches
-//! captures to the same nodes. A request occupies a node while it is Pending (on the nodes
-//! its pods run on, or the nodes a run was planned on) or Running (on its nodes whose entry
-//! is not terminal). Runs created by this process but not yet in the cache are reserved
+//! What runs on each node is derived from the API (the cached ProfileRequests and their
+//! cached ProfileResultSlices), not from this process's dispatcher: the API is the one
+//! record that survives an operator restart, a leader hand-over, and sharding
+//! (`--request-selector`), where another operator dispatches captures to the same nodes. A
+//! request occupies a node while it is Pending (on the nodes its pods run on, or the nodes a
+//! run was planned on) or Running (on its nodes whose slice entry is not terminal). Runs created by this process but not yet in the cache are reserved
 //! in memory until the cache shows them.
 //!
 //! Two limits, per policy, checked against the node's total:
@@ -22,7 +22,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use flamefleet_api::{NodeBudget, ProfileRequest, ProfileType, RequestPhase};
+use flamefleet_api::{
+    NodeBudget, NodePhase, NodeStatus, ProfileRequest, ProfileResultSlice, ProfileType,
+    RequestPhase,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -264,17 +267,25 @@ impl Ledger {
             .push(reservation);
     }
 
-    /// The node load now, from `requests` (the cache), `pods` (to place pending ad hoc
-    /// requests) and this ledger.
+    /// The node load now, from `requests` and `slices` (the caches), `pods` (to place
+    /// pending ad hoc requests) and this ledger.
     pub fn load(
         &self,
         requests: &[std::sync::Arc<ProfileRequest>],
+        slices: &[std::sync::Arc<ProfileResultSlice>],
         pods: &[std::sync::Arc<Pod>],
         now: Timestamp,
     ) -> NodeLoad {
         let now_s = now.as_second();
         let mut load = NodeLoad::default();
         let mut placer = PodPlacer::new(pods);
+        let mut results: HashMap<&str, Vec<&NodeStatus>> = HashMap::new();
+        for slice in slices {
+            results
+                .entry(slice.spec.request.uid.as_str())
+                .or_default()
+                .extend(slice.spec.nodes.iter());
+        }
         let mut seen = BTreeSet::new();
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         for request in requests {
@@ -284,7 +295,13 @@ impl Ledger {
                 request.name_any()
             );
             seen.insert(key.clone());
-            let occupancy = occupancy(request, &mut placer);
+            let nodes = request
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|uid| results.get(uid))
+                .map_or(&[][..], Vec::as_slice);
+            let occupancy = occupancy(request, nodes, &mut placer);
             let scheduled = is_run(request);
             let profile_type = request.spec.profile_type;
             for node in &occupancy.running {
@@ -405,7 +422,11 @@ impl<'a> PodPlacer<'a> {
     }
 }
 
-fn occupancy(request: &ProfileRequest, placer: &mut PodPlacer<'_>) -> Occupancy {
+fn occupancy(
+    request: &ProfileRequest,
+    results: &[&NodeStatus],
+    placer: &mut PodPlacer<'_>,
+) -> Occupancy {
     let phase = request.status.as_ref().and_then(|s| s.phase);
     let duration = request
         .spec
@@ -421,7 +442,6 @@ fn occupancy(request: &ProfileRequest, placer: &mut PodPlacer<'_>) -> Occupancy 
                     .map(str::to_string)
                     .collect()
             });
-    let results = flamefleet_api::results::node_results(request);
     let all_nodes: Vec<String> = if results.is_empty() {
         planned.clone().unwrap_or_default()
     } else {
@@ -431,7 +451,7 @@ fn occupancy(request: &ProfileRequest, placer: &mut PodPlacer<'_>) -> Occupancy 
         Some(p) if p.is_terminal() => Vec::new(),
         Some(RequestPhase::Running) => results
             .iter()
-            .filter(|n| !n.phase.is_some_and(flamefleet_api::NodePhase::is_terminal))
+            .filter(|n| !n.phase.is_some_and(NodePhase::is_terminal))
             .map(|n| n.node.clone())
             .collect(),
         _ => match planned {
@@ -473,6 +493,19 @@ mod tests {
     use serde_json::json;
     use std::sync::Arc;
 
+    /// The cached slice of request `name` holding `nodes`.
+    fn slice(name: &str, nodes: serde_json::Value) -> Arc<ProfileResultSlice> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileResultSlice",
+                "metadata": {"name": format!("uid-{name}-0"), "namespace": "ns"},
+                "request": {"name": name, "uid": format!("uid-{name}")},
+                "nodes": nodes,
+            }))
+            .unwrap(),
+        )
+    }
+
     fn request(
         name: &str,
         labels: serde_json::Value,
@@ -499,11 +532,14 @@ mod tests {
         let adhoc = request(
             "adhoc",
             json!({}),
-            json!({"phase": "Running", "startTime": "2026-01-05T10:00:00Z",
-                   "nodes": [{"node": "n1"}, {"node": "n2", "phase": "Succeeded"}]}),
+            json!({"phase": "Running", "startTime": "2026-01-05T10:00:00Z", "nodeCount": 2}),
         );
+        let slices = [slice(
+            "adhoc",
+            json!([{"node": "n1"}, {"node": "n2", "phase": "Succeeded"}]),
+        )];
         let ledger = Ledger::default();
-        let load = ledger.load(&[adhoc], &[], now());
+        let load = ledger.load(&[adhoc], &slices, &[], now());
         let budget = Budget::from_spec(None);
         let mut gate = load.gate(budget, ProfileType::Cpu, Duration::from_secs(10), now());
         let (reason, message) = gate.admit("n1").unwrap_err();
@@ -528,8 +564,9 @@ mod tests {
             "run",
             json!({POLICY_UID_LABEL: "p"}),
             json!({"phase": "Succeeded", "startTime": "2026-01-05T09:59:00Z",
-                   "completionTime": "2026-01-05T09:59:20Z", "nodes": [{"node": "n1", "phase": "Succeeded"}]}),
+                   "completionTime": "2026-01-05T09:59:20Z", "nodeCount": 1}),
         );
+        let slices = [slice("run", json!([{"node": "n1", "phase": "Succeeded"}]))];
         let ledger = Ledger::default();
         let budget = Budget {
             max_concurrent: 5,
@@ -537,7 +574,7 @@ mod tests {
             window: Duration::from_secs(300),
         };
         // 20s used of a 300s window at 10% (30s): another 10s fits, 20s does not.
-        let load = ledger.load(&[run], &[], now());
+        let load = ledger.load(&[run], &slices, &[], now());
         assert_eq!(load.duty_seconds("n1", ProfileType::Cpu, 0, i64::MAX), 20);
         load.gate(budget, ProfileType::Cpu, Duration::from_secs(10), now())
             .admit("n1")
@@ -552,7 +589,7 @@ mod tests {
             .admit("n1")
             .unwrap();
         // The run was deleted (history limit): the ledger still remembers its time.
-        let load = ledger.load(&[], &[], now());
+        let load = ledger.load(&[], &[], &[], now());
         assert_eq!(load.duty_seconds("n1", ProfileType::Cpu, 0, i64::MAX), 20);
     }
 
@@ -568,7 +605,7 @@ mod tests {
         );
         let pending = request("pending", json!({}), json!(null));
         let ledger = Ledger::default();
-        let load = ledger.load(&[pending], &[pod], now());
+        let load = ledger.load(&[pending], &[], &[pod], now());
         assert_eq!(load.captures("n7").len(), 1);
         ledger.reserve(Reservation {
             request: "ns/new-run".into(),
@@ -577,7 +614,7 @@ mod tests {
             start: now().as_second(),
             duration: 10,
         });
-        let load = ledger.load(&[], &[], now());
+        let load = ledger.load(&[], &[], &[], now());
         assert_eq!(load.captures("n8").len(), 1);
         assert!(load.captures("n8")[0].scheduled);
     }

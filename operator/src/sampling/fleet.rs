@@ -1,6 +1,9 @@
 //! The operator's view of the fleet for sampling: in-memory caches (reflectors) of pods,
-//! namespaces and ProfileRequests, kept small by dropping the fields sampling never reads,
-//! and the eligibility rules of a policy's pods.
+//! namespaces, ProfileRequests and their ProfileResultSlices, kept small by dropping the
+//! fields sampling never reads, and the eligibility rules of a policy's pods.
+//!
+//! Slices are cached with only each node's name and phase (no pods, messages or
+//! artifacts): the budget needs to know which nodes a Running request still captures on.
 //!
 //! Pods are cached cluster-wide with only their name, namespace, UID, labels, node, phase
 //! and IP, a small part of a full Pod object: 10,000 pods with their labels take about
@@ -9,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use flamefleet_api::ProfileRequest;
+use flamefleet_api::{NodeStatus, ProfileRequest, ProfileResultSlice};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -41,6 +44,8 @@ pub struct Fleet {
     pub namespaces: Store<Namespace>,
     /// ProfileRequests, cluster-wide (ad hoc and runs: the budget counts them all).
     pub requests: Store<ProfileRequest>,
+    /// ProfileResultSlices, cluster-wide, slimmed to node names and phases.
+    pub results: Store<ProfileResultSlice>,
     /// Namespace of the agent pods.
     pub agent_namespace: String,
 }
@@ -70,6 +75,21 @@ pub fn slim_pod(pod: &mut Pod) {
     });
 }
 
+/// Keeps only what the budget reads of a result slice: the request's UID and each node's
+/// name and phase.
+pub fn slim_slice(slice: &mut ProfileResultSlice) {
+    slice.metadata.managed_fields = None;
+    slice.metadata.annotations = None;
+    slice.metadata.owner_references = None;
+    for node in &mut slice.spec.nodes {
+        *node = NodeStatus {
+            node: std::mem::take(&mut node.node),
+            phase: node.phase,
+            ..Default::default()
+        };
+    }
+}
+
 /// Keeps only the labels of a namespace.
 fn slim_namespace(ns: &mut Namespace) {
     ns.metadata.managed_fields = None;
@@ -88,6 +108,7 @@ impl Fleet {
         let (pods, pods_writer) = reflector::store();
         let (namespaces, ns_writer) = reflector::store();
         let (requests, requests_writer) = reflector::store();
+        let (results, results_writer) = reflector::store();
         let pod_stream = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .modify(slim_pod)
@@ -109,8 +130,16 @@ impl Fleet {
         .modify(|r: &mut ProfileRequest| r.metadata.managed_fields = None)
         .reflect(requests_writer)
         .for_each(|_| futures::future::ready(()));
+        let results_stream = watcher(
+            Api::<ProfileResultSlice>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(slim_slice)
+        .reflect(results_writer)
+        .for_each(|_| futures::future::ready(()));
         let driver = async move {
-            futures::join!(pod_stream, ns_stream, request_stream);
+            futures::join!(pod_stream, ns_stream, request_stream, results_stream);
         }
         .boxed();
         (
@@ -118,6 +147,7 @@ impl Fleet {
                 pods,
                 namespaces,
                 requests,
+                results,
                 agent_namespace: agent_namespace.to_string(),
             },
             driver,
@@ -130,6 +160,7 @@ impl Fleet {
         self.pods.wait_until_ready().await.map_err(closed)?;
         self.namespaces.wait_until_ready().await.map_err(closed)?;
         self.requests.wait_until_ready().await.map_err(closed)?;
+        self.results.wait_until_ready().await.map_err(closed)?;
         Ok(())
     }
 

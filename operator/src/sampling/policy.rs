@@ -347,9 +347,12 @@ async fn run_at<P: Policy>(
     let duration = spec.template.capture_duration()?;
     let _planning = ctx.planning.lock().await;
     let now = ctx.now();
-    let load = ctx
-        .ledger
-        .load(&ctx.fleet.requests.state(), &ctx.fleet.pods.state(), now);
+    let load = ctx.ledger.load(
+        &ctx.fleet.requests.state(),
+        &ctx.fleet.results.state(),
+        &ctx.fleet.pods.state(),
+        now,
+    );
     let mut gate = load.gate(
         Budget::from_spec(spec.budget.as_ref()),
         spec.template.profile_type,

@@ -1,0 +1,341 @@
+//! Fleet scale (issue 13): one request across 5,000 nodes, proven with hollow agents
+//! (`flamefleet_e2e::hollow`) on the real control plane (etcd + kube-apiserver, no kubelet).
+//!
+//! One hollow fleet, its 5,000 agent pods and 5,000 target pods, one operator; then
+//! 1. a cpu request over every node goes to Succeeded; every node's artifact is in the
+//!    result slices; `kubectl profile get` lists and downloads them (all, and a --node /
+//!    --limit subset); the largest object (request, slices) stays under 256 KiB; deleting
+//!    the request removes every slice and every stored artifact;
+//! 2. with 5% of the agents failing and 1% never answering, a request ends
+//!    PartiallySucceeded with exact counts and a bounded list of reasons.
+//!
+//! Synchronized on the request's status through watches; nothing sleeps. The node count is
+//! FLAMEFLEET_SCALE_NODES (default 5,000). Hollow agents load the operator and the API
+//! server; they are not the real agent (see the pipeline tests for that).
+
+#[path = "pipeline_support/mod.rs"]
+mod pipeline_support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use flamefleet_api::result_slice::ProfileResultSlice;
+use flamefleet_api::{ProfileRequest, RequestPhase};
+use flamefleet_e2e::hollow::Behaviour;
+use flamefleet_e2e::hollow::cluster::{ClusterOptions, HollowCluster};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::core::ApiResource;
+use kube::runtime::wait::{await_condition, conditions};
+
+const CAPTURE: Duration = Duration::from_secs(2);
+const GRACE: Duration = Duration::from_secs(15);
+const MAX_OBJECT_BYTES: usize = 256 * 1024;
+
+fn node_count() -> usize {
+    std::env::var("FLAMEFLEET_SCALE_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000)
+}
+
+/// The request's per-node results, wherever they live (result slices since issue 13).
+async fn results(
+    client: &kube::Client,
+    request: &ProfileRequest,
+) -> flamefleet_api::results::RequestResults {
+    flamefleet_api::results::fetch(client, request)
+        .await
+        .expect("reading the request's result slices")
+}
+
+/// Creates `request` and waits (watch) for a terminal phase; returns it and the time taken.
+async fn run_to_terminal(
+    cluster: &mut HollowCluster,
+    request: &ProfileRequest,
+    timeout: Duration,
+) -> (ProfileRequest, Duration) {
+    let api: Api<ProfileRequest> = cluster.target_ns.api();
+    let name = request.metadata.name.clone().expect("a name");
+    let started = Instant::now();
+    api.create(&PostParams::default(), request)
+        .await
+        .expect("creating the ProfileRequest");
+    let terminal = |r: Option<&ProfileRequest>| {
+        r.and_then(|r| r.status.as_ref())
+            .and_then(|s| s.phase)
+            .is_some_and(RequestPhase::is_terminal)
+    };
+    let waited = tokio::time::timeout(timeout, await_condition(api.clone(), &name, terminal)).await;
+    let elapsed = started.elapsed();
+    if let Some(op) = cluster.operator.as_mut() {
+        op.check_alive().expect("the operator runs");
+    }
+    let current = api.get(&name).await.expect("getting the request");
+    match waited {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => panic!("watching {name}: {e}"),
+        Err(_) => panic!(
+            "{name} not terminal after {timeout:?}: {:#?}\n--- operator ---\n{}",
+            current.status,
+            cluster
+                .operator
+                .as_ref()
+                .map(|o| o.log_tail(60))
+                .unwrap_or_default()
+        ),
+    }
+    (current, elapsed)
+}
+
+/// Serialized JSON size of the request and of its largest slice, as the API server returns
+/// them (dynamic objects: every field the server sent).
+async fn largest_objects(client: &kube::Client, ns: &str, name: &str, uid: &str) -> (usize, usize) {
+    let requests: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::erase::<ProfileRequest>(&()),
+    );
+    let request = requests.get(name).await.expect("getting the request");
+    let slices: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::erase::<ProfileResultSlice>(&()),
+    );
+    let list = slices
+        .list(&ListParams::default().labels(&flamefleet_api::result_slice::selector_for(uid)))
+        .await
+        .expect("listing slices");
+    let size = |o: &DynamicObject| serde_json::to_vec(o).map_or(0, |v| v.len());
+    (
+        size(&request),
+        list.items.iter().map(size).max().unwrap_or(0),
+    )
+}
+
+fn kubectl_profile(cluster: &HollowCluster, args: &[&str]) -> (bool, String) {
+    let out = Command::new(&pipeline_support::bins().kubectl_profile)
+        .arg("--kubeconfig")
+        .arg(cluster.target_ns.control_plane().kubeconfig())
+        .args(["-n", cluster.target_ns.name()])
+        .args(args)
+        .output()
+        .expect("running kubectl-profile");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn pprof_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".pb.gz"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn files_under(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() { files_under(&p) } else { 1 }
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_across_a_hollow_fleet() {
+    let nodes = node_count();
+    let bins = pipeline_support::bins();
+    let setup = Instant::now();
+    let mut cluster = HollowCluster::create(
+        &bins.operator,
+        ClusterOptions {
+            nodes,
+            capture_grace: GRACE,
+            ..ClusterOptions::default()
+        },
+    )
+    .await
+    .expect("creating the hollow cluster");
+    cluster.start_operator().expect("starting the operator");
+    eprintln!("setup: {:.1?}", setup.elapsed());
+    let client = cluster.target_ns.client();
+    let ns = cluster.target_ns.name().to_string();
+
+    // 1. Every node succeeds.
+    let request = cluster.request("fleet", CAPTURE).unwrap();
+    let (done, took) = run_to_terminal(&mut cluster, &request, Duration::from_secs(300)).await;
+    let status = done.status.clone().unwrap_or_default();
+    eprintln!(
+        "{nodes} nodes: apply -> {:?} in {took:.1?} (capture {CAPTURE:?})",
+        status.phase
+    );
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{:#?}", status);
+    let counts = status.node_counts.unwrap_or_default();
+    assert_eq!(
+        (counts.total, counts.succeeded, counts.failed),
+        (nodes as i32, nodes as i32, 0),
+        "{counts:?}"
+    );
+    let uid = done.metadata.uid.clone().expect("uid");
+    let found = results(&client, &done).await;
+    assert!(
+        !found.incomplete(),
+        "missing slices {:?}",
+        found.missing_slices
+    );
+    assert_eq!(found.nodes.len(), nodes);
+    assert_eq!(
+        found.artifacts().count(),
+        nodes,
+        "one cpu artifact per node"
+    );
+    for (node, artifact) in found.artifacts() {
+        assert_eq!(artifact.name, format!("cpu-{}.pb.gz", node.node));
+        assert!(artifact.sha256.is_some() && artifact.samples.unwrap_or(0) > 0);
+    }
+    let (request_bytes, slice_bytes) = largest_objects(&client, &ns, "fleet", &uid).await;
+    eprintln!(
+        "largest objects: request {request_bytes} B, slice {slice_bytes} B ({} slices)",
+        found.slices
+    );
+    assert!(request_bytes < MAX_OBJECT_BYTES && slice_bytes < MAX_OBJECT_BYTES);
+    let stats = cluster.fleet.stats();
+    assert_eq!(stats.done, nodes as u64, "{stats:?}");
+
+    // kubectl profile get: a subset, then everything.
+    let out = cluster.dir.join("get-subset");
+    let some_node = cluster.fleet.nodes()[nodes / 2].name.clone();
+    let (ok, text) = kubectl_profile(
+        &cluster,
+        &[
+            "get",
+            "fleet",
+            "-o",
+            &out.to_string_lossy(),
+            "--node",
+            &some_node,
+        ],
+    );
+    assert!(ok, "{text}");
+    assert_eq!(pprof_files(&out), 1, "{text}");
+    let out = cluster.dir.join("get-limit");
+    let (ok, text) = kubectl_profile(
+        &cluster,
+        &[
+            "get",
+            "fleet",
+            "-o",
+            &out.to_string_lossy(),
+            "--limit",
+            "25",
+        ],
+    );
+    assert!(ok, "{text}");
+    assert_eq!(pprof_files(&out), 25, "{text}");
+    let out = cluster.dir.join("get-all");
+    let started = Instant::now();
+    let (ok, text) = kubectl_profile(&cluster, &["get", "fleet", "-o", &out.to_string_lossy()]);
+    assert!(ok, "{}", text.chars().take(4000).collect::<String>());
+    assert_eq!(pprof_files(&out), nodes);
+    eprintln!(
+        "kubectl profile get: {nodes} artifacts in {:.1?}",
+        started.elapsed()
+    );
+
+    // Deleting the request removes every slice and artifact.
+    let stored = cluster.store_dir().join(&ns);
+    assert!(
+        files_under(&stored) >= nodes,
+        "artifacts in {}",
+        stored.display()
+    );
+    let api: Api<ProfileRequest> = cluster.target_ns.api();
+    api.delete("fleet", &DeleteParams::default())
+        .await
+        .expect("deleting the request");
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        await_condition(api.clone(), "fleet", conditions::is_deleted(&uid)),
+    )
+    .await
+    .expect("the request is gone within 120 s")
+    .expect("watching the deletion");
+    let left = flamefleet_api::results::list_slices(&client, &ns, &uid)
+        .await
+        .expect("listing slices");
+    assert!(left.is_empty(), "{} slices left after deletion", left.len());
+    assert_eq!(
+        files_under(&stored),
+        0,
+        "artifacts left in {}",
+        stored.display()
+    );
+
+    // 2. A failure mix: 5% fail, 1% never answer.
+    cluster.fleet.set_mix(0.05, 0.01, 13).unwrap();
+    let failing = cluster.fleet.count(Behaviour::Fail) as i32;
+    let silent = cluster.fleet.count(Behaviour::Silent) as i32;
+    let request = cluster.request("mix", CAPTURE).unwrap();
+    let (done, took) = run_to_terminal(&mut cluster, &request, Duration::from_secs(300)).await;
+    let status = done.status.clone().unwrap_or_default();
+    eprintln!("failure mix: {:?} in {took:.1?}", status.phase);
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::PartiallySucceeded),
+        "{status:#?}"
+    );
+    let counts = status.node_counts.unwrap_or_default();
+    assert_eq!(
+        (counts.total, counts.succeeded, counts.failed),
+        (
+            nodes as i32,
+            nodes as i32 - failing - silent,
+            failing + silent
+        ),
+        "{counts:?}"
+    );
+    assert!(
+        !status.failures.is_empty() && status.failures.len() <= 20,
+        "{:?}",
+        status.failures
+    );
+    assert_eq!(
+        status.failures.len() as i32 + status.failures_omitted.unwrap_or(0),
+        failing + silent
+    );
+    for f in &status.failures {
+        assert!(
+            matches!(f.reason.as_str(), "CaptureFailed" | "TimedOut"),
+            "{f:?}"
+        );
+    }
+    let found = results(&client, &done).await;
+    let reason_count = |reason: &str| {
+        found
+            .nodes
+            .values()
+            .filter(|n| n.reason.as_deref() == Some(reason))
+            .count() as i32
+    };
+    assert_eq!(reason_count("CaptureFailed"), failing);
+    assert_eq!(reason_count("TimedOut"), silent);
+    let uid = done.metadata.uid.clone().expect("uid");
+    let (request_bytes, slice_bytes) = largest_objects(&client, &ns, "mix", &uid).await;
+    assert!(request_bytes < MAX_OBJECT_BYTES && slice_bytes < MAX_OBJECT_BYTES);
+    // The silent agents were asked to cancel when their nodes timed out.
+    let stats = cluster.fleet.stats();
+    assert!(stats.cancel_calls >= silent as u64, "{stats:?}");
+}
