@@ -17,10 +17,11 @@
 //! 5,000 of issue 13, because 5,000 does not pass on a 2-core machine with dev builds:
 //! there every node's TLS handshake runs twice in unoptimized rustls/ring (the operator's
 //! client side and the hollow agents' server side, in this test's process), and nodes time
-//! out (capture + 15 s grace) before their results arrive. Measured on the 2-core dev VM
+//! out (capture + grace) before their results arrive. Measured on the 2-core dev VM
 //! (shared with other builds, load average ~8): 1,000 nodes Succeeded 25.7 s and 22.1 s
 //! after apply (whole test 120-170 s); 2,000 nodes ended PartiallySucceeded (959 TimedOut);
-//! 5,000 nodes PartiallySucceeded (4,158 TimedOut). A CI machine running the suite one test
+//! 5,000 nodes PartiallySucceeded (4,158 TimedOut) — those runs with a 15 s grace; the test
+//! now uses the operator's default 60 s, so a loaded machine is slow rather than failing. A CI machine running the suite one test
 //! binary at a time gives this test both cores, about twice what it had here. The
 //! full-scale run is `FLAMEFLEET_SCALE_NODES=5000` (see docs/benchmarks.md "Fleet scale"
 //! for the figures and what is left to reach it).
@@ -41,7 +42,10 @@ use kube::core::ApiResource;
 use kube::runtime::wait::{await_condition, conditions};
 
 const CAPTURE: Duration = Duration::from_secs(2);
-const GRACE: Duration = Duration::from_secs(15);
+/// The operator's default `--capture-grace`: a node's result may arrive this long after the
+/// window. (With 15 s, 1,000 nodes passed here twice but with an unproven margin: each node's
+/// upload and DONE wait behind the other nodes' handshakes on 2 cores.)
+const GRACE: Duration = Duration::from_secs(60);
 const MAX_OBJECT_BYTES: usize = 256 * 1024;
 /// The largest fleet that passes reliably on a 2-core CI machine with dev builds (see the
 /// module comment); 5,000 is the documented full-scale run.
