@@ -574,21 +574,39 @@ async fn the_agent_serves_its_own_cpu_profile_one_at_a_time() {
     let debug = debug_address(&agent).await;
     let http = reqwest::Client::new();
 
-    // Profile the agent while it captures and symbolizes.
+    // Profile the agent while it captures and symbolizes: a long profile runs from before
+    // the capture starts until after its DONE, then a forced one ends it (no timing guess:
+    // on a loaded machine the capture's work can come seconds later than planned).
+    let whole = {
+        let (http, debug) = (http.clone(), debug.clone());
+        tokio::spawn(async move {
+            let r = http
+                .get(format!(
+                    "http://{debug}/debug/pprof/profile?seconds=300&frequency=499"
+                ))
+                .send()
+                .await
+                .expect("GET profile");
+            (r.status(), r.bytes().await.expect("body"))
+        })
+    };
+    agent
+        .wait_for_log("self CPU profile started seconds=300")
+        .await
+        .expect("the profile started");
     let uid = unique("uid-selfprof");
-    let capture = tokio::spawn(async move {
-        collect(&mut client, cpu_request(&uid, node, &tree, &upload, 2000)).await
-    });
-    let profile = http
+    done(&collect(&mut client, cpu_request(&uid, node, &tree, &upload, 2000)).await);
+    let ender = http
         .get(format!(
-            "http://{debug}/debug/pprof/profile?seconds=3&frequency=499"
+            "http://{debug}/debug/pprof/profile?seconds=1&force=true"
         ))
         .send()
         .await
-        .expect("GET profile");
-    assert_eq!(profile.status(), 200);
-    let p = flamefleet_agent::pprof::decode(&profile.bytes().await.expect("body")).expect("pprof");
-    done(&capture.await.expect("capture"));
+        .expect("GET forced");
+    assert_eq!(ender.status(), 200);
+    let (status, body) = whole.await.expect("profile");
+    assert_eq!(status, 200);
+    let p = flamefleet_agent::pprof::decode(&body).expect("pprof");
     assert_eq!(p.period, 1_000_000_000 / 499);
     let names: Vec<&str> = p
         .function
