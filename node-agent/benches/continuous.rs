@@ -19,9 +19,8 @@
 //! sudo -E cargo bench -p flamefleet-agent --bench continuous -- [--processes 50] [--window 60] [--windows 4] [--frequency 19]
 //! ```
 
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -29,6 +28,9 @@ use flamefleet_agent::capture::cpu::CpuOptions;
 use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
 use flamefleet_agent::cgroup::{Cgroup, CgroupRoot};
 use flamefleet_agent::symbolize::{ProcessCatalog, StackSymbolizer};
+use shared::named_share;
+
+mod shared;
 
 const WORKLOAD: &str = r#"
 #include <time.h>
@@ -136,36 +138,6 @@ fn compile(dir: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
-fn spawn_in(cgroup: &Path, program: &Path) -> Result<Child> {
-    let procs = std::ffi::CString::new(
-        cgroup
-            .join("cgroup.procs")
-            .into_os_string()
-            .into_encoded_bytes(),
-    )?;
-    let mut cmd = Command::new(program);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-            libc::close(fd);
-            if ok {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-    cmd.spawn().context("spawning a workload process")
-}
-
 struct Fixture {
     dir: PathBuf,
     children: Vec<Child>,
@@ -208,7 +180,13 @@ fn main() -> Result<()> {
         children: Vec::new(),
     };
     for _ in 0..args.processes {
-        fixture.children.push(spawn_in(&pod, &program)?);
+        fixture
+            .children
+            .push(flamefleet_e2e::workload::spawn_in_cgroup(
+                &pod,
+                &program,
+                &[],
+            )?);
     }
     let pids: Vec<u32> = fixture.children.iter().map(Child::id).collect();
 
@@ -339,33 +317,4 @@ fn main() -> Result<()> {
     );
     drop(fixture);
     Ok(())
-}
-
-fn named_share(profile: &flamefleet_proto::pprof::Profile, needle: &str) -> f64 {
-    let s = |i: i64| profile.string_table[i as usize].as_str();
-    let funcs: std::collections::HashSet<u64> = profile
-        .function
-        .iter()
-        .filter(|f| s(f.name).contains(needle))
-        .map(|f| f.id)
-        .collect();
-    let locs: std::collections::HashSet<u64> = profile
-        .location
-        .iter()
-        .filter(|l| l.line.iter().any(|line| funcs.contains(&line.function_id)))
-        .map(|l| l.id)
-        .collect();
-    let (mut named, mut total) = (0i64, 0i64);
-    for sample in &profile.sample {
-        let v = sample.value.first().copied().unwrap_or(0);
-        total += v;
-        if sample.location_id.iter().any(|l| locs.contains(l)) {
-            named += v;
-        }
-    }
-    if total == 0 {
-        0.0
-    } else {
-        100.0 * named as f64 / total as f64
-    }
 }

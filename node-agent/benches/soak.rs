@@ -23,6 +23,9 @@ use flamefleet_agent::capture::runqlat::RunqlatOptions;
 use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
 use flamefleet_agent::cgroup::{Cgroup, CgroupRoot};
 use flamefleet_agent::symbolize::StackSymbolizer;
+use shared::named_share;
+
+mod shared;
 
 /// A container's process: recursion of changing depth (many distinct stacks), a short
 /// sleep now and then (wakeups, so run-queue waits), and malloc/free (heap samples).
@@ -212,35 +215,6 @@ fn print_point(p: &Point) {
             .map_or_else(|| "task".to_string(), |n| n.to_string()),
     );
     let _ = std::io::stdout().flush();
-}
-
-fn named_share(profile: &flamefleet_proto::pprof::Profile, needle: &str) -> f64 {
-    let s = |i: i64| profile.string_table[i as usize].as_str();
-    let funcs: std::collections::HashSet<u64> = profile
-        .function
-        .iter()
-        .filter(|f| s(f.name).contains(needle))
-        .map(|f| f.id)
-        .collect();
-    let locs: std::collections::HashSet<u64> = profile
-        .location
-        .iter()
-        .filter(|l| l.line.iter().any(|line| funcs.contains(&line.function_id)))
-        .map(|l| l.id)
-        .collect();
-    let (mut named, mut total) = (0i64, 0i64);
-    for sample in &profile.sample {
-        let v = sample.value.first().copied().unwrap_or(0);
-        total += v;
-        if sample.location_id.iter().any(|l| locs.contains(l)) {
-            named += v;
-        }
-    }
-    if total == 0 {
-        0.0
-    } else {
-        100.0 * named as f64 / total as f64
-    }
 }
 
 fn run_one(samplers: &Samplers, index: usize, target: &CaptureTarget) -> Outcome {
