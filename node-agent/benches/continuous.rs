@@ -19,7 +19,7 @@
 //! sudo -E cargo bench -p flamefleet-agent --bench continuous -- [--processes 50] [--window 60] [--windows 4] [--frequency 19]
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -122,22 +122,6 @@ fn sampler_bpf_stats() -> Result<(u64, u64)> {
         }))
 }
 
-fn compile(dir: &Path) -> Result<PathBuf> {
-    let src = dir.join("continuous.c");
-    std::fs::write(&src, WORKLOAD)?;
-    let bin = dir.join("ff-continuous");
-    let out = Command::new("cc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .context("running cc")?;
-    if !out.status.success() {
-        bail!("cc: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(bin)
-}
-
 struct Fixture {
     dir: PathBuf,
     children: Vec<Child>,
@@ -169,7 +153,7 @@ fn main() -> Result<()> {
         bail!("run as root (sudo -E): the bench loads eBPF programs and creates cgroups");
     }
     let tmp = tempfile::tempdir()?;
-    let program = compile(tmp.path())?;
+    let program = shared::compile_c(tmp.path(), "ff-continuous", WORKLOAD)?;
     let pod = CgroupRoot::detect()?
         .path()
         .join(format!("flamefleet-continuous-{}", std::process::id()))

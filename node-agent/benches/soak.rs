@@ -71,22 +71,6 @@ fn args() -> Result<Args> {
     Ok(a)
 }
 
-fn compile(dir: &Path) -> Result<PathBuf> {
-    let src = dir.join("soak.c");
-    std::fs::write(&src, WORKLOAD)?;
-    let bin = dir.join("ff-soak");
-    let out = Command::new("cc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .context("running cc")?;
-    if !out.status.success() {
-        bail!("cc: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(bin)
-}
-
 /// A pod cgroup whose containers come and go.
 struct Pod {
     dir: PathBuf,
@@ -284,7 +268,7 @@ fn main() -> Result<()> {
         bail!("run as root (sudo -E): the soak loads eBPF programs and creates cgroups");
     }
     let dir = tempfile::tempdir()?;
-    let program = compile(dir.path())?;
+    let program = shared::compile_c(dir.path(), "ff-soak", WORKLOAD)?;
     let root = CgroupRoot::detect()?
         .path()
         .join(format!("flamefleet-soak-{}", std::process::id()));
