@@ -10,15 +10,31 @@
 //! opens at most one connection per agent, every capture and cancel of later requests
 //! multiplexes on it (HTTP/2 streams), and a fleet of thousands of agents is not
 //! re-handshaken for every request. See [`ChannelCache`] for what evicts an entry.
+//!
+//! All channels share one rustls client configuration (the CA as the only root, the
+//! operator's client certificate, ALPN `h2`), built once per certificate generation and used
+//! through [`AgentTlsConnector`]. tonic's own `ClientTlsConfig` would build a configuration
+//! per channel: parse the CA and the key again, and pre-size a 256-server session cache, for
+//! each of thousands of agents.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::agent_service_client::AgentServiceClient;
 use flamefleet_proto::identity::agent_dns_name;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use hyper_util::rt::TokioIo;
+use rustls::client::Resumption;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tonic::transport::{Channel, Endpoint};
 
 use super::agents::AgentEndpoint;
 use crate::identity::ca::OperatorCa;
@@ -39,15 +55,99 @@ pub const CHANNEL_IDLE_TTL: Duration = Duration::from_secs(10 * 60);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The CA that agents' certificates chain to, and the operator's client identity, PEM.
+/// The client side of the agents' mTLS: one rustls configuration for every agent channel.
 #[derive(Clone)]
 struct TlsMaterial {
-    ca_pem: Vec<u8>,
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
+    config: Arc<rustls::ClientConfig>,
     /// Bumped at every renewal: channels built with an older generation are replaced, so
     /// reconnections never present an expired client certificate.
     generation: u64,
+}
+
+impl TlsMaterial {
+    /// Builds the configuration from the CA that agents' certificates chain to and the
+    /// operator's client certificate chain and key, all PEM.
+    ///
+    /// Session resumption is off: every connection is a full handshake, so an agent checks
+    /// the operator's certificate with its current verifier each time (a resumed session
+    /// would skip that check), and no session cache is kept per agent. Connections are
+    /// long-lived and cached ([`ChannelCache`]), so handshakes are rare anyway.
+    ///
+    /// # Errors
+    /// [`Error::Tls`] when a PEM block does not parse, there is no CA certificate, or the key
+    /// does not fit the certificate.
+    fn build(ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8], generation: u64) -> Result<Self> {
+        let tls = |what: &str, e: &dyn std::fmt::Display| Error::Tls(format!("{what}: {e}"));
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem) {
+            let cert = cert.map_err(|e| tls("the agents' CA certificate does not parse", &e))?;
+            roots
+                .add(cert)
+                .map_err(|e| tls("the agents' CA certificate is unusable", &e))?;
+        }
+        if roots.is_empty() {
+            return Err(Error::Tls(
+                "no CA certificate to check agents against: expected a PEM CERTIFICATE block"
+                    .into(),
+            ));
+        }
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| tls("the operator's client certificate does not parse", &e))?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem)
+            .map_err(|e| tls("the operator's client key does not parse", &e))?;
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls("TLS protocol versions", &e))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| tls("the operator's client certificate and key", &e))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.resumption = Resumption::disabled();
+        Ok(Self {
+            config: Arc::new(config),
+            generation,
+        })
+    }
+}
+
+/// Connects to one agent: TCP, then TLS with the shared configuration, verifying that the
+/// agent's certificate names `server_name` (its node's [`agent_dns_name`]) and that HTTP/2
+/// was negotiated. tonic wraps it in the endpoint's connect timeout.
+#[derive(Clone)]
+struct AgentTlsConnector {
+    address: String,
+    server_name: ServerName<'static>,
+    config: Arc<rustls::ClientConfig>,
+}
+
+impl tonic::codegen::Service<http::Uri> for AgentTlsConnector {
+    type Response = TokioIo<TlsStream<TcpStream>>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = std::io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let tcp = TcpStream::connect(this.address.as_str()).await?;
+            tcp.set_nodelay(true)?;
+            let tls = TlsConnector::from(this.config)
+                .connect(this.server_name, tcp)
+                .await?;
+            if tls.get_ref().1.alpn_protocol() != Some(b"h2".as_slice()) {
+                return Err(std::io::Error::other(
+                    "the agent did not negotiate HTTP/2 (ALPN h2)",
+                ));
+            }
+            Ok(TokioIo::new(tls))
+        })
+    }
 }
 
 /// Exponential backoff with full jitter (AWS Architecture Blog, "Exponential Backoff And
@@ -205,20 +305,22 @@ impl AgentConnector {
     /// certificate and key, all PEM.
     ///
     /// # Errors
-    /// [`Error::Tls`] when a file cannot be read.
+    /// [`Error::Tls`] when a file cannot be read or its PEM does not make a client
+    /// configuration.
     pub fn from_files(
         ca: &Path,
         cert: &Path,
         key: &Path,
         connect_timeout: Duration,
     ) -> Result<Self> {
+        let material = TlsMaterial::build(
+            &read(ca, "CA certificate")?,
+            &read(cert, "client certificate")?,
+            &read(key, "client key")?,
+            0,
+        )?;
         Ok(Self {
-            material: Arc::new(RwLock::new(TlsMaterial {
-                ca_pem: read(ca, "CA certificate")?,
-                cert_pem: read(cert, "client certificate")?,
-                key_pem: read(key, "client key")?,
-                generation: 0,
-            })),
+            material: Arc::new(RwLock::new(material)),
             connect_timeout,
             channels: Arc::default(),
             metrics: None,
@@ -233,12 +335,12 @@ impl AgentConnector {
     pub fn from_ca(ca: Arc<OperatorCa>, connect_timeout: Duration) -> Result<Self> {
         let issue = |ca: &OperatorCa, generation: u64| -> Result<TlsMaterial> {
             let pair = ca.issue_operator_client(CLIENT_CERT_TTL)?;
-            Ok(TlsMaterial {
-                ca_pem: ca.cert_pem().as_bytes().to_vec(),
-                cert_pem: pair.chain_pem.into_bytes(),
-                key_pem: pair.key_pem.into_bytes(),
+            TlsMaterial::build(
+                ca.cert_pem().as_bytes(),
+                pair.chain_pem.as_bytes(),
+                pair.key_pem.as_bytes(),
                 generation,
-            })
+            )
         };
         let material = Arc::new(RwLock::new(issue(&ca, 0)?));
         let weak = Arc::downgrade(&material);
@@ -290,13 +392,6 @@ impl AgentConnector {
             .map_err(|_| "the TLS material lock is poisoned".to_owned())
     }
 
-    fn tls_for(m: TlsMaterial, node: &str) -> ClientTlsConfig {
-        ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(m.ca_pem))
-            .identity(Identity::from_pem(m.cert_pem, m.key_pem))
-            .domain_name(agent_dns_name(node))
-    }
-
     /// A client of `agent`, which must prove it serves `agent.node`: on the cached channel
     /// when there is one, else on a new connection (then cached). The error is a
     /// human-readable transport error.
@@ -316,15 +411,25 @@ impl AgentConnector {
         ) {
             return Ok(AgentServiceClient::new(channel));
         }
-        let endpoint = Endpoint::from_shared(agent.uri())
-            .map_err(|e| format!("invalid agent URI {}: {e}", agent.uri()))?
-            .tls_config(Self::tls_for(material, &agent.node))
-            .map_err(|e| format!("TLS configuration: {e}"))?
+        let server_name = ServerName::try_from(agent_dns_name(&agent.node))
+            .map_err(|e| format!("node name {:?} makes no TLS server name: {e}", agent.node))?;
+        // TLS is the connector's: tonic sees a plain-HTTP/2 URI (the authority is only
+        // the :authority header; the connector dials `agent.address`).
+        let uri = format!("http://{}", agent.address);
+        let endpoint = Endpoint::from_shared(uri.clone())
+            .map_err(|e| format!("invalid agent address {uri}: {e}"))?
             .connect_timeout(self.connect_timeout)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .tcp_nodelay(true);
-        let connected = endpoint.connect().await.map_err(|e| describe(&e));
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT);
+        let connector = AgentTlsConnector {
+            address: agent.address.clone(),
+            server_name,
+            config: material.config,
+        };
+        let connected = endpoint
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| describe(&e));
         if let Some(metrics) = &self.metrics {
             metrics.agent_connection(connected.is_ok());
         }

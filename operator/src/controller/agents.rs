@@ -27,13 +27,6 @@ pub struct AgentEndpoint {
     pub address: String,
 }
 
-impl AgentEndpoint {
-    /// The `https://` URI of the agent's gRPC server.
-    pub fn uri(&self) -> String {
-        format!("https://{}", self.address)
-    }
-}
-
 fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
@@ -139,7 +132,7 @@ mod tests {
             agent("a2", "n2", "10.1.2.3", None, true),
             agent("a3", "n3", "fd00::1", Some(9), true),
         ]);
-        assert_eq!(found["n1"].uri(), "https://127.0.0.1:17001");
+        assert_eq!(found["n1"].address, "127.0.0.1:17001");
         assert_eq!(found["n2"].address, "10.1.2.3:7070");
         assert_eq!(found["n3"].address, "[fd00::1]:9");
     }
