@@ -12,7 +12,10 @@
 //! Run: `cargo bench -p flamefleet-e2e --bench fleet_scale --profile dev -- [SIZES..]`
 //! (default 500 2000 5000; `--profile release` measures an optimized operator, which the
 //! harness builds in the same profile). FLAMEFLEET_BENCH_REQUESTS sets the requests per
-//! size (default 5).
+//! size (default 5). FLAMEFLEET_BENCH_CAPTURE_SECS sets the capture (default 2), and
+//! FLAMEFLEET_BENCH_OPERATOR_ARGS adds operator flags (space-separated), e.g.
+//! `--debug-listen 127.0.0.1:6061` to pull the operator's heap profile
+//! (`/debug/pprof/heap`) while a request's streams are open.
 
 #[path = "../tests/pipeline_support/mod.rs"]
 mod pipeline_support;
@@ -29,7 +32,13 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::core::ApiResource;
 use kube::runtime::wait::{await_condition, conditions};
 
-const CAPTURE: Duration = Duration::from_secs(2);
+fn capture_duration() -> Duration {
+    let secs = std::env::var("FLAMEFLEET_BENCH_CAPTURE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    Duration::from_secs(secs)
+}
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -74,6 +83,12 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
     let largest_fleet = sizes.iter().copied().max().unwrap_or(500);
+    let capture = capture_duration();
+    let operator_args: Vec<String> = std::env::var("FLAMEFLEET_BENCH_OPERATOR_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
     let bins = pipeline_support::bins();
     let setup = Instant::now();
     let mut cluster = HollowCluster::create(
@@ -82,6 +97,7 @@ async fn main() -> anyhow::Result<()> {
             nodes: largest_fleet,
             capture_grace: Duration::from_secs(30),
             subsets: sizes.clone(),
+            operator_args,
             ..ClusterOptions::default()
         },
     )
@@ -107,7 +123,7 @@ async fn main() -> anyhow::Result<()> {
         let mut biggest = (0, 0);
         for round in 0..rounds {
             let name = format!("n{n}-{round}");
-            let request = cluster.request_first(&name, CAPTURE, n)?;
+            let request = cluster.request_first(&name, capture, n)?;
             let before = apiserver_requests(&client).await?;
             let cpu_before = flamefleet_e2e::hollow::cluster::process_usage(pid).cpu_seconds;
             let started = Instant::now();
@@ -133,7 +149,7 @@ async fn main() -> anyhow::Result<()> {
                     done.status
                 );
             }
-            beyond.push(took.saturating_sub(CAPTURE).as_secs_f64());
+            beyond.push(took.saturating_sub(capture).as_secs_f64());
             cpu.push(cpu_after - cpu_before);
             for (k, v) in request_delta(&before, &after) {
                 *requests_total.entry(k).or_insert(0.0) += v;
@@ -152,7 +168,7 @@ async fn main() -> anyhow::Result<()> {
         let usage = flamefleet_e2e::hollow::cluster::process_usage(pid);
         let per_request: f64 = requests_total.values().sum::<f64>() / rounds as f64;
         println!(
-            "\n{n} nodes, {rounds} requests, capture {CAPTURE:?}: apply -> Succeeded minus capture p50 {:.2} s, p99 {:.2} s",
+            "\n{n} nodes, {rounds} requests, capture {capture:?}: apply -> Succeeded minus capture p50 {:.2} s, p99 {:.2} s",
             percentile(&beyond, 0.5),
             percentile(&beyond, 0.99)
         );

@@ -65,8 +65,8 @@ for line in sys.stdin:
         per.setdefault(name, []).append((int(ns1) - int(ns0)) / dc)
 med = {k: statistics.median(v) for k, v in per.items()}
 empty = med.get("c_empty", 0.0)
-print(f"{\"program\":<16} {\"ns/run\":>8} {\"extra\":>8}   (median of rounds)")
+print("%-16s %8s %8s   (median of rounds)" % ("program", "ns/run", "extra"))
 for name in ["c_empty", "c_loads", "c_percpu_array", "c_task_storage", "c_cgrp_storage", "c_ktime", "c_hash_update"]:
     if name in med:
-        print(f"{name:<16} {med[name]:>8.1f} {med[name] - empty:>8.1f}")
+        print("%-16s %8.1f %8.1f" % (name, med[name], med[name] - empty))
 '

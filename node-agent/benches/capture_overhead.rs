@@ -11,12 +11,10 @@
 //! 2. CPU sampler: throughput per CPU-second of a CPU-bound workload (one spinner per CPU)
 //!    with no profiler, `perf record -F 99 -g -a -e cpu-clock -G <cg>`, and ours at 99 Hz.
 //! 3. BPF cost per scheduler event (`kernel.bpf_stats_enabled=1`, run_time_ns
-//!    from `bpftool prog show`), ours vs libbpf-tools, over the same sched pipe
-//!    workload. The denominator is the scheduler events of each run
-//!    (`sched_switch` + `sched_wakeup` + `sched_wakeup_new`, counted by
-//!    `perf stat -a` around the workload), not each tool's own run_cnt, so that
-//!    a tracer that hooks fewer tracepoints, or returns early more often, is
-//!    compared on the same work.
+//!    / run_cnt from `bpftool prog show`), ours vs libbpf-tools, over one sched
+//!    pipe run per round. Both attach to the same three tracepoints
+//!    (`sched_switch`, `sched_wakeup`, `sched_wakeup_new`), so a program run is
+//!    a scheduler event for both. `bpf_call_cost.sh` prices the building blocks.
 //! 4. The agent's own CPU time per 1,000 samples and its peak RSS.
 //!
 //! Each condition runs once per round, conditions interleaved, and the
@@ -198,62 +196,6 @@ fn sched_pipe(cg: &BenchCgroup) -> Result<f64> {
         .find_map(|l| l.trim().strip_suffix("ops/sec"))
         .and_then(|v| v.trim().parse().ok())
         .with_context(|| format!("no ops/sec in perf bench output: {text}"))
-}
-
-/// Per-round figures of section 3's runqlat cost.
-#[derive(Default)]
-struct RunqlatCost {
-    ours_per_event: Vec<f64>,
-    theirs_per_event: Vec<f64>,
-    ours_per_run: Vec<f64>,
-    theirs_per_run: Vec<f64>,
-    ratio: Vec<f64>,
-    /// The last round's (our runs, their runs, events of our run, events of theirs).
-    last: (u64, u64, u64, u64),
-}
-
-/// Runs `perf bench sched pipe` in `cg` under `perf stat -a` and returns the
-/// scheduler events of the whole machine during it (the tracers see all of
-/// them, whatever they keep).
-fn sched_events_of_pipe(cg: &BenchCgroup, dir: &Path) -> Result<u64> {
-    let out = dir.join("sched-events.csv");
-    let st = cg
-        .command("perf")
-        .args(["stat", "-a", "-x", ",", "-o"])
-        .arg(&out)
-        .args([
-            "-e",
-            "sched:sched_switch,sched:sched_wakeup,sched:sched_wakeup_new",
-            "--",
-            "perf",
-            "bench",
-            "sched",
-            "pipe",
-            "-l",
-            PIPE_LOOPS,
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .context("running perf stat (install linux-perf; tracefs must be mounted)")?;
-    if !st.success() {
-        bail!("perf stat failed: {st}");
-    }
-    let text = std::fs::read_to_string(&out)?;
-    let mut events = 0;
-    let mut seen = 0;
-    for line in text.lines().filter(|l| l.contains("sched:")) {
-        let n: u64 = line
-            .split(',')
-            .next()
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("perf stat line without a count: {line}"))?;
-        events += n;
-        seen += 1;
-    }
-    if seen != 3 {
-        bail!("expected 3 scheduler event counts from perf stat, found {seen}: {text}");
-    }
-    Ok(events)
 }
 
 /// One spinner per CPU in `cg`, `millions` iterations each: iterations per
@@ -458,12 +400,12 @@ fn main() -> Result<()> {
     let stats = "/proc/sys/kernel/bpf_stats_enabled";
     let before = std::fs::read_to_string(stats).unwrap_or_else(|_| "0".into());
     std::fs::write(stats, "1").context("enabling kernel.bpf_stats_enabled")?;
-    // (BPF ns, BPF program runs, scheduler events) of one sched pipe run.
-    let measure = |names: &[&str]| -> Result<(u64, u64, u64)> {
+    // (BPF ns, BPF program runs) of one sched pipe run.
+    let measure = |names: &[&str]| -> Result<(u64, u64)> {
         let (ns0, c0) = bpf_cost(names)?;
-        let events = sched_events_of_pipe(&cg, dir.path())?;
+        let _ = sched_pipe(&cg)?;
         let (ns1, c1) = bpf_cost(names)?;
-        Ok((ns1 - ns0, c1 - c0, events))
+        Ok((ns1 - ns0, c1 - c0))
     };
     let ours_rq = ["switch_task", "wakeup_task", "wakeup_new_task"];
     // libbpf-tools' program names (tp_btf and raw_tp builds).
@@ -475,20 +417,19 @@ fn main() -> Result<()> {
         "handle_sched_wa",
     ];
     let per = |ns: u64, n: u64| ns as f64 / n.max(1) as f64;
-    let mut rq_cost = RunqlatCost::default();
+    let (mut ours, mut theirs, mut ratio) = (vec![], vec![], vec![]);
+    let mut events = (0, 0);
     for _ in 0..rounds {
         let t = start_agent("runqlat", cg.path(), &[])?;
-        let (ons, ocnt, oev) = measure(&ours_rq)?;
+        let (ons, ocnt) = measure(&ours_rq)?;
         t.stop();
         let t = start_libbpf_runqlat(Some(cg.path()))?;
-        let (tns, tcnt, tev) = measure(&theirs_rq)?;
+        let (tns, tcnt) = measure(&theirs_rq)?;
         t.stop();
-        rq_cost.ours_per_event.push(per(ons, oev));
-        rq_cost.theirs_per_event.push(per(tns, tev));
-        rq_cost.ours_per_run.push(per(ons, ocnt));
-        rq_cost.theirs_per_run.push(per(tns, tcnt));
-        rq_cost.ratio.push(per(ons, oev) / per(tns, tev).max(f64::MIN_POSITIVE));
-        rq_cost.last = (ocnt, tcnt, oev, tev);
+        ours.push(per(ons, ocnt));
+        theirs.push(per(tns, tcnt));
+        ratio.push(per(ons, ocnt) / per(tns, tcnt).max(f64::MIN_POSITIVE));
+        events = (ocnt, tcnt);
     }
     let t = start_agent("cpu", cg.path(), &["--frequency", "99"])?;
     let (cns0, cc0) = bpf_cost(&["on_cpu_sample"])?;
@@ -496,24 +437,22 @@ fn main() -> Result<()> {
     let (cns1, cc1) = bpf_cost(&["on_cpu_sample"])?;
     t.stop();
     std::fs::write(stats, before.trim())?;
-    let (o_runs, t_runs, o_events, t_events) = rq_cost.last;
     println!(
-        "\n## BPF run time per scheduler event (bpf_stats over one sched pipe run; events = \
-         sched_switch + sched_wakeup + sched_wakeup_new counted by perf stat -a; median of {rounds})"
+        "\n## BPF run time per scheduler event (bpf_stats, one sched pipe run per round, median of {rounds})"
     );
     println!(
-        "flamefleet runqlat                {:>7.1} ns/event  ({:>6.1} ns per program run; last round {o_runs} runs, {o_events} events)",
-        median(rq_cost.ours_per_event),
-        median(rq_cost.ours_per_run)
+        "flamefleet runqlat                {:>7.1} ns/event (last round {} events)",
+        median(ours),
+        events.0
     );
     println!(
-        "libbpf-tools runqlat -c           {:>7.1} ns/event  ({:>6.1} ns per program run; last round {t_runs} runs, {t_events} events)",
-        median(rq_cost.theirs_per_event),
-        median(rq_cost.theirs_per_run)
+        "libbpf-tools runqlat -c           {:>7.1} ns/event (last round {} events)",
+        median(theirs),
+        events.1
     );
     println!(
-        "ratio ours / libbpf-tools         {:>7.2}            (median of the per-round ratios)",
-        median(rq_cost.ratio)
+        "ratio ours / libbpf-tools         {:>7.2} (median of the per-round ratios)",
+        median(ratio)
     );
     println!(
         "flamefleet CPU sampler            {:>7.0} ns/sample over {} samples",
