@@ -66,8 +66,7 @@ async fn agents_answer_only_for_the_node_their_certificate_names() {
     let err = connector
         .connect(&endpoint(&nodes[0].name, nodes[1].address.to_string()))
         .await
-        .err()
-        .expect("an agent with another node's certificate must be refused");
+        .expect_err("an agent with another node's certificate must be refused");
     assert!(
         err.contains("certificate") || err.contains("NotValidForName"),
         "the refusal should name the certificate: {err}"
@@ -84,8 +83,7 @@ async fn agents_answer_only_for_the_node_their_certificate_names() {
     let err = connector
         .connect(&endpoint("conn-nobody", "127.66.0.250:17171".into()))
         .await
-        .err()
-        .expect("no agent at that address");
+        .expect_err("no agent at that address");
     assert!(!err.is_empty());
 }
 
