@@ -459,8 +459,24 @@ fn processes_starting_and_exiting_during_the_capture_have_full_stacks() {
             },
         )
         .unwrap();
-    // Starts during the capture: a binary no process mapped before.
+    // Starts during the capture: a binary no process mapped before. Its unwind tables are
+    // built in the background from the exec notification; the unwinder says when they
+    // are loaded, which must happen while the capture runs (nothing else registers it).
     let late_pid = cg.spawn(&mut Command::new(&late));
+    let unwinder = capture
+        .sampler()
+        .unwinder()
+        .cloned()
+        .expect("CFI unwinding is on by default");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !unwinder.is_registered(late_pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the process started during the capture got no unwind tables within 60 s: {:?}",
+            unwinder.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let deadline = Instant::now() + Duration::from_secs(60);
     while Path::new(&format!("/proc/{early_pid}/stat")).exists()
         && std::fs::read_to_string(format!("/proc/{early_pid}/stat"))
@@ -469,10 +485,26 @@ fn processes_starting_and_exiting_during_the_capture_have_full_stacks() {
         assert!(Instant::now() < deadline, "early process did not exit");
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_secs(2));
     let (file, _) = finish(&samplers, capture, dir.path(), "life");
-    for (name, pid) in [("exiting", early_pid), ("started", late_pid)] {
-        let ts = traces(&file, &["-tagfocus", &format!("pid={pid}")]);
+    // The samples of the started process from before its tables were loaded walk with
+    // frame pointers only (how many depends on the machine's load), so its chain is
+    // checked in a second capture on the same sampler, after the tables were announced.
+    let after = samplers
+        .start_cpu(
+            &[CaptureTarget::raw(cg.cgroup.clone())],
+            &CpuOptions {
+                frequency: HZ,
+                ..CpuOptions::default()
+            },
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let (file_after, _) = finish(&samplers, after, dir.path(), "life-after");
+    for (name, pid, file) in [
+        ("exiting", early_pid, &file),
+        ("started", late_pid, &file_after),
+    ] {
+        let ts = traces(file, &["-tagfocus", &format!("pid={pid}")]);
         let (leaf, via_c) = chain_share(&ts, "ff_leaf", &["ff_c", "ff_b", "ff_a", "main"]);
         let (_, via_y) = chain_share(&ts, "ff_leaf", &["ff_y", "main"]);
         let pct = 100.0 * (via_c + via_y) / leaf;
