@@ -455,6 +455,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             max_cpu_frequency_hz: options.max_cpu_frequency_hz,
         },
         request_selector: options.request_selector.clone(),
+        requests: std::sync::RwLock::new(None),
         client,
         store,
         dispatcher,

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use flamefleet_api::{ProfileRequest, ProfileRequestSpec, ProfileType, RequestPhase};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
+use kube::runtime::reflector::Store;
 
 use crate::{Error, Result};
 
@@ -108,11 +109,33 @@ pub fn check_concurrency(
     Ok(())
 }
 
-/// Counts the Running requests this operator handles (`selector`).
+/// Counts the Running requests among `requests` (pure).
+pub fn count_running<'a>(requests: impl IntoIterator<Item = &'a ProfileRequest>) -> Running {
+    let mut out = Running::default();
+    for request in requests {
+        if request.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Running) {
+            out.total += 1;
+            *out.by_namespace
+                .entry(request.metadata.namespace.clone().unwrap_or_default())
+                .or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Counts the Running requests this operator handles (`selector`): from the controller's
+/// cache `requests` when there is one (no API call), else by listing them.
 ///
 /// # Errors
-/// API errors.
-pub async fn running(client: &kube::Client, selector: Option<&str>) -> Result<Running> {
+/// API errors of the list.
+pub async fn running(
+    client: &kube::Client,
+    requests: Option<&Store<ProfileRequest>>,
+    selector: Option<&str>,
+) -> Result<Running> {
+    if let Some(store) = requests {
+        return Ok(count_running(store.state().iter().map(AsRef::as_ref)));
+    }
     let api: Api<ProfileRequest> = Api::all(client.clone());
     let mut params = ListParams::default();
     if let Some(s) = selector {
@@ -121,16 +144,7 @@ pub async fn running(client: &kube::Client, selector: Option<&str>) -> Result<Ru
     let list = api.list(&params).await.map_err(Error::kube(
         "listing ProfileRequests to count running captures",
     ))?;
-    let mut out = Running::default();
-    for request in list.items {
-        if request.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Running) {
-            out.total += 1;
-            *out.by_namespace
-                .entry(request.metadata.namespace.unwrap_or_default())
-                .or_default() += 1;
-        }
-    }
-    Ok(out)
+    Ok(count_running(&list.items))
 }
 
 /// The effective per-namespace limit: the namespace's annotation when it holds a number,
@@ -167,6 +181,34 @@ mod tests {
 
     fn spec(v: serde_json::Value) -> ProfileRequestSpec {
         serde_json::from_value(v).expect("spec")
+    }
+
+    #[test]
+    fn only_running_requests_count_by_namespace() {
+        let request = |ns: &str, phase: Option<&str>| -> ProfileRequest {
+            serde_json::from_value(json!({
+                "apiVersion": "flamefleet.dev/v1alpha1",
+                "kind": "ProfileRequest",
+                "metadata": {"name": "r", "namespace": ns},
+                "spec": {"type": "cpu", "podNames": ["p"], "duration": "1s"},
+                "status": phase.map_or(json!({}), |p| json!({"phase": p})),
+            }))
+            .expect("request")
+        };
+        let requests = [
+            request("a", Some("Running")),
+            request("a", Some("Running")),
+            request("b", Some("Running")),
+            request("b", Some("Succeeded")),
+            request("c", Some("Pending")),
+            request("c", None),
+        ];
+        let running = count_running(&requests);
+        assert_eq!(running.total, 3);
+        assert_eq!(
+            running.by_namespace,
+            BTreeMap::from([("a".to_owned(), 2), ("b".to_owned(), 1)])
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use flamefleet_api::ProfileRequest;
 use futures::StreamExt;
 use kube::Api;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -49,6 +49,11 @@ pub struct Context {
     pub limits: limits::TenantLimits,
     /// The operator's `--request-selector` (limits count only this shard's requests).
     pub request_selector: Option<String>,
+    /// The controller's cache of the requests it handles (the same selector), set by
+    /// [`run`]: the concurrency limits count Running requests from it instead of listing
+    /// every request from the API server at each admission, which made a burst of N
+    /// requests cost N lists of up to N objects.
+    pub requests: std::sync::RwLock<Option<Store<ProfileRequest>>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -74,7 +79,14 @@ pub async fn run(
     if let Some(selector) = request_selector {
         config = config.labels(selector);
     }
-    Controller::new(api, config)
+    let controller = Controller::new(api, config);
+    // Replaces the store of an earlier run (leadership lost and regained): that one's
+    // reflector has stopped.
+    *context
+        .requests
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(controller.store());
+    controller
         .reconcile_on(UnboundedReceiverStream::new(triggers))
         .graceful_shutdown_on(shutdown)
         .run(

@@ -199,7 +199,17 @@ async fn start(
     if let Err(message) = limits::check_spec(spec, &ctx.limits) {
         return fail_request(&request, ctx, api, "OutsideLimits", message).await;
     }
-    let running = limits::running(&ctx.client, ctx.request_selector.as_deref()).await?;
+    let requests = ctx
+        .requests
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let running = limits::running(
+        &ctx.client,
+        requests.as_ref(),
+        ctx.request_selector.as_deref(),
+    )
+    .await?;
     let namespace_limit = limits::namespace_limit(&ctx.client, &ids.namespace, &ctx.limits).await?;
     if let Err(message) =
         limits::check_concurrency(&running, &ids.namespace, namespace_limit, &ctx.limits)
