@@ -450,15 +450,15 @@ fn processes_starting_and_exiting_during_the_capture_have_full_stacks() {
     // Exits during the capture: a fixed number of rounds (a few seconds of CPU).
     let early_pid = cg.spawn(Command::new(&early).arg("400"));
     let samplers = Samplers::new(SamplerConfig::default());
-    let capture = samplers
-        .start_cpu(
-            &[CaptureTarget::raw(cg.cgroup.clone())],
-            &CpuOptions {
-                frequency: HZ,
-                ..CpuOptions::default()
-            },
-        )
-        .unwrap();
+    let target = [CaptureTarget::raw(cg.cgroup.clone())];
+    let start = || {
+        let options = CpuOptions {
+            frequency: HZ,
+            ..CpuOptions::default()
+        };
+        samplers.start_cpu(&target, &options).unwrap()
+    };
+    let capture = start();
     // Starts during the capture: a binary no process mapped before. Its unwind tables are
     // built in the background from the exec notification; the unwinder says when they
     // are loaded, which must happen while the capture runs (nothing else registers it).
@@ -489,15 +489,7 @@ fn processes_starting_and_exiting_during_the_capture_have_full_stacks() {
     // The samples of the started process from before its tables were loaded walk with
     // frame pointers only (how many depends on the machine's load), so its chain is
     // checked in a second capture on the same sampler, after the tables were announced.
-    let after = samplers
-        .start_cpu(
-            &[CaptureTarget::raw(cg.cgroup.clone())],
-            &CpuOptions {
-                frequency: HZ,
-                ..CpuOptions::default()
-            },
-        )
-        .unwrap();
+    let after = start();
     std::thread::sleep(Duration::from_secs(2));
     let (file_after, _) = finish(&samplers, after, dir.path(), "life-after");
     for (name, pid, file) in [
