@@ -9,9 +9,9 @@
 //!   apply to Succeeded; the benchmark's own watch and GETs included), and per node;
 //! - the largest object written (request, result slices), as JSON from the API server.
 //!
-//! Run: `cargo bench -p flamefleet-e2e --bench fleet_scale --profile dev -- [SIZES..]`
-//! (default 500 2000 5000; `--profile release` measures an optimized operator, which the
-//! harness builds in the same profile). FLAMEFLEET_BENCH_REQUESTS sets the requests per
+//! Run: `cargo bench -p flamefleet-e2e --bench fleet_scale -- [SIZES..]` (default 500 2000
+//! 5000; release, and the harness builds the operator in the same profile; `--profile dev`
+//! for a quick look). FLAMEFLEET_BENCH_REQUESTS sets the requests per
 //! size (default 5). FLAMEFLEET_BENCH_CAPTURE_SECS sets the capture (default 2), and
 //! FLAMEFLEET_BENCH_OPERATOR_ARGS adds operator flags (space-separated), e.g.
 //! `--debug-listen 127.0.0.1:6061` to pull the operator's heap profile

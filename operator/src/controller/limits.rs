@@ -124,7 +124,9 @@ pub fn count_running<'a>(requests: impl IntoIterator<Item = &'a ProfileRequest>)
 }
 
 /// Counts the Running requests this operator handles (`selector`): from the controller's
-/// cache `requests` when there is one (no API call), else by listing them.
+/// cache `requests` when there is one (no API call; it first waits for the cache's initial
+/// list, so that right after a start or a regained leadership no Running request is
+/// missed), else by listing them.
 ///
 /// # Errors
 /// API errors of the list.
@@ -134,7 +136,10 @@ pub async fn running(
     selector: Option<&str>,
 ) -> Result<Running> {
     if let Some(store) = requests {
-        return Ok(count_running(store.state().iter().map(AsRef::as_ref)));
+        // Err: the controller that filled the cache stopped; list instead.
+        if store.wait_until_ready().await.is_ok() {
+            return Ok(count_running(store.state().iter().map(AsRef::as_ref)));
+        }
     }
     let api: Api<ProfileRequest> = Api::all(client.clone());
     let mut params = ListParams::default();
