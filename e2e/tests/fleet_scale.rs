@@ -5,9 +5,12 @@
 //! 1. a cpu request over every node goes to Succeeded; every node's artifact is in the
 //!    result slices; `kubectl profile get` lists and downloads them (all, and a --node /
 //!    --limit subset); the largest object (request, slices) stays under 256 KiB; deleting
-//!    the request removes every slice and every stored artifact;
-//! 2. with 5% of the agents failing and 1% never answering, a request ends
-//!    PartiallySucceeded with exact counts and a bounded list of reasons.
+//!    the request removes every slice and every stored artifact; the operator collected
+//!    every result with `Collect` after hanging up, keeps at most 512 idle connections,
+//!    and resumed the TLS session for the collections' new connections;
+//! 2. with 5% of the agents failing, 1% never answering and 1% forgetting the capture
+//!    halfway (as a restarted agent would), a request ends PartiallySucceeded with exact
+//!    counts and a bounded list of reasons.
 //!
 //! Synchronized on the request's status through watches; nothing sleeps. Hollow agents load
 //! the operator and the API server; they are not the real agent (see the pipeline tests for
@@ -233,6 +236,31 @@ async fn one_request_across_a_hollow_fleet() {
     assert!(request_bytes < MAX_OBJECT_BYTES && slice_bytes < MAX_OBJECT_BYTES);
     let stats = cluster.fleet.stats();
     assert_eq!(stats.done, nodes as u64, "{stats:?}");
+    // The operator hung up once each capture was accepted and collected every result with
+    // `Collect` (the 2 s window leaves it 1.5 s without the connection), and it keeps at
+    // most its idle-connection capacity open (default 512).
+    assert!(
+        stats.collects >= nodes as u64 && stats.collects_unknown == 0,
+        "{stats:?}"
+    );
+    let channels = operator_gauge(&cluster, "flamefleet_operator_agent_channels").await;
+    assert!(channels <= 512.0, "{channels} agent channels cached");
+    // A collection that needed a new connection resumed the TLS session of the start.
+    let full = operator_gauge(
+        &cluster,
+        "flamefleet_operator_agent_tls_handshakes_total{kind=\"full\"}",
+    )
+    .await;
+    let resumed = operator_gauge(
+        &cluster,
+        "flamefleet_operator_agent_tls_handshakes_total{kind=\"resumed\"}",
+    )
+    .await;
+    eprintln!("TLS handshakes with agents: {full} full, {resumed} resumed");
+    assert!(
+        full <= nodes as f64 * 1.05 && resumed >= (nodes as f64 - 512.0).max(1.0) * 0.95,
+        "{full} full and {resumed} resumed handshakes for {nodes} nodes"
+    );
 
     // kubectl profile get: a subset, then everything.
     let out = cluster.dir.join("get-subset");
@@ -303,10 +331,13 @@ async fn one_request_across_a_hollow_fleet() {
         stored.display()
     );
 
-    // 2. A failure mix: 5% fail, 1% never answer.
+    // 2. A failure mix: 5% fail, 1% never answer, and 1% forget the capture halfway
+    //    through (an agent restarted while the operator was not connected).
     cluster.fleet.set_mix(0.05, 0.01, 13).unwrap();
+    let forgetful = cluster.fleet.set_forgetful(nodes / 100) as i32;
     let failing = cluster.fleet.count(Behaviour::Fail) as i32;
     let silent = cluster.fleet.count(Behaviour::Silent) as i32;
+    let lost = failing + silent + forgetful;
     let request = cluster.request("mix", CAPTURE).unwrap();
     let (done, took) = run_to_terminal(&mut cluster, &request, Duration::from_secs(300)).await;
     let status = done.status.clone().unwrap_or_default();
@@ -319,11 +350,7 @@ async fn one_request_across_a_hollow_fleet() {
     let counts = status.node_counts.unwrap_or_default();
     assert_eq!(
         (counts.total, counts.succeeded, counts.failed),
-        (
-            nodes as i32,
-            nodes as i32 - failing - silent,
-            failing + silent
-        ),
+        (nodes as i32, nodes as i32 - lost, lost),
         "{counts:?}"
     );
     assert!(
@@ -333,11 +360,14 @@ async fn one_request_across_a_hollow_fleet() {
     );
     assert_eq!(
         status.failures.len() as i32 + status.failures_omitted.unwrap_or(0),
-        failing + silent
+        lost
     );
     for f in &status.failures {
         assert!(
-            matches!(f.reason.as_str(), "CaptureFailed" | "TimedOut"),
+            matches!(
+                f.reason.as_str(),
+                "CaptureFailed" | "TimedOut" | "AgentInterrupted"
+            ),
             "{f:?}"
         );
     }
@@ -351,10 +381,26 @@ async fn one_request_across_a_hollow_fleet() {
     };
     assert_eq!(reason_count("CaptureFailed"), failing);
     assert_eq!(reason_count("TimedOut"), silent);
+    assert_eq!(reason_count("AgentInterrupted"), forgetful);
     let uid = done.metadata.uid.clone().expect("uid");
     let (request_bytes, slice_bytes) = largest_objects(&client, &ns, "mix", &uid).await;
     assert!(request_bytes < MAX_OBJECT_BYTES && slice_bytes < MAX_OBJECT_BYTES);
     // The silent agents were asked to cancel when their nodes timed out.
     let stats = cluster.fleet.stats();
     assert!(stats.cancel_calls >= silent as u64, "{stats:?}");
+}
+
+/// The value of gauge `name` on the operator's /metrics.
+async fn operator_gauge(cluster: &HollowCluster, name: &str) -> f64 {
+    let port = cluster
+        .operator
+        .as_ref()
+        .expect("the operator runs")
+        .metrics_port;
+    let text = pipeline_support::metrics_at(port).await;
+    text.lines()
+        .filter_map(|line| line.split_once(' '))
+        .find(|(metric, _)| *metric == name)
+        .and_then(|(_, value)| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} is not on the operator's /metrics:\n{text}"))
 }

@@ -38,6 +38,24 @@ async fn wait_phase(
     }
 }
 
+/// Waits until each of `agents` logs that it attached a CPU sampler (the capture's window
+/// runs from then on).
+async fn wait_sampler_attached(pipeline: &Pipeline, agents: &[usize]) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !agents.iter().all(|&i| {
+        pipeline.agents[i]
+            .log_text()
+            .contains("cpu sampler attached")
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "agents {agents:?} never attached a sampler\n{}",
+            pipeline.agent_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_mid_capture_fails_its_node_only() {
     let _serial = serial().await;
@@ -57,7 +75,8 @@ async fn agent_killed_mid_capture_fails_its_node_only() {
     let phases = pipeline.watch_phases(&api, "killed").await;
     api.create(&Default::default(), &request).await.unwrap();
     wait_phase(&pipeline, &api, "killed", RequestPhase::Running).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Mid-capture: the agent has attached its sampler for this request.
+    wait_sampler_attached(&pipeline, &[1]).await;
     pipeline.kill_agent(1);
     let (done, _) = pipeline
         .wait_terminal(&api, "killed", TIMEOUT, phases)
@@ -185,7 +204,8 @@ async fn operator_restarted_mid_capture_completes_the_request_once() {
     let running = wait_phase(&pipeline, &api, "restart", RequestPhase::Running).await;
     let uid = running.metadata.uid.clone().unwrap();
     let started = running.status.unwrap().start_time;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Mid-capture: both agents sample for this request.
+    wait_sampler_attached(&pipeline, &[0, 1]).await;
     pipeline.kill_operator();
     pipeline.start_operator();
     let (done, seen) = pipeline

@@ -167,10 +167,17 @@ pub struct Options {
     /// Timeout of a connection attempt to an agent.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub agent_connect_timeout: Duration,
-    /// Capture calls being set up at once (connection or cached channel, TLS handshake, call
-    /// start), over all requests; an open capture stream holds no slot (0: unlimited).
+    /// Agent calls being set up at once (connection or cached channel, TLS handshake, call
+    /// start: a capture's start and the collection of its result), over all requests; an
+    /// open stream holds no slot (0: unlimited).
     #[arg(long, default_value_t = 256)]
     pub max_concurrent_dispatch: usize,
+    /// Agent connections kept open between calls, least recently used closed first. Each
+    /// costs 60-90 KiB; a capture holds its node's connection only while it is started and
+    /// while its result is collected, so this (with --max-concurrent-dispatch), not the
+    /// fleet's size, bounds the operator's connection memory.
+    #[arg(long, default_value_t = crate::controller::agent_client::DEFAULT_CHANNEL_CAPACITY)]
+    pub max_idle_agent_connections: usize,
     /// Attempts to reach an agent before its node fails as unreachable; retries wait with
     /// exponential backoff and full jitter.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
@@ -413,7 +420,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     });
     let (trigger, triggers) = tokio::sync::mpsc::unbounded_channel();
     let dispatcher = Arc::new(Dispatcher::new(
-        connector.with_metrics(metrics.clone()),
+        connector
+            .with_channel_capacity(options.max_idle_agent_connections)
+            .with_metrics(metrics.clone()),
         store.clone(),
         trigger,
         DispatchSettings {

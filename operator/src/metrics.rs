@@ -38,6 +38,13 @@ pub struct ConnectionLabels {
     pub result: String,
 }
 
+/// Label of a TLS handshake with an agent.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    /// `full` or `resumed`.
+    pub kind: &'static str,
+}
+
 /// The operator's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -52,6 +59,8 @@ pub struct Metrics {
     leader: Gauge,
     dispatch_wait: Histogram,
     dispatch_retries: Counter,
+    capture_collects: Counter,
+    agent_handshakes: Family<HandshakeLabels, Counter>,
     agent_connections: Family<ConnectionLabels, Counter>,
     agent_channels: Gauge,
     policy_runs: Counter,
@@ -80,6 +89,8 @@ impl Metrics {
         // 1 ms .. ~33 s: a node's wait for a dispatch permit behind a large fleet's setup.
         let dispatch_wait = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let dispatch_retries = Counter::default();
+        let capture_collects = Counter::default();
+        let agent_handshakes = Family::<HandshakeLabels, Counter>::default();
         let agent_connections = Family::<ConnectionLabels, Counter>::default();
         let agent_channels = Gauge::default();
         registry.register(
@@ -91,6 +102,16 @@ impl Metrics {
             "dispatch_retries",
             "Capture calls retried after the agent could not be reached",
             dispatch_retries.clone(),
+        );
+        registry.register(
+            "capture_collects",
+            "Captures whose result was collected by a second call (Collect), the operator having hung up once the agent accepted",
+            capture_collects.clone(),
+        );
+        registry.register(
+            "agent_tls_handshakes",
+            "TLS handshakes with agents, by kind: full, or resumed from an earlier session",
+            agent_handshakes.clone(),
         );
         registry.register(
             "agent_connections",
@@ -172,6 +193,8 @@ impl Metrics {
             leader,
             dispatch_wait,
             dispatch_retries,
+            capture_collects,
+            agent_handshakes,
             agent_connections,
             agent_channels,
             policy_runs,
@@ -243,6 +266,20 @@ impl Metrics {
     /// Counts a capture call retried after a connection failure.
     pub fn dispatch_retried(&self) {
         self.dispatch_retries.inc();
+    }
+
+    /// Counts a capture collected by a second call.
+    pub fn capture_collected(&self) {
+        self.capture_collects.inc();
+    }
+
+    /// Counts a completed TLS handshake with an agent.
+    pub fn agent_handshake(&self, resumed: bool) {
+        self.agent_handshakes
+            .get_or_create(&HandshakeLabels {
+                kind: if resumed { "resumed" } else { "full" },
+            })
+            .inc();
     }
 
     /// Counts a new agent connection, established or not.

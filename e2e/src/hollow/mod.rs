@@ -107,6 +107,9 @@ pub enum Behaviour {
     Fail,
     /// Never answers: the stream stays open until the capture is cancelled.
     Silent,
+    /// Accepts, then forgets the capture halfway through its window, as an agent that
+    /// restarted would: its stream ends without a result and `Collect` answers NOT_FOUND.
+    Forget,
 }
 
 impl Behaviour {
@@ -115,6 +118,7 @@ impl Behaviour {
             Self::Succeed => 0,
             Self::Fail => 1,
             Self::Silent => 2,
+            Self::Forget => 3,
         }
     }
 
@@ -122,6 +126,7 @@ impl Behaviour {
         match code {
             1 => Self::Fail,
             2 => Self::Silent,
+            3 => Self::Forget,
             _ => Self::Succeed,
         }
     }
@@ -199,6 +204,12 @@ pub struct Stats {
     pub attached: AtomicU64,
     /// Calls that got a finished capture's result replayed.
     pub replayed: AtomicU64,
+    /// `Collect` calls (each also counts as attached or replayed, or as unknown).
+    pub collects: AtomicU64,
+    /// `Collect` calls for a UID the node does not know (answered NOT_FOUND).
+    pub collects_unknown: AtomicU64,
+    /// Captures forgotten mid-window ([`Behaviour::Forget`]).
+    pub forgotten: AtomicU64,
     /// Captures that ended DONE.
     pub done: AtomicU64,
     /// Captures that ended FAILED (injected, cancelled, or an upload refused).
@@ -222,6 +233,12 @@ pub struct StatsSnapshot {
     pub attached: u64,
     /// See [`Stats::replayed`].
     pub replayed: u64,
+    /// See [`Stats::collects`].
+    pub collects: u64,
+    /// See [`Stats::collects_unknown`].
+    pub collects_unknown: u64,
+    /// See [`Stats::forgotten`].
+    pub forgotten: u64,
     /// See [`Stats::done`].
     pub done: u64,
     /// See [`Stats::failed`].
@@ -243,6 +260,9 @@ impl Stats {
             captures: get(&self.captures),
             attached: get(&self.attached),
             replayed: get(&self.replayed),
+            collects: get(&self.collects),
+            collects_unknown: get(&self.collects_unknown),
+            forgotten: get(&self.forgotten),
             done: get(&self.done),
             failed: get(&self.failed),
             cancelled: get(&self.cancelled),
@@ -486,6 +506,22 @@ impl HollowFleet {
             node.behaviour.set(b);
         }
         Ok(())
+    }
+
+    /// Makes up to `count` nodes that would succeed forget their next captures
+    /// ([`Behaviour::Forget`]), in node order; returns how many.
+    pub fn set_forgetful(&self, count: usize) -> usize {
+        let mut set = 0;
+        for node in &self.nodes {
+            if set == count {
+                break;
+            }
+            if node.behaviour.get() == Behaviour::Succeed {
+                node.behaviour.set(Behaviour::Forget);
+                set += 1;
+            }
+        }
+        set
     }
 
     /// The fleet's counters now.

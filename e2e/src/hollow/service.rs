@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use flamefleet_proto::agent::agent_service_server::AgentService;
 use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::{
-    Artifact, CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, InfoRequest,
-    InfoResponse, ProfileType, artifact_names,
+    Artifact, CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CollectRequest,
+    InfoRequest, InfoResponse, ProfileType, artifact_names,
 };
 use futures::Stream;
 use tokio::sync::watch;
@@ -149,6 +149,19 @@ impl HollowAgent {
                     self.node
                 ),
             ),
+            Behaviour::Forget => {
+                let half = Duration::from_millis(u64::from(req.duration_ms) / 2);
+                tokio::select! {
+                    () = tokio::time::sleep(half) => {}
+                    () = cancel.cancelled() => {}
+                    () = self.shared.shutdown.cancelled() => {}
+                }
+                // Gone from the table without a final message: the stream of a caller still
+                // following ends (the sender is dropped), and `Collect` finds nothing.
+                self.lock().remove(&uid);
+                self.shared.stats.forgotten.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
             Behaviour::Succeed => match self.capture(&req, &tx, &cancel, started).await {
                 Ok(done) => done,
                 Err(reason) => progress(Stage::Failed, reason),
@@ -338,6 +351,39 @@ impl AgentService for HollowAgent {
                 );
                 tokio::spawn(self.clone().run(req, behaviour, tx, cancel));
                 Box::pin(follow(rx, 0).map(Ok)) as ProgressStream
+            }
+        };
+        Ok(Response::new(stream))
+    }
+
+    type CollectStream = ProgressStream;
+
+    async fn collect(
+        &self,
+        request: Request<CollectRequest>,
+    ) -> Result<Response<Self::CollectStream>, Status> {
+        use futures::StreamExt as _;
+        let uid = request.into_inner().request_uid.trim().to_owned();
+        self.shared.stats.collects.fetch_add(1, Ordering::Relaxed);
+        let stream = match self.lock().get(&uid) {
+            Some(Entry::Running { log, .. }) => {
+                self.shared.stats.attached.fetch_add(1, Ordering::Relaxed);
+                let seen = log.borrow().len().saturating_sub(1);
+                Box::pin(follow(log.clone(), seen).map(Ok)) as ProgressStream
+            }
+            Some(Entry::Finished(last)) => {
+                self.shared.stats.replayed.fetch_add(1, Ordering::Relaxed);
+                Box::pin(futures::stream::iter([Ok(last.clone())])) as ProgressStream
+            }
+            None => {
+                self.shared
+                    .stats
+                    .collects_unknown
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(Status::not_found(format!(
+                    "node {} has no capture for request {uid}",
+                    self.node
+                )));
             }
         };
         Ok(Response::new(stream))

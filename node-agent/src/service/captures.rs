@@ -1,7 +1,8 @@
 //! The agent's table of captures, keyed by request UID: the idempotency of
 //! `Capture`. A UID seen for the first time starts a capture; a UID whose
 //! capture runs attaches to its progress; a UID whose capture finished gets
-//! the final result replayed. `Cancel` stops a running capture.
+//! the final result replayed. `Collect` attaches or replays but never starts.
+//! `Cancel` stops a running capture.
 //!
 //! Finished results are kept in a bounded cache: at most [`CacheLimits::max_entries`]
 //! (default 1,000) for at most [`CacheLimits::ttl`] (default 1 h). The
@@ -168,6 +169,15 @@ pub enum Joined {
     Finished(CaptureProgress),
 }
 
+/// What a `Collect` call for a known UID gets.
+#[derive(Debug)]
+pub enum Collected {
+    /// The capture runs: follow its progress.
+    Running(ProgressFeed),
+    /// The capture finished: its final message.
+    Finished(CaptureProgress),
+}
+
 impl CaptureTable {
     /// An empty table with the given cache bounds.
     pub fn new(limits: CacheLimits) -> Self {
@@ -210,6 +220,20 @@ impl CaptureTable {
             },
             rx,
         )
+    }
+
+    /// Attaches to or replays the capture of `uid`, never starting one (`Collect`); `None`
+    /// when the table does not know `uid`.
+    pub fn collect(&self, uid: &str) -> Option<Collected> {
+        let mut inner = self.lock();
+        self.evict(&mut inner, Instant::now());
+        if let Some(r) = inner.running.get(uid) {
+            return Some(Collected::Running(r.progress.clone()));
+        }
+        inner
+            .finished
+            .get(uid)
+            .map(|(last, _)| Collected::Finished(last.clone()))
     }
 
     /// Cancels the running capture of `uid`; false when none runs.
@@ -362,6 +386,30 @@ mod tests {
         assert!(matches!(
             table.join("a", stage(Stage::Accepted)),
             Joined::New(..)
+        ));
+    }
+
+    #[tokio::test]
+    async fn collect_follows_or_replays_but_never_starts() {
+        use futures::StreamExt as _;
+        let table = Arc::new(CaptureTable::new(CacheLimits::default()));
+        assert!(table.collect("unknown").is_none());
+        assert_eq!(table.running(), 0, "collect started a capture");
+        let Joined::New(handle, _) = table.join("a", stage(Stage::Accepted)) else {
+            panic!("expected a new capture");
+        };
+        handle.progress(stage(Stage::Running));
+        let Some(Collected::Running(rx)) = table.collect("a") else {
+            panic!("expected to follow the running capture");
+        };
+        // A collector starts at the newest message it finds.
+        let collected = follow(rx, false);
+        handle.finish(stage(Stage::Done));
+        let seen: Vec<Stage> = collected.map(|p| p.stage()).collect().await;
+        assert_eq!(seen, [Stage::Running, Stage::Done]);
+        assert!(matches!(
+            table.collect("a"),
+            Some(Collected::Finished(p)) if p.stage() == Stage::Done
         ));
     }
 

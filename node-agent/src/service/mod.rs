@@ -31,12 +31,13 @@ use std::sync::Arc;
 use flamefleet_proto::agent::agent_service_server::{AgentService, AgentServiceServer};
 use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::{
-    CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, InfoRequest, InfoResponse,
+    CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CollectRequest, InfoRequest,
+    InfoResponse,
 };
 use futures::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
-use self::captures::{CacheLimits, CaptureTable, Joined, follow};
+use self::captures::{CacheLimits, CaptureTable, Collected, Joined, follow};
 use self::pipeline::{Context, progress};
 use self::probes::ProbeState;
 pub use self::tls::{ServingIdentity, TlsFiles};
@@ -279,6 +280,35 @@ impl AgentService for Agent {
                 Box::pin(futures::stream::iter([Ok(last)])) as ProgressStream
             }
         };
+        Ok(Response::new(stream))
+    }
+
+    type CollectStream = ProgressStream;
+
+    async fn collect(
+        &self,
+        request: Request<CollectRequest>,
+    ) -> Result<Response<Self::CollectStream>, Status> {
+        let uid = request.into_inner().request_uid.trim().to_owned();
+        if uid.is_empty() {
+            return Err(Status::invalid_argument(
+                "request_uid is empty; expected the ProfileRequest's metadata.uid",
+            ));
+        }
+        let stream = match self.table.collect(&uid) {
+            Some(Collected::Running(rx)) => Box::pin(follow(rx, false).map(Ok)) as ProgressStream,
+            Some(Collected::Finished(last)) => {
+                Box::pin(futures::stream::iter([Ok(last)])) as ProgressStream
+            }
+            None => {
+                return Err(Status::not_found(format!(
+                    "node {} has no capture for request {uid}: it never got the Capture call, \
+                     the agent restarted since, or the result left its cache",
+                    self.ctx.node
+                )));
+            }
+        };
+        tracing::debug!(%uid, "collecting capture");
         Ok(Response::new(stream))
     }
 

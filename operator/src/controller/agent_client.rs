@@ -6,10 +6,10 @@
 //! or from the operator's CA ([`AgentConnector::from_ca`]), which issues a short-lived one
 //! and renews it in the background.
 //!
-//! Channels are cached per agent endpoint (node name and address): a request over N nodes
-//! opens at most one connection per agent, every capture and cancel of later requests
-//! multiplexes on it (HTTP/2 streams), and a fleet of thousands of agents is not
-//! re-handshaken for every request. See [`ChannelCache`] for what evicts an entry.
+//! Channels are cached per agent endpoint (node name and address), up to a capacity: calls
+//! of later requests to the same agent multiplex on its connection (HTTP/2 streams) instead
+//! of handshaking again, and a fleet larger than the capacity keeps only its most recently
+//! used connections. See [`ChannelCache`] for what evicts an entry.
 //!
 //! All channels share one rustls client configuration (the CA as the only root, the
 //! operator's client certificate, ALPN `h2`), built once per certificate generation and used
@@ -50,6 +50,10 @@ const CLIENT_CERT_RENEWAL: Duration = Duration::from_secs(8 * 3600);
 /// short enough that an idle operator does not hold one TLS connection (tens of KiB) per
 /// agent of a large fleet for ever.
 pub const CHANNEL_IDLE_TTL: Duration = Duration::from_secs(10 * 60);
+/// Agents whose TLS session tickets the operator keeps (the fleet sizes it is measured at).
+const RESUMPTION_SESSIONS: usize = 8192;
+/// Default of [`ChannelCache`]'s capacity (the operator's `--max-idle-agent-connections`).
+pub const DEFAULT_CHANNEL_CAPACITY: usize = 512;
 /// HTTP/2 keepalive ping interval on agent channels: a dead peer (node gone, agent killed
 /// without a FIN) is noticed within interval + timeout instead of at the capture deadline.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -68,10 +72,14 @@ impl TlsMaterial {
     /// Builds the configuration from the CA that agents' certificates chain to and the
     /// operator's client certificate chain and key, all PEM.
     ///
-    /// Session resumption is off: every connection is a full handshake, so an agent checks
-    /// the operator's certificate with its current verifier each time (a resumed session
-    /// would skip that check), and no session cache is kept per agent. Connections are
-    /// long-lived and cached ([`ChannelCache`]), so handshakes are rare anyway.
+    /// TLS 1.3 session resumption is on: a node's capture connects twice (start, then
+    /// collect: see `dispatch`), and the second handshake resumes the first's session
+    /// instead of signing and verifying certificates again. A resumed session carries the
+    /// identities both sides checked in the full handshake; it lives in the agent's server
+    /// configuration, which the agent rebuilds (forgetting its sessions) with its
+    /// certificate, and in this configuration, which is rebuilt at every renewal of the
+    /// operator's certificate (every 8 h), so no session outlives either certificate. The
+    /// cache holds at most [`RESUMPTION_SESSIONS`] agents' tickets (~1 KiB each).
     ///
     /// # Errors
     /// [`Error::Tls`] when a PEM block does not parse, there is no CA certificate, or the key
@@ -105,7 +113,7 @@ impl TlsMaterial {
         .with_client_auth_cert(chain, key)
         .map_err(|e| tls("the operator's client certificate and key", &e))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
-        config.resumption = Resumption::disabled();
+        config.resumption = Resumption::in_memory_sessions(RESUMPTION_SESSIONS);
         Ok(Self {
             config: Arc::new(config),
             generation,
@@ -121,6 +129,7 @@ struct AgentTlsConnector {
     address: String,
     server_name: ServerName<'static>,
     config: Arc<rustls::ClientConfig>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl tonic::codegen::Service<http::Uri> for AgentTlsConnector {
@@ -140,10 +149,16 @@ impl tonic::codegen::Service<http::Uri> for AgentTlsConnector {
             let tls = TlsConnector::from(this.config)
                 .connect(this.server_name, tcp)
                 .await?;
-            if tls.get_ref().1.alpn_protocol() != Some(b"h2".as_slice()) {
+            let session = tls.get_ref().1;
+            if session.alpn_protocol() != Some(b"h2".as_slice()) {
                 return Err(std::io::Error::other(
                     "the agent did not negotiate HTTP/2 (ALPN h2)",
                 ));
+            }
+            if let Some(metrics) = &this.metrics {
+                metrics.agent_handshake(
+                    session.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+                );
             }
             Ok(TokioIo::new(tls))
         })
@@ -204,13 +219,31 @@ struct Cached {
 /// Open channels by node. An entry is replaced when the node's agent moves (a new pod, a
 /// new address) or the operator's client certificate is renewed, removed after a
 /// connection error ([`AgentConnector::evict`]) and closed after [`CHANNEL_IDLE_TTL`] unused.
-/// Its size is bounded by the number of nodes with an agent.
-#[derive(Debug, Default)]
+/// At most `capacity` entries are kept: inserting past it drops the least recently used
+/// (a call still using that channel keeps its connection until it ends). Each connection
+/// costs the operator 60-90 KiB (HTTP/2 codec buffers, hyper's and tonic's request queues,
+/// TLS state), so the capacity, not the fleet's size, bounds what idle connections hold.
+#[derive(Debug)]
 pub struct ChannelCache {
     entries: Mutex<HashMap<String, Cached>>,
+    capacity: usize,
+}
+
+impl Default for ChannelCache {
+    fn default() -> Self {
+        Self::with_capacity(DEFAULT_CHANNEL_CAPACITY)
+    }
 }
 
 impl ChannelCache {
+    /// An empty cache keeping at most `capacity` channels (at least one).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            entries: Mutex::default(),
+            capacity: capacity.max(1),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -241,7 +274,8 @@ impl ChannelCache {
     }
 
     fn insert(&self, node: &str, address: &str, generation: u64, channel: Channel, now: Instant) {
-        self.lock().insert(
+        let mut entries = self.lock();
+        entries.insert(
             node.to_owned(),
             Cached {
                 address: address.to_owned(),
@@ -250,6 +284,18 @@ impl ChannelCache {
                 last_used: now,
             },
         );
+        // O(capacity) per insert past the capacity, which only a fleet larger than the
+        // capacity pays, once per connection it opens (a handshake costs far more).
+        while entries.len() > self.capacity {
+            let Some(oldest) = entries
+                .iter()
+                .min_by_key(|(_, c)| c.last_used)
+                .map(|(n, _)| n.clone())
+            else {
+                break;
+            };
+            entries.remove(&oldest);
+        }
     }
 
     /// Forgets the channel of `node` if it still points at `address`.
@@ -380,6 +426,13 @@ impl AgentConnector {
         self
     }
 
+    /// Keeps at most `capacity` idle channels (see [`ChannelCache`]); call before first use.
+    #[must_use]
+    pub fn with_channel_capacity(mut self, capacity: usize) -> Self {
+        self.channels = Arc::new(ChannelCache::with_capacity(capacity));
+        self
+    }
+
     /// The cached channels.
     pub fn channels(&self) -> &ChannelCache {
         &self.channels
@@ -425,6 +478,7 @@ impl AgentConnector {
             address: agent.address.clone(),
             server_name,
             config: material.config,
+            metrics: self.metrics.clone(),
         };
         let connected = endpoint
             .connect_with_connector(connector)
@@ -540,6 +594,41 @@ mod tests {
         // A renewed client certificate replaces n2's channel.
         assert!(cache.get("n2", "10.0.0.2:7070", 1, t0, ttl).is_none());
         assert!(cache.is_empty());
+    }
+
+    #[tokio::test]
+    async fn cache_keeps_the_most_recently_used_up_to_its_capacity() {
+        let cache = ChannelCache::with_capacity(2);
+        let ttl = Duration::from_secs(60);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        cache.insert(
+            "n1",
+            "10.0.0.1:7070",
+            0,
+            lazy_channel("10.0.0.1:7070"),
+            at(0),
+        );
+        cache.insert(
+            "n2",
+            "10.0.0.2:7070",
+            0,
+            lazy_channel("10.0.0.2:7070"),
+            at(1),
+        );
+        // n1 used again: n2 is now the least recently used.
+        assert!(cache.get("n1", "10.0.0.1:7070", 0, at(2), ttl).is_some());
+        cache.insert(
+            "n3",
+            "10.0.0.3:7070",
+            0,
+            lazy_channel("10.0.0.3:7070"),
+            at(3),
+        );
+        assert_eq!(cache.len(), 2);
+        assert!(cache.get("n2", "10.0.0.2:7070", 0, at(4), ttl).is_none());
+        assert!(cache.get("n1", "10.0.0.1:7070", 0, at(4), ttl).is_some());
+        assert!(cache.get("n3", "10.0.0.3:7070", 0, at(4), ttl).is_some());
     }
 
     #[tokio::test]

@@ -32,6 +32,31 @@ use flamefleet_api::ProfileRequest;
 /// permit for the whole capture deadline.
 const CALL_START_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long before a capture's window ends the operator calls `Collect`. The agent then
+/// still reads, symbolizes and uploads, so a collection that starts a little early waits
+/// on an open stream instead of arriving late.
+const COLLECT_LEAD: Duration = Duration::from_millis(500);
+/// The operator hangs up on a started capture (and collects it later) only when that frees
+/// its connection for at least this long; a shorter window is followed on the first stream.
+const MIN_DETACH: Duration = Duration::from_millis(500);
+
+/// Which call opens a progress stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// `Capture`: starts the capture (or attaches to it).
+    Start,
+    /// `Collect`: attaches to the capture or replays its result, never starts it.
+    Collect,
+}
+
+/// Where reading a progress stream stopped.
+enum Followed {
+    /// The terminal DONE message.
+    Ended(pb::CaptureProgress),
+    /// The capture runs; collect it at this instant.
+    Detach { collect_at: tokio::time::Instant },
+}
+
 /// What one node should capture.
 #[derive(Debug, Clone)]
 pub struct NodePlan {
@@ -228,14 +253,16 @@ impl Dispatcher {
     /// Starts the captures of `plan` (or returns the session already running for it).
     ///
     /// One task per node. What is bounded (`max_concurrent_dispatch` permits, shared by every
-    /// request) is a node's *setup*: connecting (TCP, TLS handshake) or picking the cached
-    /// channel, and starting the `Capture` call until the agent's response headers; then the
-    /// permit is released and the open stream is followed without one. Bounding the whole
-    /// stream instead would run a 5,000-node request in waves of one capture duration each;
-    /// an open HTTP/2 stream on a cached connection costs a few KiB and no CPU, while
-    /// handshakes and connection attempts are what a burst of thousands makes expensive
-    /// (CPU, file descriptors, SYN backlogs). Verifying a node's artifacts against the store
-    /// takes a permit again, as does a `Cancel`.
+    /// request) is a node's *calls being set up*: connecting (TCP, TLS handshake) or picking
+    /// the cached channel, and starting the `Capture` call until the agent's response
+    /// headers; then the permit is released. Bounding the whole capture instead would run a
+    /// 5,000-node request in waves of one capture duration each. Once the agent has
+    /// accepted, the operator hangs up for the rest of the window unless it is short, and
+    /// collects the result with `Collect` near its end, with a permit again (see
+    /// [`Self::call_capture`]): what the fleet's size costs between the two is a sleeping
+    /// task per node, not a connection. Connections left idle are kept up to the
+    /// connector's capacity. Verifying a node's artifacts against the store takes a permit
+    /// again, as does a `Cancel`.
     pub fn start(self: &Arc<Self>, plan: CapturePlan) -> Arc<Session> {
         let uid = plan.request.uid().to_string();
         let mut sessions = self.lock();
@@ -388,7 +415,9 @@ impl Dispatcher {
         self.metrics.dispatch_waited(waiting.elapsed());
         self.metrics.capture_dispatched();
         let outcome =
-            match tokio::time::timeout(deadline, self.call_capture(node, request, permit)).await {
+            match tokio::time::timeout(deadline, self.call_capture(plan, node, request, permit))
+                .await
+            {
                 Ok(outcome) => outcome,
                 Err(_) => {
                     self.cancel_on(&node.agent, plan.request.uid()).await;
@@ -406,15 +435,70 @@ impl Dispatcher {
         }
     }
 
-    /// Opens the capture stream on the agent (retrying connection failures with jittered
-    /// backoff, on a cached channel when there is one), releases `permit` once the stream is
-    /// open, and follows the stream to its terminal message.
+    /// Runs one node's capture: starts it on the agent (releasing `permit` once the call is
+    /// open), and, when the window has long to run, hangs up once the agent has accepted and
+    /// collects the result near the window's end with `Collect` (a permit again), so that the
+    /// node holds no connection, stream or buffers in between: an open HTTP/2 connection costs
+    /// the operator 60-90 KiB whatever is sent on it, which a fleet of thousands of nodes
+    /// would otherwise hold for the whole capture. A short window is followed on the first
+    /// stream.
     async fn call_capture(
         &self,
+        plan: &CapturePlan,
         node: &NodePlan,
         request: CaptureRequest,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) -> std::result::Result<pb::CaptureProgress, NodeFailure> {
+        // The calls' futures are boxed: each exists only while it runs, so the thousands of
+        // node tasks sleeping between the two calls stay small.
+        let mut stream = Box::pin(self.open_stream(node, &request, Call::Start)).await?;
+        // The stream is open: let the next node start.
+        drop(permit);
+        let collect_at = match Box::pin(self.follow(node, &mut stream, Some(plan.duration))).await?
+        {
+            Followed::Ended(done) => return Ok(done),
+            Followed::Detach { collect_at } => collect_at,
+        };
+        drop(stream);
+        tokio::time::sleep_until(collect_at).await;
+        let Ok(permit) = self.permits.acquire().await else {
+            return Err(NodeFailure::Preparation {
+                error: "the dispatcher is shutting down".into(),
+            });
+        };
+        let collected = Box::pin(self.open_stream(node, &request, Call::Collect)).await;
+        drop(permit);
+        let mut stream = match collected {
+            Ok(stream) => stream,
+            // It accepted the capture and is gone now: killed, or its node went down.
+            Err(NodeFailure::Unreachable { error, .. }) => {
+                return Err(NodeFailure::Interrupted {
+                    agent: node.agent.pod.clone(),
+                    error: format!("it cannot be reached to collect the result: {error}"),
+                });
+            }
+            Err(failure) => return Err(failure),
+        };
+        self.metrics.capture_collected();
+        match Box::pin(self.follow(node, &mut stream, None)).await? {
+            Followed::Ended(done) => Ok(done),
+            // `follow` without a window never detaches.
+            Followed::Detach { .. } => Err(NodeFailure::Interrupted {
+                agent: node.agent.pod.clone(),
+                error: "the collected stream ended without a result".into(),
+            }),
+        }
+    }
+
+    /// Opens a progress stream on the agent: `Capture` (start, or attach to the capture of
+    /// the same UID) or `Collect` (attach or replay only), retrying connection failures with
+    /// jittered backoff, on a cached channel when there is one.
+    async fn open_stream(
+        &self,
+        node: &NodePlan,
+        request: &CaptureRequest,
+        call: Call,
+    ) -> std::result::Result<tonic::Streaming<pb::CaptureProgress>, NodeFailure> {
         let unreachable = |error: String| NodeFailure::Unreachable {
             agent: node.agent.pod.clone(),
             address: node.agent.address.clone(),
@@ -424,18 +508,46 @@ impl Dispatcher {
         // Seeded per call: thousands of nodes failing together draw different delays.
         let mut rng = fastrand::Rng::new();
         let mut attempt = 0u32;
-        let mut stream = loop {
+        loop {
             let error = match self.connector.connect(&node.agent).await {
                 // `Capture` is idempotent per (request UID, node): calling again after a
                 // failed start attaches to the capture if the first call did reach the agent.
                 Ok(mut client) => {
-                    match tokio::time::timeout(CALL_START_TIMEOUT, client.capture(request.clone()))
-                        .await
-                    {
-                        Ok(Ok(response)) => break response.into_inner(),
+                    let started = tokio::time::timeout(CALL_START_TIMEOUT, async {
+                        match call {
+                            Call::Start => client.capture(request.clone()).await,
+                            Call::Collect => {
+                                let collect = pb::CollectRequest {
+                                    request_uid: request.request_uid.clone(),
+                                };
+                                match client.collect(collect).await {
+                                    // An agent older than `Collect`: the idempotent `Capture`
+                                    // attaches to the capture or replays its result.
+                                    Err(status) if status.code() == tonic::Code::Unimplemented => {
+                                        client.capture(request.clone()).await
+                                    }
+                                    other => other,
+                                }
+                            }
+                        }
+                    })
+                    .await;
+                    match started {
+                        Ok(Ok(response)) => return Ok(response.into_inner()),
                         Ok(Err(status)) if is_connection_error(&status) => {
                             self.connector.evict(&node.agent);
                             status_text(&status)
+                        }
+                        Ok(Err(status))
+                            if call == Call::Collect && status.code() == tonic::Code::NotFound =>
+                        {
+                            return Err(NodeFailure::Interrupted {
+                                agent: node.agent.pod.clone(),
+                                error: format!(
+                                    "it no longer knows the capture it accepted: {}",
+                                    status.message()
+                                ),
+                            });
                         }
                         Ok(Err(status)) => {
                             return Err(NodeFailure::CaptureFailed {
@@ -445,7 +557,7 @@ impl Dispatcher {
                         Err(_) => {
                             self.connector.evict(&node.agent);
                             format!(
-                                "the agent did not answer the Capture call within {CALL_START_TIMEOUT:?}"
+                                "the agent did not answer the {call:?} call within {CALL_START_TIMEOUT:?}"
                             )
                         }
                     }
@@ -458,16 +570,25 @@ impl Dispatcher {
             }
             self.metrics.dispatch_retried();
             let delay = backoff.delay(attempt - 1, &mut rng);
-            tracing::debug!(node = %node.node, attempt, ?delay, "agent unreachable, retrying: {error}");
+            tracing::debug!(node = %node.node, attempt, ?delay, ?call, "agent unreachable, retrying: {error}");
             tokio::time::sleep(delay).await;
-        };
-        // The stream is open: from here on the call costs the operator an idle HTTP/2 stream,
-        // not a handshake; let the next node start.
-        drop(permit);
+        }
+    }
+
+    /// Reads `stream` to its terminal message. With `window` (the capture's duration, on
+    /// the stream that started it), returns at the first progress message after which the
+    /// operator can hang up for at least [`MIN_DETACH`] and collect [`COLLECT_LEAD`] before
+    /// the window ends (the message's `remaining_ms`, else the whole window from now).
+    async fn follow(
+        &self,
+        node: &NodePlan,
+        stream: &mut tonic::Streaming<pb::CaptureProgress>,
+        window: Option<Duration>,
+    ) -> std::result::Result<Followed, NodeFailure> {
         loop {
             match stream.message().await {
                 Ok(Some(progress)) => match progress.stage() {
-                    Stage::Done => return Ok(progress),
+                    Stage::Done => return Ok(Followed::Ended(progress)),
                     Stage::Failed => {
                         return Err(NodeFailure::CaptureFailed {
                             reason: progress.message,
@@ -475,6 +596,19 @@ impl Dispatcher {
                     }
                     stage => {
                         tracing::debug!(node = %node.node, ?stage, elapsed_ms = progress.elapsed_ms, "capture progress");
+                        if let Some(window) = window {
+                            let remaining = match progress.remaining_ms {
+                                0 => window,
+                                ms => Duration::from_millis(u64::from(ms)),
+                            };
+                            if let Some(hung_up) = remaining.checked_sub(COLLECT_LEAD)
+                                && hung_up >= MIN_DETACH
+                            {
+                                return Ok(Followed::Detach {
+                                    collect_at: tokio::time::Instant::now() + hung_up,
+                                });
+                            }
+                        }
                     }
                 },
                 Ok(None) => {
