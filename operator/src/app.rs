@@ -172,7 +172,8 @@ pub struct Options {
     /// open stream holds no slot (0: unlimited).
     #[arg(long, default_value_t = 256)]
     pub max_concurrent_dispatch: usize,
-    /// Agent connections kept open between calls, least recently used closed first. Each
+    /// Agent connections kept open between calls; once that many are open, further ones
+    /// close after their call (a stable set is reused by every request). Each
     /// costs 60-90 KiB; a capture holds its node's connection only while it is started and
     /// while its result is collected, so this (with --max-concurrent-dispatch), not the
     /// fleet's size, bounds the operator's connection memory.

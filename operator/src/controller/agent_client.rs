@@ -219,10 +219,14 @@ struct Cached {
 /// Open channels by node. An entry is replaced when the node's agent moves (a new pod, a
 /// new address) or the operator's client certificate is renewed, removed after a
 /// connection error ([`AgentConnector::evict`]) and closed after [`CHANNEL_IDLE_TTL`] unused.
-/// At most `capacity` entries are kept: inserting past it drops the least recently used
-/// (a call still using that channel keeps its connection until it ends). Each connection
-/// costs the operator 60-90 KiB (HTTP/2 codec buffers, hyper's and tonic's request queues,
-/// TLS state), so the capacity, not the fleet's size, bounds what idle connections hold.
+/// At most `capacity` entries are kept. Once it is full, a new connection is used without
+/// being cached (and closes when its call ends) until an entry leaves: idle past the TTL,
+/// stale, or failed. Evicting the least recently used instead would be the worst choice
+/// here: a request over more nodes than the capacity visits them in the same order twice
+/// (start, then collect), so LRU would always drop the connection needed next, while a
+/// stable set is reused by both calls of every request. Each connection costs the operator
+/// 60-90 KiB (HTTP/2 codec buffers, hyper's and tonic's request queues, TLS state), so the
+/// capacity, not the fleet's size, bounds what idle connections hold.
 #[derive(Debug)]
 pub struct ChannelCache {
     entries: Mutex<HashMap<String, Cached>>,
@@ -273,8 +277,20 @@ impl ChannelCache {
         }
     }
 
-    fn insert(&self, node: &str, address: &str, generation: u64, channel: Channel, now: Instant) {
+    /// Caches `channel` for `node` unless the cache is full of other nodes' channels; returns
+    /// whether it was cached.
+    fn insert(
+        &self,
+        node: &str,
+        address: &str,
+        generation: u64,
+        channel: Channel,
+        now: Instant,
+    ) -> bool {
         let mut entries = self.lock();
+        if entries.len() >= self.capacity && !entries.contains_key(node) {
+            return false;
+        }
         entries.insert(
             node.to_owned(),
             Cached {
@@ -284,18 +300,7 @@ impl ChannelCache {
                 last_used: now,
             },
         );
-        // O(capacity) per insert past the capacity, which only a fleet larger than the
-        // capacity pays, once per connection it opens (a handshake costs far more).
-        while entries.len() > self.capacity {
-            let Some(oldest) = entries
-                .iter()
-                .min_by_key(|(_, c)| c.last_used)
-                .map(|(n, _)| n.clone())
-            else {
-                break;
-            };
-            entries.remove(&oldest);
-        }
+        true
     }
 
     /// Forgets the channel of `node` if it still points at `address`.
@@ -597,38 +602,55 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn cache_keeps_the_most_recently_used_up_to_its_capacity() {
+    async fn a_full_cache_keeps_its_channels_and_passes_new_ones_through() {
         let cache = ChannelCache::with_capacity(2);
         let ttl = Duration::from_secs(60);
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        cache.insert(
+        assert!(cache.insert(
             "n1",
             "10.0.0.1:7070",
             0,
             lazy_channel("10.0.0.1:7070"),
-            at(0),
-        );
-        cache.insert(
+            at(0)
+        ));
+        assert!(cache.insert(
             "n2",
             "10.0.0.2:7070",
             0,
             lazy_channel("10.0.0.2:7070"),
-            at(1),
-        );
-        // n1 used again: n2 is now the least recently used.
-        assert!(cache.get("n1", "10.0.0.1:7070", 0, at(2), ttl).is_some());
-        cache.insert(
+            at(1)
+        ));
+        // Full: n3 is not cached, and neither n1 nor n2 is dropped for it.
+        assert!(!cache.insert(
             "n3",
             "10.0.0.3:7070",
             0,
             lazy_channel("10.0.0.3:7070"),
-            at(3),
-        );
+            at(2)
+        ));
         assert_eq!(cache.len(), 2);
-        assert!(cache.get("n2", "10.0.0.2:7070", 0, at(4), ttl).is_none());
-        assert!(cache.get("n1", "10.0.0.1:7070", 0, at(4), ttl).is_some());
-        assert!(cache.get("n3", "10.0.0.3:7070", 0, at(4), ttl).is_some());
+        assert!(cache.get("n3", "10.0.0.3:7070", 0, at(3), ttl).is_none());
+        assert!(cache.get("n1", "10.0.0.1:7070", 0, at(3), ttl).is_some());
+        assert!(cache.get("n2", "10.0.0.2:7070", 0, at(3), ttl).is_some());
+        // A cached node's channel is replaced in place, full or not.
+        assert!(cache.insert(
+            "n1",
+            "10.0.0.1:7070",
+            1,
+            lazy_channel("10.0.0.1:7070"),
+            at(4)
+        ));
+        // Once an entry leaves (a connection error here), there is room again.
+        assert!(cache.evict("n2", "10.0.0.2:7070"));
+        assert!(cache.insert(
+            "n3",
+            "10.0.0.3:7070",
+            0,
+            lazy_channel("10.0.0.3:7070"),
+            at(5)
+        ));
+        assert!(cache.get("n3", "10.0.0.3:7070", 0, at(6), ttl).is_some());
     }
 
     #[tokio::test]
