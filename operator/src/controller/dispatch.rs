@@ -576,9 +576,10 @@ impl Dispatcher {
     }
 
     /// Reads `stream` to its terminal message. With `window` (the capture's duration, on
-    /// the stream that started it), returns at the first progress message after which the
-    /// operator can hang up for at least [`MIN_DETACH`] and collect [`COLLECT_LEAD`] before
-    /// the window ends (the message's `remaining_ms`, else the whole window from now).
+    /// the stream that started it), returns at the first ACCEPTED or RUNNING message after
+    /// which the operator can hang up for at least [`MIN_DETACH`] and collect
+    /// [`COLLECT_LEAD`] before the window ends (the message's `remaining_ms`, else the whole
+    /// window from now).
     async fn follow(
         &self,
         node: &NodePlan,
@@ -596,7 +597,11 @@ impl Dispatcher {
                     }
                     stage => {
                         tracing::debug!(node = %node.node, ?stage, elapsed_ms = progress.elapsed_ms, "capture progress");
-                        if let Some(window) = window {
+                        // Only while the window runs: a stream attached to a capture that
+                        // is already uploading (an operator restarted late) is followed.
+                        if let Some(window) = window
+                            && matches!(stage, Stage::Accepted | Stage::Running)
+                        {
                             let remaining = match progress.remaining_ms {
                                 0 => window,
                                 ms => Duration::from_millis(u64::from(ms)),
