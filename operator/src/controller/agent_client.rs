@@ -75,11 +75,13 @@ impl TlsMaterial {
     /// TLS 1.3 session resumption is on: a node's capture connects twice (start, then
     /// collect: see `dispatch`), and the second handshake resumes the first's session
     /// instead of signing and verifying certificates again. A resumed session carries the
-    /// identities both sides checked in the full handshake; it lives in the agent's server
-    /// configuration, which the agent rebuilds (forgetting its sessions) with its
-    /// certificate, and in this configuration, which is rebuilt at every renewal of the
-    /// operator's certificate (every 8 h), so no session outlives either certificate. The
-    /// cache holds at most [`RESUMPTION_SESSIONS`] agents' tickets (~1 KiB each).
+    /// identities both sides checked in the full handshake, and only this process knows its
+    /// secret. Its ticket lives here, in a configuration rebuilt at every renewal of the
+    /// operator's certificate (every 8 h) and forgotten when the operator restarts, so the
+    /// operator resumes no session older than 8 h. The agent keeps its side of the session
+    /// across a swap of its own certificate or CA (its rustls configuration is built once),
+    /// so for those hours a session made under the old CA still resumes there. The cache
+    /// holds at most [`RESUMPTION_SESSIONS`] agents' tickets (~1 KiB each).
     ///
     /// # Errors
     /// [`Error::Tls`] when a PEM block does not parse, there is no CA certificate, or the key
