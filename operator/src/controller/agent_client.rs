@@ -77,10 +77,11 @@ impl TlsMaterial {
     /// instead of signing and verifying certificates again. A resumed session carries the
     /// identities both sides checked in the full handshake, and only this process knows its
     /// secret. Its ticket lives here, in a configuration rebuilt at every renewal of the
-    /// operator's certificate (every 8 h) and forgotten when the operator restarts, so the
-    /// operator resumes no session older than 8 h. The agent keeps its side of the session
-    /// across a swap of its own certificate or CA (its rustls configuration is built once),
-    /// so for those hours a session made under the old CA still resumes there. The cache
+    /// operator's certificate (every 8 h with `--ca-secret`; certificate files are never
+    /// renewed, and then the ticket's own lifetime, 24 h, bounds it) and forgotten when the
+    /// operator restarts. The agent keeps its side of the session across a swap of its own
+    /// certificate or CA (its rustls configuration is built once), so within those hours a
+    /// session made under the old CA still resumes there. The cache
     /// holds at most [`RESUMPTION_SESSIONS`] agents' tickets (~1 KiB each).
     ///
     /// # Errors
