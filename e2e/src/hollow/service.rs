@@ -110,6 +110,23 @@ impl HollowAgent {
         self.captures.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The stream of a call for a capture this node knows: its progress from the newest
+    /// message while it runs, else its final message (`Capture` and `Collect` alike).
+    fn rejoin(&self, entry: &Entry) -> ProgressStream {
+        use futures::StreamExt as _;
+        match entry {
+            Entry::Running { log, .. } => {
+                self.shared.stats.attached.fetch_add(1, Ordering::Relaxed);
+                let seen = log.borrow().len().saturating_sub(1);
+                Box::pin(follow(log.clone(), seen).map(Ok))
+            }
+            Entry::Finished(last) => {
+                self.shared.stats.replayed.fetch_add(1, Ordering::Relaxed);
+                Box::pin(futures::stream::iter([Ok(last.clone())]))
+            }
+        }
+    }
+
     fn finish(&self, uid: &str, tx: &watch::Sender<Log>, last: CaptureProgress) {
         match last.stage() {
             Stage::Done => self.shared.stats.done.fetch_add(1, Ordering::Relaxed),
@@ -320,15 +337,7 @@ impl AgentService for HollowAgent {
         }
         let mut captures = self.lock();
         let stream = match captures.get(&uid) {
-            Some(Entry::Running { log, .. }) => {
-                self.shared.stats.attached.fetch_add(1, Ordering::Relaxed);
-                let seen = log.borrow().len().saturating_sub(1);
-                Box::pin(follow(log.clone(), seen).map(Ok)) as ProgressStream
-            }
-            Some(Entry::Finished(last)) => {
-                self.shared.stats.replayed.fetch_add(1, Ordering::Relaxed);
-                Box::pin(futures::stream::iter([Ok(last.clone())])) as ProgressStream
-            }
+            Some(entry) => self.rejoin(entry),
             None => {
                 self.shared.stats.captures.fetch_add(1, Ordering::Relaxed);
                 let behaviour = self.behaviour.get();
@@ -362,19 +371,10 @@ impl AgentService for HollowAgent {
         &self,
         request: Request<CollectRequest>,
     ) -> Result<Response<Self::CollectStream>, Status> {
-        use futures::StreamExt as _;
         let uid = request.into_inner().request_uid.trim().to_owned();
         self.shared.stats.collects.fetch_add(1, Ordering::Relaxed);
         let stream = match self.lock().get(&uid) {
-            Some(Entry::Running { log, .. }) => {
-                self.shared.stats.attached.fetch_add(1, Ordering::Relaxed);
-                let seen = log.borrow().len().saturating_sub(1);
-                Box::pin(follow(log.clone(), seen).map(Ok)) as ProgressStream
-            }
-            Some(Entry::Finished(last)) => {
-                self.shared.stats.replayed.fetch_add(1, Ordering::Relaxed);
-                Box::pin(futures::stream::iter([Ok(last.clone())])) as ProgressStream
-            }
+            Some(entry) => self.rejoin(entry),
             None => {
                 self.shared
                     .stats
