@@ -602,9 +602,10 @@ impl Dispatcher {
                         if let Some(window) = window
                             && matches!(stage, Stage::Accepted | Stage::Running)
                         {
+                            // Never later than the window allows, whatever the agent says.
                             let remaining = match progress.remaining_ms {
                                 0 => window,
-                                ms => Duration::from_millis(u64::from(ms)),
+                                ms => Duration::from_millis(u64::from(ms)).min(window),
                             };
                             if let Some(hung_up) = remaining.checked_sub(COLLECT_LEAD)
                                 && hung_up >= MIN_DETACH
