@@ -607,7 +607,13 @@ async fn the_agent_serves_its_own_cpu_profile_one_at_a_time() {
     let (status, body) = whole.await.expect("profile");
     assert_eq!(status, 200);
     let p = flamefleet_agent::pprof::decode(&body).expect("pprof");
-    assert_eq!(p.period, 1_000_000_000 / 499);
+    // Each sample stands for its share of the agent's measured CPU time: at least the
+    // nominal 1/499 s, more where the kernel's tick delivered fewer signals than asked.
+    assert!(
+        p.period * 10 >= 9 * (1_000_000_000 / 499),
+        "period {} ns",
+        p.period
+    );
     let names: Vec<&str> = p
         .function
         .iter()

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::{Error, Result, encode};
+use crate::{Error, Result, encode, sampler};
 
 /// Longest profile served (Go's net/http/pprof has no limit; a forgotten 1-hour profile
 /// would hold the profiler that long).
@@ -106,7 +106,7 @@ impl CpuProfileRequest {
     }
 }
 
-/// Held for the whole of a profile: pprof-rs has one process-wide sampler.
+/// Held for the whole of a profile: the sampler is process-wide (one `SIGPROF` timer).
 static RUNNING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Ends the running profile early (a forced request). Set while holding this lock in the
 /// same step that takes [`RUNNING`], so a forced request always finds it.
@@ -201,24 +201,18 @@ fn sample(
     stop: &mpsc::Receiver<()>,
     on_start: impl FnOnce(),
 ) -> Result<Vec<u8>> {
-    let frequency = i32::try_from(request.frequency).unwrap_or(i32::MAX);
-    let guard = pprof::ProfilerGuardBuilder::default()
-        .frequency(frequency)
-        // Unwinding through these from a signal handler can deadlock (pprof-rs' advice).
-        .blocklist(&["libc", "libgcc", "pthread", "vdso"])
-        .build()
-        .map_err(|e| Error::Profiler(e.to_string()))?;
-    on_start();
-    // Either the duration passes (timeout) or a forced request ends it: both report.
-    let _ = stop.recv_timeout(request.duration);
-    let report = guard
-        .report()
-        .build()
-        .map_err(|e| Error::Profiler(e.to_string()))?;
-    drop(guard);
+    let samples = sampler::sample(request.frequency, request.duration, stop, on_start)?;
+    let recorded: i64 = samples.stacks.values().sum();
+    tracing::info!(
+        samples = recorded,
+        stacks = samples.stacks.len(),
+        dropped = samples.dropped,
+        skipped_in_libc = samples.skipped,
+        "self CPU profile done"
+    );
     match request.format {
-        Format::Pprof => encode::pprof_gzip(&report),
-        Format::Svg => encode::svg(&report),
+        Format::Pprof => encode::pprof_gzip(&samples),
+        Format::Svg => encode::svg(&samples),
     }
 }
 

@@ -2,7 +2,7 @@
 //! them:
 //!
 //! - `GET /debug/pprof/profile?seconds=N&frequency=F&format=pprof|svg[&force=true]`: a CPU
-//!   profile of this process over the next N seconds (pprof-rs' SIGPROF sampler), as a
+//!   profile of this process over the next N seconds (a SIGPROF sampler, `sampler.rs`), as a
 //!   gzipped pprof (`go tool pprof` reads it) or a flame graph. One at a time: a second
 //!   request gets 409 Conflict, unless it says `force=true`, which ends the running
 //!   profile early (its client gets what was sampled so far) and starts the new one.
@@ -18,6 +18,8 @@
 mod cpu;
 mod encode;
 pub mod heap;
+mod sampler;
+mod symbols;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

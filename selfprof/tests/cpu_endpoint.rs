@@ -63,6 +63,18 @@ async fn serve() -> (SocketAddr, Arc<SelfProfiler>) {
     (addr, profiler)
 }
 
+/// This process's CPU time so far, in nanoseconds.
+fn process_cpu_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a plain syscall writing into `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &raw mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
 fn decode(gz: &[u8]) -> Profile {
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(gz)
@@ -84,6 +96,7 @@ async fn cpu_profile_names_the_busy_function_in_pprof_and_svg() {
     let (addr, _profiler) = serve().await;
     let _spin = Spinner::start();
     let http = reqwest::Client::new();
+    let cpu_before = process_cpu_ns();
     let pprof = http
         .get(format!(
             "http://{addr}/debug/pprof/profile?seconds=2&frequency=199"
@@ -92,8 +105,20 @@ async fn cpu_profile_names_the_busy_function_in_pprof_and_svg() {
         .await
         .expect("GET profile");
     assert_eq!(pprof.status(), 200);
+    let cpu_used = process_cpu_ns() - cpu_before;
     let p = decode(&pprof.bytes().await.expect("body"));
-    assert_eq!(p.period, 1_000_000_000 / 199);
+    // The profile's CPU is the process's CPU over its window: within this process's CPU
+    // over the request (which also covers the HTTP exchange), and most of it.
+    let profiled: i64 = p.sample.iter().map(|s| s.value[1]).sum();
+    assert!(
+        profiled <= cpu_used && profiled * 10 >= cpu_used * 8,
+        "profile says {profiled} ns of CPU, the process used {cpu_used} ns over the request"
+    );
+    assert!(
+        p.period > 0 && p.period <= 1_000_000_000 / 100,
+        "{}",
+        p.period
+    );
     let names = function_names(&p);
     assert!(
         names.iter().any(|n| n.contains("selfprof_test_spin")),
