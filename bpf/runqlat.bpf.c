@@ -6,17 +6,32 @@
  * the cgroup of the *current* task (the waker), we attribute each wait to the
  * cgroup of the task that waits.
  *
- * The hot path is built to cost a fraction of libbpf-tools' runqlat per
- * scheduler event: BTF tracepoints read task fields with plain loads (no
- * probe helpers); the target lookup is one cgroup-storage hit
- * (targets.bpf.h); the start timestamp lives in task storage; the histogram
- * is a per-CPU array slot indexed by the target (no hash map, no atomics).
- * Only per-process histograms, asked for explicitly, use a hash map.
+ * Three program sets; user space loads one (set_autoload) and falls back to
+ * the next when the kernel refuses it:
  *
- * Kernels without task storage (before 5.11) get the hash-map variants of the
- * programs (raw tracepoints, start times keyed by thread ID, entries removed
- * when the thread exits); user space disables one of the two program sets
- * with set_autoload(false).
+ * 1. sched_info (switch_queued): no timestamp of our own and no wakeup
+ *    program. The scheduler already stamps every task it queues
+ *    (task->sched_info.last_queued, in rq clock, CONFIG_SCHED_INFO) and adds
+ *    each wait to task->sched_info.run_delay when the task arrives on a CPU,
+ *    in prepare_task_switch(), after the sched_switch tracepoint. So at
+ *    sched_switch the wait that ends is the CPU's rq->clock (already
+ *    updated by __schedule) minus next's last_queued: one program on one
+ *    tracepoint, plain loads, no clock read (bpf_ktime_get_ns is the most
+ *    expensive step of a runqlat on a VM, see docs/benchmarks.md). A wait
+ *    split by a migration (dequeued on one CPU, queued again on another)
+ *    was partly added to run_delay already; task storage keeps run_delay
+ *    and pcount as of the task's last arrival we saw, so the wait is the
+ *    growth of run_delay since then. This is the kernel's own accounting,
+ *    the run_delay of /proc/PID/schedstat.
+ * 2. task storage (wakeup_task, wakeup_new_task, switch_task): our own
+ *    bpf_ktime_get_ns timestamp at wakeup and preemption, kept in task
+ *    storage (Linux 5.11+).
+ * 3. hash map (raw tracepoints, start times keyed by thread ID, entries
+ *    removed when the thread exits), for kernels without task storage.
+ *
+ * Everywhere the target lookup is one cgroup-storage hit (targets.bpf.h) and
+ * the histogram a per-CPU array slot indexed by the target (no hash map, no
+ * atomics). Only per-process histograms, asked for explicitly, use a hash map.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -133,6 +148,68 @@ static __always_inline void record(const struct runqlat_start *s, __s64 delta, _
 	if (!h->comm[0])
 		bpf_probe_read_kernel_str(h->comm, sizeof(h->comm), comm);
 	__sync_fetch_and_add(&h->slots[slot], 1);
+}
+
+/* ---- sched_info variant: the scheduler's own timestamps ---- */
+
+/* A task's run_delay and pcount once its last arrival we saw is counted. */
+struct runqlat_seen {
+	__u64 delay;
+	__u64 pcount;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct runqlat_seen);
+} seen_task SEC(".maps");
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(switch_queued, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	struct runqlat_start s = {};
+	struct runqlat_seen *seen;
+	struct ff_target t;
+	struct rq *rq;
+	__u64 queued, now, delay, wait, pcount;
+
+	/* 0 for a task that is not waiting (the idle task, a task put back
+	 * without accounting): sched_info_arrive() ignores those too. */
+	queued = next->sched_info.last_queued;
+	if (!queued || !next->pid || !ff_task_target(next, &t))
+		return 0;
+	/* next's run queue is this CPU's (set_task_rq() keeps se.cfs_rq on the
+	 * task's CPU). Through the task rather than the per-CPU `runqueues`
+	 * ksym, which kernels without CONFIG_KALLSYMS_ALL cannot resolve; the
+	 * cfs_rq's rq field needs CONFIG_FAIR_GROUP_SCHED, which container
+	 * CPU limits need anyway (without it this set fails to load and user
+	 * space falls back to the next). */
+	rq = next->se.cfs_rq->rq;
+	if (!rq)
+		return 0;
+	now = rq->clock;
+	if (now < queued)
+		return 0;
+	wait = now - queued;
+	pcount = next->sched_info.pcount;
+	/* run_delay as sched_info_arrive() is about to leave it. */
+	delay = next->sched_info.run_delay + wait;
+	seen = bpf_task_storage_get(&seen_task, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (seen) {
+		/* Consecutive arrivals: the whole wait, including parts spent
+		 * queued on another CPU before a migration. Otherwise (first
+		 * sight, or arrivals while the task was not a target) only this
+		 * CPU's part is known. */
+		if (seen->pcount && seen->pcount == pcount && delay >= seen->delay)
+			wait = delay - seen->delay;
+		seen->delay = delay;
+		seen->pcount = pcount + 1;
+	}
+	s.target = t.index;
+	s.flags = t.flags;
+	record(&s, (__s64)wait, next->tgid, next->comm);
+	return 0;
 }
 
 /* ---- task storage variant (BTF tracepoints) ---- */

@@ -11,10 +11,12 @@
 //! 2. CPU sampler: throughput per CPU-second of a CPU-bound workload (one spinner per CPU)
 //!    with no profiler, `perf record -F 99 -g -a -e cpu-clock -G <cg>`, and ours at 99 Hz.
 //! 3. BPF cost per scheduler event (`kernel.bpf_stats_enabled=1`, run_time_ns
-//!    / run_cnt from `bpftool prog show`), ours vs libbpf-tools, over one sched
-//!    pipe run per round. Both attach to the same three tracepoints
-//!    (`sched_switch`, `sched_wakeup`, `sched_wakeup_new`), so a program run is
-//!    a scheduler event for both. `bpf_call_cost.sh` prices the building blocks.
+//!    and run_cnt from `bpftool prog show`), ours vs libbpf-tools, over one sched
+//!    pipe run (the same number of loops) per round. libbpf-tools attaches to
+//!    `sched_switch`, `sched_wakeup` and `sched_wakeup_new`, so its program runs
+//!    count the scheduler events of the run; ours, where the kernel has
+//!    `sched_info`, runs on `sched_switch` only. Both totals are divided by that
+//!    event count. `bpf_call_cost.sh` prices the building blocks.
 //! 4. The agent's own CPU time per 1,000 samples and its peak RSS.
 //!
 //! Each condition runs once per round, conditions interleaved, and the
@@ -32,6 +34,8 @@ use flamefleet_agent::cgroup::{Cgroup, CgroupRoot};
 const AGENT: &str = env!("CARGO_BIN_EXE_flamefleet-agent");
 const RUNQLAT: &str = "/usr/sbin/runqlat";
 const PIPE_LOOPS: &str = "200000";
+/// Our runqlat on the scheduler's own timestamps (`--runqlat-clock scheduler`).
+const SCHEDULER_CLOCK: [&str; 2] = ["--runqlat-clock", "scheduler"];
 
 /// One spinner: `argv[1]` million iterations, then exit.
 const SPIN: &str = r#"
@@ -321,6 +325,7 @@ fn main() -> Result<()> {
     // 1. runqlat on perf bench sched pipe.
     let cg = BenchCgroup::new("pipe")?;
     let (mut none, mut theirs, mut theirs_cg, mut ours) = (vec![], vec![], vec![], vec![]);
+    let mut ours_sched = vec![];
     for _ in 0..rounds {
         none.push(sched_pipe(&cg)?);
         let t = start_libbpf_runqlat(None)?;
@@ -332,12 +337,16 @@ fn main() -> Result<()> {
         let t = start_agent("runqlat", cg.path(), &[])?;
         ours.push(sched_pipe(&cg)?);
         t.stop();
+        let t = start_agent("runqlat", cg.path(), &SCHEDULER_CLOCK)?;
+        ours_sched.push(sched_pipe(&cg)?);
+        t.stop();
     }
-    let (n, a, b, o) = (
+    let (n, a, b, o, os) = (
         median(none),
         median(theirs),
         median(theirs_cg),
         median(ours),
+        median(ours_sched),
     );
     println!(
         "\n## runqlat overhead: perf bench sched pipe -l {PIPE_LOOPS} (ops/s, higher is better)"
@@ -356,9 +365,15 @@ fn main() -> Result<()> {
         loss(n, o)
     );
     println!(
-        "ours / libbpf-tools (loss ratio)  {:.2} (vs all tasks), {:.2} (vs -c)",
+        "  --runqlat-clock scheduler       {os:>10.0} ops/s  loss {:>5.1}%",
+        loss(n, os)
+    );
+    println!(
+        "ours / libbpf-tools (loss ratio)  {:.2} (vs all tasks), {:.2} (vs -c); scheduler clock {:.2}, {:.2}",
         loss(n, o) / loss(n, a).max(f64::EPSILON),
-        loss(n, o) / loss(n, b).max(f64::EPSILON)
+        loss(n, o) / loss(n, b).max(f64::EPSILON),
+        loss(n, os) / loss(n, a).max(f64::EPSILON),
+        loss(n, os) / loss(n, b).max(f64::EPSILON)
     );
 
     // 2. CPU sampler on a CPU-bound workload.
@@ -407,7 +422,12 @@ fn main() -> Result<()> {
         let (ns1, c1) = bpf_cost(names)?;
         Ok((ns1 - ns0, c1 - c0))
     };
-    let ours_rq = ["switch_task", "wakeup_task", "wakeup_new_task"];
+    let ours_rq = [
+        "switch_queued",
+        "switch_task",
+        "wakeup_task",
+        "wakeup_new_task",
+    ];
     // libbpf-tools' program names (tp_btf and raw_tp builds).
     let theirs_rq = [
         "sched_switch",
@@ -417,19 +437,29 @@ fn main() -> Result<()> {
         "handle_sched_wa",
     ];
     let per = |ns: u64, n: u64| ns as f64 / n.max(1) as f64;
-    let (mut ours, mut theirs, mut ratio) = (vec![], vec![], vec![]);
-    let mut events = (0, 0);
+    let (mut ours, mut ours_run, mut theirs, mut ratio) = (vec![], vec![], vec![], vec![]);
+    let (mut sched, mut sched_run, mut sched_ratio) = (vec![], vec![], vec![]);
+    let mut events = (0, 0, 0);
     for _ in 0..rounds {
         let t = start_agent("runqlat", cg.path(), &[])?;
         let (ons, ocnt) = measure(&ours_rq)?;
         t.stop();
+        let t = start_agent("runqlat", cg.path(), &SCHEDULER_CLOCK)?;
+        let (sns, scnt) = measure(&ours_rq)?;
+        t.stop();
         let t = start_libbpf_runqlat(Some(cg.path()))?;
         let (tns, tcnt) = measure(&theirs_rq)?;
         t.stop();
-        ours.push(per(ons, ocnt));
+        // Scheduler events of a run: libbpf-tools' program runs (one per event on its
+        // three tracepoints); ours ran on a run of the same loops.
+        ours.push(per(ons, tcnt));
+        ours_run.push(per(ons, ocnt));
         theirs.push(per(tns, tcnt));
-        ratio.push(per(ons, ocnt) / per(tns, tcnt).max(f64::MIN_POSITIVE));
-        events = (ocnt, tcnt);
+        ratio.push(per(ons, tcnt) / per(tns, tcnt).max(f64::MIN_POSITIVE));
+        sched.push(per(sns, tcnt));
+        sched_run.push(per(sns, scnt));
+        sched_ratio.push(per(sns, tcnt) / per(tns, tcnt).max(f64::MIN_POSITIVE));
+        events = (ocnt, tcnt, scnt);
     }
     let t = start_agent("cpu", cg.path(), &["--frequency", "99"])?;
     let (cns0, cc0) = bpf_cost(&["on_cpu_sample"])?;
@@ -441,18 +471,29 @@ fn main() -> Result<()> {
         "\n## BPF run time per scheduler event (bpf_stats, one sched pipe run per round, median of {rounds})"
     );
     println!(
-        "flamefleet runqlat                {:>7.1} ns/event (last round {} events)",
+        "flamefleet runqlat                {:>7.1} ns/event ({:.1} ns per program run; last round {} runs)",
         median(ours),
+        median(ours_run),
         events.0
     );
     println!(
-        "libbpf-tools runqlat -c           {:>7.1} ns/event (last round {} events)",
+        "libbpf-tools runqlat -c           {:>7.1} ns/event (one program run per event; last round {} events)",
         median(theirs),
         events.1
     );
     println!(
         "ratio ours / libbpf-tools         {:>7.2} (median of the per-round ratios)",
         median(ratio)
+    );
+    println!(
+        "flamefleet, --runqlat-clock scheduler {:>7.1} ns/event ({:.1} ns per program run; last round {} runs)",
+        median(sched),
+        median(sched_run),
+        events.2
+    );
+    println!(
+        "ratio scheduler clock / libbpf-tools {:>7.2} (median of the per-round ratios)",
+        median(sched_ratio)
     );
     println!(
         "flamefleet CPU sampler            {:>7.0} ns/sample over {} samples",

@@ -172,6 +172,12 @@ pub struct Options {
     /// open stream holds no slot (0: unlimited).
     #[arg(long, default_value_t = 256)]
     pub max_concurrent_dispatch: usize,
+    /// Result collections open at once, over all requests (0: unlimited). A collection's
+    /// stream holds its agent's connection (60-90 KiB) until the agent has uploaded and
+    /// answered; further collections wait for a slot, and lose nothing by waiting (the
+    /// agent finishes regardless and replays its result).
+    #[arg(long, default_value_t = 1024)]
+    pub max_concurrent_collects: usize,
     /// Agent connections kept open between calls; once that many are open, further ones
     /// close after their call (a stable set is reused by every request). Each
     /// costs 60-90 KiB; a capture holds its node's connection only while it is started and
@@ -432,6 +438,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
                 max_bytes: options.store_max_bytes,
             },
             max_concurrent_dispatch: options.max_concurrent_dispatch,
+            max_concurrent_collects: options.max_concurrent_collects,
             backoff: Backoff {
                 attempts: options.agent_connect_attempts,
                 ..Backoff::default()

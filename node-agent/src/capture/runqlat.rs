@@ -83,10 +83,16 @@ pub struct RunqlatOptions {
     pub unit: LatencyUnit,
 }
 
-/// Where the sampler keeps "became runnable" timestamps.
+/// Where the sampler gets "became runnable" timestamps from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartStorage {
-    /// BPF task storage (Linux 5.11+): no size limit, freed with the task.
+    /// The scheduler's own (`task->sched_info.last_queued` and `run_delay`,
+    /// `CONFIG_SCHED_INFO`, asked for with `--runqlat-clock scheduler`): one program on
+    /// `sched_switch`, no clock read, no wakeup programs (`bpf/runqlat.bpf.c` explains).
+    /// Task storage keeps only a per-task baseline for waits split by a migration.
+    SchedInfo,
+    /// Our own clock reads at wakeup and preemption, in BPF task storage (Linux 5.11+):
+    /// no size limit, freed with the task.
     TaskStorage,
     /// A bounded hash map keyed by thread ID (older kernels, or forced).
     HashMap,
@@ -158,18 +164,34 @@ impl RunqlatSampler {
     /// has it (and the config does not force the hash-map fallback).
     pub fn start(config: &SamplerConfig) -> Result<Self> {
         super::check_btf()?;
-        let storage = if !config.force_start_hash && task_storage_supported() {
-            StartStorage::TaskStorage
-        } else {
+        let preferred = if config.force_start_hash || !task_storage_supported() {
             StartStorage::HashMap
+        } else if config.runqlat_scheduler_clock {
+            StartStorage::SchedInfo
+        } else {
+            StartStorage::TaskStorage
         };
         let (max_targets, max_indices) = (config.max_targets, config.max_target_indices);
         let config = config.clone();
-        let (maps, owner) = sampler_thread::spawn("runqlat", move |ready, stop| {
+        let ((maps, storage), owner) = sampler_thread::spawn("runqlat", move |ready, stop| {
             let mut object = MaybeUninit::uninit();
-            match load(&mut object, &config, storage) {
-                Ok((skel, maps)) => {
-                    if ready.send(Ok(maps)).is_err() {
+            let mut fallback_object = MaybeUninit::uninit();
+            let loaded = match load(&mut object, &config, preferred) {
+                Err(e) if preferred == StartStorage::SchedInfo => {
+                    // A kernel without CONFIG_SCHED_INFO, or whose BTF lacks the
+                    // runqueues variable: our own timestamps work there.
+                    tracing::warn!(
+                        error = %e,
+                        "runqlat: the scheduler's sched_info timestamps are not usable on this kernel (--runqlat-clock scheduler); reading the clock at wakeup instead"
+                    );
+                    load(&mut fallback_object, &config, StartStorage::TaskStorage)
+                        .map(|(skel, maps)| (skel, maps, StartStorage::TaskStorage))
+                }
+                r => r.map(|(skel, maps)| (skel, maps, preferred)),
+            };
+            match loaded {
+                Ok((skel, maps, storage)) => {
+                    if ready.send(Ok((maps, storage))).is_err() {
                         return;
                     }
                     while !stop.load(Ordering::Acquire) {
@@ -269,15 +291,18 @@ fn load<'obj>(
     let mut open = RunqlatSkelBuilder::default()
         .open(object)
         .map_err(|e| CaptureError::bpf("opening the runqlat BPF object", e))?;
+    let sched_info = storage == StartStorage::SchedInfo;
     let task = storage == StartStorage::TaskStorage;
+    let hash = storage == StartStorage::HashMap;
     let p = &mut open.progs;
+    p.switch_queued.set_autoload(sched_info);
     p.wakeup_task.set_autoload(task);
     p.wakeup_new_task.set_autoload(task);
     p.switch_task.set_autoload(task);
-    p.wakeup_hash.set_autoload(!task);
-    p.wakeup_new_hash.set_autoload(!task);
-    p.switch_hash.set_autoload(!task);
-    p.exit_hash.set_autoload(!task);
+    p.wakeup_hash.set_autoload(hash);
+    p.wakeup_new_hash.set_autoload(hash);
+    p.switch_hash.set_autoload(hash);
+    p.exit_hash.set_autoload(hash);
     let cache = super::target_cache_enabled(config);
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
         ro.ff_cgrp_cache = cache;
@@ -285,10 +310,11 @@ fn load<'obj>(
     let m = &mut open.maps;
     let sizing = (|| {
         m.target_cache.set_autocreate(cache)?;
+        m.seen_task.set_autocreate(sched_info)?;
         m.start_task.set_autocreate(task)?;
         m.start_hash
             .set_max_entries(config.max_start_entries.max(1))?;
-        m.start_hash.set_autocreate(!task)?;
+        m.start_hash.set_autocreate(hash)?;
         m.targets.set_max_entries(config.max_targets.max(1))?;
         // Element i is target index i; index 0 is never handed out.
         m.target_hists
@@ -310,10 +336,10 @@ fn load<'obj>(
         target_hists: handle(&skel.maps.target_hists, "target_hists")?,
         hists: handle(&skel.maps.hists, "hists")?,
         drops: handle(&skel.maps.drops, "drops")?,
-        start_hash: if task {
-            None
-        } else {
+        start_hash: if hash {
             Some(handle(&skel.maps.start_hash, "start_hash")?)
+        } else {
+            None
         },
     };
     Ok((skel, maps))
