@@ -22,6 +22,7 @@
 //! Each condition runs once per round, conditions interleaved, and the
 //! median over rounds is printed (the machine may be shared).
 
+use std::collections::HashMap;
 use std::io::{BufRead as _, BufReader};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -112,6 +113,15 @@ impl Tracer {
             cmd.stderr(Stdio::piped()).stdout(Stdio::null());
         } else {
             cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        }
+        // SIGINT ends the tracer (`stop`); a bench started in the background by a
+        // non-interactive shell inherits SIGINT ignored, which would make it last forever.
+        // SAFETY: signal(2) between fork and exec, async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
         }
         let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         let stream: Box<dyn std::io::Read + Send> = if from_stderr {
@@ -241,22 +251,39 @@ fn loss(base: f64, x: f64) -> f64 {
     100.0 * (base - x) / base
 }
 
-/// Sum of run_time_ns and run_cnt of the loaded programs named in `names`
-/// (kernel names are cut at 15 characters). Callers diff two readings.
-fn bpf_cost(names: &[&str]) -> Result<(u64, u64)> {
+/// run_time_ns and run_cnt of each loaded program named in `names` (kernel names are cut
+/// at 15 characters), by program ID. Callers diff two readings with [`bpf_delta`].
+fn bpf_cost(names: &[&str]) -> Result<HashMap<u64, (u64, u64)>> {
     let out = Command::new("bpftool")
         .args(["prog", "show", "-j"])
         .output()?;
     let progs: Vec<serde_json::Value> =
         serde_json::from_slice(&out.stdout).context("parsing bpftool prog show -j")?;
-    let (mut ns, mut cnt) = (0, 0);
+    let mut by_id = HashMap::new();
     for p in progs {
         if names.contains(&p["name"].as_str().unwrap_or_default()) {
-            ns += p["run_time_ns"].as_u64().unwrap_or(0);
-            cnt += p["run_cnt"].as_u64().unwrap_or(0);
+            by_id.insert(
+                p["id"].as_u64().unwrap_or(0),
+                (
+                    p["run_time_ns"].as_u64().unwrap_or(0),
+                    p["run_cnt"].as_u64().unwrap_or(0),
+                ),
+            );
         }
     }
-    Ok((ns, cnt))
+    Ok(by_id)
+}
+
+/// (ns, runs) between two readings, over the programs present in both: a tracer stopped
+/// just before the first reading may still be listed in it while its programs unload.
+fn bpf_delta(before: &HashMap<u64, (u64, u64)>, after: &HashMap<u64, (u64, u64)>) -> (u64, u64) {
+    after
+        .iter()
+        .filter_map(|(id, &(ns1, c1))| {
+            let &(ns0, c0) = before.get(id)?;
+            Some((ns1.saturating_sub(ns0), c1.saturating_sub(c0)))
+        })
+        .fold((0, 0), |(ns, c), (dn, dc)| (ns + dn, c + dc))
 }
 
 fn compile_spin(dir: &Path) -> Result<PathBuf> {
@@ -417,10 +444,9 @@ fn main() -> Result<()> {
     std::fs::write(stats, "1").context("enabling kernel.bpf_stats_enabled")?;
     // (BPF ns, BPF program runs) of one sched pipe run.
     let measure = |names: &[&str]| -> Result<(u64, u64)> {
-        let (ns0, c0) = bpf_cost(names)?;
+        let before = bpf_cost(names)?;
         let _ = sched_pipe(&cg)?;
-        let (ns1, c1) = bpf_cost(names)?;
-        Ok((ns1 - ns0, c1 - c0))
+        Ok(bpf_delta(&before, &bpf_cost(names)?))
     };
     let ours_rq = [
         "switch_queued",
@@ -462,9 +488,9 @@ fn main() -> Result<()> {
         events = (ocnt, tcnt, scnt);
     }
     let t = start_agent("cpu", cg.path(), &["--frequency", "99"])?;
-    let (cns0, cc0) = bpf_cost(&["on_cpu_sample"])?;
+    let sampler_before = bpf_cost(&["on_cpu_sample"])?;
     spin_throughput(&cg, &spin, 200, cpus)?;
-    let (cns1, cc1) = bpf_cost(&["on_cpu_sample"])?;
+    let (cpu_ns, cpu_runs) = bpf_delta(&sampler_before, &bpf_cost(&["on_cpu_sample"])?);
     t.stop();
     std::fs::write(stats, before.trim())?;
     println!(
@@ -497,8 +523,8 @@ fn main() -> Result<()> {
     );
     println!(
         "flamefleet CPU sampler            {:>7.0} ns/sample over {} samples",
-        per(cns1 - cns0, cc1 - cc0),
-        cc1 - cc0
+        per(cpu_ns, cpu_runs),
+        cpu_runs
     );
 
     // 4. The agent's own cost.

@@ -202,6 +202,9 @@ pub struct CaptureArgs {
     /// runqlat: histogram unit.
     #[arg(long, value_enum, default_value = "us")]
     pub unit: UnitArg,
+    /// runqlat: where timestamps come from (see `serve --help`).
+    #[arg(long, value_enum)]
+    pub runqlat_clock: Option<crate::capture::RunqlatClock>,
     /// Heap: where the profile comes from.
     #[arg(long, value_enum, default_value = "auto")]
     pub heap_source: HeapSource,
@@ -298,6 +301,9 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
         .map(|p| root.resolve_path(p).map(CaptureTarget::raw))
         .collect::<Result<Vec<_>, _>>()?;
     let mut config = SamplerConfig::default();
+    if let Some(clock) = args.runqlat_clock {
+        config.runqlat_scheduler_clock = clock == crate::capture::RunqlatClock::Scheduler;
+    }
     if let Some(node) = &args.node {
         config.node = node.clone();
     }

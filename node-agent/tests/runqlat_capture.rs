@@ -350,7 +350,11 @@ fn the_three_timestamp_sources_agree() {
     assert_eq!(a.sampler().storage(), StartStorage::TaskStorage);
     assert_eq!(b.sampler().storage(), StartStorage::HashMap);
     std::thread::sleep(Duration::from_secs(2));
-    let (rs, ra, rb) = (s.finish().unwrap(), a.finish().unwrap(), b.finish().unwrap());
+    let (rs, ra, rb) = (
+        s.finish().unwrap(),
+        a.finish().unwrap(),
+        b.finish().unwrap(),
+    );
     let (ns, na, nb) = (
         total(&rs).count() as f64,
         total(&ra).count() as f64,
@@ -420,10 +424,7 @@ fn scheduler_clock_agrees_on_waits_behind_other_tasks() {
         "counts differ: scheduler {a}, own {b}"
     );
     for q in [0.5, 0.9] {
-        let (qs, qo) = (
-            hs.quantile(q).unwrap_or(0.0),
-            ho.quantile(q).unwrap_or(0.0),
-        );
+        let (qs, qo) = (hs.quantile(q).unwrap_or(0.0), ho.quantile(q).unwrap_or(0.0));
         assert!(
             qs >= 0.5 * qo && qs <= 2.0 * qo,
             "p{}: scheduler {qs:.0} us, own {qo:.0} us",
