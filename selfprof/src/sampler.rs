@@ -11,10 +11,14 @@
 //! allocated once, on the first profile) and aggregates into a map the size of the
 //! distinct stacks seen.
 //!
-//! The handler does what pprof-rs' does and no more: it reads the interrupted program
-//! counter, does not unwind when that is inside libc, libgcc, libpthread, the dynamic
-//! loader or the vDSO (the unwinder could deadlock on a lock the interrupted code holds;
-//! such a sample keeps its one frame), otherwise unwinds with
+//! The handler reads the interrupted program counter and does not unwind when that is
+//! inside libgcc (the unwinder itself, whose locks the interrupted code may hold), the
+//! dynamic loader (which holds its own while it maps objects) or the vDSO (whose CFI some
+//! kernels get wrong); such a sample keeps its one frame. Unlike pprof-rs, it unwinds
+//! from inside libc: that is where an I/O-bound process spends its CPU (`open`, `write`,
+//! `fsync`), and skipping libc hid who called them. The loader lock libc's
+//! `dl_iterate_phdr` holds is recursive, so the handler's unwinder, on the same thread,
+//! cannot deadlock on it. Otherwise it unwinds with
 //! `backtrace::trace_unsynchronized`, and appends the frames to the active buffer with a
 //! compare-and-swap reservation; no allocation, no lock.
 //!
@@ -117,9 +121,7 @@ fn blocklist() -> Vec<(u64, u64)> {
             let perms = fields.next()?;
             let path = fields.nth(3).unwrap_or("");
             let name = path.rsplit('/').next().unwrap_or("");
-            let blocked = ["libc.", "libc-", "libgcc", "libpthread", "ld-linux"]
-                .iter()
-                .any(|p| name.starts_with(p))
+            let blocked = ["libgcc", "ld-linux"].iter().any(|p| name.starts_with(p))
                 || path == "[vdso]";
             if !perms.contains('x') || !blocked {
                 return None;

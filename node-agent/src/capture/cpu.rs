@@ -5,7 +5,6 @@
 use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::os::fd::IntoRawFd as _;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -15,7 +14,7 @@ use libbpf_rs::{MapCore as _, MapFlags, MapHandle, RingBufferBuilder};
 use flamefleet_proto::pprof::Profile;
 
 pub use super::perf_event::PerfEventKind;
-use super::sampler_thread::{self, OwnerThread};
+use super::sampler_thread::{self, OwnerThread, Woken};
 use super::target_table::{TargetMaps, TargetTable, delete_target_entries};
 use super::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event};
 use crate::bpf::cpu_sampler::types::{cpu_drops, cpu_sample_key, ff_proc_event, ff_target};
@@ -210,9 +209,10 @@ impl CpuSampler {
                     if ready.send(Ok(loaded.maps)).is_err() {
                         return;
                     }
-                    while !stop.load(Ordering::Acquire) {
-                        // Errors here are EINTR; keep polling until stopped.
-                        let _ = loaded.ring.poll(Duration::from_millis(50));
+                    // Sleeps until the ring has process notifications or the sampler
+                    // stops; consume errors are EINTR.
+                    while stop.wait(Some(loaded.ring.epoll_fd()), None) == Woken::Look {
+                        let _ = loaded.ring.consume();
                     }
                     drop(loaded.links);
                     drop(loaded.skel);

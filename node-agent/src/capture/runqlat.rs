@@ -8,7 +8,6 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::mem::MaybeUninit;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -17,7 +16,7 @@ use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 
 use flamefleet_proto::pprof::Profile;
 
-use super::sampler_thread::{self, OwnerThread};
+use super::sampler_thread::{self, OwnerThread, Woken};
 use super::target_table::{TargetMaps, TargetTable, delete_target_entries};
 use super::{CaptureError, CaptureTarget, Result, SamplerConfig};
 use crate::bpf::from_bytes;
@@ -194,9 +193,7 @@ impl RunqlatSampler {
                     if ready.send(Ok((maps, storage))).is_err() {
                         return;
                     }
-                    while !stop.load(Ordering::Acquire) {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
+                    while stop.wait(None, None) == Woken::Look {}
                     drop(skel);
                 }
                 Err(e) => {

@@ -245,7 +245,7 @@ struct Inner {
 /// The node's unwind tables, shared by every sampler (see the module docs).
 pub struct Unwinder {
     inner: Arc<Inner>,
-    tx: SyncSender<(u32, Arc<ProcessMaps>)>,
+    tx: Option<SyncSender<(u32, Arc<ProcessMaps>)>>,
     stop: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
 }
@@ -262,6 +262,8 @@ impl std::fmt::Debug for Unwinder {
 impl Drop for Unwinder {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        // The worker waits on the channel: disconnecting it wakes the worker now.
+        drop(self.tx.take());
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
@@ -333,9 +335,12 @@ impl Unwinder {
         let worker = std::thread::Builder::new()
             .name("ff-unwind".into())
             .spawn(move || {
+                // Wakes for registrations and once a second to sweep; `Drop` disconnects
+                // the channel, which ends the wait at once.
                 let mut next_sweep = Instant::now() + Duration::from_secs(1);
                 while !w_stop.load(Ordering::Acquire) {
-                    match rx.recv_timeout(Duration::from_millis(100)) {
+                    let until_sweep = next_sweep.saturating_duration_since(Instant::now());
+                    match rx.recv_timeout(until_sweep) {
                         Ok((tgid, maps)) => w_inner.register(tgid, maps),
                         Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) => break,
@@ -349,7 +354,7 @@ impl Unwinder {
             .map_err(UnwindError::Thread)?;
         Ok(Self {
             inner,
-            tx,
+            tx: Some(tx),
             stop,
             worker: Some(worker),
         })
@@ -373,9 +378,11 @@ impl Unwinder {
     /// Queues a process's mappings (never blocks; a full queue is counted).
     /// A process already registered with the same snapshot is skipped.
     pub fn register(&self, tgid: u32, maps: Arc<ProcessMaps>) {
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-            self.tx.try_send((tgid, maps))
-        {
+        let sent = match &self.tx {
+            Some(tx) => tx.try_send((tgid, maps)),
+            None => Err(TrySendError::Disconnected((tgid, maps))),
+        };
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = sent {
             self.inner.lock().stats.registrations_dropped += 1;
         }
     }

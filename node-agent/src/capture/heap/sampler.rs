@@ -33,7 +33,6 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
 use libbpf_rs::{Link, MapCore as _, MapFlags, MapHandle, RingBufferBuilder};
@@ -354,6 +353,7 @@ impl HeapSampler {
                 reply,
             })
             .map_err(|_| CaptureError::SamplerGone("heap"))?;
+        self.owner.waker().kick();
         let (links, probes) = answer
             .recv()
             .map_err(|_| CaptureError::SamplerGone("heap"))??;
@@ -441,7 +441,7 @@ fn run_owner(
     unwinder: Option<Arc<Unwinder>>,
     requests: &mpsc::Receiver<AttachRequest>,
     ready: &sampler_thread::Ready<(Maps, ProbeMode)>,
-    stop: &std::sync::atomic::AtomicBool,
+    stop: &sampler_thread::Waker,
 ) {
     let mut objects: [MaybeUninit<libbpf_rs::OpenObject>; 3] = [const { MaybeUninit::uninit() }; 3];
     let [session_object, multi_object, classic_object] = &mut objects;
@@ -501,22 +501,14 @@ fn run_owner(
     if ready.send(Ok((maps, mode))).is_err() {
         return;
     }
-    while !stop.load(Ordering::Acquire) {
-        // Attach requests are answered at once; process notifications within 20 ms (the
-        // ring buffer holds thousands of them).
-        match requests.recv_timeout(Duration::from_millis(20)) {
-            Ok(req) => {
-                let mut links = Vec::new();
-                let result =
-                    attach_binary(mode, &skel, &req.binary, &mut links).map(|n| (links, n));
-                // The capture that asked may have gone: its links then detach here.
-                let _ = req.reply.send(result);
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            // The sampler is being dropped; its stop flag is set next.
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+    // Sleeps until an attach request is kicked in, the ring has process notifications, or
+    // the sampler stops: no periodic wakeups.
+    while stop.wait(Some(rb.epoll_fd()), None) == sampler_thread::Woken::Look {
+        while let Ok(req) = requests.try_recv() {
+            let mut links = Vec::new();
+            let result = attach_binary(mode, &skel, &req.binary, &mut links).map(|n| (links, n));
+            // The capture that asked may have gone: its links then detach here.
+            let _ = req.reply.send(result);
         }
         let _ = rb.consume();
     }
