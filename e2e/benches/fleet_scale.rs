@@ -4,7 +4,8 @@
 //! pods on the local control plane, one operator; then for 500, 2,000 and 5,000 nodes
 //! (the first N target pods, by label) a few cpu requests one after the other, each:
 //! - apply → Succeeded minus the capture duration (p50 / p99 over the requests);
-//! - operator CPU seconds (/proc/PID/stat) and peak RSS (VmHWM, so far);
+//! - operator CPU seconds (/proc/PID/stat) and peak RSS (VmHWM, so far), and the same for
+//!   the artifact store, which runs in its own process as the chart runs it;
 //! - API server requests by verb and resource (`apiserver_request_total` before / after,
 //!   apply to Succeeded; the benchmark's own watch and GETs included), and per node;
 //! - the largest object written (request, result slices), as JSON from the API server.
@@ -112,6 +113,8 @@ async fn main() -> anyhow::Result<()> {
     let ns = cluster.target_ns.name().to_string();
     let api: Api<ProfileRequest> = cluster.target_ns.api();
     let pid = cluster.operator.as_ref().map_or(0, |o| o.pid());
+    // The artifact store runs in its own process, as the chart runs it.
+    let store_pid = cluster.store.as_ref().map_or(0, |s| s.pid());
     println!(
         "operator at rest: RSS {:.1} MiB",
         flamefleet_e2e::hollow::cluster::process_usage(pid).rss_bytes as f64 / 1048576.0
@@ -119,6 +122,7 @@ async fn main() -> anyhow::Result<()> {
     for &n in &sizes {
         let mut beyond = Vec::new();
         let mut cpu = Vec::new();
+        let mut store_cpu = Vec::new();
         let mut requests_total: BTreeMap<(String, String), f64> = BTreeMap::new();
         let mut biggest = (0, 0);
         for round in 0..rounds {
@@ -126,6 +130,8 @@ async fn main() -> anyhow::Result<()> {
             let request = cluster.request_first(&name, capture, n)?;
             let before = apiserver_requests(&client).await?;
             let cpu_before = flamefleet_e2e::hollow::cluster::process_usage(pid).cpu_seconds;
+            let store_before =
+                flamefleet_e2e::hollow::cluster::process_usage(store_pid).cpu_seconds;
             let started = Instant::now();
             api.create(&PostParams::default(), &request).await?;
             let terminal = |r: Option<&ProfileRequest>| {
@@ -140,6 +146,10 @@ async fn main() -> anyhow::Result<()> {
             .await??;
             let took = started.elapsed();
             let cpu_after = flamefleet_e2e::hollow::cluster::process_usage(pid).cpu_seconds;
+            store_cpu.push(
+                flamefleet_e2e::hollow::cluster::process_usage(store_pid).cpu_seconds
+                    - store_before,
+            );
             let after = apiserver_requests(&client).await?;
             let done = api.get(&name).await?;
             let phase = done.status.as_ref().and_then(|s| s.phase);
@@ -177,6 +187,12 @@ async fn main() -> anyhow::Result<()> {
             cpu.iter().sum::<f64>() / cpu.len().max(1) as f64,
             usage.peak_rss_bytes as f64 / 1048576.0,
             usage.rss_bytes as f64 / 1048576.0
+        );
+        let store = flamefleet_e2e::hollow::cluster::process_usage(store_pid);
+        println!(
+            "  artifact store (own process, as the chart runs it): CPU per request {:.2} s (mean), peak RSS so far {:.1} MiB",
+            store_cpu.iter().sum::<f64>() / store_cpu.len().max(1) as f64,
+            store.peak_rss_bytes as f64 / 1048576.0
         );
         println!(
             "  API server requests per request: {per_request:.0} ({:.2} per node); largest objects: request {} B, slice {} B",

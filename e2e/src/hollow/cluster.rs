@@ -78,6 +78,37 @@ impl Drop for OperatorProcess {
     }
 }
 
+/// The artifact store, in its own process as the chart runs it (`flamefleet-store`; the
+/// operator talks to it with `--store remote`), so that the operator's figures are the
+/// operator's and not the uploads'.
+#[derive(Debug)]
+pub struct StoreProcess {
+    child: Child,
+    /// Its stdout and stderr.
+    pub log: PathBuf,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl StoreProcess {
+    /// PID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// CPU seconds (user + system) so far and peak RSS (VmHWM) in bytes, from /proc.
+    pub fn usage(&self) -> ProcessUsage {
+        process_usage(self.pid())
+    }
+}
+
+impl Drop for StoreProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// CPU time and memory of a process.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ProcessUsage {
@@ -232,6 +263,9 @@ pub struct HollowCluster {
     pub fleet: HollowFleet,
     /// The operator, once started.
     pub operator: Option<OperatorProcess>,
+    /// The artifact store, started with the first operator (and kept across operator
+    /// restarts).
+    pub store: Option<StoreProcess>,
     /// The operator binary.
     operator_bin: PathBuf,
     options: ClusterOptions,
@@ -240,6 +274,7 @@ pub struct HollowCluster {
 impl Drop for HollowCluster {
     fn drop(&mut self) {
         self.operator = None;
+        self.store = None;
         if std::env::var_os("FLAMEFLEET_E2E_KEEP").is_some() {
             eprintln!("kept {}", self.dir.display());
         } else {
@@ -299,6 +334,7 @@ impl HollowCluster {
             pki,
             fleet,
             operator: None,
+            store: None,
             operator_bin: operator_bin.to_path_buf(),
             options,
         };
@@ -377,12 +413,15 @@ impl HollowCluster {
     /// # Errors
     /// When it cannot start, exits, or does not lead within 120 s (with its log).
     pub fn start_operator(&mut self) -> anyhow::Result<()> {
-        let store_port = crate::workload::free_port()?;
         let metrics_port = crate::workload::free_port()?;
         let secret = self.dir.join("store.secret");
         if !secret.exists() {
             std::fs::write(&secret, crate::workload::random_hex(32)?)?;
         }
+        if self.store.is_none() {
+            self.store = Some(self.start_store(&secret)?);
+        }
+        let store_port = self.store.as_ref().map_or(0, |s| s.port);
         let log = self.dir.join("operator.log");
         let mut cmd = Command::new(&self.operator_bin);
         cmd.arg("--kubeconfig")
@@ -394,12 +433,9 @@ impl HollowCluster {
             .arg(&self.pki.files.operator_cert)
             .arg("--tls-key")
             .arg(&self.pki.files.operator_key)
-            .args(["--store", "builtin"])
-            .arg("--store-dir")
-            .arg(self.store_dir())
+            .args(["--store", "remote"])
             .arg("--store-secret-file")
             .arg(&secret)
-            .args(["--store-listen", &format!("127.0.0.1:{store_port}")])
             .args(["--store-url", &format!("http://127.0.0.1:{store_port}/")])
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .args(["--lease-name", &format!("flamefleet-operator-{}", self.id)])
@@ -451,6 +487,52 @@ impl HollowCluster {
     /// The built-in store's directory.
     pub fn store_dir(&self) -> PathBuf {
         self.dir.join("store")
+    }
+
+    /// Starts `flamefleet-store` (next to the operator binary) over [`Self::store_dir`] and
+    /// waits for its "listening on" line.
+    fn start_store(&self, secret: &Path) -> anyhow::Result<StoreProcess> {
+        let bin = self.operator_bin.with_file_name("flamefleet-store");
+        let port = crate::workload::free_port()?;
+        let log = self.dir.join("store.log");
+        let out = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--dir")
+            .arg(self.store_dir())
+            .arg("--secret-file")
+            .arg(secret)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--public-url", &format!("http://127.0.0.1:{port}/")])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        // Dies with the process that started it.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("spawning {}: {e}", bin.display()))?;
+        let mut store = StoreProcess { child, log, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(&store.log).unwrap_or_default();
+            if text.contains("listening on") {
+                return Ok(store);
+            }
+            if let Ok(Some(status)) = store.child.try_wait() {
+                anyhow::bail!("the store exited ({status}):\n{text}");
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the store did not listen within 60 s:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// A cpu ProfileRequest over every target pod, labelled for this cluster's operator.
