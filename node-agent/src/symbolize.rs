@@ -14,8 +14,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use blazesym::MaybeDefault;
-use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use crate::pprof::{Frame, FrameLine, MappingInfo, ProfileBuilder};
@@ -43,6 +42,86 @@ pub const MAX_CACHED_KERNEL_ADDRESSES: usize = 32_768;
 /// Kernel frames by address, shared by every capture of this agent.
 static KERNEL_LINES: std::sync::LazyLock<Mutex<HashMap<u64, Arc<[FrameLine]>>>> =
     std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The kernel's text symbols from `/proc/kallsyms`, parsed once and kept between
+/// captures. Each capture used to hand new kernel addresses to a fresh blazesym
+/// symbolizer, which parsed the whole file (120,000+ lines) again: 20-60 ms of agent CPU
+/// per capture, the largest share of a continuous profile's cost. blazesym's symbolizer
+/// cannot be kept across the captures' threads (it is not `Send`), and for the kernel it
+/// only reads kallsyms (no vmlinux, so names without lines), which this does in a few
+/// lines; kept, the table costs a few MiB. It is read again when it cannot name an
+/// address and is older than [`KERNEL_SYMBOLS_REFRESH`] (a module loaded since).
+struct KernelSymbols {
+    /// Sorted text-symbol addresses, and their names.
+    addrs: Vec<u64>,
+    names: Vec<Arc<str>>,
+    loaded: std::time::Instant,
+}
+
+/// Farthest past the last kernel symbol an address is still named after it.
+const KERNEL_LAST_SYMBOL_REACH: u64 = 1 << 16;
+
+impl KernelSymbols {
+    fn load() -> Self {
+        let text = fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+        let mut symbols: Vec<(u64, &str)> = text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let addr = u64::from_str_radix(fields.next()?, 16).ok()?;
+                let kind = fields.next()?;
+                let name = fields.next()?;
+                // Text symbols only; zero addresses are hidden ones (kptr_restrict).
+                (addr != 0 && matches!(kind, "t" | "T" | "w" | "W")).then_some((addr, name))
+            })
+            .collect();
+        symbols.sort_unstable_by_key(|&(addr, _)| addr);
+        Self {
+            addrs: symbols.iter().map(|&(a, _)| a).collect(),
+            names: symbols.iter().map(|&(_, n)| Arc::from(n)).collect(),
+            loaded: std::time::Instant::now(),
+        }
+    }
+
+    /// The symbol `addr` falls in: the last one at or below it.
+    fn name(&self, addr: u64) -> Option<&Arc<str>> {
+        let i = self.addrs.partition_point(|&a| a <= addr).checked_sub(1)?;
+        if i + 1 == self.addrs.len() && addr - self.addrs[i] > KERNEL_LAST_SYMBOL_REACH {
+            return None;
+        }
+        self.names.get(i)
+    }
+}
+
+static KERNEL_SYMBOLS: Mutex<Option<KernelSymbols>> = Mutex::new(None);
+
+/// See [`KernelSymbols`].
+const KERNEL_SYMBOLS_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The frame lines of each kernel address in `addrs`, from the kept kernel symbols.
+fn kernel_lines(addrs: &[u64]) -> Vec<Arc<[FrameLine]>> {
+    let mut kept = KERNEL_SYMBOLS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let stale = kept.as_ref().is_some_and(|k| {
+        k.loaded.elapsed() >= KERNEL_SYMBOLS_REFRESH && addrs.iter().any(|&a| k.name(a).is_none())
+    });
+    if stale {
+        *kept = None;
+    }
+    let symbols = kept.get_or_insert_with(KernelSymbols::load);
+    addrs
+        .iter()
+        .map(|&addr| match symbols.name(addr) {
+            Some(name) => Arc::from([FrameLine {
+                function: name.to_string(),
+                file: "[kernel]".into(),
+                line: 0,
+            }]),
+            None => Arc::from([]),
+        })
+        .collect()
+}
 
 /// Entries in every binary's offset cache, for [`MAX_CACHED_OFFSETS`].
 static CACHED_OFFSETS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -511,26 +590,15 @@ impl StackSymbolizer {
         missing.dedup();
         self.stats.kernel_cache_hits += (stack.len() - missing.len()) as u64;
         if !missing.is_empty() {
-            let src = Source::Kernel(Kernel {
-                vmlinux: MaybeDefault::None,
-                ..Kernel::default()
-            });
-            let syms = self
-                .blaze
-                .symbolize(&src, Input::AbsAddr(&missing))
-                .unwrap_or_default();
+            let found = kernel_lines(&missing);
             for (i, &addr) in missing.iter().enumerate() {
-                let lines: Arc<[FrameLine]> = syms
-                    .get(i)
-                    .map(|s| to_lines(s, "[kernel]"))
-                    .unwrap_or_default()
-                    .into();
+                let lines = found.get(i).cloned().unwrap_or_else(|| Arc::from([]));
                 if cache.len() < MAX_CACHED_KERNEL_ADDRESSES {
                     cache.insert(addr, lines);
                 } else {
                     // Full: answer this stack without keeping the new address.
                     drop(cache);
-                    return kernel_frames_uncached(mapping, stack, &missing, &syms);
+                    return kernel_frames_uncached(mapping, stack, &missing, &found);
                 }
             }
         }
@@ -569,12 +637,12 @@ impl StackSymbolizer {
 }
 
 /// [`StackSymbolizer::kernel_frames`] once the kernel cache is full: cached frames from the
-/// cache, the others from `syms` (blazesym's answer for `missing`, in order).
+/// cache, the others from `found` (the lines of `missing`, in order).
 fn kernel_frames_uncached(
     mapping: u64,
     stack: &[u64],
     missing: &[u64],
-    syms: &[Symbolized<'_>],
+    found: &[Arc<[FrameLine]>],
 ) -> Vec<Frame> {
     let cache = KERNEL_LINES.lock().unwrap_or_else(PoisonError::into_inner);
     stack
@@ -585,8 +653,8 @@ fn kernel_frames_uncached(
                 None => missing
                     .binary_search(&addr)
                     .ok()
-                    .and_then(|i| syms.get(i))
-                    .map(|s| to_lines(s, "[kernel]"))
+                    .and_then(|i| found.get(i))
+                    .map(|l| l.to_vec())
                     .unwrap_or_default(),
             };
             Frame {
@@ -685,6 +753,21 @@ mod tests {
             "got {:?}",
             warm[0].lines
         );
+    }
+
+    #[test]
+    fn a_kernel_address_is_named_after_the_symbol_it_falls_in() {
+        let k = KernelSymbols {
+            addrs: vec![0x1000, 0x2000],
+            names: vec![Arc::from("first"), Arc::from("second")],
+            loaded: std::time::Instant::now(),
+        };
+        assert_eq!(k.name(0xfff), None);
+        assert_eq!(k.name(0x1000).map(|n| &**n), Some("first"));
+        assert_eq!(k.name(0x1fff).map(|n| &**n), Some("first"));
+        assert_eq!(k.name(0x2010).map(|n| &**n), Some("second"));
+        // Far past the last symbol: not named after it.
+        assert_eq!(k.name(0x2000 + KERNEL_LAST_SYMBOL_REACH + 1), None);
     }
 
     #[test]

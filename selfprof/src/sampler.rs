@@ -121,8 +121,8 @@ fn blocklist() -> Vec<(u64, u64)> {
             let perms = fields.next()?;
             let path = fields.nth(3).unwrap_or("");
             let name = path.rsplit('/').next().unwrap_or("");
-            let blocked = ["libgcc", "ld-linux"].iter().any(|p| name.starts_with(p))
-                || path == "[vdso]";
+            let blocked =
+                ["libgcc", "ld-linux"].iter().any(|p| name.starts_with(p)) || path == "[vdso]";
             if !perms.contains('x') || !blocked {
                 return None;
             }
