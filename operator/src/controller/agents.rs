@@ -64,18 +64,27 @@ pub fn endpoint_of(pod: &Pod) -> Option<(String, AgentEndpoint)> {
     ))
 }
 
+/// An agent pod's endpoint and readiness, if it is Running with an IP on a node (pure).
+fn candidate(pod: &Pod) -> Option<(String, AgentEndpoint, bool)> {
+    endpoint_of(pod).map(|(node, endpoint)| (node, endpoint, is_ready(pod)))
+}
+
 /// One agent per node among `pods` (pure); a Ready pod wins over one that is not.
 pub fn agents_by_node(pods: &[Pod]) -> BTreeMap<String, AgentEndpoint> {
+    pick(pods.iter().filter_map(candidate))
+}
+
+/// One agent per node among the candidates; a Ready one wins over one that is not.
+fn pick(
+    candidates: impl IntoIterator<Item = (String, AgentEndpoint, bool)>,
+) -> BTreeMap<String, AgentEndpoint> {
     let mut out: BTreeMap<String, (bool, AgentEndpoint)> = BTreeMap::new();
-    for pod in pods {
-        if let Some((node, endpoint)) = endpoint_of(pod) {
-            let ready = is_ready(pod);
-            match out.get(&node) {
-                Some((true, _)) => {}
-                Some((false, _)) if !ready => {}
-                _ => {
-                    out.insert(node, (ready, endpoint));
-                }
+    for (node, endpoint, ready) in candidates {
+        match out.get(&node) {
+            Some((true, _)) => {}
+            Some((false, _)) if !ready => {}
+            _ => {
+                out.insert(node, (ready, endpoint));
             }
         }
     }
@@ -87,18 +96,19 @@ pub async fn discover(
     client: &kube::Client,
     agent_namespace: &str,
 ) -> Result<BTreeMap<String, AgentEndpoint>> {
-    // One pod per node of the cluster, whatever the request's size: listed without their
-    // managed fields (`lean_pods`).
-    let pods = super::lean_pods::list(
+    // One pod per node of the cluster, whatever the request's size: listed in pages without
+    // their managed fields (`lean_pods`), each page reduced to endpoints as it comes.
+    let candidates = super::lean_pods::list_map(
         client,
         agent_namespace,
         &ListParams::default().labels(AGENT_LABEL),
+        |pod| candidate(&pod),
     )
     .await
     .map_err(Error::kube(format!(
         "listing agent pods ({AGENT_LABEL}) in {agent_namespace}"
     )))?;
-    Ok(agents_by_node(&pods))
+    Ok(pick(candidates))
 }
 
 /// The status message of a node that has no agent.

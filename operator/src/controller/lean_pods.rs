@@ -39,11 +39,25 @@ struct LeanPod {
     status: Option<PodStatus>,
 }
 
+#[derive(Debug, Default, Deserialize)]
+struct LeanListMeta {
+    #[serde(rename = "continue")]
+    continue_token: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 struct LeanList {
     #[serde(default)]
+    metadata: LeanListMeta,
+    #[serde(default)]
     items: Vec<LeanPod>,
 }
+
+/// Pods per LIST page. A request lists every agent pod (one per node): at 5,000 nodes one
+/// unpaged LIST held the whole response and all its pods at once, tens of MiB for a moment
+/// that set the operator's peak memory. Pages are read one after the other (one consistent
+/// snapshot, through the continue token) and reduced by the caller as they come.
+pub const PAGE_SIZE: u32 = 500;
 
 impl From<LeanPod> for Pod {
     fn from(p: LeanPod) -> Self {
@@ -76,11 +90,34 @@ pub async fn list(
     namespace: &str,
     params: &ListParams,
 ) -> Result<Vec<Pod>, kube::Error> {
-    let request = kube::core::Request::new(Pod::url_path(&(), Some(namespace)))
-        .list(params)
-        .map_err(kube::Error::BuildRequest)?;
-    let list: LeanList = client.request(request).await?;
-    Ok(list.items.into_iter().map(Pod::from).collect())
+    list_map(client, namespace, params, Some).await
+}
+
+/// Lists the pods of `namespace` matching `params` in pages of [`PAGE_SIZE`] (unless
+/// `params` sets a limit), keeping what `keep` makes of each pod as the pages come in.
+///
+/// # Errors
+/// The API server's or the transport's error, as `Api::list` would return it.
+pub async fn list_map<T>(
+    client: &kube::Client,
+    namespace: &str,
+    params: &ListParams,
+    mut keep: impl FnMut(Pod) -> Option<T>,
+) -> Result<Vec<T>, kube::Error> {
+    let mut params = params.clone();
+    params.limit = params.limit.or(Some(PAGE_SIZE));
+    let mut out = Vec::new();
+    loop {
+        let request = kube::core::Request::new(Pod::url_path(&(), Some(namespace)))
+            .list(&params)
+            .map_err(kube::Error::BuildRequest)?;
+        let page: LeanList = client.request(request).await?;
+        out.extend(page.items.into_iter().map(Pod::from).filter_map(&mut keep));
+        match page.metadata.continue_token.filter(|c| !c.is_empty()) {
+            Some(token) => params.continue_token = Some(token),
+            None => return Ok(out),
+        }
+    }
 }
 
 #[cfg(test)]
