@@ -114,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
     let api: Api<ProfileRequest> = cluster.target_ns.api();
     let pid = cluster.operator.as_ref().map_or(0, |o| o.pid());
     // The artifact store runs in its own process, as the chart runs it.
-    let store_pid = cluster.store.as_ref().map_or(0, |s| s.pid());
+    let store_pid = cluster.store.as_ref().map_or(0, |s| s.process.pid());
     println!(
         "operator at rest: RSS {:.1} MiB",
         flamefleet_e2e::hollow::cluster::process_usage(pid).rss_bytes as f64 / 1048576.0

@@ -31,10 +31,38 @@ pub const TARGET_LABEL: &str = "app";
 /// What the operator logs once its controllers run.
 const LEADING_MARKER: &str = "leading; starting";
 
+/// A child process, killed (SIGKILL) and reaped on drop.
+#[derive(Debug)]
+pub struct ChildProcess(Child);
+
+impl ChildProcess {
+    /// PID.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// CPU seconds (user + system) so far and peak RSS (VmHWM) in bytes, from /proc.
+    pub fn usage(&self) -> ProcessUsage {
+        process_usage(self.pid())
+    }
+
+    /// Its exit status, if it exited.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.0.try_wait().ok().flatten()
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The operator process, killed (SIGKILL) on drop.
 #[derive(Debug)]
 pub struct OperatorProcess {
-    child: Child,
+    child: ChildProcess,
     /// Its log (stderr).
     pub log: PathBuf,
     /// Its /metrics port on 127.0.0.1.
@@ -46,7 +74,7 @@ pub struct OperatorProcess {
 impl OperatorProcess {
     /// PID.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.pid()
     }
 
     /// The last `lines` of its log.
@@ -59,7 +87,7 @@ impl OperatorProcess {
     /// # Errors
     /// The exit status and the log's tail.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
-        if let Ok(Some(status)) = self.child.try_wait() {
+        if let Some(status) = self.child.exited() {
             anyhow::bail!("the operator exited ({status}):\n{}", self.log_tail(60));
         }
         Ok(())
@@ -67,14 +95,7 @@ impl OperatorProcess {
 
     /// CPU seconds (user + system) so far and peak RSS (VmHWM) in bytes, from /proc.
     pub fn usage(&self) -> ProcessUsage {
-        process_usage(self.pid())
-    }
-}
-
-impl Drop for OperatorProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.usage()
     }
 }
 
@@ -83,30 +104,12 @@ impl Drop for OperatorProcess {
 /// operator's and not the uploads'.
 #[derive(Debug)]
 pub struct StoreProcess {
-    child: Child,
+    /// The process.
+    pub process: ChildProcess,
     /// Its stdout and stderr.
     pub log: PathBuf,
     /// Its port on 127.0.0.1.
     pub port: u16,
-}
-
-impl StoreProcess {
-    /// PID.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// CPU seconds (user + system) so far and peak RSS (VmHWM) in bytes, from /proc.
-    pub fn usage(&self) -> ProcessUsage {
-        process_usage(self.pid())
-    }
-}
-
-impl Drop for StoreProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// CPU time and memory of a process.
@@ -462,7 +465,7 @@ impl HollowCluster {
             .spawn()
             .map_err(|e| anyhow::anyhow!("spawning {}: {e}", self.operator_bin.display()))?;
         let mut operator = OperatorProcess {
-            child,
+            child: ChildProcess(child),
             log,
             metrics_port,
             store_port,
@@ -517,14 +520,18 @@ impl HollowCluster {
         let child = cmd
             .spawn()
             .map_err(|e| anyhow::anyhow!("spawning {}: {e}", bin.display()))?;
-        let mut store = StoreProcess { child, log, port };
+        let mut store = StoreProcess {
+            process: ChildProcess(child),
+            log,
+            port,
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let text = std::fs::read_to_string(&store.log).unwrap_or_default();
             if text.contains("listening on") {
                 return Ok(store);
             }
-            if let Ok(Some(status)) = store.child.try_wait() {
+            if let Some(status) = store.process.exited() {
                 anyhow::bail!("the store exited ({status}):\n{text}");
             }
             anyhow::ensure!(
