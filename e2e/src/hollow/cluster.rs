@@ -36,6 +36,24 @@ const LEADING_MARKER: &str = "leading; starting";
 pub struct ChildProcess(Child);
 
 impl ChildProcess {
+    /// Spawns `cmd` (running `program`) so that it dies with the process that started it
+    /// (`PR_SET_PDEATHSIG`).
+    ///
+    /// # Errors
+    /// When it cannot be spawned.
+    pub fn spawn(cmd: &mut Command, program: &Path) -> anyhow::Result<Self> {
+        // SAFETY: prctl is async-signal-safe, called between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        cmd.spawn()
+            .map(Self)
+            .map_err(|e| anyhow::anyhow!("spawning {}: {e}", program.display()))
+    }
+
     /// PID.
     pub fn pid(&self) -> u32 {
         self.0.id()
@@ -454,18 +472,8 @@ impl HollowCluster {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?);
-        // Dies with the process that started it.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("spawning {}: {e}", self.operator_bin.display()))?;
         let mut operator = OperatorProcess {
-            child: ChildProcess(child),
+            child: ChildProcess::spawn(&mut cmd, &self.operator_bin)?,
             log,
             metrics_port,
             store_port,
@@ -510,18 +518,8 @@ impl HollowCluster {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
-        // Dies with the process that started it.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("spawning {}: {e}", bin.display()))?;
         let mut store = StoreProcess {
-            process: ChildProcess(child),
+            process: ChildProcess::spawn(&mut cmd, &bin)?,
             log,
             port,
         };
