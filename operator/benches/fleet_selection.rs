@@ -27,12 +27,13 @@ use std::time::{Duration, Instant};
 use flamefleet_api::{ProfileRequest, ProfileResultSlice, RotationState, SamplingLimits};
 use flamefleet_operator::controller::agents::AGENT_LABEL;
 use flamefleet_operator::sampling::budget::{Budget, Ledger};
-use flamefleet_operator::sampling::fleet::{Fleet, Scope, slim_pod, slim_slice};
+use flamefleet_operator::sampling::fleet::{Fleet, Scope, slim_slice};
+use flamefleet_operator::slim_pod::SlimPod;
 use flamefleet_operator::sampling::rotation::{self, Limits};
 use flamefleet_operator::sampling::run_name::{
     POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL,
 };
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::core::Selector;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
@@ -104,9 +105,10 @@ where
     writer.apply_watcher_event(&watcher::Event::InitDone);
 }
 
-/// A pod as the API server returns it (a realistic size before slimming).
-fn pod(ns: &str, name: &str, node: &str, labels: serde_json::Value, ip: &str) -> Pod {
-    let mut pod: Pod = serde_json::from_value(json!({
+/// A pod read from the JSON the API server returns (a realistic object), as the cache
+/// keeps it.
+fn pod(ns: &str, name: &str, node: &str, labels: serde_json::Value, ip: &str) -> SlimPod {
+    serde_json::from_value(json!({
         "metadata": {
             "name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}"),
             "labels": labels,
@@ -127,9 +129,7 @@ fn pod(ns: &str, name: &str, node: &str, labels: serde_json::Value, ip: &str) ->
                 "state": {"running": {"startedAt": "2026-11-20T10:00:00Z"}}}],
         },
     }))
-    .expect("pod JSON");
-    slim_pod(&mut pod);
-    pod
+    .expect("pod JSON")
 }
 
 fn node_name(i: usize) -> String {
@@ -234,7 +234,7 @@ fn main() {
 
     let heap0 = LIVE.load(Ordering::Relaxed);
     let rss0 = rss_mib();
-    let (pods, mut pods_w) = reflector::store::<Pod>();
+    let (pods, mut pods_w) = reflector::store::<SlimPod>();
     let (namespaces, mut ns_w) = reflector::store::<Namespace>();
     let (requests, mut requests_w) = reflector::store::<ProfileRequest>();
     let (results, mut results_w) = reflector::store::<ProfileResultSlice>();
@@ -441,8 +441,8 @@ fn main() {
         mib(heap_all - heap_pods)
     );
     println!(
-        "  (a slimmed Pod is a {}-byte struct before its strings and labels)",
-        std::mem::size_of::<Pod>()
+        "  (a cached SlimPod is a {}-byte struct before its strings and labels)",
+        std::mem::size_of::<SlimPod>()
     );
     println!(
         "  process RSS before/after loading          {:>7.1} / {:.1} MiB",

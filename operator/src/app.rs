@@ -479,6 +479,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         recorder,
         metrics: metrics.clone(),
         agent_namespace: options.agent_namespace.clone(),
+        pods: Some(sampling.fleet.pods.clone()),
     });
     let lost = election.lost();
     let (lost_tx, mut lost_rx) = tokio::sync::oneshot::channel::<bool>();

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod owned_secret;
 pub mod probes;
 pub mod sampling;
+pub mod slim_pod;
 pub mod store;
 pub mod store_app;
 

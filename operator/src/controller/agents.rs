@@ -2,11 +2,15 @@
 //! namespace) that are Running on the node; endpoint = pod IP and the container port named
 //! `grpc` (7070 when none is named).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Pod;
+use futures::FutureExt;
+use kube::Api;
 use kube::api::ListParams;
+use kube::runtime::reflector::Store;
 
+use super::lean_pods::PAGE_SIZE;
+use crate::slim_pod::SlimPod;
 use crate::{Error, Result};
 
 /// Label carried by every agent pod.
@@ -27,51 +31,39 @@ pub struct AgentEndpoint {
     pub address: String,
 }
 
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// The endpoint of an agent pod, if it is Running with an IP on a node (pure).
-pub fn endpoint_of(pod: &Pod) -> Option<(String, AgentEndpoint)> {
-    let status = pod.status.as_ref()?;
-    if status.phase.as_deref() != Some("Running") || pod.metadata.deletion_timestamp.is_some() {
+pub fn endpoint_of(pod: &SlimPod) -> Option<(String, AgentEndpoint)> {
+    if !pod.is_running_with_ip() {
         return None;
     }
-    let ip = status.pod_ip.clone().filter(|ip| !ip.is_empty())?;
-    let spec = pod.spec.as_ref()?;
-    let node = spec.node_name.clone()?;
-    let port = spec
-        .containers
-        .iter()
-        .flat_map(|c| c.ports.iter().flatten())
-        .find(|p| p.name.as_deref() == Some(GRPC_PORT_NAME))
-        .map_or(DEFAULT_GRPC_PORT, |p| p.container_port);
+    let ip = pod.ip.as_deref()?;
+    let node = pod.node.clone()?;
+    let port = pod.grpc_port.unwrap_or(DEFAULT_GRPC_PORT);
     let host = if ip.contains(':') {
         format!("[{ip}]")
     } else {
-        ip
+        ip.to_string()
     };
     Some((
         node.clone(),
         AgentEndpoint {
             node,
-            pod: pod.metadata.name.clone().unwrap_or_default(),
+            pod: pod.name().to_string(),
             address: format!("{host}:{port}"),
         },
     ))
 }
 
 /// An agent pod's endpoint and readiness, if it is Running with an IP on a node (pure).
-fn candidate(pod: &Pod) -> Option<(String, AgentEndpoint, bool)> {
-    endpoint_of(pod).map(|(node, endpoint)| (node, endpoint, is_ready(pod)))
+fn candidate(pod: &SlimPod) -> Option<(String, AgentEndpoint, bool)> {
+    endpoint_of(pod).map(|(node, endpoint)| (node, endpoint, pod.ready))
 }
 
 /// One agent per node among `pods` (pure); a Ready pod wins over one that is not.
-pub fn agents_by_node(pods: &[Pod]) -> BTreeMap<String, AgentEndpoint> {
-    pick(pods.iter().filter_map(candidate))
+pub fn agents_by_node<'a>(
+    pods: impl IntoIterator<Item = &'a SlimPod>,
+) -> BTreeMap<String, AgentEndpoint> {
+    pick(pods.into_iter().filter_map(candidate))
 }
 
 /// One agent per node among the candidates; a Ready one wins over one that is not.
@@ -91,24 +83,73 @@ fn pick(
     out.into_iter().map(|(n, (_, e))| (n, e)).collect()
 }
 
-/// Lists the agent pods of `agent_namespace` and maps them by node.
-pub async fn discover(
+/// Nodes missing from the cache that are looked up one by one; with more, one LIST of every
+/// agent pod is cheaper.
+const MAX_NODE_LOOKUPS: usize = 16;
+
+/// The agents serving `nodes` (the request's nodes), mapped by node.
+///
+/// With `cache` (the operator's watch-fed pod cache, `slim_pod`) holding its first full
+/// list, the agents come from memory: no request to the API server. A node the cache has
+/// no agent for (an agent pod created moments ago, whose watch event has not arrived) is
+/// looked up with a LIST of that node's agent pods (`spec.nodeName` field selector), or,
+/// past [`MAX_NODE_LOOKUPS`] such nodes, with one paged LIST of all agent pods. Without a
+/// ready cache every agent pod is listed, in pages.
+///
+/// # Errors
+/// The API server's error for a LIST, with what was being listed.
+pub async fn discover<'a>(
     client: &kube::Client,
     agent_namespace: &str,
+    cache: Option<&Store<SlimPod>>,
+    nodes: impl IntoIterator<Item = &'a str>,
 ) -> Result<BTreeMap<String, AgentEndpoint>> {
-    // One pod per node of the cluster, whatever the request's size: listed in pages without
-    // their managed fields (`lean_pods`), each page reduced to endpoints as it comes.
-    let candidates = super::lean_pods::list_map(
-        client,
-        agent_namespace,
-        &ListParams::default().labels(AGENT_LABEL),
-        |pod| candidate(&pod),
-    )
-    .await
-    .map_err(Error::kube(format!(
-        "listing agent pods ({AGENT_LABEL}) in {agent_namespace}"
-    )))?;
-    Ok(pick(candidates))
+    let (key, value) = AGENT_LABEL.split_once('=').unwrap_or((AGENT_LABEL, ""));
+    let ready = cache.filter(|c| matches!(c.wait_until_ready().now_or_never(), Some(Ok(()))));
+    let Some(cache) = ready else {
+        return list_agents(client, agent_namespace, &ListParams::default()).await;
+    };
+    let mut found = agents_by_node(
+        cache
+            .state()
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|p| p.namespace() == agent_namespace && p.label(key) == Some(value)),
+    );
+    let missing: BTreeSet<&str> = nodes
+        .into_iter()
+        .filter(|n| !found.contains_key(*n))
+        .collect();
+    if missing.len() > MAX_NODE_LOOKUPS {
+        return list_agents(client, agent_namespace, &ListParams::default()).await;
+    }
+    for node in missing {
+        let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        found.extend(list_agents(client, agent_namespace, &params).await?);
+    }
+    Ok(found)
+}
+
+/// Lists the agent pods of `agent_namespace` matching `params` (plus the agent label) in
+/// pages, each page reduced to endpoints as it comes, and maps them by node.
+async fn list_agents(
+    client: &kube::Client,
+    agent_namespace: &str,
+    params: &ListParams,
+) -> Result<BTreeMap<String, AgentEndpoint>> {
+    let api: Api<SlimPod> = Api::namespaced(client.clone(), agent_namespace);
+    let mut params = params.clone().labels(AGENT_LABEL).limit(PAGE_SIZE);
+    let mut candidates = Vec::new();
+    loop {
+        let page = api.list(&params).await.map_err(Error::kube(format!(
+            "listing agent pods ({AGENT_LABEL}) in {agent_namespace}"
+        )))?;
+        candidates.extend(page.items.iter().filter_map(candidate));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(pick(candidates)),
+        }
+    }
 }
 
 /// The status message of a node that has no agent.
@@ -123,7 +164,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn agent(name: &str, node: &str, ip: &str, port: Option<i32>, ready: bool) -> Pod {
+    fn agent(name: &str, node: &str, ip: &str, port: Option<i32>, ready: bool) -> SlimPod {
         let ports = port.map_or(json!([]), |p| json!([{"name": "grpc", "containerPort": p}]));
         serde_json::from_value(json!({
             "metadata": {"name": name},

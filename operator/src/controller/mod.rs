@@ -45,6 +45,9 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Namespace of the agent pods.
     pub agent_namespace: String,
+    /// The operator's cluster-wide pod cache (`sampling::fleet`), where agent discovery
+    /// finds each node's agent without listing every agent pod per request; `None` lists.
+    pub pods: Option<Store<crate::slim_pod::SlimPod>>,
     /// Per-tenant cost limits.
     pub limits: limits::TenantLimits,
     /// The operator's `--request-selector` (limits count only this shard's requests).

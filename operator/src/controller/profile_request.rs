@@ -227,7 +227,13 @@ async fn start(
         let message = resolution.no_match_message(&ids.namespace);
         return fail_request(&request, ctx, api, "NoPodsMatched", message).await;
     }
-    let agents = agents::discover(&ctx.client, &ctx.agent_namespace).await?;
+    let agents = agents::discover(
+        &ctx.client,
+        &ctx.agent_namespace,
+        ctx.pods.as_ref(),
+        resolution.by_node.keys().map(String::as_str),
+    )
+    .await?;
 
     let mut entries = Vec::new();
     let mut plans = Vec::new();
@@ -376,7 +382,16 @@ async fn resume(request: &ProfileRequest, ctx: &Context) -> Result<Option<Arc<Se
             "some result slices of a Running request are missing; their nodes are not resumed"
         );
     }
-    let agents = agents::discover(&ctx.client, &ctx.agent_namespace).await?;
+    let agents = agents::discover(
+        &ctx.client,
+        &ctx.agent_namespace,
+        ctx.pods.as_ref(),
+        table
+            .entries()
+            .filter(|e| !e.phase.is_some_and(NodePhase::is_terminal))
+            .map(|e| e.node.as_str()),
+    )
+    .await?;
     let mut plans = Vec::new();
     let mut settled = BTreeMap::new();
     for entry in table.entries() {

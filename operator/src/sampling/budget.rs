@@ -27,12 +27,12 @@ use flamefleet_api::{
     RequestPhase,
 };
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 
 use super::rotation::{NodeGate, SkipReason};
 use super::run_name::{PLANNED_NODES_ANNOTATION, POLICY_UID_LABEL};
+use crate::slim_pod::SlimPod;
 
 /// Default `maxConcurrentCapturesPerNode`: one capture at a time per node.
 pub const DEFAULT_MAX_CONCURRENT: usize = 1;
@@ -273,7 +273,7 @@ impl Ledger {
         &self,
         requests: &[std::sync::Arc<ProfileRequest>],
         slices: &[std::sync::Arc<ProfileResultSlice>],
-        pods: &[std::sync::Arc<Pod>],
+        pods: &[std::sync::Arc<SlimPod>],
         now: Timestamp,
     ) -> NodeLoad {
         let now_s = now.as_second();
@@ -372,12 +372,12 @@ pub struct Occupancy {
 
 /// Finds the nodes of pods (for Pending ad hoc requests, which list no nodes yet).
 struct PodPlacer<'a> {
-    by_namespace: Option<HashMap<&'a str, Vec<&'a Pod>>>,
-    pods: &'a [std::sync::Arc<Pod>],
+    by_namespace: Option<HashMap<&'a str, Vec<&'a SlimPod>>>,
+    pods: &'a [std::sync::Arc<SlimPod>],
 }
 
 impl<'a> PodPlacer<'a> {
-    fn new(pods: &'a [std::sync::Arc<Pod>]) -> Self {
+    fn new(pods: &'a [std::sync::Arc<SlimPod>]) -> Self {
         Self {
             by_namespace: None,
             pods,
@@ -387,7 +387,7 @@ impl<'a> PodPlacer<'a> {
     fn nodes(&mut self, request: &ProfileRequest) -> Vec<String> {
         let pods = self.pods;
         let index = self.by_namespace.get_or_insert_with(|| {
-            let mut m: HashMap<&str, Vec<&Pod>> = HashMap::new();
+            let mut m: HashMap<&str, Vec<&SlimPod>> = HashMap::new();
             for p in pods {
                 if let Some(ns) = p.metadata.namespace.as_deref() {
                     m.entry(ns).or_default().push(p);
@@ -407,13 +407,10 @@ impl<'a> PodPlacer<'a> {
             let labels = pod.metadata.labels.clone().unwrap_or_default();
             let picked = selector.as_ref().is_some_and(|s| s.matches(&labels))
                 || request.spec.pod_names.iter().any(|n| n == name);
-            let running = pod
-                .status
-                .as_ref()
-                .is_some_and(|s| s.phase.as_deref() == Some("Running"));
+            let running = pod.phase.as_deref() == Some("Running");
             if picked
                 && running
-                && let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone())
+                && let Some(node) = pod.node.clone()
             {
                 nodes.insert(node);
             }
@@ -595,7 +592,7 @@ mod tests {
 
     #[test]
     fn pending_requests_occupy_their_pods_nodes_or_planned_nodes() {
-        let pod: Arc<Pod> = Arc::new(
+        let pod: Arc<SlimPod> = Arc::new(
             serde_json::from_value(json!({
                 "metadata": {"name": "p1", "namespace": "ns"},
                 "spec": {"nodeName": "n7", "containers": []},

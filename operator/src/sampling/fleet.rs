@@ -5,16 +5,17 @@
 //! Slices are cached with only each node's name and phase (no pods, messages or
 //! artifacts): the budget needs to know which nodes a Running request still captures on.
 //!
-//! Pods are cached cluster-wide with only their name, namespace, UID, labels, node, phase
-//! and IP, a small part of a full Pod object: 10,000 pods with their labels take about
-//! 31 MiB of heap (`cargo bench -p flamefleet-operator --bench fleet_selection`).
+//! Pods are cached cluster-wide as [`SlimPod`]s (name, namespace, UID, labels, node, phase,
+//! IP, readiness and gRPC port), read straight from the watch's JSON. The same cache serves
+//! agent discovery (`controller::agents`). Heap per pod: `cargo bench -p
+//! flamefleet-operator --bench fleet_selection` (docs/benchmarks.md).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use flamefleet_api::{NodeStatus, ProfileRequest, ProfileResultSlice};
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::Api;
 use kube::core::{Selector, SelectorExt};
@@ -24,6 +25,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::rotation::{Candidate, position, sort};
 use super::run_name::POLICY_UID_LABEL;
 use crate::controller::agents::AGENT_LABEL;
+use crate::slim_pod::SlimPod;
 use crate::{Error, Result};
 
 /// Which namespaces a policy samples.
@@ -39,7 +41,7 @@ pub enum Scope {
 #[derive(Clone)]
 pub struct Fleet {
     /// Pods, cluster-wide, slimmed.
-    pub pods: Store<Pod>,
+    pub pods: Store<SlimPod>,
     /// Namespaces (labels only).
     pub namespaces: Store<Namespace>,
     /// ProfileRequests, cluster-wide (ad hoc and runs: the budget counts them all).
@@ -57,22 +59,6 @@ impl std::fmt::Debug for Fleet {
             .field("requests", &self.requests.state().len())
             .finish_non_exhaustive()
     }
-}
-
-/// Keeps only what sampling reads of a pod.
-pub fn slim_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    pod.metadata.annotations = None;
-    pod.metadata.owner_references = None;
-    pod.spec = pod.spec.take().map(|s| PodSpec {
-        node_name: s.node_name,
-        ..Default::default()
-    });
-    pod.status = pod.status.take().map(|s| PodStatus {
-        phase: s.phase,
-        pod_ip: s.pod_ip,
-        ..Default::default()
-    });
 }
 
 /// Keeps only what the budget reads of a result slice: the request's UID and each node's
@@ -109,10 +95,12 @@ impl Fleet {
         let (namespaces, ns_writer) = reflector::store();
         let (requests, requests_writer) = reflector::store();
         let (results, results_writer) = reflector::store();
-        let pod_stream = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .modify(slim_pod)
-            .reflect(pods_writer)
+        let pod_stream = watcher(
+            Api::<SlimPod>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(pods_writer)
             .for_each(|_| futures::future::ready(()));
         let ns_stream = watcher(
             Api::<Namespace>::all(client.clone()),
@@ -170,22 +158,10 @@ impl Fleet {
         self.pods
             .state()
             .iter()
-            .filter(|p| p.metadata.namespace.as_deref() == Some(self.agent_namespace.as_str()))
-            .filter(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(key))
-                    .is_some_and(|v| v == value)
-            })
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| {
-                p.status.as_ref().is_some_and(|s| {
-                    s.phase.as_deref() == Some("Running")
-                        && s.pod_ip.as_deref().is_some_and(|ip| !ip.is_empty())
-                })
-            })
-            .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+            .filter(|p| p.namespace() == self.agent_namespace)
+            .filter(|p| p.label(key) == Some(value))
+            .filter(|p| p.is_running_with_ip())
+            .filter_map(|p| p.node.clone())
             .collect()
     }
 
@@ -249,16 +225,12 @@ impl Fleet {
                 out.not_eligible(ns, &name, "being deleted".into());
                 continue;
             }
-            let phase = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .unwrap_or("Unknown");
+            let phase = pod.phase.as_deref().unwrap_or("Unknown");
             if phase != "Running" {
                 out.not_eligible(ns, &name, format!("phase is {phase}, expected Running"));
                 continue;
             }
-            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            let Some(node) = pod.node.clone() else {
                 out.not_eligible(ns, &name, "not scheduled on a node".into());
                 continue;
             };
