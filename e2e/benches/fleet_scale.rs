@@ -16,7 +16,9 @@
 //! size (default 5). FLAMEFLEET_BENCH_CAPTURE_SECS sets the capture (default 2), and
 //! FLAMEFLEET_BENCH_OPERATOR_ARGS adds operator flags (space-separated), e.g.
 //! `--debug-listen 127.0.0.1:6061` to pull the operator's heap profile
-//! (`/debug/pprof/heap`) while a request's streams are open.
+//! (`/debug/pprof/heap`) while a request's streams are open. FLAMEFLEET_BENCH_STORE_DIR
+//! puts the artifact store's files in a fresh directory under that path (e.g. a tmpfs,
+//! /dev/shm) instead of the cluster's working directory under $TMPDIR.
 
 #[path = "../tests/pipeline_support/mod.rs"]
 mod pipeline_support;
@@ -90,6 +92,13 @@ async fn main() -> anyhow::Result<()> {
         .split_whitespace()
         .map(str::to_owned)
         .collect();
+    let store_dir = match std::env::var_os("FLAMEFLEET_BENCH_STORE_DIR") {
+        Some(parent) => Some(tempfile::Builder::new().prefix("ff-store-").tempdir_in(parent)?),
+        None => None,
+    };
+    if let Some(dir) = &store_dir {
+        println!("artifact store files in {}", dir.path().display());
+    }
     let bins = pipeline_support::bins();
     let setup = Instant::now();
     let mut cluster = HollowCluster::create(
@@ -99,6 +108,7 @@ async fn main() -> anyhow::Result<()> {
             capture_grace: Duration::from_secs(30),
             subsets: sizes.clone(),
             operator_args,
+            store_dir: store_dir.as_ref().map(|d| d.path().to_path_buf()),
             ..ClusterOptions::default()
         },
     )

@@ -181,11 +181,20 @@ async fn one_request_across_a_hollow_fleet() {
     let nodes = node_count();
     let bins = pipeline_support::bins();
     let setup = Instant::now();
+    // The store's files: FLAMEFLEET_SCALE_STORE_DIR (a fresh directory under it) or the
+    // cluster's working directory (docs/benchmarks.md: the filesystem matters at scale).
+    let store_dir = std::env::var_os("FLAMEFLEET_SCALE_STORE_DIR").map(|parent| {
+        tempfile::Builder::new()
+            .prefix("ff-store-")
+            .tempdir_in(parent)
+            .expect("a directory for the store under FLAMEFLEET_SCALE_STORE_DIR")
+    });
     let mut cluster = HollowCluster::create(
         &bins.operator,
         ClusterOptions {
             nodes,
             capture_grace: GRACE,
+            store_dir: store_dir.as_ref().map(|d| d.path().to_path_buf()),
             ..ClusterOptions::default()
         },
     )

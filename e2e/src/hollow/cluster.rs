@@ -251,6 +251,9 @@ pub struct ClusterOptions {
     /// `k` here with `i < k`, so a request can select the first `k` nodes
     /// ([`HollowCluster::request_first`]).
     pub subsets: Vec<usize>,
+    /// Where the artifact store keeps its files (default: `store/` in the working
+    /// directory). The caller owns it and removes it.
+    pub store_dir: Option<PathBuf>,
 }
 
 impl Default for ClusterOptions {
@@ -263,6 +266,7 @@ impl Default for ClusterOptions {
             operator_log: "info,kube_lease_manager=warn".into(),
             progress_every: 1000,
             subsets: Vec::new(),
+            store_dir: None,
         }
     }
 }
@@ -497,7 +501,10 @@ impl HollowCluster {
 
     /// The built-in store's directory.
     pub fn store_dir(&self) -> PathBuf {
-        self.dir.join("store")
+        self.options
+            .store_dir
+            .clone()
+            .unwrap_or_else(|| self.dir.join("store"))
     }
 
     /// Starts `flamefleet-store` (next to the operator binary) over [`Self::store_dir`] and
