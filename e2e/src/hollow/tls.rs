@@ -60,6 +60,8 @@ pub fn server_config(
         .with_single_cert(chain, key)
         .map_err(|e| tls_err(format!("the serving key does not match: {e}")))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
+    // As the real agent (node-agent/src/service/tls.rs): one ticket per connection.
+    config.send_tls13_tickets = 1;
     Ok(Arc::new(config))
 }
 

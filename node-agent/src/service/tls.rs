@@ -174,6 +174,10 @@ impl ServingIdentity {
             .with_client_cert_verifier(Arc::new(OperatorOnly(Arc::clone(self))))
             .with_cert_resolver(Arc::new(CurrentCert(Arc::clone(self))));
         config.alpn_protocols = vec![b"h2".to_vec()];
+        // One TLS 1.3 ticket per connection (rustls sends two by default). The operator
+        // resumes with one (and uses it up), so one keeps its cache at a ticket or two per
+        // agent where two would pile up to rustls' eight per agent across requests.
+        config.send_tls13_tickets = 1;
         Arc::new(config)
     }
 }

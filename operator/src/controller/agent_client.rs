@@ -50,8 +50,13 @@ const CLIENT_CERT_RENEWAL: Duration = Duration::from_secs(8 * 3600);
 /// short enough that an idle operator does not hold one TLS connection (tens of KiB) per
 /// agent of a large fleet for ever.
 pub const CHANNEL_IDLE_TTL: Duration = Duration::from_secs(10 * 60);
-/// Agents whose TLS session tickets the operator keeps (the fleet sizes it is measured at).
-const RESUMPTION_SESSIONS: usize = 8192;
+/// Agents whose TLS session tickets the operator keeps. A fleet larger than this loses
+/// resumption for the collections: rustls evicts the agent added first, and a request
+/// starts and collects its nodes in the same order.
+const RESUMPTION_AGENTS: usize = 8192;
+/// rustls sizes its in-memory client cache in tickets and keeps up to 8 per server
+/// (`ClientSessionMemoryCache::new`): the cache is `RESUMPTION_AGENTS` servers.
+const RUSTLS_TICKETS_PER_SERVER: usize = 8;
 /// Default of [`ChannelCache`]'s capacity (the operator's `--max-idle-agent-connections`).
 pub const DEFAULT_CHANNEL_CAPACITY: usize = 512;
 /// HTTP/2 keepalive ping interval on agent channels: a dead peer (node gone, agent killed
@@ -82,7 +87,9 @@ impl TlsMaterial {
     /// operator restarts. The agent keeps its side of the session across a swap of its own
     /// certificate or CA (its rustls configuration is built once), so within those hours a
     /// session made under the old CA still resumes there. The cache
-    /// holds at most [`RESUMPTION_SESSIONS`] agents' tickets (~1 KiB each).
+    /// holds the tickets of at most [`RESUMPTION_AGENTS`] agents; an agent sends one ticket
+    /// per connection and each resumption uses one up, so an agent has one or two here
+    /// (~1 KiB each, with the agent's certificate).
     ///
     /// # Errors
     /// [`Error::Tls`] when a PEM block does not parse, there is no CA certificate, or the key
@@ -116,7 +123,10 @@ impl TlsMaterial {
         .with_client_auth_cert(chain, key)
         .map_err(|e| tls("the operator's client certificate and key", &e))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
-        config.resumption = Resumption::in_memory_sessions(RESUMPTION_SESSIONS);
+        // Sized in tickets: the first 1,024 agents only, before this was multiplied out, so
+        // no collection of a 5,000-node request resumed its session.
+        config.resumption =
+            Resumption::in_memory_sessions(RESUMPTION_AGENTS * RUSTLS_TICKETS_PER_SERVER);
         Ok(Self {
             config: Arc::new(config),
             generation,
