@@ -93,7 +93,11 @@ async fn main() -> anyhow::Result<()> {
         .map(str::to_owned)
         .collect();
     let store_dir = match std::env::var_os("FLAMEFLEET_BENCH_STORE_DIR") {
-        Some(parent) => Some(tempfile::Builder::new().prefix("ff-store-").tempdir_in(parent)?),
+        Some(parent) => Some(
+            tempfile::Builder::new()
+                .prefix("ff-store-")
+                .tempdir_in(parent)?,
+        ),
         None => None,
     };
     if let Some(dir) = &store_dir {

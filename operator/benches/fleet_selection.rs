@@ -28,11 +28,11 @@ use flamefleet_api::{ProfileRequest, ProfileResultSlice, RotationState, Sampling
 use flamefleet_operator::controller::agents::AGENT_LABEL;
 use flamefleet_operator::sampling::budget::{Budget, Ledger};
 use flamefleet_operator::sampling::fleet::{Fleet, Scope, slim_slice};
-use flamefleet_operator::slim_pod::SlimPod;
 use flamefleet_operator::sampling::rotation::{self, Limits};
 use flamefleet_operator::sampling::run_name::{
     POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL,
 };
+use flamefleet_operator::slim_pod::SlimPod;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::Selector;
 use kube::runtime::reflector::{self, store::Writer};

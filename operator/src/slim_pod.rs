@@ -207,7 +207,10 @@ mod tests {
         assert_eq!(pod.namespace(), "flamefleet");
         assert_eq!(pod.metadata.uid.as_deref(), Some("u1"));
         assert_eq!(pod.metadata.resource_version.as_deref(), Some("7"));
-        assert_eq!(pod.label("app.kubernetes.io/name"), Some("flamefleet-agent"));
+        assert_eq!(
+            pod.label("app.kubernetes.io/name"),
+            Some("flamefleet-agent")
+        );
         assert!(pod.metadata.annotations.is_none());
         assert!(pod.metadata.managed_fields.is_none());
         assert_eq!(pod.node.as_deref(), Some("n1"));

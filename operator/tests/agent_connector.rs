@@ -87,6 +87,68 @@ async fn agents_answer_only_for_the_node_their_certificate_names() {
     assert!(!err.is_empty());
 }
 
+/// The line of `metric` in the operator's /metrics text, as a number.
+fn metric(metrics: &flamefleet_operator::metrics::Metrics, series: &str) -> f64 {
+    metrics
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_connection_to_an_agent_resumes_the_first_session() {
+    flamefleet_operator::store::crypto_provider::install_default_crypto_provider();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pki = AgentPki::generate(dir.path(), "flamefleet-operator-ca").expect("PKI");
+    // More agents than rustls' own cache held for the operator's setting (1,024).
+    let nodes = 1100;
+    let fleet = HollowFleet::start(
+        &pki,
+        HollowConfig {
+            nodes,
+            node_prefix: "resume".into(),
+            first_address: Ipv4Addr::new(127, 67, 0, 1),
+            port: 17172,
+            ..HollowConfig::default()
+        },
+    )
+    .await
+    .expect("hollow agents");
+    let metrics = std::sync::Arc::new(flamefleet_operator::metrics::Metrics::new());
+    // One idle connection kept (the least there is): every other call connects, as a
+    // collection outside the cache does.
+    let connector = AgentConnector::from_files(
+        &pki.files.ca_cert,
+        &pki.files.operator_cert,
+        &pki.files.operator_key,
+        Duration::from_secs(10),
+    )
+    .expect("connector from the PKI's files")
+    .with_metrics(metrics.clone())
+    .with_channel_capacity(0);
+    let full = r#"flamefleet_operator_agent_tls_handshakes_total{kind="full"}"#;
+    let resumed = r#"flamefleet_operator_agent_tls_handshakes_total{kind="resumed"}"#;
+    // Start every node, then collect every node in the same order, as a request does.
+    for _ in 0..2 {
+        for node in fleet.nodes() {
+            let mut client = connector
+                .connect(&endpoint(&node.name, node.address.to_string()))
+                .await
+                .unwrap_or_else(|e| panic!("connecting to {}: {e}", node.name));
+            let info = client
+                .info(InfoRequest {})
+                .await
+                .expect("Info")
+                .into_inner();
+            assert_eq!(info.node_name, node.name);
+        }
+    }
+    assert_eq!(metric(&metrics, full), nodes as f64);
+    // The last node's connection stayed in the cache and served its second call.
+    assert_eq!(metric(&metrics, resumed), (nodes - 1) as f64);
+}
+
 #[test]
 fn unusable_pem_files_fail_with_the_file_named() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -37,6 +37,7 @@ use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint};
 
 use super::agents::AgentEndpoint;
+use super::tls_sessions::AgentSessions;
 use crate::identity::ca::OperatorCa;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
@@ -50,13 +51,10 @@ const CLIENT_CERT_RENEWAL: Duration = Duration::from_secs(8 * 3600);
 /// short enough that an idle operator does not hold one TLS connection (tens of KiB) per
 /// agent of a large fleet for ever.
 pub const CHANNEL_IDLE_TTL: Duration = Duration::from_secs(10 * 60);
-/// Agents whose TLS session tickets the operator keeps. A fleet larger than this loses
-/// resumption for the collections: rustls evicts the agent added first, and a request
-/// starts and collects its nodes in the same order.
+/// Agents whose TLS session tickets the operator keeps (`tls_sessions`). A fleet larger
+/// than this loses resumption for the collections: the agent added first is forgotten, and
+/// a request starts and collects its nodes in the same order.
 const RESUMPTION_AGENTS: usize = 8192;
-/// rustls sizes its in-memory client cache in tickets and keeps up to 8 per server
-/// (`ClientSessionMemoryCache::new`): the cache is `RESUMPTION_AGENTS` servers.
-const RUSTLS_TICKETS_PER_SERVER: usize = 8;
 /// Default of [`ChannelCache`]'s capacity (the operator's `--max-idle-agent-connections`).
 pub const DEFAULT_CHANNEL_CAPACITY: usize = 512;
 /// HTTP/2 keepalive ping interval on agent channels: a dead peer (node gone, agent killed
@@ -87,9 +85,8 @@ impl TlsMaterial {
     /// operator restarts. The agent keeps its side of the session across a swap of its own
     /// certificate or CA (its rustls configuration is built once), so within those hours a
     /// session made under the old CA still resumes there. The cache
-    /// holds the tickets of at most [`RESUMPTION_AGENTS`] agents; an agent sends one ticket
-    /// per connection and each resumption uses one up, so an agent has one or two here
-    /// (~1 KiB each, with the agent's certificate).
+    /// ([`AgentSessions`]) holds the newest ticket of at most [`RESUMPTION_AGENTS`] agents,
+    /// ~1 KiB each with the agent's certificate.
     ///
     /// # Errors
     /// [`Error::Tls`] when a PEM block does not parse, there is no CA certificate, or the key
@@ -123,10 +120,10 @@ impl TlsMaterial {
         .with_client_auth_cert(chain, key)
         .map_err(|e| tls("the operator's client certificate and key", &e))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
-        // Sized in tickets: the first 1,024 agents only, before this was multiplied out, so
-        // no collection of a 5,000-node request resumed its session.
-        config.resumption =
-            Resumption::in_memory_sessions(RESUMPTION_AGENTS * RUSTLS_TICKETS_PER_SERVER);
+        // rustls' own cache counts tickets, eight per server: asked for 8,192 it held 1,024
+        // agents, and no collection of a 5,000-node request resumed its session.
+        config.resumption = Resumption::store(Arc::new(AgentSessions::new(RESUMPTION_AGENTS)))
+            .tls12_resumption(rustls::client::Tls12Resumption::Disabled);
         Ok(Self {
             config: Arc::new(config),
             generation,

@@ -13,6 +13,7 @@ pub mod resolve;
 pub mod result_slices;
 pub mod result_table;
 pub mod status;
+pub mod tls_sessions;
 pub mod ttl;
 pub mod uploads;
 

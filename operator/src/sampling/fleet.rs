@@ -101,7 +101,7 @@ impl Fleet {
         )
         .default_backoff()
         .reflect(pods_writer)
-            .for_each(|_| futures::future::ready(()));
+        .for_each(|_| futures::future::ready(()));
         let ns_stream = watcher(
             Api::<Namespace>::all(client.clone()),
             watcher::Config::default(),
