@@ -111,24 +111,20 @@ async fn cpu_waits_shows_progress_and_downloads() {
     let store = Store::start_for(&ns).await;
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().to_str().unwrap().to_string();
-    let ns_name = ns.name().to_string();
-    let cli_run = tokio::spawn(async move {
-        cli(
-            &kc,
-            &ns_name,
-            &[
-                "cpu",
-                "web-0",
-                "--duration",
-                "2s",
-                "-o",
-                &dir,
-                "--format",
-                "text",
-            ],
-        )
-        .await
-    });
+    let mut cli_run = support::cli_live(
+        &kc,
+        ns.name(),
+        &[
+            "cpu",
+            "web-0",
+            "--duration",
+            "2s",
+            "-o",
+            &dir,
+            "--format",
+            "text",
+        ],
+    );
 
     // Play the operator and the agent: find the request, mark it Running, then Succeeded.
     let api: Api<ProfileRequest> = ns.api();
@@ -141,7 +137,10 @@ async fn cpu_waits_shows_progress_and_downloads() {
     let name = req.metadata.name.clone().unwrap();
     let running = node("node-a", NodePhase::Running, None, vec![]);
     write_status(&ns, &name, RequestPhase::Running, vec![running]).await;
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    // Succeeded only once the CLI has shown Running.
+    cli_run
+        .wait_for_line(" Running ", std::time::Duration::from_secs(60))
+        .await;
     let artifact = store
         .upload(&req, "cpu-node-a.pb.gz", &cpu_profile("sha256_block"))
         .await;
@@ -153,7 +152,7 @@ async fn cpu_waits_shows_progress_and_downloads() {
     )
     .await;
 
-    let r = cli_run.await.unwrap();
+    let r = cli_run.finish().await;
     assert_eq!(r.code, 0, "{r:?}");
     // Not a terminal: one plain line per state change.
     assert!(

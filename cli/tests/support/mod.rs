@@ -274,6 +274,78 @@ pub async fn cli(kubeconfig: &Path, namespace: &str, args: &[&str]) -> Run {
     }
 }
 
+/// A `kubectl-profile` run whose stdout lines are read as they are printed.
+pub struct LiveRun {
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    done: tokio::task::JoinHandle<Run>,
+}
+
+impl LiveRun {
+    /// Waits until the CLI prints a line containing `needle` and returns it; panics with
+    /// the run's output when the CLI exits first or `limit` passes.
+    pub async fn wait_for_line(&mut self, needle: &str, limit: Duration) -> String {
+        let found = tokio::time::timeout(limit, async {
+            while let Some(line) = self.lines.recv().await {
+                if line.contains(needle) {
+                    return Some(line);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(line)) => line,
+            Ok(None) => panic!("the CLI exited without printing {needle:?}"),
+            Err(_) => panic!("the CLI printed no {needle:?} within {limit:?}"),
+        }
+    }
+
+    /// Waits for the CLI to exit.
+    pub async fn finish(self) -> Run {
+        self.done.await.unwrap()
+    }
+}
+
+/// Starts the built `kubectl-profile` as [`cli`] does, reading its stdout line by line.
+pub fn cli_live(kubeconfig: &Path, namespace: &str, args: &[&str]) -> LiveRun {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-profile"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["-n", namespace])
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+    let done = tokio::spawn(async move {
+        let errors = tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text).await;
+            text
+        });
+        let mut reader = BufReader::new(stdout).lines();
+        let mut out = String::new();
+        while let Ok(Some(line)) = reader.next_line().await {
+            out.push_str(&line);
+            out.push('\n');
+            let _ = tx.send(line);
+        }
+        let status = child.wait().await.unwrap();
+        Run {
+            code: status.code().unwrap_or(-1),
+            stdout: out,
+            stderr: errors.await.unwrap_or_default(),
+        }
+    });
+    LiveRun { lines, done }
+}
+
 /// The admin kubeconfig of the shared control plane.
 pub fn admin_kubeconfig(ns: &TestNamespace) -> PathBuf {
     ns.control_plane().kubeconfig().to_path_buf()
