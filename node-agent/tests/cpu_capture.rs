@@ -121,11 +121,21 @@ fn cpu_profile_attributes_target_samples_in_ratio_and_excludes_noise() {
         "expected >= 95% of {expected:.0} samples ({usage:?} of CPU at 999 Hz), got {got}; drops {:?}",
         result.drops
     );
+    // No sample may be lost. A kernel stack may be: the kernel's stack map is a table of
+    // 16,384 buckets without chaining, and a stack whose hash lands in a bucket another
+    // stack holds is refused (-EEXIST) and counted. The sample itself is kept, with its
+    // user stack. On a machine that also runs a build, the target's kernel stacks (page
+    // faults, interrupts) are varied enough for one such collision in a few thousand
+    // samples (seen once, 2026-11-26); more than 1% would be a real loss.
+    let drops = result.drops;
     assert_eq!(
-        result.drops.total(),
-        0,
-        "no drops expected: {:?}",
-        result.drops
+        (drops.counts_full, drops.user_stack, drops.notify),
+        (0, 0, 0),
+        "no lost samples, user stacks or process notices expected: {drops:?}"
+    );
+    assert!(
+        drops.kernel_stack as f64 <= 0.01 * got,
+        "kernel stacks lost to stack-map collisions: {drops:?} of {got} samples"
     );
 
     let d = Decoded::read(&out);
