@@ -20,6 +20,20 @@ fn endpoint(node: &str, address: String) -> AgentEndpoint {
     }
 }
 
+/// Connects to `node`'s agent at `address` and checks that it says it serves `node`.
+async fn answers_for_its_node(connector: &AgentConnector, node: &str, address: String) {
+    let mut client = connector
+        .connect(&endpoint(node, address))
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {node}: {e}"));
+    let info = client
+        .info(InfoRequest {})
+        .await
+        .expect("Info over the operator's channel")
+        .into_inner();
+    assert_eq!(info.node_name, node);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_answer_only_for_the_node_their_certificate_names() {
     flamefleet_operator::store::crypto_provider::install_default_crypto_provider();
@@ -48,16 +62,7 @@ async fn agents_answer_only_for_the_node_their_certificate_names() {
 
     // Each node's own agent answers, and says which node it serves.
     for node in &nodes {
-        let mut client = connector
-            .connect(&endpoint(&node.name, node.address.to_string()))
-            .await
-            .unwrap_or_else(|e| panic!("connecting to {}: {e}", node.name));
-        let info = client
-            .info(InfoRequest {})
-            .await
-            .expect("Info over the operator's channel")
-            .into_inner();
-        assert_eq!(info.node_name, node.name);
+        answers_for_its_node(&connector, &node.name, node.address.to_string()).await;
     }
     assert_eq!(connector.channels().len(), 2);
 
@@ -132,16 +137,7 @@ async fn a_second_connection_to_an_agent_resumes_the_first_session() {
     // Start every node, then collect every node in the same order, as a request does.
     for _ in 0..2 {
         for node in fleet.nodes() {
-            let mut client = connector
-                .connect(&endpoint(&node.name, node.address.to_string()))
-                .await
-                .unwrap_or_else(|e| panic!("connecting to {}: {e}", node.name));
-            let info = client
-                .info(InfoRequest {})
-                .await
-                .expect("Info")
-                .into_inner();
-            assert_eq!(info.node_name, node.name);
+            answers_for_its_node(&connector, &node.name, node.address.to_string()).await;
         }
     }
     assert_eq!(metric(&metrics, full), nodes as f64);
