@@ -83,6 +83,21 @@ fn pick(
     out.into_iter().map(|(n, (_, e))| (n, e)).collect()
 }
 
+/// The agents the pod cache knows of in `agent_namespace`, mapped by node (pure).
+pub fn cached_agents(
+    cache: &Store<SlimPod>,
+    agent_namespace: &str,
+) -> BTreeMap<String, AgentEndpoint> {
+    let (key, value) = AGENT_LABEL.split_once('=').unwrap_or((AGENT_LABEL, ""));
+    agents_by_node(
+        cache
+            .state()
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|p| p.namespace() == agent_namespace && p.label(key) == Some(value)),
+    )
+}
+
 /// Nodes missing from the cache that are looked up one by one; with more, one LIST of every
 /// agent pod is cheaper.
 const MAX_NODE_LOOKUPS: usize = 16;
@@ -104,18 +119,11 @@ pub async fn discover<'a>(
     cache: Option<&Store<SlimPod>>,
     nodes: impl IntoIterator<Item = &'a str>,
 ) -> Result<BTreeMap<String, AgentEndpoint>> {
-    let (key, value) = AGENT_LABEL.split_once('=').unwrap_or((AGENT_LABEL, ""));
     let ready = cache.filter(|c| matches!(c.wait_until_ready().now_or_never(), Some(Ok(()))));
     let Some(cache) = ready else {
         return list_agents(client, agent_namespace, &ListParams::default()).await;
     };
-    let mut found = agents_by_node(
-        cache
-            .state()
-            .iter()
-            .map(AsRef::as_ref)
-            .filter(|p| p.namespace() == agent_namespace && p.label(key) == Some(value)),
-    );
+    let mut found = cached_agents(cache, agent_namespace);
     let missing: BTreeSet<&str> = nodes
         .into_iter()
         .filter(|n| !found.contains_key(*n))

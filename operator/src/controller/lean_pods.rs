@@ -2,7 +2,7 @@
 //! rest of the metadata besides name, namespace, uid, labels, annotations, owners and the
 //! deletion timestamp).
 //!
-//! Every request lists the agent pods (one per node of the cluster) and its target pods.
+//! Every request lists its target pods (agents come from the pod cache, `slim_pod`).
 //! Deserializing full `Pod`s spent most of the operator's CPU per request in a
 //! 5,000-node fleet (perf, issue 13: `ManagedFieldsEntry`/`FieldsV1` and their timestamps
 //! alone ~20%, pods ~35% with a dev build) and held every pod's managed fields in memory
@@ -53,10 +53,10 @@ struct LeanList {
     items: Vec<LeanPod>,
 }
 
-/// Pods per LIST page. A request lists every agent pod (one per node): at 5,000 nodes one
-/// unpaged LIST held the whole response and all its pods at once, tens of MiB for a moment
-/// that set the operator's peak memory. Pages are read one after the other (one consistent
-/// snapshot, through the continue token) and reduced by the caller as they come.
+/// Pods per LIST page (target pods here, agent pods in `agents` when the cache cannot
+/// answer). At 5,000 pods one unpaged LIST held the whole response and all its pods at
+/// once, tens of MiB for a moment that set the operator's peak memory. Pages are read one
+/// after the other (one consistent snapshot, through the continue token).
 pub const PAGE_SIZE: u32 = 500;
 
 impl From<LeanPod> for Pod {
@@ -81,7 +81,7 @@ impl From<LeanPod> for Pod {
 }
 
 /// Lists the pods of `namespace` matching `params`, without their managed fields (see the
-/// module comment).
+/// module comment), in pages of [`PAGE_SIZE`] unless `params` sets a limit.
 ///
 /// # Errors
 /// The API server's or the transport's error, as `Api::list` would return it.
@@ -90,20 +90,6 @@ pub async fn list(
     namespace: &str,
     params: &ListParams,
 ) -> Result<Vec<Pod>, kube::Error> {
-    list_map(client, namespace, params, Some).await
-}
-
-/// Lists the pods of `namespace` matching `params` in pages of [`PAGE_SIZE`] (unless
-/// `params` sets a limit), keeping what `keep` makes of each pod as the pages come in.
-///
-/// # Errors
-/// The API server's or the transport's error, as `Api::list` would return it.
-pub async fn list_map<T>(
-    client: &kube::Client,
-    namespace: &str,
-    params: &ListParams,
-    mut keep: impl FnMut(Pod) -> Option<T>,
-) -> Result<Vec<T>, kube::Error> {
     let mut params = params.clone();
     params.limit = params.limit.or(Some(PAGE_SIZE));
     let mut out = Vec::new();
@@ -112,7 +98,7 @@ pub async fn list_map<T>(
             .list(&params)
             .map_err(kube::Error::BuildRequest)?;
         let page: LeanList = client.request(request).await?;
-        out.extend(page.items.into_iter().map(Pod::from).filter_map(&mut keep));
+        out.extend(page.items.into_iter().map(Pod::from));
         match page.metadata.continue_token.filter(|c| !c.is_empty()) {
             Some(token) => params.continue_token = Some(token),
             None => return Ok(out),

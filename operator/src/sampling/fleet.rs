@@ -24,7 +24,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::rotation::{Candidate, position, sort};
 use super::run_name::POLICY_UID_LABEL;
-use crate::controller::agents::AGENT_LABEL;
+use crate::controller::agents;
 use crate::slim_pod::SlimPod;
 use crate::{Error, Result};
 
@@ -154,14 +154,8 @@ impl Fleet {
 
     /// Nodes that have a Running agent pod with an IP.
     pub fn agent_nodes(&self) -> BTreeSet<String> {
-        let (key, value) = AGENT_LABEL.split_once('=').unwrap_or((AGENT_LABEL, ""));
-        self.pods
-            .state()
-            .iter()
-            .filter(|p| p.namespace() == self.agent_namespace)
-            .filter(|p| p.label(key) == Some(value))
-            .filter(|p| p.is_running_with_ip())
-            .filter_map(|p| p.node.clone())
+        agents::cached_agents(&self.pods, &self.agent_namespace)
+            .into_keys()
             .collect()
     }
 
