@@ -3,6 +3,12 @@
  * CPU sampler: runs on a perf event (cpu-clock or cycles) on every CPU, keeps
  * only samples whose cgroup is in `targets`, and counts them per
  * (target, tgid, pid, user stack, kernel stack, comm) in kernel memory.
+ *
+ * Stacks are kept in hash maps keyed by a 64-bit hash of their frames
+ * (ff_store_stack), not in a stack-trace map: a stack-trace map is a table of
+ * buckets indexed by a 32-bit hash, without chaining, and refuses a stack
+ * whose bucket another stack holds (-EEXIST), so under load it loses stacks
+ * long before it is full.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -17,9 +23,9 @@
 #define ENOMEM 12
 
 /* Set before load: also capture kernel stacks. */
-const volatile bool kernel_stacks = true;
+const volatile bool capture_kernel_stacks = true;
 /* Set before load: walk user stacks with CFI tables (unwind.bpf.h); false
- * keeps the kernel's frame-pointer walk (bpf_get_stackid). */
+ * keeps the kernel's frame-pointer walk (bpf_get_stack). */
 const volatile bool cfi_unwind = true;
 
 struct {
@@ -29,12 +35,13 @@ struct {
 	__type(value, __u64);
 } counts SEC(".maps");
 
+/* Stack hash -> kernel stack; sized by user space. */
 struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, 127 * sizeof(__u64));
-} stacks SEC(".maps");
+	__type(key, __u64);
+	__type(value, struct ff_user_stack);
+} kernel_stacks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -81,11 +88,29 @@ static __always_inline void announce(__u32 tgid, __u32 target, __u32 kind)
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* -EFAULT means "no stack of this kind" (a kernel thread has no user
- * stack): not a loss. Collisions (-EEXIST) and a full map (-ENOMEM) are. */
-static __always_inline bool stack_lost(long id)
+/*
+ * Copies a stack the kernel walks by frame pointers (the kernel stack, or with
+ * BPF_F_USER_STACK the user one) into this CPU's scratch and stores it in
+ * `map`; returns its key, 0 when there is no such stack (a sample taken in
+ * user mode has no kernel stack, a kernel thread no user stack). Counts a
+ * stack that was taken but could not be stored as lost (`lost`).
+ */
+static __always_inline __u64 fp_stack(struct bpf_perf_event_data *ctx, void *map, __u64 flags,
+				      bool *lost)
 {
-	return id == -EEXIST || id == -ENOMEM;
+	struct ff_unwind_scratch *s = ff_unwind_percpu_scratch();
+	long bytes;
+	__u64 key;
+
+	*lost = false;
+	if (!s)
+		return 0;
+	bytes = bpf_get_stack(ctx, s->stack.pcs, sizeof(s->stack.pcs), flags);
+	if (bytes <= 0)
+		return 0;
+	key = ff_store_stack(map, &s->stack, (__u32)bytes / sizeof(__u64));
+	*lost = key == 0;
+	return key;
 }
 
 /* The user registers at the sample: the interrupted ones, or, when the CPU
@@ -126,6 +151,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	struct ff_target t;
 	__u64 id, one = 1, *n;
 	__u8 yes = 1;
+	bool lost = false;
 
 	if (!ff_current_target(&t))
 		return 0;
@@ -134,17 +160,19 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	key.target = t.index;
 	key.tgid = id >> 32;
 	key.pid = (__u32)id;
+	/* The user stack first: both walks use this CPU's scratch in turn. */
 	if (cfi_unwind) {
-		key.user_stack_id = -1;
 		key.user_stack = user_stack_of(ctx, key.tgid);
 	} else {
-		key.user_stack_id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
-		if (stack_lost(key.user_stack_id))
+		key.user_stack = fp_stack(ctx, &user_stacks, BPF_F_USER_STACK, &lost);
+		if (lost)
 			count_drop(user_stack);
 	}
-	key.kernel_stack_id = kernel_stacks ? bpf_get_stackid(ctx, &stacks, 0) : -1;
-	if (stack_lost(key.kernel_stack_id))
-		count_drop(kernel_stack);
+	if (capture_kernel_stacks) {
+		key.kernel_stack = fp_stack(ctx, &kernel_stacks, 0, &lost);
+		if (lost)
+			count_drop(kernel_stack);
+	}
 	bpf_get_current_comm(key.comm, sizeof(key.comm));
 
 	n = bpf_map_lookup_elem(&counts, &key);

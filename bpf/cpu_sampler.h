@@ -10,20 +10,19 @@ struct cpu_sample_key {
 	__u32 target;
 	__u32 tgid;
 	__u32 pid;
-	/* Stack IDs in the `stacks` map; negative when no stack was taken. */
-	__s32 user_stack_id;
-	__s32 kernel_stack_id;
 	__u32 pad;
-	/* Key of the user stack in `user_stacks` (CFI walk); 0 when none. */
+	/* Keys of the stacks in `user_stacks` and `kernel_stacks` (64-bit hashes
+	 * of their frames); 0 when none was taken. */
 	__u64 user_stack;
+	__u64 kernel_stack;
 	char comm[FF_COMM_LEN];
 };
 
 /* Loss counters (one per CPU, summed by user space); never silent. */
 struct cpu_drops {
 	__u64 counts_full;   /* `counts` map full: sample lost */
-	__u64 user_stack;    /* user stack lost (stack map full or hash collision) */
-	__u64 kernel_stack;  /* kernel stack lost (stack map full or hash collision) */
+	__u64 user_stack;    /* user stack lost (stack map full) */
+	__u64 kernel_stack;  /* kernel stack lost (stack map full) */
 	__u64 notify;        /* ring buffer full: process not announced */
 };
 

@@ -6,9 +6,12 @@
  * the cgroup of the *current* task (the waker), we attribute each wait to the
  * cgroup of the task that waits.
  *
- * Three program sets; user space loads one (set_autoload) and falls back to
+ * Four program sets; user space loads one (set_autoload) and falls back to
  * the next when the kernel refuses it:
  *
+ * 0. hybrid (switch_hybrid, the default): the scheduler's queue stamps as in
+ *    1, with the end of a wait read from the clock where the run-queue clock
+ *    is stale (after a wakeup preemption). Same accuracy as 2, one program.
  * 1. sched_info (switch_queued): no timestamp of our own and no wakeup
  *    program. The scheduler already stamps every task it queues
  *    (task->sched_info.last_queued, in rq clock, CONFIG_SCHED_INFO) and adds
@@ -209,6 +212,198 @@ int BPF_PROG(switch_queued, bool preempt, struct task_struct *prev, struct task_
 	s.target = t.index;
 	s.flags = t.flags;
 	record(&s, (__s64)wait, next->tgid, next->comm);
+	return 0;
+}
+
+/* ---- hybrid variant (default): the scheduler's stamps, checked ---- */
+
+/* Per-task baselines; a power of two. Threads whose IDs are equal modulo this
+ * share a slot (the tag tells them apart; a lost baseline costs only the
+ * whole-wait view of one migrated wait). */
+#define RUNQLAT_SEEN_SLOTS 32768
+/* The clock calibration: at most one sample per CPU per SAMPLE_NS, and the
+ * offset is the minimum over an epoch (a stale sample only overstates it). */
+#define RUNQLAT_CAL_SAMPLE_NS (500ULL * 1000)
+#define RUNQLAT_CAL_EPOCH_NS (4ULL * 1000 * 1000)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct runqlat_cpu);
+} rq_cpu SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RUNQLAT_SEEN_SLOTS);
+	__type(key, __u32);
+	__type(value, struct runqlat_seen_slot);
+} seen_slots SEC(".maps");
+
+/*
+ * The target covering `p`, through this CPU's cache: plain loads on a hit,
+ * the cgroup-storage lookup (or ancestry walk) on a miss. Only sched_switch
+ * uses it, with interrupts off, so nothing else touches this CPU's slots
+ * meanwhile.
+ */
+static __always_inline bool hybrid_target(struct runqlat_cpu *c, struct task_struct *p,
+					  __u64 generation, struct ff_target *out)
+{
+	struct cgroup *cgrp = p->cgroups->dfl_cgrp;
+	struct runqlat_cache_slot *slot;
+	__u64 id;
+
+	if (!cgrp)
+		return false;
+	id = cgrp->kn->id;
+	slot = &c->cache[id & (RUNQLAT_CACHE_SLOTS - 1)];
+	if (slot->cgroup == id && slot->generation == generation) {
+		*out = slot->target;
+		return out->index != 0;
+	}
+	ff_cgroup_target(cgrp, out);
+	slot->cgroup = id;
+	slot->generation = generation;
+	slot->target = *out;
+	return out->index != 0;
+}
+
+/* A calibration sample: `clock` is the run-queue clock, just updated. */
+static __always_inline void hybrid_calibrate(struct runqlat_cpu *c, __u64 clock, __u64 ktime)
+{
+	__s64 cand = (__s64)(ktime - clock);
+
+	if (!c->epoch_start || clock - c->epoch_start >= RUNQLAT_CAL_EPOCH_NS) {
+		c->offset = c->epoch_start ? c->epoch_min : cand;
+		c->epoch_min = cand;
+		c->epoch_start = clock;
+	} else if (cand < c->epoch_min) {
+		c->epoch_min = cand;
+	}
+}
+
+/* Now, on the run-queue clock's time base, when the clock itself is stale. */
+static __always_inline __u64 hybrid_now(struct runqlat_cpu *c, __u64 clock)
+{
+	__u64 ktime = bpf_ktime_get_ns(), now;
+	__s64 off;
+
+	c->clock_reads += 1;
+	if (!c->epoch_start) {
+		c->uncalibrated += 1;
+		return clock;
+	}
+	off = c->offset < c->epoch_min ? c->offset : c->epoch_min;
+	now = ktime - off;
+	return now > clock ? now : clock;
+}
+
+static __always_inline struct runqlat_seen_slot *seen_slot(struct task_struct *p)
+{
+	__u32 i = (__u32)p->pid & (RUNQLAT_SEEN_SLOTS - 1);
+
+	return bpf_map_lookup_elem(&seen_slots, &i);
+}
+
+/*
+ * sched_switch only. The scheduler stamps a task when it queues it
+ * (sched_info.last_queued, on the run-queue clock) and __schedule() updates
+ * that clock before picking `next`, except after a wakeup preemption (a
+ * wakeup that found the CPU busy or idle and asked for a reschedule): then the
+ * clock still reads the time of that wakeup. That is the case where the
+ * scheduler's own accounting reads a wait short, by the time from the wakeup
+ * to the switch. It is recognised by `prev` being the idle task or by the
+ * clock still equal to next's queue stamp, and only then is the clock read
+ * (bpf_ktime_get_ns, on this CPU's calibration). One program, no wakeup hook,
+ * no helper call on a warm path with a current clock.
+ *
+ * A wait split by a migration (dequeued on one CPU, queued again on another)
+ * is whole: run_delay already holds the part before the migration, and the
+ * task's baseline from its last arrival tells how much of it is this wait's.
+ * A task preempted while the clock was stale gets a queue stamp that early;
+ * its baseline remembers by how much (`fix`).
+ */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(switch_hybrid, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	struct runqlat_seen_slot *seen;
+	struct runqlat_start s = {};
+	struct runqlat_cpu *c;
+	struct ff_target t;
+	__u64 queued, clock, now, wait, delay, pcount, tag, generation = 0, *gen;
+	__u32 zero = 0;
+	struct rq *rq;
+	bool stale, have_now;
+
+	c = bpf_map_lookup_elem(&rq_cpu, &zero);
+	/* This CPU's run queue (see switch_queued). */
+	rq = next->se.cfs_rq->rq;
+	if (!c || !rq)
+		return 0;
+	clock = rq->clock;
+	queued = next->sched_info.last_queued;
+	stale = !prev->pid || clock == queued;
+	have_now = !stale;
+	now = clock;
+	if (!stale && clock - c->last_sample >= RUNQLAT_CAL_SAMPLE_NS) {
+		c->last_sample = clock;
+		hybrid_calibrate(c, clock, bpf_ktime_get_ns());
+	}
+	gen = bpf_map_lookup_elem(&target_generation, &zero);
+	if (gen)
+		generation = *gen;
+
+	if (queued && next->pid && hybrid_target(c, next, generation, &t)) {
+		if (!have_now) {
+			now = hybrid_now(c, clock);
+			have_now = true;
+		}
+		/* What the kernel adds to run_delay at this arrival. */
+		delay = next->sched_info.run_delay + (clock > queued ? clock - queued : 0);
+		wait = now > queued ? now - queued : 0;
+		pcount = next->sched_info.pcount;
+		tag = next->start_time;
+		seen = seen_slot(next);
+		if (seen) {
+			if (seen->tag == tag && seen->pcount == pcount && delay >= seen->delay &&
+			    delay - seen->delay <= clock - next->sched_info.last_arrival) {
+				__u64 whole = delay - seen->delay + (now - clock);
+
+				if (whole > wait + 1000)
+					c->split += 1;
+				wait = whole;
+				wait = wait > seen->fix ? wait - seen->fix : 0;
+			}
+			seen->tag = tag;
+			seen->pcount = pcount + 1;
+			seen->delay = delay;
+			seen->fix = 0;
+		}
+		c->waits += 1;
+		s.target = t.index;
+		s.flags = t.flags;
+		record(&s, (__s64)wait, next->tgid, next->comm);
+	}
+
+	/* prev preempted on a stale clock: the kernel stamps it with that clock,
+	 * not with now. Only a wakeup preemption leaves the clock stale, and only
+	 * then does a running prev get here. */
+	if (stale && prev->pid && ff_task_state_btf(prev) == TASK_RUNNING &&
+	    hybrid_target(c, prev, generation, &t)) {
+		if (!have_now)
+			now = hybrid_now(c, clock);
+		seen = seen_slot(prev);
+		if (seen) {
+			tag = prev->start_time;
+			pcount = prev->sched_info.pcount;
+			if (seen->tag != tag || seen->pcount != pcount) {
+				seen->tag = tag;
+				seen->pcount = pcount;
+				seen->delay = prev->sched_info.run_delay;
+			}
+			seen->fix = now - clock;
+		}
+	}
 	return 0;
 }
 

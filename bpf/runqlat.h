@@ -37,4 +37,39 @@ struct runqlat_drops {
 	__u64 start_full;  /* start map full (hash fallback) or no task storage: event lost */
 };
 
+/*
+ * Hybrid variant (the default): per-CPU state. The cache maps a cgroup to the
+ * target covering it (or none) without a helper call; the calibration turns
+ * bpf_ktime_get_ns() into the run-queue clock's time base; the counters say
+ * how often the run-queue clock could not be used (bpf/runqlat.bpf.c).
+ */
+#define RUNQLAT_CACHE_SLOTS 16
+
+struct runqlat_cache_slot {
+	__u64 cgroup;     /* cgroup ID; 0: empty */
+	__u64 generation; /* of the target map, when this slot was filled */
+	struct ff_target target;
+};
+
+struct runqlat_cpu {
+	struct runqlat_cache_slot cache[RUNQLAT_CACHE_SLOTS];
+	__s64 offset;      /* ktime - rq clock: minimum of the last full epoch */
+	__s64 epoch_min;   /* minimum of the current epoch */
+	__u64 epoch_start; /* rq clock when the current epoch began; 0: never sampled */
+	__u64 last_sample; /* rq clock of the last calibration sample */
+	__u64 waits;        /* waits recorded */
+	__u64 clock_reads;  /* waits whose end was read from the clock (rq clock stale) */
+	__u64 uncalibrated; /* of those, before this CPU had a calibration sample */
+	__u64 split;        /* waits split by a migration, counted whole */
+};
+
+/* Per-task baseline of the hybrid variant, in a direct-mapped array indexed by
+ * thread ID (tagged with the task's start time). */
+struct runqlat_seen_slot {
+	__u64 tag;    /* task start time; 0: empty */
+	__u64 pcount; /* sched_info.pcount expected at the task's next arrival */
+	__u64 delay;  /* sched_info.run_delay as of the task's last arrival */
+	__u64 fix;    /* ns by which the kernel's queue stamp of this wait is early */
+};
+
 #endif

@@ -276,6 +276,41 @@ static int ff_unwind_step(__u32 index, void *data)
 	return 0;
 }
 
+/*
+ * Stores the first `n` frames of `st` in `map` (a hash map from a 64-bit hash
+ * of the frames to the frames, as `user_stacks`) and returns the key; 0 when
+ * there is nothing to store or the map is full. Equal stacks share one entry,
+ * and unlike a stack-trace map (whose ID is a bucket index) two different
+ * stacks never fight over a key.
+ */
+static __always_inline __u64 ff_store_stack(void *map, struct ff_user_stack *st, __u32 n)
+{
+	__u64 h;
+	__u32 i;
+	long err;
+
+	if (n == 0 || n > FF_MAX_FRAMES)
+		return 0;
+	if (n < FF_MAX_FRAMES)
+		st->pcs[n] = 0;
+	h = 0x9e3779b97f4a7c15ULL ^ n;
+	for (i = 0; i < FF_MAX_FRAMES; i++) {
+		if (i >= n)
+			break;
+		h ^= st->pcs[i];
+		h *= 0xff51afd7ed558ccdULL;
+		h ^= h >> 33;
+	}
+	if (h == 0)
+		h = 1;
+	if (bpf_map_lookup_elem(map, &h))
+		return h;
+	err = bpf_map_update_elem(map, &h, st, BPF_NOEXIST);
+	if (err && err != -EEXIST)
+		return 0;
+	return h;
+}
+
 /* This CPU's scratch, for programs that cannot be preempted. */
 static __always_inline struct ff_unwind_scratch *ff_unwind_percpu_scratch(void)
 {
@@ -295,8 +330,7 @@ static __always_inline __u64 ff_unwind_user(struct ff_unwind_scratch *s, __u64 i
 {
 	struct ff_walk w = {};
 	__u64 h;
-	__u32 i, n;
-	long err;
+	__u32 n;
 
 	if (!s)
 		return 0;
@@ -313,25 +347,9 @@ static __always_inline __u64 ff_unwind_user(struct ff_unwind_scratch *s, __u64 i
 	bpf_loop(FF_MAX_FRAMES + 1, ff_unwind_step, &w, 0);
 
 	n = s->n;
-	if (n == 0 || n > FF_MAX_FRAMES)
-		return 0;
-	if (n < FF_MAX_FRAMES)
-		s->stack.pcs[n] = 0;
-	h = 0x9e3779b97f4a7c15ULL ^ n;
-	for (i = 0; i < FF_MAX_FRAMES; i++) {
-		if (i >= n)
-			break;
-		h ^= s->stack.pcs[i];
-		h *= 0xff51afd7ed558ccdULL;
-		h ^= h >> 33;
-	}
-	if (h == 0)
-		h = 1;
-	err = bpf_map_update_elem(&user_stacks, &h, &s->stack, BPF_NOEXIST);
-	if (err && err != -EEXIST) {
+	h = ff_store_stack(&user_stacks, &s->stack, n);
+	if (!h && n > 0 && n <= FF_MAX_FRAMES)
 		ff_unwind_count(FF_UW_STACK_LOST);
-		return 0;
-	}
 	return h;
 }
 

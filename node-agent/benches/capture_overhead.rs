@@ -7,16 +7,22 @@
 //!
 //! 1. runqlat: `perf bench sched pipe` throughput with no tracer, with
 //!    libbpf-tools `runqlat` (all tasks, its default), with `runqlat -c <cg>`,
-//!    and with ours filtered to the benchmark's cgroup.
+//!    and with ours filtered to the benchmark's cgroup, with each of its three
+//!    clocks (`--runqlat-clock hybrid`, the default; `scheduler`; `own`).
 //! 2. CPU sampler: throughput per CPU-second of a CPU-bound workload (one spinner per CPU)
 //!    with no profiler, `perf record -F 99 -g -a -e cpu-clock -G <cg>`, and ours at 99 Hz.
 //! 3. BPF cost per scheduler event (`kernel.bpf_stats_enabled=1`, run_time_ns
-//!    and run_cnt from `bpftool prog show`), ours vs libbpf-tools, over one sched
-//!    pipe run (the same number of loops) per round. libbpf-tools attaches to
-//!    `sched_switch`, `sched_wakeup` and `sched_wakeup_new`, so its program runs
-//!    count the scheduler events of the run; ours, where the kernel has
-//!    `sched_info`, runs on `sched_switch` only. Both totals are divided by that
-//!    event count. `bpf_call_cost.sh` prices the building blocks.
+//!    and run_cnt from `bpftool prog show`), ours (each clock) vs libbpf-tools
+//!    `runqlat -c`, per round over one run of each of two workloads: `perf bench
+//!    sched pipe` (two tasks waking each other: nearly every wait ends on a CPU
+//!    that was idle, where the run-queue clock is stale and the hybrid clock
+//!    pays a clock read) and `perf bench sched messaging` (hackbench: 40 tasks
+//!    per group over pipes on few CPUs, so waits also end behind other tasks).
+//!    libbpf-tools attaches to `sched_switch`, `sched_wakeup` and
+//!    `sched_wakeup_new`, so its program runs count the scheduler events of the
+//!    run; ours, with the hybrid or scheduler clock, runs on `sched_switch`
+//!    only. Every total is divided by that event count (the workloads do the
+//!    same work in every run). `bpf_call_cost.sh` prices the building blocks.
 //! 4. The agent's own CPU time per 1,000 samples and its peak RSS.
 //!
 //! Each condition runs once per round, conditions interleaved, and the
@@ -35,8 +41,27 @@ use flamefleet_agent::cgroup::{Cgroup, CgroupRoot};
 const AGENT: &str = env!("CARGO_BIN_EXE_flamefleet-agent");
 const RUNQLAT: &str = "/usr/sbin/runqlat";
 const PIPE_LOOPS: &str = "200000";
-/// Our runqlat on the scheduler's own timestamps (`--runqlat-clock scheduler`).
-const SCHEDULER_CLOCK: [&str; 2] = ["--runqlat-clock", "scheduler"];
+/// Our runqlat's clocks: (name, agent arguments).
+const CLOCKS: [(&str, [&str; 2]); 3] = [
+    ("hybrid (default)", ["--runqlat-clock", "hybrid"]),
+    ("scheduler", ["--runqlat-clock", "scheduler"]),
+    ("own", ["--runqlat-clock", "own"]),
+];
+/// Our runqlat programs (any clock) and libbpf-tools' (tp_btf and raw_tp builds).
+const OUR_RQ_PROGS: [&str; 5] = [
+    "switch_hybrid",
+    "switch_queued",
+    "switch_task",
+    "wakeup_task",
+    "wakeup_new_task",
+];
+const THEIR_RQ_PROGS: [&str; 5] = [
+    "sched_switch",
+    "sched_wakeup",
+    "sched_wakeup_new",
+    "handle_sched_sw",
+    "handle_sched_wa",
+];
 
 /// One spinner: `argv[1]` million iterations, then exit.
 const SPIN: &str = r#"
@@ -212,6 +237,23 @@ fn sched_pipe(cg: &BenchCgroup) -> Result<f64> {
         .with_context(|| format!("no ops/sec in perf bench output: {text}"))
 }
 
+/// `perf bench sched messaging` in `cg` (2 groups of 20 senders and 20 receivers over
+/// pipes, 200 loops): many more runnable tasks than CPUs.
+fn sched_messaging(cg: &BenchCgroup) -> Result<()> {
+    let out = cg
+        .command("perf")
+        .args(["bench", "sched", "messaging", "-p", "-g", "2", "-l", "200"])
+        .output()
+        .context("running perf bench sched messaging (install linux-perf)")?;
+    if !out.status.success() {
+        bail!(
+            "perf bench sched messaging failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
 /// One spinner per CPU in `cg`, `millions` iterations each: iterations per
 /// CPU-second of the spinners. CPU time (not wall time) keeps other load on a
 /// shared machine out of the figure, while the sampling interrupts and BPF
@@ -351,8 +393,8 @@ fn main() -> Result<()> {
 
     // 1. runqlat on perf bench sched pipe.
     let cg = BenchCgroup::new("pipe")?;
-    let (mut none, mut theirs, mut theirs_cg, mut ours) = (vec![], vec![], vec![], vec![]);
-    let mut ours_sched = vec![];
+    let (mut none, mut theirs, mut theirs_cg) = (vec![], vec![], vec![]);
+    let mut ours: Vec<Vec<f64>> = vec![vec![]; CLOCKS.len()];
     for _ in 0..rounds {
         none.push(sched_pipe(&cg)?);
         let t = start_libbpf_runqlat(None)?;
@@ -361,20 +403,13 @@ fn main() -> Result<()> {
         let t = start_libbpf_runqlat(Some(cg.path()))?;
         theirs_cg.push(sched_pipe(&cg)?);
         t.stop();
-        let t = start_agent("runqlat", cg.path(), &[])?;
-        ours.push(sched_pipe(&cg)?);
-        t.stop();
-        let t = start_agent("runqlat", cg.path(), &SCHEDULER_CLOCK)?;
-        ours_sched.push(sched_pipe(&cg)?);
-        t.stop();
+        for (i, (_, args)) in CLOCKS.iter().enumerate() {
+            let t = start_agent("runqlat", cg.path(), args)?;
+            ours[i].push(sched_pipe(&cg)?);
+            t.stop();
+        }
     }
-    let (n, a, b, o, os) = (
-        median(none),
-        median(theirs),
-        median(theirs_cg),
-        median(ours),
-        median(ours_sched),
-    );
+    let (n, a, b) = (median(none), median(theirs), median(theirs_cg));
     println!(
         "\n## runqlat overhead: perf bench sched pipe -l {PIPE_LOOPS} (ops/s, higher is better)"
     );
@@ -387,21 +422,14 @@ fn main() -> Result<()> {
         "libbpf-tools runqlat -c <cgroup>  {b:>10.0} ops/s  loss {:>5.1}%",
         loss(n, b)
     );
-    println!(
-        "flamefleet runqlat --cgroup       {o:>10.0} ops/s  loss {:>5.1}%",
-        loss(n, o)
-    );
-    println!(
-        "  --runqlat-clock scheduler       {os:>10.0} ops/s  loss {:>5.1}%",
-        loss(n, os)
-    );
-    println!(
-        "ours / libbpf-tools (loss ratio)  {:.2} (vs all tasks), {:.2} (vs -c); scheduler clock {:.2}, {:.2}",
-        loss(n, o) / loss(n, a).max(f64::EPSILON),
-        loss(n, o) / loss(n, b).max(f64::EPSILON),
-        loss(n, os) / loss(n, a).max(f64::EPSILON),
-        loss(n, os) / loss(n, b).max(f64::EPSILON)
-    );
+    for ((name, _), v) in CLOCKS.iter().zip(ours) {
+        let o = median(v);
+        println!(
+            "flamefleet runqlat, {name:<16} {o:>8.0} ops/s  loss {:>5.1}%  (loss ratio vs -c {:.2})",
+            loss(n, o),
+            loss(n, o) / loss(n, b).max(f64::EPSILON)
+        );
+    }
 
     // 2. CPU sampler on a CPU-bound workload.
     let cg_name = cg
@@ -442,50 +470,45 @@ fn main() -> Result<()> {
     let stats = "/proc/sys/kernel/bpf_stats_enabled";
     let before = std::fs::read_to_string(stats).unwrap_or_else(|_| "0".into());
     std::fs::write(stats, "1").context("enabling kernel.bpf_stats_enabled")?;
-    // (BPF ns, BPF program runs) of one sched pipe run.
-    let measure = |names: &[&str]| -> Result<(u64, u64)> {
+    // (BPF ns, BPF program runs) of one run of `workload`.
+    let measure = |names: &[&str], workload: &dyn Fn() -> Result<()>| -> Result<(u64, u64)> {
         let before = bpf_cost(names)?;
-        let _ = sched_pipe(&cg)?;
+        workload()?;
         Ok(bpf_delta(&before, &bpf_cost(names)?))
     };
-    let ours_rq = [
-        "switch_queued",
-        "switch_task",
-        "wakeup_task",
-        "wakeup_new_task",
-    ];
-    // libbpf-tools' program names (tp_btf and raw_tp builds).
-    let theirs_rq = [
-        "sched_switch",
-        "sched_wakeup",
-        "sched_wakeup_new",
-        "handle_sched_sw",
-        "handle_sched_wa",
-    ];
     let per = |ns: u64, n: u64| ns as f64 / n.max(1) as f64;
-    let (mut ours, mut ours_run, mut theirs, mut ratio) = (vec![], vec![], vec![], vec![]);
-    let (mut sched, mut sched_run, mut sched_ratio) = (vec![], vec![], vec![]);
-    let mut events = (0, 0, 0);
-    for _ in 0..rounds {
-        let t = start_agent("runqlat", cg.path(), &[])?;
-        let (ons, ocnt) = measure(&ours_rq)?;
-        t.stop();
-        let t = start_agent("runqlat", cg.path(), &SCHEDULER_CLOCK)?;
-        let (sns, scnt) = measure(&ours_rq)?;
-        t.stop();
-        let t = start_libbpf_runqlat(Some(cg.path()))?;
-        let (tns, tcnt) = measure(&theirs_rq)?;
-        t.stop();
-        // Scheduler events of a run: libbpf-tools' program runs (one per event on its
-        // three tracepoints); ours ran on a run of the same loops.
-        ours.push(per(ons, tcnt));
-        ours_run.push(per(ons, ocnt));
-        theirs.push(per(tns, tcnt));
-        ratio.push(per(ons, tcnt) / per(tns, tcnt).max(f64::MIN_POSITIVE));
-        sched.push(per(sns, tcnt));
-        sched_run.push(per(sns, scnt));
-        sched_ratio.push(per(sns, tcnt) / per(tns, tcnt).max(f64::MIN_POSITIVE));
-        events = (ocnt, tcnt, scnt);
+    let pipe = || sched_pipe(&cg).map(|_| ());
+    let messaging = || sched_messaging(&cg);
+    let workloads: [(&str, &dyn Fn() -> Result<()>); 2] = [
+        ("perf bench sched pipe", &pipe),
+        ("perf bench sched messaging -p -g 2 -l 200", &messaging),
+    ];
+    let mut bpf_rows = Vec::new();
+    for (wname, workload) in workloads {
+        let mut theirs = vec![];
+        let mut ours: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> =
+            vec![(vec![], vec![], vec![]); CLOCKS.len()];
+        let mut events = 0;
+        for _ in 0..rounds {
+            let t = start_libbpf_runqlat(Some(cg.path()))?;
+            let (tns, tcnt) = measure(&THEIR_RQ_PROGS, workload)?;
+            t.stop();
+            // Scheduler events of a run: libbpf-tools' program runs (one per event on
+            // its three tracepoints); ours ran on a run of the same work.
+            theirs.push(per(tns, tcnt));
+            events = tcnt;
+            for (i, (_, args)) in CLOCKS.iter().enumerate() {
+                let t = start_agent("runqlat", cg.path(), args)?;
+                let (ons, ocnt) = measure(&OUR_RQ_PROGS, workload)?;
+                t.stop();
+                ours[i].0.push(per(ons, tcnt));
+                ours[i].1.push(per(ons, ocnt));
+                ours[i]
+                    .2
+                    .push(per(ons, tcnt) / per(tns, tcnt).max(f64::MIN_POSITIVE));
+            }
+        }
+        bpf_rows.push((wname, median(theirs), events, ours));
     }
     let t = start_agent("cpu", cg.path(), &["--frequency", "99"])?;
     let sampler_before = bpf_cost(&["on_cpu_sample"])?;
@@ -494,33 +517,22 @@ fn main() -> Result<()> {
     t.stop();
     std::fs::write(stats, before.trim())?;
     println!(
-        "\n## BPF run time per scheduler event (bpf_stats, one sched pipe run per round, median of {rounds})"
+        "\n## BPF run time per scheduler event (bpf_stats, one run of each workload per round, median of {rounds})"
     );
-    println!(
-        "flamefleet runqlat                {:>7.1} ns/event ({:.1} ns per program run; last round {} runs)",
-        median(ours),
-        median(ours_run),
-        events.0
-    );
-    println!(
-        "libbpf-tools runqlat -c           {:>7.1} ns/event (one program run per event; last round {} events)",
-        median(theirs),
-        events.1
-    );
-    println!(
-        "ratio ours / libbpf-tools         {:>7.2} (median of the per-round ratios)",
-        median(ratio)
-    );
-    println!(
-        "flamefleet, --runqlat-clock scheduler {:>7.1} ns/event ({:.1} ns per program run; last round {} runs)",
-        median(sched),
-        median(sched_run),
-        events.2
-    );
-    println!(
-        "ratio scheduler clock / libbpf-tools {:>7.2} (median of the per-round ratios)",
-        median(sched_ratio)
-    );
+    for (wname, theirs, events, ours) in bpf_rows {
+        println!("{wname}:");
+        println!(
+            "  libbpf-tools runqlat -c          {theirs:>7.1} ns/event (one program run per event; last round {events} events)"
+        );
+        for ((name, _), (ev, run, ratio)) in CLOCKS.iter().zip(ours) {
+            println!(
+                "  flamefleet, {name:<16}     {:>7.1} ns/event ({:.1} ns per program run), ratio to libbpf-tools {:.2} (median of per-round ratios)",
+                median(ev),
+                median(run),
+                median(ratio)
+            );
+        }
+    }
     println!(
         "flamefleet CPU sampler            {:>7.0} ns/sample over {} samples",
         per(cpu_ns, cpu_runs),

@@ -190,7 +190,7 @@ fn print_point(p: &Point) {
         p.rss_kib as f64 / 1024.0,
         p.cpu.targets,
         p.cpu.counts,
-        p.cpu.stacks,
+        p.cpu.kernel_stacks,
         p.cpu.user_stacks,
         p.runqlat.targets,
         p.runqlat.histograms,
@@ -359,7 +359,7 @@ fn main() -> Result<()> {
     // The curve is printed as it is taken (a long soak shows its progress).
     println!(
         "{:>6} {:>5} {:>8} | {:>4} {:>7} {:>7} {:>7} | {:>4} {:>6} {:>6}",
-        "t(s)", "done", "RSS MiB", "cpuT", "counts", "stacks", "ustacks", "rqT", "hists", "starts"
+        "t(s)", "done", "RSS MiB", "cpuT", "counts", "kstacks", "ustacks", "rqT", "hists", "starts"
     );
     let mut curve = Vec::new();
     loop {

@@ -19,6 +19,7 @@ unsafe impl Pod for runqlat::types::ff_target {}
 unsafe impl Pod for cpu_sampler::types::cpu_drops {}
 unsafe impl Pod for runqlat::types::runqlat_drops {}
 unsafe impl Pod for runqlat::types::runqlat_slots {}
+unsafe impl Pod for runqlat::types::runqlat_cpu {}
 unsafe impl Pod for heap::types::ff_target {}
 unsafe impl Pod for u64 {}
 unsafe impl Pod for u32 {}

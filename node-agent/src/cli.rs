@@ -302,7 +302,7 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
         .collect::<Result<Vec<_>, _>>()?;
     let mut config = SamplerConfig::default();
     if let Some(clock) = args.runqlat_clock {
-        config.runqlat_scheduler_clock = clock == crate::capture::RunqlatClock::Scheduler;
+        config.runqlat_clock = clock;
     }
     if let Some(node) = &args.node {
         config.node = node.clone();

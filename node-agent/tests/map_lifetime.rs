@@ -55,7 +55,7 @@ fn stacks_of_finished_captures_leave_the_maps_while_the_sampler_lives() {
         let result = capture.finish().expect("finish");
         assert!(result.total() > 0, "round {round}: no samples");
         assert!(
-            fill.stacks + fill.user_stacks > 0,
+            fill.kernel_stacks + fill.user_stacks > 0,
             "round {round}: {fill:?}"
         );
         during.push(fill);

@@ -11,8 +11,10 @@ use std::time::Duration;
 use flamefleet_agent::capture::runqlat::{
     Histogram, LatencyUnit, RunqlatOptions, RunqlatResult, StartStorage,
 };
-use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
-use support::{Decoded, TestCgroup, compile_c, pinned, pprof_top, require_root, serial};
+use flamefleet_agent::capture::{CaptureTarget, RunqlatClock, SamplerConfig, Samplers};
+use support::{
+    Decoded, TestCgroup, compile_c, pinned, pprof_top, require_root, serial, wait_switches,
+};
 
 /// Sleeps 1 ms in a loop: about 1,000 wake-ups per second.
 const SLEEPER: &str = r#"
@@ -311,8 +313,15 @@ fn waits_are_attributed_to_the_waiting_task_not_the_waker() {
     );
 }
 
+fn samplers_with(clock: RunqlatClock) -> Samplers {
+    Samplers::new(SamplerConfig {
+        runqlat_clock: clock,
+        ..SamplerConfig::default()
+    })
+}
+
 #[test]
-fn the_three_timestamp_sources_agree() {
+fn the_four_timestamp_sources_agree() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -320,12 +329,10 @@ fn the_three_timestamp_sources_agree() {
     let mut target = TestCgroup::new("rq-storage");
     target.spawn(&mut pinned(0, &sleeper, &[]));
     std::thread::sleep(Duration::from_millis(200));
-    // Three registries: three samplers, one per source of "became runnable" times.
-    let sched_info = Samplers::new(SamplerConfig {
-        runqlat_scheduler_clock: true,
-        ..SamplerConfig::default()
-    });
-    let task = Samplers::new(SamplerConfig::default());
+    // Four registries: four samplers, one per source of "became runnable" times.
+    let hybrid = Samplers::new(SamplerConfig::default());
+    let sched_info = samplers_with(RunqlatClock::Scheduler);
+    let task = samplers_with(RunqlatClock::Own);
     let hash = Samplers::new(SamplerConfig {
         force_start_hash: true,
         ..SamplerConfig::default()
@@ -339,34 +346,48 @@ fn the_three_timestamp_sources_agree() {
     let warm = TestCgroup::new("rq-storage-warm");
     let w = [CaptureTarget::raw(warm.cgroup.clone())];
     let _keep = (
+        hybrid.start_runqlat(&w, &ms).unwrap(),
         sched_info.start_runqlat(&w, &ms).unwrap(),
         task.start_runqlat(&w, &ms).unwrap(),
         hash.start_runqlat(&w, &ms).unwrap(),
     );
+    let y = hybrid.start_runqlat(&t, &ms).unwrap();
     let s = sched_info.start_runqlat(&t, &ms).unwrap();
     let a = task.start_runqlat(&t, &ms).unwrap();
     let b = hash.start_runqlat(&t, &ms).unwrap();
+    assert_eq!(y.sampler().storage(), StartStorage::Hybrid);
     assert_eq!(s.sampler().storage(), StartStorage::SchedInfo);
     assert_eq!(a.sampler().storage(), StartStorage::TaskStorage);
     assert_eq!(b.sampler().storage(), StartStorage::HashMap);
     std::thread::sleep(Duration::from_secs(2));
-    let (rs, ra, rb) = (
+    let (ry, rs, ra, rb) = (
+        y.finish().unwrap(),
         s.finish().unwrap(),
         a.finish().unwrap(),
         b.finish().unwrap(),
     );
-    let (ns, na, nb) = (
+    let (ny, ns, na, nb) = (
+        total(&ry).count() as f64,
         total(&rs).count() as f64,
         total(&ra).count() as f64,
         total(&rb).count() as f64,
     );
-    eprintln!("sched_info {ns}, task storage {na}, hash map {nb}");
+    eprintln!("hybrid {ny}, sched_info {ns}, task storage {na}, hash map {nb}");
     assert!(
-        na > 1000.0 && (na - nb).abs() <= 0.05 * na && (na - ns).abs() <= 0.05 * na,
-        "sched_info {ns} vs task {na} vs hash {nb}"
+        na > 1000.0
+            && (na - nb).abs() <= 0.05 * na
+            && (na - ns).abs() <= 0.05 * na
+            && (na - ny).abs() <= 0.05 * na,
+        "hybrid {ny} vs sched_info {ns} vs task {na} vs hash {nb}"
     );
+    // Only the hybrid variant counts where the ends of its waits came from.
+    let clock = ry
+        .clock
+        .expect("the hybrid variant reports its clock counters");
+    assert_eq!(clock.waits, ny as u64, "{clock:?}");
+    assert!(rs.clock.is_none() && ra.clock.is_none() && rb.clock.is_none());
     // Per-process, in milliseconds: one histogram for the sleeper, all < 2 ms.
-    for r in [&rs, &ra] {
+    for r in [&ry, &rs, &ra] {
         assert_eq!(r.histograms.len(), 1, "{:?}", r.histograms);
         assert_eq!(r.histograms[0].comm, "ffsleeper");
         assert!(r.histograms[0].slots[0] as f64 >= 0.95 * na);
@@ -391,11 +412,8 @@ fn scheduler_clock_agrees_on_waits_behind_other_tasks() {
     let mut busy = TestCgroup::new("rq-sched-busy");
     busy.spawn(&mut pinned(1, &hog, &[]));
     std::thread::sleep(Duration::from_millis(200));
-    let scheduler = Samplers::new(SamplerConfig {
-        runqlat_scheduler_clock: true,
-        ..SamplerConfig::default()
-    });
-    let own = Samplers::new(SamplerConfig::default());
+    let scheduler = samplers_with(RunqlatClock::Scheduler);
+    let own = samplers_with(RunqlatClock::Own);
     let t = [CaptureTarget::raw(busy.cgroup.clone())];
     let warm = TestCgroup::new("rq-sched-warm");
     let w = [CaptureTarget::raw(warm.cgroup.clone())];
@@ -428,6 +446,76 @@ fn scheduler_clock_agrees_on_waits_behind_other_tasks() {
         assert!(
             qs >= 0.5 * qo && qs <= 2.0 * qo,
             "p{}: scheduler {qs:.0} us, own {qo:.0} us",
+            q * 100.0
+        );
+    }
+}
+
+/// The default (hybrid) clock against our own on waits that end in a wakeup: a 1 ms
+/// sleeper sharing its CPU with a hog, both targets. Its waits end either on a CPU that was
+/// idle or in a wakeup preemption of the hog, exactly where the scheduler's run-queue
+/// clock is stale: the hybrid variant must read those from the clock (and correct the
+/// preempted hog's queue stamp), and then agree with our own clock.
+#[test]
+fn hybrid_clock_reads_wakeup_waits_like_our_own_clock() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let sleeper = compile_c(dir.path(), "ffsleeper", SLEEPER);
+    let hog = compile_c(dir.path(), "ffhog", HOG);
+    let mut target = TestCgroup::new("rq-hybrid");
+    let pid = target.spawn(&mut pinned(1, &sleeper, &[]));
+    target.spawn(&mut pinned(1, &hog, &[]));
+    let hybrid = Samplers::new(SamplerConfig::default());
+    let own = samplers_with(RunqlatClock::Own);
+    let t = [CaptureTarget::raw(target.cgroup.clone())];
+    let warm = TestCgroup::new("rq-hybrid-warm");
+    let w = [CaptureTarget::raw(warm.cgroup.clone())];
+    let opts = RunqlatOptions::default();
+    let _keep = (
+        hybrid.start_runqlat(&w, &opts).unwrap(),
+        own.start_runqlat(&w, &opts).unwrap(),
+    );
+    let h = hybrid.start_runqlat(&t, &opts).unwrap();
+    let o = own.start_runqlat(&t, &opts).unwrap();
+    assert_eq!(h.sampler().storage(), StartStorage::Hybrid);
+    assert_eq!(o.sampler().storage(), StartStorage::TaskStorage);
+    // A window of the sleeper's own waits, whatever the machine's load.
+    wait_switches(pid, 2000);
+    let (rh, ro) = (h.finish().unwrap(), o.finish().unwrap());
+    let (hh, ho) = (total(&rh), total(&ro));
+    let clock = rh.clock.expect("hybrid clock counters");
+    eprintln!(
+        "hybrid: {} waits, {clock:?}\n{}\nown clock: {} waits\n{}",
+        hh.count(),
+        hh.render(LatencyUnit::Micros),
+        ho.count(),
+        ho.render(LatencyUnit::Micros)
+    );
+    let (a, b) = (hh.count() as f64, ho.count() as f64);
+    assert!(b > 1000.0, "too few waits to compare: {b}");
+    assert!(
+        (a - b).abs() <= 0.05 * b,
+        "counts differ: hybrid {a}, own {b}"
+    );
+    assert!(
+        clock.clock_reads as f64 >= 0.2 * a,
+        "expected most of the sleeper's waits to end on a stale run-queue clock: {clock:?}"
+    );
+    assert!(
+        clock.uncalibrated * 100 <= clock.clock_reads,
+        "the clock calibration came too late: {clock:?}"
+    );
+    let (ma, mb) = (hh.median_bucket().unwrap(), ho.median_bucket().unwrap());
+    assert!(
+        ma.abs_diff(mb) <= 1,
+        "median buckets differ by more than one: hybrid {ma}, own {mb}"
+    );
+    for q in [0.5, 0.9] {
+        let (qh, qo) = (hh.quantile(q).unwrap_or(0.0), ho.quantile(q).unwrap_or(0.0));
+        assert!(
+            qh >= 0.5 * qo && qh <= 2.0 * qo,
+            "p{}: hybrid {qh:.0} us, own {qo:.0} us",
             q * 100.0
         );
     }

@@ -73,9 +73,9 @@ impl CpuOptions {
 pub struct CpuDrops {
     /// Samples lost because the count map was full.
     pub counts_full: u64,
-    /// User stacks lost (stack map full or collision).
+    /// User stacks lost (stack map full).
     pub user_stack: u64,
-    /// Kernel stacks lost (stack map full or collision).
+    /// Kernel stacks lost (stack map full).
     pub kernel_stack: u64,
     /// New processes not announced to the symbolizer (ring buffer full).
     pub notify: u64,
@@ -101,7 +101,7 @@ struct Maps {
     targets: MapHandle,
     generation: MapHandle,
     counts: MapHandle,
-    stacks: MapHandle,
+    kernel_stacks: MapHandle,
     drops: MapHandle,
     user_stacks: MapHandle,
     unwind_stats: MapHandle,
@@ -149,9 +149,9 @@ pub struct CpuMapFill {
     pub targets: usize,
     /// (target, thread, stacks) counters.
     pub counts: usize,
-    /// Stacks in the stack-trace map (frame-pointer user stacks and kernel stacks).
-    pub stacks: usize,
-    /// CFI-walked user stacks.
+    /// Kernel stacks.
+    pub kernel_stacks: usize,
+    /// User stacks.
     pub user_stacks: usize,
 }
 
@@ -168,7 +168,7 @@ impl CpuSampler {
         CpuMapFill {
             targets: maps.targets.keys().count(),
             counts: maps.counts.keys().count(),
-            stacks: maps.stacks.keys().count(),
+            kernel_stacks: maps.kernel_stacks.keys().count(),
             user_stacks: maps.user_stacks.keys().count(),
         }
     }
@@ -328,7 +328,7 @@ fn load<'obj>(
         .map_err(|e| CaptureError::bpf("opening the CPU sampler BPF object", e))?;
     let cache = super::target_cache_enabled(config);
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
-        ro.kernel_stacks = options.kernel_stacks;
+        ro.capture_kernel_stacks = options.kernel_stacks;
         ro.ff_cgrp_cache = cache;
         ro.cfi_unwind = unwinder.is_some();
     }
@@ -339,23 +339,17 @@ fn load<'obj>(
     if let Some(u) = &unwinder {
         u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
     }
-    // The map not used by the configured walk keeps one entry.
-    let (fp_stacks, cfi_stacks) = match &unwinder {
-        Some(_) => (
-            if options.kernel_stacks {
-                config.max_stacks
-            } else {
-                1
-            },
-            config.max_stacks,
-        ),
-        None => (config.max_stacks, 1),
+    // Without kernel stacks their map keeps one entry.
+    let kernel_stacks = if options.kernel_stacks {
+        config.max_stacks
+    } else {
+        1
     };
     let sizes = [
         (&mut open.maps.targets, config.max_targets),
         (&mut open.maps.counts, config.max_cpu_entries),
-        (&mut open.maps.stacks, fp_stacks),
-        (&mut open.maps.user_stacks, cfi_stacks),
+        (&mut open.maps.kernel_stacks, kernel_stacks),
+        (&mut open.maps.user_stacks, config.max_stacks),
     ];
     for (map, size) in sizes {
         map.set_max_entries(size.max(1))
@@ -390,7 +384,7 @@ fn load<'obj>(
         targets: handle(&skel.maps.targets, "targets")?,
         generation: handle(&skel.maps.target_generation, "target_generation")?,
         counts: handle(&skel.maps.counts, "counts")?,
-        stacks: handle(&skel.maps.stacks, "stacks")?,
+        kernel_stacks: handle(&skel.maps.kernel_stacks, "kernel_stacks")?,
         drops: handle(&skel.maps.drops, "drops")?,
         user_stacks: handle(&skel.maps.user_stacks, "user_stacks")?,
         unwind_stats: handle(&skel.maps.unwind_stats, "unwind_stats")?,
@@ -455,11 +449,11 @@ impl Drop for CpuCapture {
     }
 }
 
-/// Stacks removed by [`drop_unreferenced_stacks`]: (stack-trace map, CFI `user_stacks`).
+/// Stacks removed by [`drop_unreferenced_stacks`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct FreedStacks {
-    /// Entries removed from `stacks`.
-    stacks: usize,
+    /// Entries removed from `kernel_stacks`.
+    kernel_stacks: usize,
     /// Entries removed from `user_stacks`.
     user_stacks: usize,
 }
@@ -471,41 +465,31 @@ struct FreedStacks {
 ///
 /// The program may count a sample whose stack is removed in the instant between the scan
 /// and the removal, if that same stack was until then referred to only by released counts;
-/// the next sample of that stack stores it again under the same ID (a stack-trace map's ID
-/// and `user_stacks`' key are hashes of the frames), so only a stack seen exactly once in
-/// that instant can read back empty.
+/// the next sample of that stack stores it again under the same key (the key is a hash of
+/// the frames), so only a stack seen exactly once in that instant can read back empty.
 fn drop_unreferenced_stacks(maps: &Maps) -> FreedStacks {
-    let mut stack_ids: HashSet<i32> = HashSet::new();
+    let mut kernel_keys: HashSet<u64> = HashSet::new();
     let mut user_keys: HashSet<u64> = HashSet::new();
     for raw in maps.counts.keys() {
         if let Some(k) = from_bytes::<cpu_sample_key>(&raw) {
-            stack_ids.insert(k.user_stack_id);
-            stack_ids.insert(k.kernel_stack_id);
+            kernel_keys.insert(k.kernel_stack);
             user_keys.insert(k.user_stack);
         }
     }
-    let mut freed = FreedStacks::default();
-    let doomed: Vec<Vec<u8>> = maps
-        .stacks
-        .keys()
-        .filter(|k| from_bytes::<i32>(k).is_some_and(|id| !stack_ids.contains(&id)))
-        .collect();
-    for k in doomed {
-        if maps.stacks.delete(&k).is_ok() {
-            freed.stacks += 1;
-        }
+    FreedStacks {
+        kernel_stacks: delete_keys_not_in(&maps.kernel_stacks, &kernel_keys),
+        user_stacks: delete_keys_not_in(&maps.user_stacks, &user_keys),
     }
-    let doomed: Vec<Vec<u8>> = maps
-        .user_stacks
+}
+
+/// Deletes the entries of a stack map (keyed by stack hash) whose key is not in `keep`;
+/// returns how many it deleted.
+fn delete_keys_not_in(map: &MapHandle, keep: &HashSet<u64>) -> usize {
+    let doomed: Vec<Vec<u8>> = map
         .keys()
-        .filter(|k| from_bytes::<u64>(k).is_some_and(|key| !user_keys.contains(&key)))
+        .filter(|k| from_bytes::<u64>(k).is_some_and(|key| !keep.contains(&key)))
         .collect();
-    for k in doomed {
-        if maps.user_stacks.delete(&k).is_ok() {
-            freed.user_stacks += 1;
-        }
-    }
-    freed
+    doomed.into_iter().filter(|k| map.delete(k).is_ok()).count()
 }
 
 impl CpuCapture {
@@ -531,7 +515,7 @@ impl CpuCapture {
         let mut drops = read_drops(&shared.maps.drops).since(self.drops_before);
         let walk = WalkStats::read(&shared.maps.unwind_stats).since(self.walk_before);
         drops.user_stack += walk.stack_lost;
-        let mut stack_cache: HashMap<i32, Vec<u64>> = HashMap::new();
+        let mut kernel_cache: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut user_cache: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut samples = Vec::new();
         for (raw, count) in now {
@@ -542,13 +526,13 @@ impl CpuCapture {
             if count == 0 {
                 continue;
             }
-            let mut stack = |id: i32| -> Vec<u64> {
-                if id < 0 {
+            let stack = |cache: &mut HashMap<u64, Vec<u64>>, map: &MapHandle, key: u64| {
+                if key == 0 {
                     return Vec::new();
                 }
-                stack_cache
-                    .entry(id)
-                    .or_insert_with(|| read_stack(&shared.maps.stacks, id))
+                cache
+                    .entry(key)
+                    .or_insert_with(|| read_stack(map, key))
                     .clone()
             };
             samples.push(CpuSample {
@@ -556,17 +540,12 @@ impl CpuCapture {
                 tgid: key.tgid,
                 pid: key.pid,
                 comm: super::comm_string(&key.comm),
-                user_stack: if key.user_stack != 0 {
-                    user_cache
-                        .entry(key.user_stack)
-                        .or_insert_with(|| {
-                            read_user_stack(&shared.maps.user_stacks, key.user_stack)
-                        })
-                        .clone()
-                } else {
-                    stack(key.user_stack_id)
-                },
-                kernel_stack: stack(key.kernel_stack_id),
+                user_stack: stack(&mut user_cache, &shared.maps.user_stacks, key.user_stack),
+                kernel_stack: stack(
+                    &mut kernel_cache,
+                    &shared.maps.kernel_stacks,
+                    key.kernel_stack,
+                ),
                 count,
             });
         }
@@ -721,18 +700,9 @@ fn read_drops(drops: &MapHandle) -> CpuDrops {
     sum
 }
 
-fn read_user_stack(stacks: &MapHandle, key: u64) -> Vec<u64> {
+/// A stack stored by `ff_store_stack` (bpf/unwind.bpf.h): frames up to the first 0.
+fn read_stack(stacks: &MapHandle, key: u64) -> Vec<u64> {
     let Ok(Some(raw)) = stacks.lookup(&key.to_ne_bytes(), MapFlags::ANY) else {
-        return Vec::new();
-    };
-    raw.chunks_exact(8)
-        .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default()))
-        .take_while(|&a| a != 0)
-        .collect()
-}
-
-fn read_stack(stacks: &MapHandle, id: i32) -> Vec<u64> {
-    let Ok(Some(raw)) = stacks.lookup(&id.to_ne_bytes(), MapFlags::ANY) else {
         return Vec::new();
     };
     raw.chunks_exact(8)

@@ -177,9 +177,8 @@ pub struct SamplerConfig {
     pub max_start_entries: u32,
     /// Force runqlat's hash-map fallback even where task storage exists.
     pub force_start_hash: bool,
-    /// runqlat takes its timestamps from the scheduler's `sched_info` accounting instead
-    /// of reading the clock itself ([`RunqlatClock::Scheduler`]).
-    pub runqlat_scheduler_clock: bool,
+    /// Where runqlat's timestamps come from.
+    pub runqlat_clock: RunqlatClock,
     /// The node name put in the `node` label.
     pub node: String,
     /// Limits of the CFI unwind tables (shared by the CPU and heap samplers).
@@ -197,7 +196,7 @@ impl Default for SamplerConfig {
             max_histograms: 10240,
             max_start_entries: 16384,
             force_start_hash: false,
-            runqlat_scheduler_clock: false,
+            runqlat_clock: RunqlatClock::default(),
             node: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_owned())
                 .unwrap_or_default(),
@@ -226,24 +225,29 @@ pub struct MapSizes {
     /// runqlat's start timestamps at once where task storage is missing (hash-map fallback).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
     pub max_start_entries: Option<u32>,
-    /// Where runqlat's timestamps come from: `own` (default) reads the clock when a task
-    /// becomes runnable and when it runs, as libbpf-tools' runqlat does; `scheduler` reads
-    /// the scheduler's own run-queue accounting (`sched_info`, the run_delay of
-    /// /proc/PID/schedstat and of cAdvisor's run-queue metric): one BPF program on
-    /// sched_switch and no clock read, about a third of the cost per scheduler event, but
-    /// the scheduler's clock is updated lazily, so a wait that ends in a wakeup preemption
-    /// reads a few microseconds short (docs/capture.md).
+    /// Where runqlat's timestamps come from. `hybrid` (default): the scheduler's own queue
+    /// stamps (`sched_info`, the run_delay of /proc/PID/schedstat), one BPF program on
+    /// sched_switch, reading the clock only where the scheduler's run-queue clock is stale
+    /// (after a wakeup preemption), so waits read as long as libbpf-tools' runqlat reads
+    /// them. `scheduler`: never reads the clock, cheaper still, but a wait that ends in a
+    /// wakeup preemption reads a few microseconds short. `own`: reads the clock when a task
+    /// becomes runnable and when it runs, as libbpf-tools' runqlat does, three programs
+    /// (docs/capture.md).
     #[arg(long, value_enum)]
     pub runqlat_clock: Option<RunqlatClock>,
 }
 
 /// See [`MapSizes::runqlat_clock`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum RunqlatClock {
+    /// The scheduler's `sched_info` stamps, with the clock read where the run-queue clock
+    /// is stale.
+    #[default]
+    Hybrid,
+    /// The scheduler's `sched_info` timestamps only.
+    Scheduler,
     /// Our own clock reads at wakeup, preemption and switch.
     Own,
-    /// The scheduler's `sched_info` timestamps.
-    Scheduler,
 }
 
 impl MapSizes {
@@ -260,7 +264,7 @@ impl MapSizes {
         set(&mut config.max_histograms, self.max_histograms);
         set(&mut config.max_start_entries, self.max_start_entries);
         if let Some(clock) = self.runqlat_clock {
-            config.runqlat_scheduler_clock = clock == RunqlatClock::Scheduler;
+            config.runqlat_clock = clock;
         }
     }
 }

@@ -103,7 +103,7 @@ impl Samplers {
             for (map, n) in [
                 ("targets", fill.targets),
                 ("counts", fill.counts),
-                ("stacks", fill.stacks),
+                ("kernel_stacks", fill.kernel_stacks),
                 ("user_stacks", fill.user_stacks),
             ] {
                 let _ = writeln!(

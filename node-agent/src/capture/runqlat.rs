@@ -18,10 +18,10 @@ use flamefleet_proto::pprof::Profile;
 
 use super::sampler_thread::{self, OwnerThread, Woken};
 use super::target_table::{TargetMaps, TargetTable, delete_target_entries};
-use super::{CaptureError, CaptureTarget, Result, SamplerConfig};
+use super::{CaptureError, CaptureTarget, Result, RunqlatClock, SamplerConfig};
 use crate::bpf::from_bytes;
 use crate::bpf::runqlat::types::{
-    ff_target, runqlat_drops, runqlat_hist, runqlat_key, runqlat_slots,
+    ff_target, runqlat_cpu, runqlat_drops, runqlat_hist, runqlat_key, runqlat_slots,
 };
 use crate::bpf::runqlat::{RunqlatSkel, RunqlatSkelBuilder};
 use crate::pprof::{Frame, FrameLine, Label, ProfileBuilder};
@@ -85,6 +85,10 @@ pub struct RunqlatOptions {
 /// Where the sampler gets "became runnable" timestamps from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartStorage {
+    /// The scheduler's queue stamps, checked (the default, `--runqlat-clock hybrid`): one
+    /// program on `sched_switch`, which reads the clock only where the run-queue clock is
+    /// stale (after a wakeup preemption), so waits read as long as with our own clock.
+    Hybrid,
     /// The scheduler's own (`task->sched_info.last_queued` and `run_delay`,
     /// `CONFIG_SCHED_INFO`, asked for with `--runqlat-clock scheduler`): one program on
     /// `sched_switch`, no clock read, no wakeup programs (`bpf/runqlat.bpf.c` explains).
@@ -95,6 +99,33 @@ pub enum StartStorage {
     TaskStorage,
     /// A bounded hash map keyed by thread ID (older kernels, or forced).
     HashMap,
+}
+
+/// Where the hybrid variant took the ends of waits from, over a capture's window
+/// (node-wide counters: the sampler is shared).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClockStats {
+    /// Waits recorded.
+    pub waits: u64,
+    /// Waits that ended while the run-queue clock was stale (a wakeup preemption): their
+    /// end was read from the clock (`bpf_ktime_get_ns`) instead.
+    pub clock_reads: u64,
+    /// Of those, on a CPU with no calibration sample yet: the stale run-queue clock was
+    /// used, and the wait may read short.
+    pub uncalibrated: u64,
+    /// Waits split by a migration (queued on one CPU, run on another), counted whole.
+    pub split: u64,
+}
+
+impl ClockStats {
+    fn since(self, before: Self) -> Self {
+        Self {
+            waits: self.waits.saturating_sub(before.waits),
+            clock_reads: self.clock_reads.saturating_sub(before.clock_reads),
+            uncalibrated: self.uncalibrated.saturating_sub(before.uncalibrated),
+            split: self.split.saturating_sub(before.split),
+        }
+    }
 }
 
 /// Loss counters over a capture's window (node-wide: maps are shared).
@@ -116,6 +147,8 @@ struct Maps {
     drops: MapHandle,
     /// The start map of the hash-map fallback (`None` with task storage).
     start_hash: Option<MapHandle>,
+    /// The hybrid variant's per-CPU state (`None` for the others).
+    rq_cpu: Option<MapHandle>,
 }
 
 impl Maps {
@@ -165,10 +198,12 @@ impl RunqlatSampler {
         super::check_btf()?;
         let preferred = if config.force_start_hash || !task_storage_supported() {
             StartStorage::HashMap
-        } else if config.runqlat_scheduler_clock {
-            StartStorage::SchedInfo
         } else {
-            StartStorage::TaskStorage
+            match config.runqlat_clock {
+                RunqlatClock::Hybrid => StartStorage::Hybrid,
+                RunqlatClock::Scheduler => StartStorage::SchedInfo,
+                RunqlatClock::Own => StartStorage::TaskStorage,
+            }
         };
         let (max_targets, max_indices) = (config.max_targets, config.max_target_indices);
         let config = config.clone();
@@ -176,12 +211,14 @@ impl RunqlatSampler {
             let mut object = MaybeUninit::uninit();
             let mut fallback_object = MaybeUninit::uninit();
             let loaded = match load(&mut object, &config, preferred) {
-                Err(e) if preferred == StartStorage::SchedInfo => {
-                    // A kernel without CONFIG_SCHED_INFO, or whose BTF lacks the
-                    // runqueues variable: our own timestamps work there.
+                Err(e) if matches!(preferred, StartStorage::SchedInfo | StartStorage::Hybrid) => {
+                    // A kernel without CONFIG_SCHED_INFO or CONFIG_FAIR_GROUP_SCHED (the
+                    // run queue is reached through the task's cfs_rq): our own
+                    // timestamps work there.
                     tracing::warn!(
                         error = %e,
-                        "runqlat: the scheduler's sched_info timestamps are not usable on this kernel (--runqlat-clock scheduler); reading the clock at wakeup instead"
+                        clock = ?preferred,
+                        "runqlat: the scheduler's sched_info timestamps are not usable on this kernel; reading the clock at wakeup instead (--runqlat-clock own)"
                     );
                     load(&mut fallback_object, &config, StartStorage::TaskStorage)
                         .map(|(skel, maps)| (skel, maps, StartStorage::TaskStorage))
@@ -265,6 +302,7 @@ impl RunqlatSampler {
         let own: HashSet<u32> = table.covered(&cgroup_ids).into_keys().collect();
         let baseline = read_hists(maps, &own)?;
         let drops_before = read_drops(&maps.drops);
+        let clock_before = read_clock_stats(maps);
         drop(shared);
         Ok(RunqlatCapture {
             sampler: self.clone(),
@@ -274,6 +312,7 @@ impl RunqlatSampler {
             owner_of,
             baseline,
             drops_before,
+            clock_before,
             started: SystemTime::now(),
             started_at: Instant::now(),
         })
@@ -288,10 +327,12 @@ fn load<'obj>(
     let mut open = RunqlatSkelBuilder::default()
         .open(object)
         .map_err(|e| CaptureError::bpf("opening the runqlat BPF object", e))?;
+    let hybrid = storage == StartStorage::Hybrid;
     let sched_info = storage == StartStorage::SchedInfo;
     let task = storage == StartStorage::TaskStorage;
     let hash = storage == StartStorage::HashMap;
     let p = &mut open.progs;
+    p.switch_hybrid.set_autoload(hybrid);
     p.switch_queued.set_autoload(sched_info);
     p.wakeup_task.set_autoload(task);
     p.wakeup_new_task.set_autoload(task);
@@ -308,6 +349,8 @@ fn load<'obj>(
     let sizing = (|| {
         m.target_cache.set_autocreate(cache)?;
         m.seen_task.set_autocreate(sched_info)?;
+        m.rq_cpu.set_autocreate(hybrid)?;
+        m.seen_slots.set_autocreate(hybrid)?;
         m.start_task.set_autocreate(task)?;
         m.start_hash
             .set_max_entries(config.max_start_entries.max(1))?;
@@ -338,6 +381,11 @@ fn load<'obj>(
         } else {
             None
         },
+        rq_cpu: if hybrid {
+            Some(handle(&skel.maps.rq_cpu, "rq_cpu")?)
+        } else {
+            None
+        },
     };
     Ok((skel, maps))
 }
@@ -353,6 +401,7 @@ pub struct RunqlatCapture {
     owner_of: Vec<usize>,
     baseline: HashMap<(u32, u32), RawHist>,
     drops_before: RunqlatDrops,
+    clock_before: Option<ClockStats>,
     started: SystemTime,
     started_at: Instant,
 }
@@ -396,6 +445,9 @@ impl RunqlatCapture {
         let own: HashSet<u32> = target_of_index.keys().copied().collect();
         let now = read_hists(&shared.maps, &own)?;
         let drops = read_drops(&shared.maps.drops);
+        let clock = read_clock_stats(&shared.maps)
+            .zip(self.clock_before)
+            .map(|(now, before)| now.since(before));
         drop(shared);
         let mut merged: HashMap<(usize, u32), Histogram> = HashMap::new();
         for ((index, tgid), h) in now {
@@ -431,6 +483,7 @@ impl RunqlatCapture {
                     .saturating_sub(self.drops_before.start_full),
             },
             storage: self.sampler.storage,
+            clock,
             started: self.started,
             duration,
         })
@@ -536,6 +589,8 @@ pub struct RunqlatResult {
     pub drops: RunqlatDrops,
     /// Where start timestamps were kept.
     pub storage: StartStorage,
+    /// Where the ends of waits came from (the hybrid variant only).
+    pub clock: Option<ClockStats>,
     /// Wall-clock start.
     pub started: SystemTime,
     /// Capture length.
@@ -772,6 +827,26 @@ fn read_hists(maps: &Maps, own: &HashSet<u32>) -> Result<HashMap<(u32, u32), Raw
         }
     }
     Ok(out)
+}
+
+/// The hybrid variant's counters, summed over CPUs (`None` for the other variants).
+fn read_clock_stats(maps: &Maps) -> Option<ClockStats> {
+    let per_cpu = maps
+        .rq_cpu
+        .as_ref()?
+        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .ok()
+        .flatten();
+    let mut sum = ClockStats::default();
+    for v in per_cpu.unwrap_or_default() {
+        if let Some(c) = from_bytes::<runqlat_cpu>(&v) {
+            sum.waits += c.waits;
+            sum.clock_reads += c.clock_reads;
+            sum.uncalibrated += c.uncalibrated;
+            sum.split += c.split;
+        }
+    }
+    Some(sum)
 }
 
 fn read_drops(drops: &MapHandle) -> RunqlatDrops {
