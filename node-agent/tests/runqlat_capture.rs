@@ -14,6 +14,7 @@ use flamefleet_agent::capture::runqlat::{
 use flamefleet_agent::capture::{CaptureTarget, RunqlatClock, SamplerConfig, Samplers};
 use support::{
     Decoded, TestCgroup, compile_c, pinned, pprof_top, require_root, serial, wait_switches,
+    wait_until,
 };
 
 /// Sleeps 1 ms in a loop: about 1,000 wake-ups per second.
@@ -80,8 +81,9 @@ fn pinned_hogs_raise_latency_into_the_expected_range() {
     let hog = compile_c(dir.path(), "ffhog", HOG);
     let samplers = Samplers::new(SamplerConfig::default());
     let mut target = TestCgroup::new("rq-target");
-    target.spawn(&mut pinned(1, &sleeper, &[]));
-    std::thread::sleep(Duration::from_millis(200));
+    let pid = target.spawn(&mut pinned(1, &sleeper, &[]));
+    // Running (its waits have begun), however loaded the machine is.
+    wait_switches(pid, 10);
     let quiet = total(&capture(&samplers, &target, RunqlatOptions::default(), 2));
 
     // Under load we watch a CPU-bound task of the target kind that shares CPU 1 with two
@@ -94,7 +96,8 @@ fn pinned_hogs_raise_latency_into_the_expected_range() {
     }
     let mut busy = TestCgroup::new("rq-busy");
     busy.spawn(&mut pinned(1, &hog, &[]));
-    std::thread::sleep(Duration::from_millis(200));
+    hogs.wait_cpu(Duration::from_millis(50));
+    busy.wait_cpu(Duration::from_millis(20));
     let result = capture(&samplers, &busy, RunqlatOptions::default(), 3);
     let loaded = total(&result);
     let q50 = quiet.quantile(0.5).unwrap_or(0.0);
@@ -244,7 +247,8 @@ fn agrees_with_libbpf_tools_runqlat_for_one_process() {
     let pid = target.spawn(&mut pinned(1, &sleeper, &[]));
     let mut hogs = TestCgroup::new("rq-cmp-hog");
     hogs.spawn(&mut pinned(1, &hog, &[]));
-    std::thread::sleep(Duration::from_millis(200));
+    wait_switches(pid, 10);
+    hogs.wait_cpu(Duration::from_millis(20));
 
     let (ours, theirs) = side_by_side(&target, &["-p", &pid.to_string()], 4);
     let theirs = Histogram {
@@ -289,12 +293,9 @@ fn waits_are_attributed_to_the_waiting_task_not_the_waker() {
     let wakee = TestCgroup::new("rq-wakee");
     let procs = wakee.path().join("cgroup.procs");
     waker.spawn(Command::new(&pair).arg(&procs));
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(
-        wakee.cgroup.procs().unwrap().len(),
-        1,
-        "the reader moved to the wakee cgroup"
-    );
+    wait_until("the reader to move to the wakee cgroup", || {
+        wakee.cgroup.procs().is_ok_and(|p| p.len() == 1)
+    });
 
     let (ours, theirs) = side_by_side(&wakee, &["-c", wakee.path().to_str().unwrap()], 3);
     let ours = ours.count();
@@ -327,8 +328,8 @@ fn the_four_timestamp_sources_agree() {
     let dir = tempfile::tempdir().unwrap();
     let sleeper = compile_c(dir.path(), "ffsleeper", SLEEPER);
     let mut target = TestCgroup::new("rq-storage");
-    target.spawn(&mut pinned(0, &sleeper, &[]));
-    std::thread::sleep(Duration::from_millis(200));
+    let pid = target.spawn(&mut pinned(0, &sleeper, &[]));
+    wait_switches(pid, 10);
     // Four registries: four samplers, one per source of "became runnable" times.
     let hybrid = Samplers::new(SamplerConfig::default());
     let sched_info = samplers_with(RunqlatClock::Scheduler);
@@ -411,7 +412,8 @@ fn scheduler_clock_agrees_on_waits_behind_other_tasks() {
     }
     let mut busy = TestCgroup::new("rq-sched-busy");
     busy.spawn(&mut pinned(1, &hog, &[]));
-    std::thread::sleep(Duration::from_millis(200));
+    hogs.wait_cpu(Duration::from_millis(50));
+    busy.wait_cpu(Duration::from_millis(20));
     let scheduler = samplers_with(RunqlatClock::Scheduler);
     let own = samplers_with(RunqlatClock::Own);
     let t = [CaptureTarget::raw(busy.cgroup.clone())];

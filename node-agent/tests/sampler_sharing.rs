@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use flamefleet_agent::capture::cpu::{CpuOptions, CpuSamples};
 use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
-use support::{TestCgroup, compile_c, require_root, serial};
+use support::{TestCgroup, compile_c, require_root, serial, wait_until};
 
 const SPIN: &str = r#"
 static volatile unsigned long sink;
@@ -128,12 +128,10 @@ fn hundred_cgroups_three_captures_use_one_perf_event_per_cpu() {
         a.total(),
         c.total()
     );
-    // The last capture stopped the sampler.
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(
-        perf_event_fds(),
-        0,
-        "the sampler stops with the last capture"
+    // The last capture stops the sampler: its owner thread closes the perf events.
+    wait_until(
+        "the sampler to close its perf events after the last capture",
+        || perf_event_fds() == 0,
     );
     for c in &mut cgroups {
         c.kill_all();

@@ -712,6 +712,12 @@ impl RunqlatResult {
             self.drops.hists_full,
             self.drops.start_full
         ));
+        if let Some(c) = self.clock {
+            b.comment(&format!(
+                "hybrid clock (node-wide): {} waits, {} ended on a stale run-queue clock and were read from the clock ({} before calibration), {} counted whole across a migration",
+                c.waits, c.clock_reads, c.uncalibrated, c.split
+            ));
+        }
         let unit_ns = self.unit.nanos();
         let synthetic = |name: String| Frame {
             address: 0,

@@ -204,6 +204,18 @@ pub fn wait_switches(pid: u32, n: u64) {
     }
 }
 
+/// Polls `done` every 20 ms until it holds; panics, naming `what`, after a minute.
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited a minute for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Compiles a C workload with frame pointers (BPF walks stacks by them).
 pub fn compile_c(dir: &Path, name: &str, source: &str) -> PathBuf {
     let src = dir.join(format!("{name}.c"));
