@@ -113,20 +113,28 @@ static __always_inline __u64 fp_stack(struct bpf_perf_event_data *ctx, void *map
 	return key;
 }
 
+/* Whether the sample interrupted user mode (then there is no kernel stack).
+ * pt_regs.cs is a 16-bit field on recent kernels, but the context only allows
+ * 8-byte reads: read its whole word. */
+static __always_inline bool in_user_mode(struct bpf_perf_event_data *ctx)
+{
+	__u64 cs = *(volatile __u64 *)((char *)&ctx->regs + __builtin_offsetof(struct pt_regs, cs));
+
+	return (cs & 3) == 3;
+}
+
 /* The user registers at the sample: the interrupted ones, or, when the CPU
  * was in the kernel, those saved at the task's kernel entry. */
-static __always_inline __u64 user_stack_of(struct bpf_perf_event_data *ctx, __u32 tgid)
+static __always_inline __u64 user_stack_of(struct bpf_perf_event_data *ctx, __u32 tgid,
+					   bool user_mode)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct pt_regs *regs;
-	__u64 cs, ip, sp, bp;
+	__u64 ip, sp, bp;
 
 	if (!task->mm)
 		return 0;
-	/* pt_regs.cs is a 16-bit field on recent kernels, but the context only
-	 * allows 8-byte reads: read its whole word. */
-	cs = *(volatile __u64 *)((char *)&ctx->regs + __builtin_offsetof(struct pt_regs, cs));
-	if ((cs & 3) == 3) {
+	if (user_mode) {
 		ip = ctx->regs.ip;
 		sp = ctx->regs.sp;
 		bp = ctx->regs.bp;
@@ -151,7 +159,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	struct ff_target t;
 	__u64 id, one = 1, *n;
 	__u8 yes = 1;
-	bool lost = false;
+	bool lost = false, user_mode;
 
 	if (!ff_current_target(&t))
 		return 0;
@@ -160,15 +168,16 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	key.target = t.index;
 	key.tgid = id >> 32;
 	key.pid = (__u32)id;
+	user_mode = in_user_mode(ctx);
 	/* The user stack first: both walks use this CPU's scratch in turn. */
 	if (cfi_unwind) {
-		key.user_stack = user_stack_of(ctx, key.tgid);
+		key.user_stack = user_stack_of(ctx, key.tgid, user_mode);
 	} else {
 		key.user_stack = fp_stack(ctx, &user_stacks, BPF_F_USER_STACK, &lost);
 		if (lost)
 			count_drop(user_stack);
 	}
-	if (capture_kernel_stacks) {
+	if (capture_kernel_stacks && !user_mode) {
 		key.kernel_stack = fp_stack(ctx, &kernel_stacks, 0, &lost);
 		if (lost)
 			count_drop(kernel_stack);

@@ -282,3 +282,107 @@ fn short_lived_processes_are_symbolized() {
     let top = pprof_top(&out, &[]);
     assert!(top.contains("ff_short_lived_spin"), "{top}");
 }
+
+/// Reads /dev/zero in 1 MiB chunks: most of its CPU time is the kernel clearing the buffer.
+const KERNEL_BOUND: &str = r#"
+#include <fcntl.h>
+#include <unistd.h>
+static char buf[1 << 20];
+__attribute__((noinline)) void ff_read_zero(int fd) { if (read(fd, buf, sizeof buf) < 0) _exit(1); }
+int main(void) { int fd = open("/dev/zero", O_RDONLY); if (fd < 0) return 1; for (;;) ff_read_zero(fd); }
+"#;
+
+/// A task that spends its time in a system call gets kernel stacks: the kernel's frames
+/// (named from /proc/kallsyms) on top of the task's own user frames, none lost.
+#[test]
+fn kernel_stacks_sit_on_top_of_the_user_stack() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let reader = compile_c(dir.path(), "ffreadzero", KERNEL_BOUND);
+    let mut target = TestCgroup::new("cpu-kernel");
+    target.spawn(&mut Command::new(&reader));
+    let samplers = Samplers::new(SamplerConfig::default());
+    let capture = samplers
+        .start_cpu(
+            &[CaptureTarget::raw(target.cgroup.clone())],
+            &CpuOptions {
+                frequency: 999,
+                ..CpuOptions::default()
+            },
+        )
+        .expect("start cpu capture");
+    target.wait_cpu(Duration::from_millis(1500));
+    let result = capture.finish().expect("finish");
+    target.kill_all();
+    assert_eq!(
+        result.drops.total(),
+        0,
+        "no drops expected: {:?}",
+        result.drops
+    );
+    let mut sym = StackSymbolizer::new(samplers.catalog().clone());
+    let profile = result.to_profile(&mut sym, "");
+    let out = dir.path().join("kernel.pb.gz");
+    flamefleet_agent::cli::write_profile(&out, &profile).unwrap();
+    let d = Decoded::read(&out);
+
+    let (mut total, mut with_kernel, mut in_read) = (0i64, 0i64, 0i64);
+    let mut kernel_functions: HashMap<String, i64> = HashMap::new();
+    for s in &d.profile.sample {
+        let n = s.value[0];
+        total += n;
+        let Some(&leaf) = s.location_id.first() else {
+            continue;
+        };
+        if !d.is_kernel(leaf) {
+            continue;
+        }
+        with_kernel += n;
+        // Kernel frames first (leaf first), then the task's own frames.
+        let split = s
+            .location_id
+            .iter()
+            .position(|&l| !d.is_kernel(l))
+            .unwrap_or(s.location_id.len());
+        assert!(
+            s.location_id[split..].iter().all(|&l| !d.is_kernel(l)),
+            "kernel frames below user frames: {:?}",
+            s.location_id
+        );
+        for &l in &s.location_id[..split] {
+            for f in d.functions(l) {
+                *kernel_functions.entry(f.to_owned()).or_default() += n;
+            }
+        }
+        // libc's read() is the user leaf; the program's own function is below it.
+        if s.location_id[split..]
+            .iter()
+            .any(|&l| d.functions(l).contains(&"ff_read_zero"))
+        {
+            in_read += n;
+        }
+    }
+    let mut top: Vec<_> = kernel_functions.iter().collect();
+    top.sort_by_key(|(_, n)| -**n);
+    eprintln!(
+        "{total} samples, {with_kernel} with kernel frames, {in_read} of those under ff_read_zero; top kernel functions: {:?}",
+        &top[..top.len().min(12)]
+    );
+    assert!(total > 500, "too few samples: {total}");
+    assert!(
+        with_kernel as f64 >= 0.5 * total as f64,
+        "a task reading /dev/zero spends most of its time in the kernel: {with_kernel} of {total} samples had kernel frames"
+    );
+    assert!(
+        in_read as f64 >= 0.9 * with_kernel as f64,
+        "kernel samples should sit on the reader's ff_read_zero: {in_read} of {with_kernel}"
+    );
+    let read_path = ["read_zero", "vfs_read", "ksys_read", "__x64_sys_read"];
+    assert!(
+        read_path.iter().any(|f| kernel_functions
+            .get(*f)
+            .is_some_and(|&n| n as f64 >= 0.5 * with_kernel as f64)),
+        "the read path ({read_path:?}) should be on most kernel stacks: {top:?}"
+    );
+}

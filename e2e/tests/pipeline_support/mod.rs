@@ -773,10 +773,19 @@ impl Pipeline {
                 .and_then(|s| s.phase)
                 .is_some_and(RequestPhase::is_terminal)
             {
-                // Let the watcher see the last event.
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                let seen = phases.lock().unwrap().clone();
-                return (current, seen);
+                // The watcher sees the terminal phase too (it stops there).
+                let seen_by = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let seen = phases.lock().unwrap().clone();
+                    if seen.last().is_some_and(|p| p.is_terminal()) {
+                        return (current, seen);
+                    }
+                    assert!(
+                        Instant::now() < seen_by,
+                        "the phase watch did not see {name} end within 30 s: {seen:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
             if let Some(op) = self.operator.as_mut() {
                 op.assert_alive();
