@@ -39,7 +39,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Exponential gaps in bytes, mean sample_bytes; all zero means "sample every allocation". */
 const volatile __u64 gap_table[HEAP_GAP_TABLE_SIZE] = {};
 /* Set before load: walk user stacks with the node's CFI tables (unwind.bpf.h), as the CPU
- * sampler does; false keeps the kernel's frame-pointer walk (bpf_get_stackid). */
+ * sampler does; false keeps the kernel's frame-pointer walk (bpf_get_stack). */
 const volatile bool cfi_unwind = false;
 
 /* Stack-walk scratch per thread: uprobe programs can be preempted, so a per-CPU one could be
@@ -84,13 +84,6 @@ struct {
 	__type(key, struct heap_live_key);
 	__type(value, struct heap_live_val);
 } heap_live SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, 16384);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, 127 * sizeof(__u64));
-} heap_stacks SEC(".maps");
 
 /* Processes already announced to user space (for symbolization); LRU so it never fills up. */
 struct {
@@ -251,31 +244,32 @@ static __always_inline void record(struct pt_regs *ctx, struct heap_thread *ts, 
 	struct heap_agg_val zero = {}, *av;
 	struct heap_live_key lk = { .tgid = tgid, .addr = addr };
 	struct heap_live_val lv = {};
+	struct ff_unwind_scratch *scratch;
 	__u8 yes = 1;
-	long id;
+	long bytes;
 
 	lv.size = ts->size;
 	lv.alloc_ns = bpf_ktime_get_ns();
 	lv.agg.target = ts->target;
 	lv.agg.tgid = tgid;
 	lv.agg.size_class = size_class(ts->size);
+	scratch = bpf_task_storage_get(&heap_unwind_scratch, bpf_get_current_task_btf(), 0,
+				       BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (cfi_unwind) {
 		/* Registers at the return: the walk starts at the call site. */
-		lv.agg.user_stack = ff_unwind_user(
-			bpf_task_storage_get(&heap_unwind_scratch, bpf_get_current_task_btf(), 0,
-					     BPF_LOCAL_STORAGE_GET_F_CREATE),
-			PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx), tgid, true);
-		/* Lost (map full, no scratch): the bytes are kept, unattributed. */
-		if (!lv.agg.user_stack)
-			count(HEAP_DROP_STACK);
-		id = -1;
-	} else {
-		id = bpf_get_stackid(ctx, &heap_stacks, BPF_F_USER_STACK);
-		/* Collisions and a full map lose the stack (the bytes are kept, unattributed). */
-		if (id == -EEXIST || id == -ENOMEM)
-			count(HEAP_DROP_STACK);
+		lv.agg.user_stack = ff_unwind_user(scratch, PT_REGS_IP(ctx), PT_REGS_SP(ctx),
+						   PT_REGS_FP(ctx), tgid, true);
+	} else if (scratch) {
+		/* The kernel's frame-pointer walk, kept like the CFI walk's stacks. */
+		bytes = bpf_get_stack(ctx, scratch->stack.pcs, sizeof(scratch->stack.pcs),
+				      BPF_F_USER_STACK);
+		if (bytes > 0)
+			lv.agg.user_stack = ff_store_stack(&user_stacks, &scratch->stack,
+							   (__u32)bytes / sizeof(__u64));
 	}
-	lv.agg.stack_id = id < 0 ? -1 : (__s32)id;
+	/* Lost (map full, no scratch): the bytes are kept, unattributed. */
+	if (!lv.agg.user_stack)
+		count(HEAP_DROP_STACK);
 
 	av = bpf_map_lookup_elem(&heap_agg, &lv.agg);
 	if (!av) {

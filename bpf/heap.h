@@ -12,10 +12,10 @@
 struct heap_agg_key {
 	__u32 target;
 	__u32 tgid;
-	__s32 stack_id; /* -1: no user stack (collisions and a full stack map are counted in drops) */
 	__u32 size_class;
-	/* Key of the user stack in `user_stacks` when walked with CFI tables (unwind.bpf.h);
-	 * 0 when the stack is in `heap_stacks` (stack_id) or was lost. */
+	__u32 pad;
+	/* Key of the user stack in `user_stacks` (a 64-bit hash of its frames, ff_store_stack);
+	 * 0 when it was lost (counted in drops). */
 	__u64 user_stack;
 };
 
@@ -52,7 +52,7 @@ enum heap_stat {
 	HEAP_STAT_FREED = 2,       /* sampled allocations retired by a free */
 	HEAP_DROP_LIVE_FULL = 3,   /* live map full: allocation counted but its free cannot be seen */
 	HEAP_DROP_AGG_FULL = 4,    /* aggregation map full: sample lost */
-	HEAP_DROP_STACK = 5,       /* user stack not captured (kept with stack_id < 0) */
+	HEAP_DROP_STACK = 5,       /* user stack not captured (kept with user_stack 0) */
 	HEAP_DROP_THREAD_STATE = 6, /* no per-thread state could be created: call not sampled */
 	HEAP_DROP_NOTIFY = 7,      /* process notification ring buffer full */
 	HEAP_STAT_MAX = 8,

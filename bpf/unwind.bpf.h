@@ -9,12 +9,12 @@
  * return address (CFA - 8) and frame pointer. Frames without a table (JIT
  * code, a process the agent has not registered yet, a binary over the memory
  * budget) take a frame-pointer step instead, so the walk degrades to what
- * bpf_get_stackid() gives, never to less.
+ * the kernel's frame-pointer walk gives, never to less.
  *
  * The tables and process entries are created by user space and shared by
  * every program including this header (the agent reuses the same map fds in
  * each BPF object). The stack itself goes to `user_stacks`, keyed by a 64-bit
- * hash of its frames, the way a stack-trace map keys stacks by ID.
+ * hash of its frames (ff_store_stack).
  *
  * The frame loop runs under bpf_loop() (Linux 5.17+) so the verifier checks
  * one frame, not FF_MAX_FRAMES copies of it.

@@ -51,16 +51,23 @@ fn stack_has(d: &Decoded, s: &Sample, name: &str) -> bool {
 
 #[test]
 fn inuse_space_and_call_sites_match_the_truth() {
-    check_inuse_and_call_sites(false);
+    check_inuse_and_call_sites(false, true);
 }
 
 /// The same with classic entry + return probes (kernels without session uprobes).
 #[test]
 fn inuse_space_and_call_sites_match_the_truth_with_classic_uprobes() {
-    check_inuse_and_call_sites(true);
+    check_inuse_and_call_sites(true, true);
 }
 
-fn check_inuse_and_call_sites(force_classic_uprobes: bool) {
+/// The same with the kernel's frame-pointer walk instead of CFI tables (the workload keeps
+/// frame pointers): its stacks are stored the same way, by a hash of their frames.
+#[test]
+fn inuse_space_and_call_sites_match_the_truth_with_frame_pointer_stacks() {
+    check_inuse_and_call_sites(false, false);
+}
+
+fn check_inuse_and_call_sites(force_classic_uprobes: bool, cfi_unwind: bool) {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -95,6 +102,7 @@ fn check_inuse_and_call_sites(force_classic_uprobes: bool) {
             sample_bytes,
             node: "test-node".into(),
             force_classic_uprobes,
+            cfi_unwind,
             ready: Some(ready),
             ..Default::default()
         },

@@ -390,14 +390,14 @@ fn apply_counters(stats: &mut EbpfHeapStats, now: [u64; 8], before: [u64; 8]) {
 /// bytes, in-use objects, in-use bytes.
 type Row = [f64; 4];
 
-/// Aggregation rows by (target position, process, stack ID, CFI stack key).
-type Rows = HashMap<(usize, u32, i32, u64), Row>;
+/// Aggregation rows by (target position, process, user stack key).
+type Rows = HashMap<(usize, u32, u64), Row>;
 
 /// What a capture read from the sampler, before symbolization.
 struct CaptureRead {
     rows: Rows,
-    /// The stacks the rows refer to, by (stack ID, CFI stack key), leaf first.
-    stacks: HashMap<(i32, u64), Vec<u64>>,
+    /// The stacks the rows refer to, by key, leaf first.
+    stacks: HashMap<u64, Vec<u64>>,
 }
 
 /// This capture's rows: per size class, `alloc_*` is the increase of the row's counters
@@ -445,22 +445,20 @@ fn read_capture(
     }
     let mut rows: Rows = HashMap::new();
     let mut stacks = HashMap::new();
-    for ((index, tgid, stack_id, _size_class, user_stack), [ac, ab, ic, ib]) in sampled {
+    for ((index, tgid, _size_class, user_stack), [ac, ab, ic, ib]) in sampled {
         let Some(&target) = target_of_index.get(&index) else {
             continue;
         };
         let (ac, ab) = sampling::scale(ac, ab, rate);
         let (ic, ib) = sampling::scale(ic, ib, rate);
-        let row = rows
-            .entry((target, tgid, stack_id, user_stack))
-            .or_default();
+        let row = rows.entry((target, tgid, user_stack)).or_default();
         row[0] += ac;
         row[1] += ab;
         row[2] += ic;
         row[3] += ib;
         stacks
-            .entry((stack_id, user_stack))
-            .or_insert_with(|| read_stack(&shared.maps, stack_id, user_stack));
+            .entry(user_stack)
+            .or_insert_with(|| read_stack(&shared.maps, user_stack));
     }
     Ok(CaptureRead { rows, stacks })
 }
@@ -505,14 +503,11 @@ fn build_profile(
     let mut sorted: Vec<_> = read.rows.into_iter().collect();
     sorted.sort_by_key(|(k, _)| *k);
     let mut comms: HashMap<u32, String> = HashMap::new();
-    for ((target, tgid, stack_id, user_stack), row) in sorted {
+    for ((target, tgid, user_stack), row) in sorted {
         let Some(t) = targets.get(target) else {
             continue;
         };
-        let stack = read
-            .stacks
-            .get(&(stack_id, user_stack))
-            .map_or(&[][..], Vec::as_slice);
+        let stack = read.stacks.get(&user_stack).map_or(&[][..], Vec::as_slice);
         let frames = symbolizer.user_frames(&mut b, tgid, stack);
         let comm = comms
             .entry(tgid)
@@ -538,19 +533,18 @@ fn build_profile(
     b.build()
 }
 
-/// The user stack `id` of `heap_stacks`, or `user_stack` of `user_stacks`
-/// when not 0 (leaf first); empty when it was not captured.
-fn read_stack(maps: &sampler::Maps, id: i32, user_stack: u64) -> Vec<u64> {
-    let bytes = if user_stack != 0 {
-        maps.user_stacks
-            .lookup(&user_stack.to_ne_bytes(), MapFlags::ANY)
-    } else {
-        let Ok(id) = u32::try_from(id) else {
-            return Vec::new();
-        };
-        maps.heap_stacks.lookup(&id.to_ne_bytes(), MapFlags::ANY)
-    };
-    let bytes = bytes.ok().flatten().unwrap_or_default();
+/// The user stack `user_stack` of `user_stacks` (leaf first); empty when it was not
+/// captured (0) or is gone.
+fn read_stack(maps: &sampler::Maps, user_stack: u64) -> Vec<u64> {
+    if user_stack == 0 {
+        return Vec::new();
+    }
+    let bytes = maps
+        .user_stacks
+        .lookup(&user_stack.to_ne_bytes(), MapFlags::ANY)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
     bytes
         .chunks_exact(8)
         .take(MAX_FRAMES)

@@ -57,12 +57,11 @@ pub(crate) const MAX_FRAMES: usize = 127;
 /// A binary's identity for uprobes: (device, inode).
 pub type DevIno = (u64, u64);
 
-/// `struct heap_agg_key` as a hashable tuple: (target, tgid, stack_id, size_class,
-/// user_stack).
-pub(crate) type AggKey = (u32, u32, i32, u32, u64);
+/// `struct heap_agg_key` as a hashable tuple: (target, tgid, size_class, user_stack).
+pub(crate) type AggKey = (u32, u32, u32, u64);
 
 pub(crate) fn agg_key(k: &types::heap_agg_key) -> AggKey {
-    (k.target, k.tgid, k.stack_id, k.size_class, k.user_stack)
+    (k.target, k.tgid, k.size_class, k.user_stack)
 }
 
 /// How uprobes are attached.
@@ -108,7 +107,6 @@ pub(crate) struct Maps {
     pub(crate) generation: MapHandle,
     pub(crate) heap_agg: MapHandle,
     pub(crate) heap_live: MapHandle,
-    pub(crate) heap_stacks: MapHandle,
     pub(crate) user_stacks: MapHandle,
     pub(crate) heap_stats: MapHandle,
     pub(crate) unwind_stats: MapHandle,
@@ -544,21 +542,11 @@ pub(crate) fn read_alloc_counters(
 /// Removes stacks that neither an aggregation row nor a live allocation refers to, so the
 /// stack maps hold only what running captures can read (see the CPU sampler's twin).
 fn drop_unreferenced_stacks(maps: &Maps) {
-    let mut ids: HashSet<i32> = HashSet::new();
     let mut user: HashSet<u64> = HashSet::new();
     for raw in maps.heap_agg.keys() {
         if let Some(k) = from_bytes::<types::heap_agg_key>(&raw) {
-            ids.insert(k.stack_id);
             user.insert(k.user_stack);
         }
-    }
-    let stale_ids: Vec<Vec<u8>> = maps
-        .heap_stacks
-        .keys()
-        .filter(|k| from_bytes::<u32>(k).is_some_and(|id| !ids.contains(&(id as i32))))
-        .collect();
-    for k in stale_ids {
-        let _ = maps.heap_stacks.delete(&k);
     }
     let stale_user: Vec<Vec<u8>> = maps
         .user_stacks
@@ -580,7 +568,6 @@ fn map_handles(skel: &HeapSkel<'_>) -> Result<Maps> {
         generation: handle(&skel.maps.target_generation, "target_generation")?,
         heap_agg: handle(&skel.maps.heap_agg, "heap_agg")?,
         heap_live: handle(&skel.maps.heap_live, "heap_live")?,
-        heap_stacks: handle(&skel.maps.heap_stacks, "heap_stacks")?,
         user_stacks: handle(&skel.maps.user_stacks, "user_stacks")?,
         heap_stats: handle(&skel.maps.heap_stats, "heap_stats")?,
         unwind_stats: handle(&skel.maps.unwind_stats, "unwind_stats")?,
@@ -632,25 +619,19 @@ fn load<'obj>(
         .target_cache
         .set_autocreate(cache)
         .map_err(|e| CaptureError::bpf("configuring the heap target cache", e))?;
-    // The stack map the configured walk does not use keeps one entry.
-    let (fp_stacks, cfi_stacks) = match unwinder {
-        Some(u) => {
-            u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
-            (1, opts.max_stacks)
-        }
+    match unwinder {
+        Some(u) => u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?,
         None => {
             for map in [&mut open.maps.unwind_tables, &mut open.maps.unwind_procs] {
                 map.set_max_entries(1)
                     .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;
             }
-            (opts.max_stacks, 1)
         }
-    };
+    }
     for (map, n) in [
         (&mut open.maps.heap_live, opts.max_live),
         (&mut open.maps.heap_agg, opts.max_rows),
-        (&mut open.maps.heap_stacks, fp_stacks),
-        (&mut open.maps.user_stacks, cfi_stacks),
+        (&mut open.maps.user_stacks, opts.max_stacks),
     ] {
         map.set_max_entries(n.max(1))
             .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;
