@@ -196,7 +196,7 @@ fn print_point(p: &Point) {
         p.runqlat.histograms,
         p.runqlat
             .starts
-            .map_or_else(|| "task".to_string(), |n| n.to_string()),
+            .map_or_else(|| "-".to_string(), |n| n.to_string()),
     );
     let _ = std::io::stdout().flush();
 }
