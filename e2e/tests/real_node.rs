@@ -132,16 +132,48 @@ impl Drop for DeleteOnDrop<'_> {
 }
 
 /// Names of the BPF programs the agent loads, from `bpftool prog show`.
+/// Every program the agent's BPF objects define, named as the kernel shows
+/// them (at most 15 bytes), read from the sources so a new program cannot be
+/// missed by the leak check.
+fn agent_program_names() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bpf");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("the bpf sources") {
+        let path = entry.expect("a bpf source").path();
+        if !path.to_string_lossy().ends_with(".bpf.c") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("reading a bpf source");
+        let lines: Vec<&str> = text.lines().collect();
+        for pair in lines.windows(2) {
+            if !pair[0].trim_start().starts_with("SEC(\"") {
+                continue;
+            }
+            let Some((head, rest)) = pair[1].split_once('(') else {
+                continue;
+            };
+            // `int BPF_PROG(name, ...)` or `int name(struct ... *ctx)`.
+            let name = if head.trim_end().ends_with(|c: char| c.is_ascii_uppercase()) {
+                rest.split([',', ')']).next().unwrap_or("")
+            } else {
+                head.split_whitespace().last().unwrap_or("")
+            };
+            let name = name.trim();
+            if !name.is_empty() {
+                names.push(name.chars().take(15).collect());
+            }
+        }
+    }
+    assert!(
+        names.iter().any(|n| n == "on_cpu_sample") && names.iter().any(|n| n == "malloc_enter"),
+        "read the agent's programs from {}: {names:?}",
+        dir.display()
+    );
+    names
+}
+
 fn loaded_agent_programs() -> Vec<String> {
-    const OURS: &[&str] = &[
-        "on_cpu_sample",
-        "on_exec",
-        "wakeup_task",
-        "switch_task",
-        "malloc_enter",
-        "free_enter",
-        "malloc_session",
-    ];
+    let ours = agent_program_names();
     let out = Command::new("bpftool")
         .args(["prog", "show", "--json"])
         .output()
@@ -150,7 +182,7 @@ fn loaded_agent_programs() -> Vec<String> {
     progs
         .iter()
         .filter_map(|p| p["name"].as_str())
-        .filter(|n| OURS.iter().any(|o| n.starts_with(o)))
+        .filter(|n| ours.iter().any(|o| o == n))
         .map(str::to_owned)
         .collect()
 }
