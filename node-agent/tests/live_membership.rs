@@ -64,6 +64,11 @@ fn samples_of(r: &CpuSamples, pid: u32) -> u64 {
         .sum()
 }
 
+/// CPU time each spinner gets before a check: ~150 samples at 99 Hz, so that
+/// the 70% floor below sits ~3.7 standard deviations under the count expected
+/// (at 0.5 s, ~50 samples, it was ~2 and failed once in a loaded run).
+const SPIN_CPU: Duration = Duration::from_millis(1500);
+
 /// Asserts that `pid` got at least 70% of the samples its CPU time `cpu`
 /// calls for at 99 Hz (a loaded machine gives a spinner only part of a CPU).
 fn assert_sampled(r: &CpuSamples, pid: u32, cpu: Duration, what: &str) {
@@ -120,7 +125,7 @@ fn check_cpu_live(config: SamplerConfig) {
     // starts after the capture began.
     let mut first = child(&pod, "app");
     let first_pid = first.spawn(&mut Command::new(&spin));
-    first.wait_cpu(Duration::from_millis(500));
+    first.wait_cpu(SPIN_CPU);
     let first_cpu = first.cpu_usage();
     // It "restarts": the process dies, the cgroup is replaced by a new one
     // (new inode, new cgroup ID) with a new process.
@@ -129,7 +134,7 @@ fn check_cpu_live(config: SamplerConfig) {
     let nested = child(&second, "worker");
     let mut nested = nested;
     let second_pid = nested.spawn(&mut Command::new(&spin));
-    nested.wait_cpu(Duration::from_millis(500));
+    nested.wait_cpu(SPIN_CPU);
     let second_cpu = nested.cpu_usage();
     let r = capture.finish().expect("finish");
     assert_sampled(
@@ -178,7 +183,7 @@ fn a_pod_capture_keeps_the_container_a_shorter_capture_targeted() {
         )
         .expect("container capture");
     let inner_before = app.cpu_usage();
-    app.wait_cpu(Duration::from_millis(500));
+    app.wait_cpu(SPIN_CPU);
     let inner_cpu = app.cpu_usage() - inner_before;
     let inner = inner.finish().expect("finish container capture");
     app.wait_cpu(Duration::from_millis(300));
