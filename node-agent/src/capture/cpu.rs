@@ -16,7 +16,7 @@ use flamefleet_proto::pprof::Profile;
 pub use super::perf_event::PerfEventKind;
 use super::sampler_thread::{self, OwnerThread, Woken};
 use super::target_table::{TargetMaps, TargetTable, delete_target_entries};
-use super::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event};
+use super::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event, stack_maps};
 use crate::bpf::cpu_sampler::types::{cpu_drops, cpu_sample_key, ff_proc_event, ff_target};
 use crate::bpf::cpu_sampler::{CpuSamplerSkel, CpuSamplerSkelBuilder};
 use crate::bpf::from_bytes;
@@ -477,19 +477,9 @@ fn drop_unreferenced_stacks(maps: &Maps) -> FreedStacks {
         }
     }
     FreedStacks {
-        kernel_stacks: delete_keys_not_in(&maps.kernel_stacks, &kernel_keys),
-        user_stacks: delete_keys_not_in(&maps.user_stacks, &user_keys),
+        kernel_stacks: stack_maps::delete_keys_not_in(&maps.kernel_stacks, &kernel_keys),
+        user_stacks: stack_maps::delete_keys_not_in(&maps.user_stacks, &user_keys),
     }
-}
-
-/// Deletes the entries of a stack map (keyed by stack hash) whose key is not in `keep`;
-/// returns how many it deleted.
-fn delete_keys_not_in(map: &MapHandle, keep: &HashSet<u64>) -> usize {
-    let doomed: Vec<Vec<u8>> = map
-        .keys()
-        .filter(|k| from_bytes::<u64>(k).is_some_and(|key| !keep.contains(&key)))
-        .collect();
-    doomed.into_iter().filter(|k| map.delete(k).is_ok()).count()
 }
 
 impl CpuCapture {
@@ -527,12 +517,9 @@ impl CpuCapture {
                 continue;
             }
             let stack = |cache: &mut HashMap<u64, Vec<u64>>, map: &MapHandle, key: u64| {
-                if key == 0 {
-                    return Vec::new();
-                }
                 cache
                     .entry(key)
-                    .or_insert_with(|| read_stack(map, key))
+                    .or_insert_with(|| stack_maps::read(map, key))
                     .clone()
             };
             samples.push(CpuSample {
@@ -698,15 +685,4 @@ fn read_drops(drops: &MapHandle) -> CpuDrops {
         }
     }
     sum
-}
-
-/// A stack stored by `ff_store_stack` (bpf/unwind.bpf.h): frames up to the first 0.
-fn read_stack(stacks: &MapHandle, key: u64) -> Vec<u64> {
-    let Ok(Some(raw)) = stacks.lookup(&key.to_ne_bytes(), MapFlags::ANY) else {
-        return Vec::new();
-    };
-    raw.chunks_exact(8)
-        .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default()))
-        .take_while(|&a| a != 0)
-        .collect()
 }

@@ -14,6 +14,7 @@ mod perf_event;
 mod registry;
 pub mod runqlat;
 mod sampler_thread;
+mod stack_maps;
 mod target_table;
 
 use std::path::PathBuf;

@@ -29,11 +29,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 
 use super::allocators::AllocatorFinder;
-use super::sampler::{self, HeapSampler, JoinedCapture, MAX_FRAMES};
+use super::sampler::{self, HeapSampler, JoinedCapture};
 use super::sampling;
 use crate::bpf::heap::types;
 use crate::bpf::{Pod, from_bytes};
-use crate::capture::{CaptureError, CaptureTarget, Result, target_labels};
+use crate::capture::{CaptureError, CaptureTarget, Result, stack_maps, target_labels};
 use crate::pprof::{Label, ProfileBuilder};
 use crate::symbolize::{ProcessCatalog, StackSymbolizer};
 use crate::unwind::{UnwindConfig, Unwinder, WalkStats};
@@ -458,7 +458,7 @@ fn read_capture(
         row[3] += ib;
         stacks
             .entry(user_stack)
-            .or_insert_with(|| read_stack(&shared.maps, user_stack));
+            .or_insert_with(|| stack_maps::read(&shared.maps.user_stacks, user_stack));
     }
     Ok(CaptureRead { rows, stacks })
 }
@@ -531,24 +531,4 @@ fn build_profile(
         b.comment(&w.comment());
     }
     b.build()
-}
-
-/// The user stack `user_stack` of `user_stacks` (leaf first); empty when it was not
-/// captured (0) or is gone.
-fn read_stack(maps: &sampler::Maps, user_stack: u64) -> Vec<u64> {
-    if user_stack == 0 {
-        return Vec::new();
-    }
-    let bytes = maps
-        .user_stacks
-        .lookup(&user_stack.to_ne_bytes(), MapFlags::ANY)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    bytes
-        .chunks_exact(8)
-        .take(MAX_FRAMES)
-        .filter_map(|c| c.try_into().ok().map(u64::from_ne_bytes))
-        .take_while(|&a| a != 0)
-        .collect()
 }

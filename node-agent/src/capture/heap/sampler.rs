@@ -45,14 +45,12 @@ use crate::bpf::heap::types;
 use crate::bpf::heap::{HeapSkel, HeapSkelBuilder};
 use crate::capture::sampler_thread::{self, OwnerThread};
 use crate::capture::target_table::{TargetCgroup, TargetMaps, TargetTable};
-use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig};
+use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig, stack_maps};
 use crate::symbolize::ProcessCatalog;
 use crate::unwind::Unwinder;
 
 /// Number of entries in the exponential gap table (`HEAP_GAP_TABLE_SIZE`).
 const GAP_TABLE_SIZE: usize = 4096;
-/// Frames kept per stack by the stack map (its value size in the BPF source).
-pub(crate) const MAX_FRAMES: usize = 127;
 
 /// A binary's identity for uprobes: (device, inode).
 pub type DevIno = (u64, u64);
@@ -548,14 +546,7 @@ fn drop_unreferenced_stacks(maps: &Maps) {
             user.insert(k.user_stack);
         }
     }
-    let stale_user: Vec<Vec<u8>> = maps
-        .user_stacks
-        .keys()
-        .filter(|k| from_bytes::<u64>(k).is_some_and(|key| !user.contains(&key)))
-        .collect();
-    for k in stale_user {
-        let _ = maps.user_stacks.delete(&k);
-    }
+    stack_maps::delete_keys_not_in(&maps.user_stacks, &user);
 }
 
 fn map_handles(skel: &HeapSkel<'_>) -> Result<Maps> {
