@@ -131,7 +131,6 @@ impl Drop for DeleteOnDrop<'_> {
     }
 }
 
-/// Names of the BPF programs the agent loads, from `bpftool prog show`.
 /// Every program the agent's BPF objects define, named as the kernel shows
 /// them (at most 15 bytes), read from the sources so a new program cannot be
 /// missed by the leak check.
@@ -172,6 +171,7 @@ fn agent_program_names() -> Vec<String> {
     names
 }
 
+/// The agent's programs loaded now, from `bpftool prog show`.
 fn loaded_agent_programs() -> Vec<String> {
     let ours = agent_program_names();
     let out = Command::new("bpftool")

@@ -110,10 +110,13 @@ async fn cpu_profile_names_the_busy_function_in_pprof_and_svg() {
     };
     // A stretch inside the 2 s window: from the profiler's start signal, 1 s long (the
     // window began before the signal and ends 2 s after it began).
+    // The sleep is the measured stretch, not a wait for anything; that it fell inside the
+    // window is checked below against the profile's own start and duration.
     profiler.wait_started(1).await;
-    let inner_start = process_cpu_ns();
+    let (inner_from, inner_start) = (std::time::SystemTime::now(), process_cpu_ns());
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let inner_cpu = process_cpu_ns() - inner_start;
+    let inner_to = std::time::SystemTime::now();
     let pprof = request.await.expect("profile request");
     assert_eq!(pprof.status(), 200);
     let cpu_used = process_cpu_ns() - cpu_before;
@@ -122,6 +125,14 @@ async fn cpu_profile_names_the_busy_function_in_pprof_and_svg() {
     // used over the whole request (which also covers symbolizing, encoding and the HTTP
     // exchange, a share that grows when a loaded machine gives the spinner less), and no
     // less than it used over a stretch inside the window.
+    let unix_ns = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+    };
+    assert!(
+        p.time_nanos <= unix_ns(inner_from) && unix_ns(inner_to) <= p.time_nanos + p.duration_nanos,
+        "the measured stretch fell outside the profile's window"
+    );
     let profiled: i64 = p.sample.iter().map(|s| s.value[1]).sum();
     assert!(
         profiled <= cpu_used && profiled * 100 >= inner_cpu * 99,
