@@ -277,38 +277,95 @@ static int ff_unwind_step(__u32 index, void *data)
 }
 
 /*
- * Stores the first `n` frames of `st` in `map` (a hash map from a 64-bit hash
- * of the frames to the frames, as `user_stacks`) and returns the key; 0 when
- * there is nothing to store or the map is full. Equal stacks share one entry,
- * and unlike a stack-trace map (whose ID is a bucket index) two different
- * stacks never fight over a key.
+ * Secret seed of the stack hash, set by user space before load (random per
+ * agent process). A tenant controls its own frames; without a secret it could
+ * build a stack whose key equals another tenant's, and that tenant's samples
+ * would then be counted on the forged frames. With it the keys cannot be
+ * predicted, and a hit is compared frame by frame anyway (ff_store_stack).
+ */
+const volatile __u64 ff_stack_seed = 0;
+
+struct ff_stack_pass {
+	struct ff_user_stack *st;
+	struct ff_user_stack *old; /* compare pass: the stored stack */
+	__u64 h;
+	__u32 i; /* the frame at hand: a loaded index, which the verifier bounds (the
+		  * callback's own index argument it does not, once clang widens it) */
+	bool differs;
+};
+
+/* One frame of the hash. Under bpf_loop() the verifier checks this body once
+ * instead of FF_MAX_FRAMES inlined copies per call site. */
+static int ff_hash_frame(__u32 index, void *data)
+{
+	struct ff_stack_pass *p = data;
+	__u32 i = p->i++;
+
+	if (i >= FF_MAX_FRAMES)
+		return 1;
+	p->h ^= p->st->pcs[i];
+	p->h *= 0xff51afd7ed558ccdULL;
+	p->h ^= p->h >> 33;
+	return 0;
+}
+
+/* One frame of the comparison with the stored stack. */
+static int ff_compare_frame(__u32 index, void *data)
+{
+	struct ff_stack_pass *p = data;
+	__u32 i = p->i++;
+
+	if (i >= FF_MAX_FRAMES)
+		return 1;
+	if (p->st->pcs[i] != p->old->pcs[i]) {
+		p->differs = true;
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * Stores the first `n` frames of `st` in `map` (a hash map from a keyed 64-bit
+ * hash of the frames to the frames, as `user_stacks`) and returns the key; 0
+ * when there is nothing to store, the map is full, or another stack holds the
+ * key (a collision is refused, never counted on the other stack's frames).
+ * Equal stacks share one entry, and unlike a stack-trace map (whose ID is a
+ * bucket index) two stacks fight over a key only at the odds of a 64-bit
+ * collision.
  */
 static __always_inline __u64 ff_store_stack(void *map, struct ff_user_stack *st, __u32 n)
 {
-	__u64 h;
-	__u32 i;
+	struct ff_stack_pass p = {};
+	struct ff_user_stack *old;
 	long err;
 
 	if (n == 0 || n > FF_MAX_FRAMES)
 		return 0;
+	/* The stored stack ends at its first 0 (frames past n are stale). */
 	if (n < FF_MAX_FRAMES)
 		st->pcs[n] = 0;
-	h = 0x9e3779b97f4a7c15ULL ^ n;
-	for (i = 0; i < FF_MAX_FRAMES; i++) {
-		if (i >= n)
-			break;
-		h ^= st->pcs[i];
-		h *= 0xff51afd7ed558ccdULL;
-		h ^= h >> 33;
+	p.st = st;
+	p.h = (ff_stack_seed ^ 0x9e3779b97f4a7c15ULL) + n;
+	bpf_loop(n, ff_hash_frame, &p, 0);
+	if (p.h == 0)
+		p.h = 1;
+	old = bpf_map_lookup_elem(map, &p.h);
+	if (!old) {
+		err = bpf_map_update_elem(map, &p.h, st, BPF_NOEXIST);
+		if (!err)
+			return p.h;
+		if (err != -EEXIST)
+			return 0;
+		/* Another CPU stored this key meanwhile: check it like a hit. */
+		old = bpf_map_lookup_elem(map, &p.h);
+		if (!old)
+			return 0;
 	}
-	if (h == 0)
-		h = 1;
-	if (bpf_map_lookup_elem(map, &h))
-		return h;
-	err = bpf_map_update_elem(map, &h, st, BPF_NOEXIST);
-	if (err && err != -EEXIST)
-		return 0;
-	return h;
+	p.old = old;
+	p.i = 0;
+	/* n + 1 compares the terminating 0 as well, where there is one. */
+	bpf_loop(n < FF_MAX_FRAMES ? n + 1 : n, ff_compare_frame, &p, 0);
+	return p.differs ? 0 : p.h;
 }
 
 /* This CPU's scratch, for programs that cannot be preempted. */
@@ -320,13 +377,12 @@ static __always_inline struct ff_unwind_scratch *ff_unwind_percpu_scratch(void)
 }
 
 /*
- * Walks the user stack of `tgid` from (ip, sp, bp), stores it in
- * `user_stacks` and returns its key; 0 when no stack was stored (counted).
- * `ip_is_return`: ip is a return address (registers at a return probe), so
- * its frame is looked up at the call like every caller's.
+ * The walk itself, from the registers in s->pc, s->sp and s->bp: a global
+ * function, so the verifier checks it once, on its own, rather than once per
+ * state its caller reaches it in; and its caller goes on from a single state
+ * (an unknown key) instead of one per way the walk can end.
  */
-static __always_inline __u64 ff_unwind_user(struct ff_unwind_scratch *s, __u64 ip, __u64 sp,
-					    __u64 bp, __u32 tgid, bool ip_is_return)
+__noinline __u64 ff_walk_user_stack(struct ff_unwind_scratch *s, __u32 tgid)
 {
 	struct ff_walk w = {};
 	__u64 h;
@@ -334,11 +390,7 @@ static __always_inline __u64 ff_unwind_user(struct ff_unwind_scratch *s, __u64 i
 
 	if (!s)
 		return 0;
-	s->pc = ip;
-	s->sp = sp;
-	s->bp = bp;
 	s->n = 0;
-	s->ret0 = ip_is_return;
 	w.s = s;
 	w.proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
 	ff_unwind_count(FF_UW_STACKS);
@@ -351,6 +403,24 @@ static __always_inline __u64 ff_unwind_user(struct ff_unwind_scratch *s, __u64 i
 	if (!h && n > 0 && n <= FF_MAX_FRAMES)
 		ff_unwind_count(FF_UW_STACK_LOST);
 	return h;
+}
+
+/*
+ * Walks the user stack of `tgid` from (ip, sp, bp), stores it in
+ * `user_stacks` and returns its key; 0 when no stack was stored (counted).
+ * `ip_is_return`: ip is a return address (registers at a return probe), so
+ * its frame is looked up at the call like every caller's.
+ */
+static __always_inline __u64 ff_unwind_user(struct ff_unwind_scratch *s, __u64 ip, __u64 sp,
+					    __u64 bp, __u32 tgid, bool ip_is_return)
+{
+	if (!s)
+		return 0;
+	s->pc = ip;
+	s->sp = sp;
+	s->bp = bp;
+	s->ret0 = ip_is_return;
+	return ff_walk_user_stack(s, tgid);
 }
 
 #endif

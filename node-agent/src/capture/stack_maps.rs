@@ -3,10 +3,21 @@
 //! at the first 0 or at the map's value size.
 
 use std::collections::HashSet;
+use std::hash::{BuildHasher as _, RandomState};
+use std::sync::OnceLock;
 
 use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 
 use crate::bpf::from_bytes;
+
+/// The secret seed of the stack hash (`ff_stack_seed`), random per agent process and
+/// the same for every BPF object it loads. Without one, a tenant, whose frames are its
+/// own, could build a stack whose key is another tenant's.
+pub(crate) fn seed() -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    // RandomState draws its keys from the OS's random source.
+    *SEED.get_or_init(|| RandomState::new().hash_one(0x666c_616d_6566_6c74_u64))
+}
 
 /// The stack stored under `key`; empty when `key` is 0 (no stack was stored) or the entry
 /// is gone.

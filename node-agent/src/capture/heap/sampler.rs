@@ -604,6 +604,7 @@ fn load<'obj>(
             })?;
     rodata.gap_table.copy_from_slice(&table);
     rodata.cfi_unwind = unwinder.is_some();
+    rodata.ff_stack_seed = stack_maps::seed();
     let cache = !opts.no_target_cache && crate::capture::target_cache_supported();
     rodata.ff_cgrp_cache = cache;
     open.maps
