@@ -331,7 +331,7 @@ fn load<'obj>(
         ro.capture_kernel_stacks = options.kernel_stacks;
         ro.ff_cgrp_cache = cache;
         ro.cfi_unwind = unwinder.is_some();
-        ro.ff_stack_seed = super::stack_maps::seed();
+        ro.ff_stack_seed = stack_maps::seed();
     }
     open.maps
         .target_cache
