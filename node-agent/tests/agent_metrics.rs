@@ -108,7 +108,19 @@ async fn metrics_count_captures_by_type_and_outcome_and_uploads() {
         Some(0.0),
         "{after}"
     );
-    // No capture runs now: its sampler stopped, so no map is reported.
-    assert!(!after.contains("flamefleet_agent_map_entries{"), "{after}");
+    // No capture runs now. The CPU sampler stays loaded for its linger period, its maps
+    // reported and empty: the finished capture's targets, counts and stacks are gone.
+    let fill: Vec<&str> = after
+        .lines()
+        .filter(|l| l.starts_with("flamefleet_agent_map_entries{"))
+        .collect();
+    assert!(
+        fill.iter().any(|l| l.contains("sampler=\"cpu\"")),
+        "the idle CPU sampler is still loaded: {after}"
+    );
+    assert!(
+        fill.iter().all(|l| l.ends_with(" 0")),
+        "maps still hold entries: {fill:#?}"
+    );
     assert_eq!(v("flamefleet_agent_captures_active"), Some(0.0), "{after}");
 }

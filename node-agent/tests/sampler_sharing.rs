@@ -1,6 +1,7 @@
 //! One sampler per type per node: 100 target cgroups and 3 concurrent
 //! captures cost exactly one perf event per online CPU, each capture gets
-//! only its own samples back, and the sampler stops with the last capture.
+//! only its own samples back, and the sampler stops sampling with the last
+//! capture (and unloads after its linger period).
 
 mod support;
 
@@ -205,4 +206,76 @@ fn a_capture_joining_later_gets_only_samples_from_after_it_started() {
         first.total(),
         second.total()
     );
+}
+
+/// Between captures the CPU sampler samples nothing (its perf events are closed) but stays
+/// loaded for the linger period: a capture with the same options reuses it, one with
+/// other options gets a fresh sampler running at what it asked for, and an idle sampler
+/// is unloaded once the period has passed.
+#[test]
+fn an_idle_cpu_sampler_stays_loaded_with_its_perf_events_closed_until_the_linger_ends() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let spin = compile_c(dir.path(), "ffspin", SPIN);
+    let mut cg = TestCgroup::new("linger");
+    cg.spawn(&mut Command::new(&spin));
+    let target = [CaptureTarget::raw(cg.cgroup.clone())];
+    let samplers = Samplers::new(SamplerConfig {
+        cpu_sampler_linger: Duration::from_secs(3600),
+        ..SamplerConfig::default()
+    });
+    let capture = |options: &CpuOptions| {
+        let c = samplers.start_cpu(&target, options).unwrap();
+        let sampler = c.sampler().clone();
+        assert_eq!(perf_event_fds(), online_cpus(), "sampling while it runs");
+        cg.wait_cpu(Duration::from_millis(300));
+        (c.finish().unwrap(), sampler)
+    };
+
+    let (first, sampler) = capture(&CpuOptions::default());
+    assert!(first.total() > 0, "the first capture has samples");
+    assert_eq!(perf_event_fds(), 0, "no perf event open between captures");
+    assert!(sampler.idle_for().is_some(), "idle, and still loaded");
+
+    let (second, again) = capture(&CpuOptions::default());
+    assert!(
+        Arc::ptr_eq(&sampler, &again),
+        "a capture with the same options reuses the idle sampler"
+    );
+    let expected = 0.3 * 99.0;
+    assert!(
+        second.total() as f64 >= 0.7 * expected && (second.total() as f64) <= 3.0 * expected,
+        "the reused sampler samples again: {} samples for ~{expected:.0} expected",
+        second.total()
+    );
+
+    let other = CpuOptions {
+        frequency: 49,
+        ..CpuOptions::default()
+    };
+    let (third, fresh) = capture(&other);
+    assert!(
+        !Arc::ptr_eq(&sampler, &fresh),
+        "other options on an idle sampler load a fresh one"
+    );
+    assert_eq!(third.options.frequency, 49, "running at what was asked for");
+    let old = Arc::downgrade(&sampler);
+    drop((sampler, again));
+    assert!(old.upgrade().is_none(), "the replaced sampler is unloaded");
+    drop(fresh);
+    drop(samplers);
+    assert_eq!(perf_event_fds(), 0);
+
+    // A short linger: the idle sampler is unloaded once it has passed.
+    let samplers = Samplers::new(SamplerConfig {
+        cpu_sampler_linger: Duration::from_millis(200),
+        ..SamplerConfig::default()
+    });
+    let c = samplers.start_cpu(&target, &CpuOptions::default()).unwrap();
+    let kept = Arc::downgrade(c.sampler());
+    c.finish().unwrap();
+    wait_until("the idle sampler to be unloaded after its linger", || {
+        kept.upgrade().is_none()
+    });
 }

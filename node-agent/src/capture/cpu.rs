@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
-use std::os::fd::IntoRawFd as _;
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -110,7 +110,17 @@ struct Maps {
 struct Shared {
     maps: Maps,
     table: TargetTable,
+    /// Captures running on the sampler.
+    active: usize,
+    /// One perf event per online CPU with the program attached, while `active > 0`.
+    perf: Vec<OwnedFd>,
+    /// When `active` last dropped to 0 (or the sampler was loaded).
+    idle_since: Instant,
 }
+
+/// `PERF_EVENT_IOC_SET_BPF` of linux/perf_event.h (`_IOW('$', 8, __u32)`); libc does not
+/// export it.
+const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 
 impl Maps {
     fn target_maps(&self) -> TargetMaps<'_> {
@@ -121,12 +131,17 @@ impl Maps {
     }
 }
 
-/// The node's CPU sampler: the loaded program attached to one perf event per
-/// online CPU. Shared (through [`super::Samplers`]) by every CPU capture.
+/// The node's CPU sampler: the loaded program, attached to one perf event per
+/// online CPU while at least one capture runs. Shared (through [`super::Samplers`]) by
+/// every CPU capture. Between captures the perf events are closed (nothing samples) but
+/// the program stays loaded, so the registry can keep an idle sampler for a while and
+/// spare the next capture the load (the verifier's fraction of a second).
 pub struct CpuSampler {
     shared: Mutex<Shared>,
     options: CpuOptions,
-    perf_events: usize,
+    cpus: Vec<u32>,
+    /// The sampling program (a duplicate of the owner thread's fd).
+    program: OwnedFd,
     catalog: ProcessCatalog,
     unwinder: Option<Arc<Unwinder>>,
     owner: OwnerThread,
@@ -136,7 +151,7 @@ impl std::fmt::Debug for CpuSampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CpuSampler")
             .field("options", &self.options)
-            .field("perf_events", &self.perf_events)
+            .field("perf_events", &self.cpus.len())
             .finish()
     }
 }
@@ -187,26 +202,24 @@ impl CpuSampler {
         let (max_targets, max_indices) = (config.max_targets, config.max_target_indices);
         let config = config.clone();
         let thread_catalog = catalog.clone();
-        let thread_cpus = cpus.clone();
         let unwinder = if options.cfi_unwind {
             Some(Unwinder::shared(&config.unwind)?)
         } else {
             None
         };
         let thread_unwinder = unwinder.clone();
-        let (maps, owner) = sampler_thread::spawn("cpu", move |ready, stop| {
+        let (handles, owner) = sampler_thread::spawn("cpu", move |ready, stop| {
             let mut object = MaybeUninit::uninit();
             let loaded = load(
                 &mut object,
                 &config,
                 options,
-                &thread_cpus,
                 thread_catalog,
                 thread_unwinder,
             );
             match loaded {
                 Ok(loaded) => {
-                    if ready.send(Ok(loaded.maps)).is_err() {
+                    if ready.send(Ok((loaded.maps, loaded.program))).is_err() {
                         return;
                     }
                     // Sleeps until the ring has process notifications or the sampler
@@ -222,13 +235,18 @@ impl CpuSampler {
                 }
             }
         })?;
+        let (maps, program) = handles;
         Ok(Self {
             shared: Mutex::new(Shared {
                 maps,
                 table: TargetTable::new(max_targets, max_indices),
+                active: 0,
+                perf: Vec::new(),
+                idle_since: Instant::now(),
             }),
             options,
-            perf_events: cpus.len(),
+            cpus,
+            program,
             catalog,
             unwinder,
             owner,
@@ -240,9 +258,49 @@ impl CpuSampler {
         self.options
     }
 
-    /// Number of perf events opened (one per online CPU).
+    /// Number of perf events a capture opens (one per online CPU).
     pub fn perf_events(&self) -> usize {
-        self.perf_events
+        self.cpus.len()
+    }
+
+    /// How long the sampler has had no capture; `None` while one runs.
+    pub fn idle_for(&self) -> Option<Duration> {
+        let shared = self.lock();
+        (shared.active == 0).then(|| shared.idle_since.elapsed())
+    }
+
+    /// Opens one perf event per online CPU and attaches the program to each.
+    fn attach(&self, perf: &mut Vec<OwnedFd>) -> Result<()> {
+        for &cpu in &self.cpus {
+            let fd = perf_event::open(self.options.event, cpu, self.options.frequency)?;
+            // SAFETY: both descriptors are open and ours; the ioctl reads the program fd
+            // passed by value.
+            let rc = unsafe {
+                libc::ioctl(
+                    fd.as_raw_fd(),
+                    PERF_EVENT_IOC_SET_BPF as _,
+                    self.program.as_raw_fd(),
+                )
+            };
+            if rc != 0 {
+                perf.clear();
+                return Err(CaptureError::Io {
+                    action: format!("attaching the CPU sampler to the perf event of CPU {cpu}"),
+                    source: std::io::Error::last_os_error(),
+                });
+            }
+            perf.push(fd);
+        }
+        Ok(())
+    }
+
+    /// A capture ended: the last one closes the perf events (nothing samples then).
+    fn end_capture(shared: &mut Shared) {
+        shared.active = shared.active.saturating_sub(1);
+        if shared.active == 0 {
+            shared.perf.clear();
+            shared.idle_since = Instant::now();
+        }
     }
 
     /// The unwind tables the sampler walks user stacks with (`None` with
@@ -260,8 +318,15 @@ impl CpuSampler {
         self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts a capture of `targets` on this sampler.
-    pub fn capture(self: &Arc<Self>, targets: &[CaptureTarget]) -> Result<CpuCapture> {
+    /// Starts a capture of `targets` on this sampler. A capture that joins running ones
+    /// gets the sampler's options whatever it asked for; on an idle sampler loaded with
+    /// other options it fails with [`CaptureError::IdleSamplerOptions`] (the registry
+    /// then loads a fresh one).
+    pub fn capture(
+        self: &Arc<Self>,
+        targets: &[CaptureTarget],
+        options: &CpuOptions,
+    ) -> Result<CpuCapture> {
         if targets.is_empty() {
             return Err(CaptureError::InvalidOptions(
                 "no target cgroup given".into(),
@@ -285,13 +350,34 @@ impl CpuSampler {
             u.register_now(running, Duration::from_millis(300));
         }
         let mut shared = self.lock();
-        let Shared { maps, table } = &mut *shared;
-        table.acquire::<ff_target>(&maps.target_maps(), &cgroups, 0, |a, _| Ok(a))?;
+        if shared.active == 0 {
+            if *options != self.options {
+                return Err(CaptureError::IdleSamplerOptions);
+            }
+            if shared.perf.is_empty() {
+                self.attach(&mut shared.perf)?;
+            }
+        }
+        shared.active += 1;
         let cgroup_ids: Vec<u64> = cgroups.iter().map(|c| c.id).collect();
-        let covered = table.covered(&cgroup_ids);
-        let baseline = read_counts(&maps.counts, &covered.keys().copied().collect())?;
-        let drops_before = read_drops(&maps.drops);
-        let walk_before = WalkStats::read(&maps.unwind_stats);
+        let begun = (|| {
+            let Shared { maps, table, .. } = &mut *shared;
+            table.acquire::<ff_target>(&maps.target_maps(), &cgroups, 0, |a, _| Ok(a))?;
+            let covered = table.covered(&cgroup_ids);
+            let baseline = read_counts(&maps.counts, &covered.keys().copied().collect())?;
+            Ok((
+                baseline,
+                read_drops(&maps.drops),
+                WalkStats::read(&maps.unwind_stats),
+            ))
+        })();
+        let (baseline, drops_before, walk_before) = match begun {
+            Ok(b) => b,
+            Err(e) => {
+                Self::end_capture(&mut shared);
+                return Err(e);
+            }
+        };
         drop(shared);
         Ok(CpuCapture {
             sampler: self.clone(),
@@ -312,6 +398,7 @@ struct Loaded<'obj> {
     skel: CpuSamplerSkel<'obj>,
     links: Vec<libbpf_rs::Link>,
     maps: Maps,
+    program: OwnedFd,
     ring: libbpf_rs::RingBuffer<'static>,
 }
 
@@ -319,7 +406,6 @@ fn load<'obj>(
     object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
     config: &SamplerConfig,
     options: CpuOptions,
-    cpus: &[u32],
     catalog: ProcessCatalog,
     unwinder: Option<Arc<Unwinder>>,
 ) -> Result<Loaded<'obj>> {
@@ -359,25 +445,23 @@ fn load<'obj>(
     let skel = open
         .load()
         .map_err(|e| CaptureError::bpf("loading the CPU sampler BPF programs", e))?;
-    let mut links = Vec::with_capacity(cpus.len() + 1);
-    for &cpu in cpus {
-        let fd = perf_event::open(options.event, cpu, options.frequency)?;
-        // The link owns the perf event fd from here on and closes it on drop.
-        let link = skel
-            .progs
-            .on_cpu_sample
-            .attach_perf_event(fd.into_raw_fd())
-            .map_err(|e| {
-                CaptureError::bpf(format!("attaching to the perf event of CPU {cpu}"), e)
-            })?;
-        links.push(link);
-    }
-    links.push(
+    // The perf events are opened and the sampling program attached per capture
+    // (CpuSampler::attach), from a duplicate of its fd.
+    let program = skel
+        .progs
+        .on_cpu_sample
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| CaptureError::Io {
+            action: "duplicating the CPU sampler program's fd".into(),
+            source,
+        })?;
+    let links = vec![
         skel.progs
             .on_exec
             .attach()
             .map_err(|e| CaptureError::bpf("attaching to sched_process_exec", e))?,
-    );
+    ];
     let handle = |m: &libbpf_rs::MapMut<'_>, what: &str| {
         MapHandle::try_from(m).map_err(|e| CaptureError::bpf(format!("duplicating map {what}"), e))
     };
@@ -409,6 +493,7 @@ fn load<'obj>(
         skel,
         links,
         maps,
+        program,
         ring,
     })
 }
@@ -440,13 +525,14 @@ impl std::fmt::Debug for CpuCapture {
 impl Drop for CpuCapture {
     fn drop(&mut self) {
         let mut shared = self.sampler.lock();
-        let Shared { maps, table } = &mut *shared;
+        let Shared { maps, table, .. } = &mut *shared;
         let removed = table.release(&maps.target_maps(), &self.cgroup_ids);
         delete_target_entries::<cpu_sample_key>(&maps.counts, &removed, |k| k.target);
         if !removed.is_empty() {
             let freed = drop_unreferenced_stacks(maps);
             tracing::debug!(?freed, "cpu sampler: stacks no count refers to removed");
         }
+        CpuSampler::end_capture(&mut shared);
     }
 }
 

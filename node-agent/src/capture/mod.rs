@@ -79,6 +79,10 @@ pub enum CaptureError {
         /// New entries wanted.
         wanted: usize,
     },
+    /// An idle sampler kept loaded was loaded with other options than a new capture
+    /// asks for; the registry starts a fresh sampler when it sees this.
+    #[error("the idle sampler runs with other options; a fresh sampler is needed")]
+    IdleSamplerOptions,
     /// The unwind tables could not be set up.
     #[error(transparent)]
     Unwind(crate::unwind::UnwindError),
@@ -184,6 +188,10 @@ pub struct SamplerConfig {
     pub node: String,
     /// Limits of the CFI unwind tables (shared by the CPU and heap samplers).
     pub unwind: crate::unwind::UnwindConfig,
+    /// How long the CPU sampler stays loaded (its perf events closed, nothing sampled)
+    /// after its last capture ended, so that the next capture with the same options
+    /// skips loading it; zero unloads it at once.
+    pub cpu_sampler_linger: std::time::Duration,
 }
 
 impl Default for SamplerConfig {
@@ -202,6 +210,7 @@ impl Default for SamplerConfig {
                 .map(|h| h.trim().to_owned())
                 .unwrap_or_default(),
             unwind: crate::unwind::UnwindConfig::default(),
+            cpu_sampler_linger: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -236,6 +245,13 @@ pub struct MapSizes {
     /// (docs/capture.md).
     #[arg(long, value_enum)]
     pub runqlat_clock: Option<RunqlatClock>,
+    /// How long the CPU sampler stays loaded after its last capture ended (default 30s):
+    /// its perf events are closed at once, so nothing is sampled, but its programs stay
+    /// verified and its maps (about 35 MiB of kernel memory at the default sizes) stay
+    /// allocated, and the next CPU capture with the same options starts without the
+    /// load. `0s` unloads it when the last capture ends.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub cpu_sampler_linger: Option<std::time::Duration>,
 }
 
 /// See [`MapSizes::runqlat_clock`].
@@ -266,6 +282,9 @@ impl MapSizes {
         set(&mut config.max_start_entries, self.max_start_entries);
         if let Some(clock) = self.runqlat_clock {
             config.runqlat_clock = clock;
+        }
+        if let Some(linger) = self.cpu_sampler_linger {
+            config.cpu_sampler_linger = linger;
         }
     }
 }

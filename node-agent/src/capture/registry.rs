@@ -5,13 +5,21 @@
 //! ends the sampler stops (detaching its programs and freeing its maps, so
 //! an idle node pays nothing).
 //!
+//! The CPU sampler is the exception, in part: its last capture closes its perf events
+//! (nothing samples any more), but the registry keeps the loaded program for
+//! `SamplerConfig::cpu_sampler_linger` (30 s by default) so that a capture following soon
+//! after with the same options skips the load, a fraction of a second of verifier time
+//! per capture that sequential requests and scheduled policies would otherwise pay each
+//! time. Its maps stay allocated meanwhile; `0s` turns this off.
+//!
 //! Under continuous use captures overlap and a sampler would never stop, so
 //! a sampler also has a bounded life: when it has handed out all its target
 //! indices, the next capture starts a fresh sampler and the old one stops
 //! once its last capture ends. Every kernel map is thereby bounded in size
 //! *and* in lifetime.
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::time::Duration;
 
 use super::cpu::{CpuCapture, CpuOptions, CpuSampler};
 use super::runqlat::{RunqlatCapture, RunqlatOptions, RunqlatSampler};
@@ -25,6 +33,116 @@ pub struct Samplers {
     catalog: ProcessCatalog,
     cpu: Mutex<Weak<CpuSampler>>,
     runqlat: Mutex<Weak<RunqlatSampler>>,
+    /// Keeps the last CPU sampler loaded for a while after its last capture.
+    cpu_linger: LingerSlot,
+}
+
+/// Owns the [`Linger`]: dropping the registry unloads the kept sampler and ends the
+/// thread.
+#[derive(Debug, Default)]
+struct LingerSlot(Arc<Linger>);
+
+impl Drop for LingerSlot {
+    fn drop(&mut self) {
+        let kept = {
+            let mut state = self.0.lock();
+            state.stop = true;
+            state.sampler.take()
+        };
+        self.0.changed.notify_all();
+        drop(kept);
+    }
+}
+
+/// The idle CPU sampler kept loaded, and the thread that unloads it when it has been idle
+/// for the linger period (spawned with the first sampler kept; it sleeps on a condition
+/// variable, with no periodic wakeups while nothing is kept).
+#[derive(Debug, Default)]
+struct Linger {
+    state: Mutex<LingerState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct LingerState {
+    sampler: Option<Arc<CpuSampler>>,
+    reaper: bool,
+    stop: bool,
+}
+
+impl Linger {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LingerState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps `sampler` (replacing the one kept before) until it has been idle for
+    /// `period`.
+    fn keep(self: &Arc<Self>, sampler: &Arc<CpuSampler>, period: Duration) {
+        if period.is_zero() {
+            return;
+        }
+        let replaced = {
+            let mut state = self.lock();
+            if state.stop {
+                return;
+            }
+            if !state.reaper {
+                let me = self.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("ff-cpu-linger".into())
+                    .spawn(move || me.reap(period));
+                match spawned {
+                    Ok(_) => state.reaper = true,
+                    Err(e) => {
+                        tracing::warn!("not keeping the CPU sampler loaded: {e}");
+                        return;
+                    }
+                }
+            }
+            match &state.sampler {
+                Some(kept) if Arc::ptr_eq(kept, sampler) => None,
+                _ => state.sampler.replace(sampler.clone()),
+            }
+        };
+        self.changed.notify_all();
+        // A replaced sampler may stop here (joining its thread): outside the lock.
+        drop(replaced);
+    }
+
+    fn reap(&self, period: Duration) {
+        let mut state = self.lock();
+        loop {
+            if state.stop {
+                return;
+            }
+            let wait = match state.sampler.as_ref().map(|s| s.idle_for()) {
+                None => None,
+                Some(Some(idle)) if idle >= period => {
+                    let expired = state.sampler.take();
+                    drop(state);
+                    tracing::debug!("cpu sampler idle for {period:?}: unloading it");
+                    drop(expired);
+                    state = self.lock();
+                    continue;
+                }
+                Some(Some(idle)) => Some(period - idle),
+                // A capture runs: look again a period later at the latest.
+                Some(None) => Some(period),
+            };
+            state = match wait {
+                None => self
+                    .changed
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(d) => {
+                    self.changed
+                        .wait_timeout(state, d)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
+        }
+    }
 }
 
 impl Samplers {
@@ -83,7 +201,11 @@ impl Samplers {
     pub fn start_cpu(&self, targets: &[CaptureTarget], options: &CpuOptions) -> Result<CpuCapture> {
         options.validate()?;
         let start = || CpuSampler::start(&self.config, *options, self.catalog.clone());
-        with_sampler(&self.cpu, start, |s| s.capture(targets))
+        let capture = with_sampler(&self.cpu, start, |s| s.capture(targets, options))?;
+        self.cpu_linger
+            .0
+            .keep(capture.sampler(), self.config.cpu_sampler_linger);
+        Ok(capture)
     }
 
     /// The fill of the running samplers' maps (entries in use, counted by walking the
@@ -165,7 +287,7 @@ pub(crate) fn with_sampler<S, C>(
         }
     };
     match capture(&current) {
-        Err(CaptureError::IndicesExhausted { .. }) => {
+        Err(e @ (CaptureError::IndicesExhausted { .. } | CaptureError::IdleSamplerOptions)) => {
             let fresh = {
                 let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
                 // Another capture may have replaced it meanwhile.
@@ -178,7 +300,12 @@ pub(crate) fn with_sampler<S, C>(
                     }
                 }
             };
-            tracing::info!("sampler used all its target indices; a fresh one takes over");
+            match e {
+                CaptureError::IdleSamplerOptions => tracing::debug!(
+                    "the idle sampler was loaded with other options; a fresh one takes over"
+                ),
+                _ => tracing::info!("sampler used all its target indices; a fresh one takes over"),
+            }
             capture(&fresh)
         }
         other => other,
