@@ -247,7 +247,7 @@ pub struct MapSizes {
     pub runqlat_clock: Option<RunqlatClock>,
     /// How long the CPU sampler stays loaded after its last capture ended (default 30s):
     /// its perf events are closed at once, so nothing is sampled, but its programs stay
-    /// verified and its maps (about 35 MiB of kernel memory at the default sizes) stay
+    /// verified and its maps (about 46 MiB of kernel memory at the default sizes) stay
     /// allocated, and the next CPU capture with the same options starts without the
     /// load. `0s` unloads it when the last capture ends.
     #[arg(long, value_parser = humantime::parse_duration)]
