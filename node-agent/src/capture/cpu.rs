@@ -350,13 +350,13 @@ impl CpuSampler {
             u.register_now(running, Duration::from_millis(300));
         }
         let mut shared = self.lock();
+        // The first capture of a busy spell opens the perf events (the last one of the
+        // previous spell closed them).
         if shared.active == 0 {
             if *options != self.options {
                 return Err(CaptureError::IdleSamplerOptions);
             }
-            if shared.perf.is_empty() {
-                self.attach(&mut shared.perf)?;
-            }
+            self.attach(&mut shared.perf)?;
         }
         shared.active += 1;
         let cgroup_ids: Vec<u64> = cgroups.iter().map(|c| c.id).collect();
