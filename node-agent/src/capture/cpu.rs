@@ -198,6 +198,7 @@ impl CpuSampler {
     ) -> Result<Self> {
         options.validate()?;
         super::check_btf()?;
+        let began = Instant::now();
         let cpus = perf_event::online_cpus()?;
         let (max_targets, max_indices) = (config.max_targets, config.max_target_indices);
         let config = config.clone();
@@ -236,6 +237,12 @@ impl CpuSampler {
             }
         })?;
         let (maps, program) = handles;
+        // Most of it is the verifier's; the first capture after an idle spell waits for it.
+        tracing::info!(
+            ms = began.elapsed().as_millis() as u64,
+            cpus = cpus.len(),
+            "cpu sampler loaded"
+        );
         Ok(Self {
             shared: Mutex::new(Shared {
                 maps,
