@@ -103,6 +103,13 @@ async fn metrics_count_captures_by_type_and_outcome_and_uploads() {
         v("flamefleet_agent_symbolize_seconds_sum{type=\"cpu\"}").is_some_and(|s| s > 0.0),
         "{after}"
     );
+    // The 1.5 s capture symbolized its samples once during its window (half-way), so
+    // that the symbolization after it found the symbols cached.
+    assert_eq!(
+        v("flamefleet_agent_window_symbolize_seconds_count{type=\"cpu\"}"),
+        Some(1.0),
+        "{after}"
+    );
     assert_eq!(
         v("flamefleet_agent_dropped_samples_total{type=\"cpu\"}"),
         Some(0.0),

@@ -585,6 +585,16 @@ impl CpuCapture {
     /// Stops the capture and reads its samples (only this capture's: counts
     /// from before it started, or of other captures' targets, are excluded).
     pub fn finish(self) -> Result<CpuSamples> {
+        self.read()
+    }
+
+    /// The samples so far, as [`Self::finish`] would read them now, without
+    /// stopping the capture.
+    pub fn peek(&self) -> Result<CpuSamples> {
+        self.read()
+    }
+
+    fn read(&self) -> Result<CpuSamples> {
         let duration = self.started_at.elapsed();
         let shared = self.sampler.lock();
         // Indices nested below a target (another capture's) count for it too.

@@ -38,6 +38,7 @@ pub struct AgentMetrics {
     captures: Mutex<BTreeMap<(&'static str, Outcome), u64>>,
     drops: Mutex<BTreeMap<&'static str, u64>>,
     symbolize: Mutex<BTreeMap<&'static str, (Duration, u64)>>,
+    window_symbolize: Mutex<BTreeMap<&'static str, (Duration, u64)>>,
     upload_bytes: AtomicU64,
     uploads: AtomicU64,
 }
@@ -68,6 +69,18 @@ impl AgentMetrics {
     pub fn symbolized(&self, profile_type: &'static str, took: Duration) {
         let mut s = self
             .symbolize
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let e = s.entry(profile_type).or_default();
+        e.0 += took;
+        e.1 += 1;
+    }
+
+    /// Records one symbolization pass during a capture's window (it fills the caches the
+    /// symbolization after the window then hits).
+    pub fn symbolized_during_window(&self, profile_type: &'static str, took: Duration) {
+        let mut s = self
+            .window_symbolize
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let e = s.entry(profile_type).or_default();
@@ -129,6 +142,23 @@ impl AgentMetrics {
                 out,
                 "flamefleet_agent_symbolize_seconds_sum{{type=\"{ty}\"}} {:.6}\n\
                  flamefleet_agent_symbolize_seconds_count{{type=\"{ty}\"}} {count}",
+                sum.as_secs_f64()
+            );
+        }
+        out.push_str(
+            "# HELP flamefleet_agent_window_symbolize_seconds Time spent symbolizing the samples so far during a capture's window, to warm the symbol caches; one count per pass.\n\
+             # TYPE flamefleet_agent_window_symbolize_seconds summary\n",
+        );
+        for (ty, (sum, count)) in self
+            .window_symbolize
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "flamefleet_agent_window_symbolize_seconds_sum{{type=\"{ty}\"}} {:.6}\n\
+                 flamefleet_agent_window_symbolize_seconds_count{{type=\"{ty}\"}} {count}",
                 sum.as_secs_f64()
             );
         }

@@ -236,6 +236,45 @@ async fn blocking<T: Send + 'static>(
         .map_err(|_| PipelineError::Internal(format!("the {what} thread panicked")))
 }
 
+/// How often the samples of a long CPU capture are symbolized during its window.
+const SYMBOLIZE_DURING_WINDOW_EVERY: Duration = Duration::from_secs(10);
+
+/// The window of a CPU capture: `duration` long, during which the samples so far are
+/// symbolized (half-way through, then every [`SYMBOLIZE_DURING_WINDOW_EVERY`]) and the
+/// profiles thrown away. What stays is the symbolizer's caches (each binary's parsed
+/// symbols and the frames of each address, per build ID, and the kernel's symbols),
+/// so that the symbolization after the window, which the request waits for, finds
+/// most frames cached: the first capture of a binary pays for its parsing during its
+/// window instead of after it. A pass still running when the window ends is waited
+/// for (what it cached the final symbolization then skips).
+async fn symbolize_during_window(
+    running: Arc<crate::capture::cpu::CpuCapture>,
+    catalog: crate::symbolize::ProcessCatalog,
+    node: String,
+    metrics: Arc<super::metrics::AgentMetrics>,
+    duration: Duration,
+) {
+    let end = tokio::time::Instant::now() + duration;
+    let every = (duration / 2).min(SYMBOLIZE_DURING_WINDOW_EVERY);
+    let mut next = tokio::time::Instant::now() + every;
+    while next < end {
+        tokio::time::sleep_until(next).await;
+        let (running, catalog, node) = (Arc::clone(&running), catalog.clone(), node.clone());
+        let metrics = Arc::clone(&metrics);
+        let _ = blocking("cpu-symbols", move || {
+            let began = Instant::now();
+            if let Ok(samples) = running.peek() {
+                let mut symbolizer = StackSymbolizer::new(catalog);
+                let _ = samples.to_profile(&mut symbolizer, &node);
+            }
+            metrics.symbolized_during_window("cpu", began.elapsed());
+        })
+        .await;
+        next += every;
+    }
+    tokio::time::sleep_until(end).await;
+}
+
 /// Awaits `work` while publishing RUNNING progress every second; `Err(Cancelled)`
 /// as soon as the capture is cancelled.
 async fn run_with_progress<T>(
@@ -319,13 +358,24 @@ async fn capture(
             // Concurrent captures share one sampler: its address tells them apart in the log.
             tracing::info!(uid = %handle.uid(), sampler = ?Arc::as_ptr(running.sampler()), "cpu sampler attached");
             handle.progress(progress(Stage::Running, "sampler attached"));
-            let waited =
-                run_with_progress(handle, started, duration, tokio::time::sleep(duration)).await;
+            let running = Arc::new(running);
+            let window = symbolize_during_window(
+                Arc::clone(&running),
+                samplers.catalog().clone(),
+                node.clone(),
+                Arc::clone(&ctx.metrics),
+                duration,
+            );
+            let waited = run_with_progress(handle, started, duration, window).await;
             if let Err(e) = waited {
                 // Detaching the targets blocks briefly (map updates).
                 let _ = blocking("cpu", move || drop(running)).await;
                 return Err(e);
             }
+            // The window's symbolization passes are over: this is the last reference.
+            let running = Arc::into_inner(running).ok_or_else(|| {
+                PipelineError::Internal("the CPU capture is still shared after its window".into())
+            })?;
             let requested = options.frequency;
             let metrics = Arc::clone(&ctx.metrics);
             let (bytes, total, drops, sample_type, unsymbolized, effective) =
