@@ -6,7 +6,8 @@
 //!
 //! Prints, separately:
 //! * the agent's own CPU (user + system of this process, all threads) during the windows
-//!   (sampler thread: ring buffers, process snapshots) and after each window (reading the
+//!   (sampler thread: ring buffers, process snapshots; and the half-way pass that
+//!   symbolizes the frames not cached yet, shown apart) and after each window (reading the
 //!   maps, symbolizing, encoding): per capture, and as a share of one core on average;
 //! * per sample: the BPF program's run time (`kernel.bpf_stats_enabled`), which the kernel
 //!   charges to the interrupted task, not to the agent;
@@ -143,6 +144,8 @@ impl Drop for Fixture {
 struct Window {
     samples: u64,
     during: Duration,
+    /// Of `during`: the half-way symbolization pass, as the agent service makes it.
+    pass: Duration,
     after: Duration,
     named_pct: f64,
 }
@@ -199,8 +202,8 @@ fn main() -> Result<()> {
         args.window.as_secs()
     );
     println!(
-        "{:>6} {:>8} {:>12} {:>12} {:>8} {:>8}",
-        "window", "samples", "during ms", "after ms", "named %", "RSS MiB"
+        "{:>6} {:>8} {:>12} {:>9} {:>12} {:>8} {:>8}",
+        "window", "samples", "during ms", "(pass ms)", "after ms", "named %", "RSS MiB"
     );
     let rss0 = status_kib("VmRSS:");
     let cpu0 = cpu_time();
@@ -212,7 +215,16 @@ fn main() -> Result<()> {
     let mut running = samplers.start_cpu(std::slice::from_ref(&target), &options)?;
     let mut window_cpu0 = cpu_time();
     for i in 0..args.windows {
-        std::thread::sleep(args.window);
+        // Half-way, the frames sampled so far that are not cached yet are symbolized
+        // into the caches, as the agent service does during each window.
+        let end = Instant::now() + args.window;
+        std::thread::sleep(args.window / 2);
+        let pass0 = cpu_time();
+        running
+            .peek()?
+            .warm_symbols(&mut StackSymbolizer::new(samplers.catalog().clone()));
+        let pass = cpu_time() - pass0;
+        std::thread::sleep(end.saturating_duration_since(Instant::now()));
         let during = cpu_time() - window_cpu0;
         bpf = sampler_bpf_stats()?;
         // The next window starts before this one is read: the sampler stays loaded.
@@ -230,14 +242,16 @@ fn main() -> Result<()> {
         let w = Window {
             samples: result.total(),
             during,
+            pass,
             after,
             named_pct: named_share(&profile, "ff_cont_work"),
         };
         println!(
-            "{:>6} {:>8} {:>12.1} {:>12.1} {:>8.1} {:>8.1}",
+            "{:>6} {:>8} {:>12.1} {:>9.1} {:>12.1} {:>8.1} {:>8.1}",
             i,
             w.samples,
             w.during.as_secs_f64() * 1e3,
+            w.pass.as_secs_f64() * 1e3,
             w.after.as_secs_f64() * 1e3,
             w.named_pct,
             status_kib("VmRSS:") as f64 / 1024.0
@@ -270,9 +284,10 @@ fn main() -> Result<()> {
     if !steady.is_empty() {
         let per_window = avg(&|w| w.during + w.after);
         println!(
-            "steady state (windows 1..): {:.3}% of one core; per capture {:.1} ms during the window + {:.1} ms after it",
+            "steady state (windows 1..): {:.3}% of one core; per capture {:.1} ms during the window (of which {:.1} ms the half-way symbolization pass) + {:.1} ms after it",
             100.0 * per_window.as_secs_f64() / args.window.as_secs_f64(),
             avg(&|w| w.during).as_secs_f64() * 1e3,
+            avg(&|w| w.pass).as_secs_f64() * 1e3,
             avg(&|w| w.after).as_secs_f64() * 1e3,
         );
     }

@@ -548,6 +548,49 @@ impl StackSymbolizer {
         frames
     }
 
+    /// Symbolizes the frames of a user stack of `tgid` (leaf first) that are not
+    /// cached yet and caches them, building nothing: a cached frame costs a lookup.
+    /// Frames outside any file (JIT) are left to [`Self::user_frames`]. Returns the
+    /// frames symbolized.
+    pub fn warm_user(&mut self, tgid: u32, stack: &[u64]) -> usize {
+        let Some(maps) = self.catalog.get(tgid) else {
+            return 0;
+        };
+        let mut done = 0;
+        for (depth, &addr) in stack.iter().enumerate() {
+            let Some(range) = maps.find(addr) else {
+                continue;
+            };
+            let Some(bin) = &range.binary else {
+                continue;
+            };
+            // As in `frames`: return addresses are looked up inside their call.
+            let lookup = if depth == 0 {
+                addr
+            } else {
+                addr.saturating_sub(1)
+            };
+            let Some(offset) = lookup
+                .checked_sub(range.start)
+                .map(|o| o.wrapping_add(range.offset))
+            else {
+                continue;
+            };
+            if bin.cached_lines(offset).is_none() {
+                self.binary_lines(bin, tgid, offset);
+                done += 1;
+            }
+        }
+        done
+    }
+
+    /// Like [`Self::warm_user`] for a kernel stack: resolves and caches the addresses
+    /// not cached yet. Returns how many frames the stack has.
+    pub fn warm_kernel(&mut self, stack: &[u64]) -> usize {
+        let mut scratch = ProfileBuilder::new(&[]);
+        self.kernel_frames(&mut scratch, stack).len()
+    }
+
     /// The JIT symbol of `addr` from the perf map of `tgid`, read once per
     /// symbolizer.
     fn jit_name(&mut self, tgid: u32, addr: u64) -> Option<String> {
@@ -753,6 +796,29 @@ mod tests {
             "got {:?}",
             warm[0].lines
         );
+    }
+
+    #[test]
+    fn frames_warmed_during_a_window_are_cached_for_the_symbolization_after_it() {
+        let catalog = ProcessCatalog::new();
+        let me = std::process::id();
+        assert!(catalog.snapshot(me));
+        let addr = frames_warmed_during_a_window_are_cached_for_the_symbolization_after_it as fn()
+            as usize as u64;
+        // The pass during the window symbolizes the frame once; a second pass finds it.
+        let mut during = StackSymbolizer::new(catalog.clone());
+        assert_eq!(during.warm_user(me, &[addr]), 1);
+        assert_eq!(during.warm_user(me, &[addr]), 0);
+        // A process the catalog does not know, or an address outside any file: nothing.
+        assert_eq!(during.warm_user(u32::MAX, &[addr]), 0);
+        assert_eq!(during.warm_user(me, &[8]), 0);
+        // The symbolization after the window takes the frame from the cache.
+        let mut out = ProfileBuilder::new(&[("samples", "count")]);
+        let mut after = StackSymbolizer::new(catalog);
+        let frames = after.user_frames(&mut out, me, &[addr]);
+        assert_eq!(after.stats.cache_hits, 1);
+        let name = &frames[0].lines.last().expect("symbolized").function;
+        assert!(name.contains("frames_warmed_during_a_window"), "got {name}");
     }
 
     #[test]

@@ -701,6 +701,23 @@ impl CpuSamples {
         self.samples.iter().map(|s| s.count).sum()
     }
 
+    /// Symbolizes the frames of these samples that no capture has symbolized yet and
+    /// keeps them in the symbolizer's caches, building no profile; a frame already
+    /// cached costs a lookup. Returns the frames it symbolized. Run during a capture's
+    /// window on [`CpuCapture::peek`]'s samples, so that [`Self::to_profile`] after the
+    /// window finds them cached.
+    pub fn warm_symbols(&self, symbolizer: &mut StackSymbolizer) -> usize {
+        let mut kernel: HashSet<&[u64]> = HashSet::new();
+        let mut done = 0;
+        for s in &self.samples {
+            done += symbolizer.warm_user(s.tgid, &s.user_stack);
+            if !s.kernel_stack.is_empty() && kernel.insert(&s.kernel_stack) {
+                done += symbolizer.warm_kernel(&s.kernel_stack);
+            }
+        }
+        done
+    }
+
     /// Symbolizes and builds the pprof profile: sample types `samples/count`
     /// and `cpu/nanoseconds`, labels namespace/pod/container/node/pid/comm/thread.
     pub fn to_profile(&self, symbolizer: &mut StackSymbolizer, node: &str) -> Profile {

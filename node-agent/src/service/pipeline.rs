@@ -236,42 +236,31 @@ async fn blocking<T: Send + 'static>(
         .map_err(|_| PipelineError::Internal(format!("the {what} thread panicked")))
 }
 
-/// How often the samples of a long CPU capture are symbolized during its window.
-const SYMBOLIZE_DURING_WINDOW_EVERY: Duration = Duration::from_secs(10);
-
-/// The window of a CPU capture: `duration` long, during which the samples so far are
-/// symbolized (half-way through, then every [`SYMBOLIZE_DURING_WINDOW_EVERY`]) and the
-/// profiles thrown away. What stays is the symbolizer's caches (each binary's parsed
-/// symbols and the frames of each address, per build ID, and the kernel's symbols),
-/// so that the symbolization after the window, which the request waits for, finds
-/// most frames cached: the first capture of a binary pays for its parsing during its
+/// The window of a CPU capture: `duration` long. Half-way through it, the frames
+/// sampled so far that no capture has symbolized yet are symbolized into the
+/// symbolizer's caches (each binary's frames by file offset, kept per binary, and the
+/// kernel's), building no profile; frames already cached cost a lookup. The
+/// symbolization after the window, which the request waits for, then finds most
+/// frames cached: the first capture of a binary pays for its parsing during its
 /// window instead of after it. A pass still running when the window ends is waited
-/// for (what it cached the final symbolization then skips).
+/// for. One pass only, so that a daemon capturing the same workloads back to back
+/// pays one read of its maps per capture for it.
 async fn symbolize_during_window(
     running: Arc<crate::capture::cpu::CpuCapture>,
     catalog: crate::symbolize::ProcessCatalog,
-    node: String,
     metrics: Arc<super::metrics::AgentMetrics>,
     duration: Duration,
 ) {
     let end = tokio::time::Instant::now() + duration;
-    let every = (duration / 2).min(SYMBOLIZE_DURING_WINDOW_EVERY);
-    let mut next = tokio::time::Instant::now() + every;
-    while next < end {
-        tokio::time::sleep_until(next).await;
-        let (running, catalog, node) = (Arc::clone(&running), catalog.clone(), node.clone());
-        let metrics = Arc::clone(&metrics);
-        let _ = blocking("cpu-symbols", move || {
-            let began = Instant::now();
-            if let Ok(samples) = running.peek() {
-                let mut symbolizer = StackSymbolizer::new(catalog);
-                let _ = samples.to_profile(&mut symbolizer, &node);
-            }
-            metrics.symbolized_during_window("cpu", began.elapsed());
-        })
-        .await;
-        next += every;
-    }
+    tokio::time::sleep(duration / 2).await;
+    let _ = blocking("cpu-symbols", move || {
+        let began = Instant::now();
+        if let Ok(samples) = running.peek() {
+            samples.warm_symbols(&mut StackSymbolizer::new(catalog));
+        }
+        metrics.symbolized_during_window("cpu", began.elapsed());
+    })
+    .await;
     tokio::time::sleep_until(end).await;
 }
 
@@ -362,7 +351,6 @@ async fn capture(
             let window = symbolize_during_window(
                 Arc::clone(&running),
                 samplers.catalog().clone(),
-                node.clone(),
                 Arc::clone(&ctx.metrics),
                 duration,
             );
