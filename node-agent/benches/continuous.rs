@@ -17,7 +17,7 @@
 //! A benchmark: it prints, it never asserts.
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench continuous -- [--processes 50] [--window 60] [--windows 4] [--frequency 19]
+//! sudo -E cargo bench -p flamefleet-agent --bench continuous -- [--processes 50] [--window 60] [--windows 4] [--frequency 19] [--no-window-pass]
 //! ```
 
 use std::path::PathBuf;
@@ -51,6 +51,8 @@ struct Args {
     window: Duration,
     windows: usize,
     frequency: u64,
+    /// `--no-window-pass`: skip the half-way symbolization pass (to price it).
+    window_pass: bool,
 }
 
 fn args() -> Result<Args> {
@@ -59,6 +61,7 @@ fn args() -> Result<Args> {
         window: Duration::from_secs(60),
         windows: 4,
         frequency: 19,
+        window_pass: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -69,6 +72,7 @@ fn args() -> Result<Args> {
             }
             "--windows" => a.windows = it.next().context("--windows N")?.parse()?,
             "--frequency" => a.frequency = it.next().context("--frequency HZ")?.parse()?,
+            "--no-window-pass" => a.window_pass = false,
             // cargo bench passes --bench.
             _ => {}
         }
@@ -220,9 +224,11 @@ fn main() -> Result<()> {
         let end = Instant::now() + args.window;
         std::thread::sleep(args.window / 2);
         let pass0 = cpu_time();
-        running
-            .peek()?
-            .warm_symbols(&mut StackSymbolizer::new(samplers.catalog().clone()));
+        if args.window_pass {
+            running
+                .peek()?
+                .warm_symbols(&mut StackSymbolizer::new(samplers.catalog().clone()));
+        }
         let pass = cpu_time() - pass0;
         std::thread::sleep(end.saturating_duration_since(Instant::now()));
         let during = cpu_time() - window_cpu0;

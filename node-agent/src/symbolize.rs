@@ -113,14 +113,19 @@ fn kernel_lines(addrs: &[u64]) -> Vec<Arc<[FrameLine]>> {
     addrs
         .iter()
         .map(|&addr| match symbols.name(addr) {
-            Some(name) => Arc::from([FrameLine {
-                function: name.to_string(),
-                file: "[kernel]".into(),
-                line: 0,
-            }]),
+            Some(name) => kernel_frame_lines(name),
             None => Arc::from([]),
         })
         .collect()
+}
+
+/// The frame of a kernel function.
+fn kernel_frame_lines(name: &str) -> Arc<[FrameLine]> {
+    Arc::from([FrameLine {
+        function: name.to_string(),
+        file: "[kernel]".into(),
+        line: 0,
+    }])
 }
 
 /// Entries in every binary's offset cache, for [`MAX_CACHED_OFFSETS`].
@@ -584,11 +589,35 @@ impl StackSymbolizer {
         done
     }
 
-    /// Like [`Self::warm_user`] for a kernel stack: resolves and caches the addresses
-    /// not cached yet. Returns how many frames the stack has.
+    /// Like [`Self::warm_user`] for a kernel stack: caches the addresses not cached yet
+    /// that the kept kernel symbols name (loading them the first time). It never
+    /// reloads them: an address they do not name is left to [`Self::kernel_frames`],
+    /// which reloads stale symbols. Returns the frames it cached.
     pub fn warm_kernel(&mut self, stack: &[u64]) -> usize {
-        let mut scratch = ProfileBuilder::new(&[]);
-        self.kernel_frames(&mut scratch, stack).len()
+        let mut cache = KERNEL_LINES.lock().unwrap_or_else(PoisonError::into_inner);
+        let missing: Vec<u64> = stack
+            .iter()
+            .copied()
+            .filter(|a| !cache.contains_key(a))
+            .collect();
+        if missing.is_empty() {
+            return 0;
+        }
+        let mut kept = KERNEL_SYMBOLS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let symbols = kept.get_or_insert_with(KernelSymbols::load);
+        let mut done = 0;
+        for addr in missing {
+            if cache.len() >= MAX_CACHED_KERNEL_ADDRESSES {
+                break;
+            }
+            if let Some(name) = symbols.name(addr) {
+                cache.insert(addr, kernel_frame_lines(name));
+                done += 1;
+            }
+        }
+        done
     }
 
     /// The JIT symbol of `addr` from the perf map of `tgid`, read once per
