@@ -220,11 +220,14 @@ fn main() -> Result<()> {
     let mut window_cpu0 = cpu_time();
     for i in 0..args.windows {
         // Half-way, the frames sampled so far that are not cached yet are symbolized
-        // into the caches, as the agent service does during each window.
+        // into the caches, as the agent service does during a window that opens a busy
+        // spell of the sampler.
         let end = Instant::now() + args.window;
         std::thread::sleep(args.window / 2);
         let pass0 = cpu_time();
-        if args.window_pass {
+        // Only the first window opens a busy spell; the agent skips the pass for the
+        // others (they join the running capture).
+        if args.window_pass && running.opened_busy_spell() {
             running
                 .peek()?
                 .warm_symbols(&mut StackSymbolizer::new(samplers.catalog().clone()));

@@ -168,6 +168,10 @@ fn a_capture_joining_later_gets_only_samples_from_after_it_started() {
         Arc::ptr_eq(first.sampler(), second.sampler()),
         "one sampler per type"
     );
+    // The first found the sampler idle (it makes the window's symbolization pass); the
+    // second joined it (and skips the pass).
+    assert!(first.opened_busy_spell());
+    assert!(!second.opened_busy_spell());
     let before = cg.cpu_usage();
     // Samples the first capture alone should have: 99 Hz over the spinner's
     // CPU time before the second joined.

@@ -359,7 +359,8 @@ impl CpuSampler {
         let mut shared = self.lock();
         // The first capture of a busy spell opens the perf events (the last one of the
         // previous spell closed them).
-        if shared.active == 0 {
+        let opens_spell = shared.active == 0;
+        if opens_spell {
             if *options != self.options {
                 return Err(CaptureError::IdleSamplerOptions);
             }
@@ -396,6 +397,7 @@ impl CpuSampler {
             walk_before,
             started: SystemTime::now(),
             started_at: Instant::now(),
+            opens_spell,
         })
     }
 }
@@ -519,6 +521,7 @@ pub struct CpuCapture {
     walk_before: WalkStats,
     started: SystemTime,
     started_at: Instant,
+    opens_spell: bool,
 }
 
 impl std::fmt::Debug for CpuCapture {
@@ -586,6 +589,13 @@ impl CpuCapture {
     /// from before it started, or of other captures' targets, are excluded).
     pub fn finish(self) -> Result<CpuSamples> {
         self.read()
+    }
+
+    /// Whether this capture found the sampler idle (no capture running on it): the
+    /// first of a busy spell, as opposed to one that joined running captures, as
+    /// back-to-back captures of a continuous profile do.
+    pub fn opened_busy_spell(&self) -> bool {
+        self.opens_spell
     }
 
     /// The samples so far, as [`Self::finish`] would read them now, without

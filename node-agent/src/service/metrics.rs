@@ -146,7 +146,7 @@ impl AgentMetrics {
             );
         }
         out.push_str(
-            "# HELP flamefleet_agent_window_symbolize_seconds Time spent half-way through a CPU capture's window symbolizing the frames sampled so far that were not cached yet; one count per capture.\n\
+            "# HELP flamefleet_agent_window_symbolize_seconds Time spent half-way through a CPU capture's window symbolizing the frames sampled so far that were not cached yet; one count per capture that found the sampler idle.\n\
              # TYPE flamefleet_agent_window_symbolize_seconds summary\n",
         );
         for (ty, (sum, count)) in self

@@ -243,8 +243,13 @@ async fn blocking<T: Send + 'static>(
 /// symbolization after the window, which the request waits for, then finds most
 /// frames cached: the first capture of a binary pays for its parsing during its
 /// window instead of after it. A pass still running when the window ends is waited
-/// for. One pass only, so that a daemon capturing the same workloads back to back
-/// pays one read of its maps per capture for it.
+/// for.
+///
+/// Only a capture that opens a busy spell of the sampler (found it idle) makes the
+/// pass. Captures that join running ones, as the back-to-back windows of a continuous
+/// profile do, skip it: the captures before them keep the caches warm, and in the
+/// continuous bench the pass cost more (a second parse of a binary when new frames
+/// show up in both halves of a window) than it saved.
 async fn symbolize_during_window(
     running: Arc<crate::capture::cpu::CpuCapture>,
     catalog: crate::symbolize::ProcessCatalog,
@@ -252,6 +257,10 @@ async fn symbolize_during_window(
     duration: Duration,
 ) {
     let end = tokio::time::Instant::now() + duration;
+    if !running.opened_busy_spell() {
+        tokio::time::sleep_until(end).await;
+        return;
+    }
     tokio::time::sleep(duration / 2).await;
     let _ = blocking("cpu-symbols", move || {
         let began = Instant::now();
