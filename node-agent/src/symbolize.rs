@@ -119,6 +119,25 @@ fn kernel_lines(addrs: &[u64]) -> Vec<Arc<[FrameLine]>> {
         .collect()
 }
 
+/// The file offset to symbolize the frame at `depth` (0: the leaf) of a stack at, in
+/// `range`: return addresses point after their call, so the call itself is looked up
+/// (the leaf too when `leaf_is_return_address`). `None` below the range's start.
+fn lookup_offset(
+    range: &MappedRange,
+    addr: u64,
+    depth: usize,
+    leaf_is_return_address: bool,
+) -> Option<u64> {
+    let lookup = if depth == 0 && !leaf_is_return_address {
+        addr
+    } else {
+        addr.saturating_sub(1)
+    };
+    lookup
+        .checked_sub(range.start)
+        .map(|o| o.wrapping_add(range.offset))
+}
+
 /// The frame of a kernel function.
 fn kernel_frame_lines(name: &str) -> Arc<[FrameLine]> {
     Arc::from([FrameLine {
@@ -514,15 +533,12 @@ impl StackSymbolizer {
                 });
                 continue;
             };
-            // Return addresses point after the call; look up the call itself.
-            let lookup = if depth == 0 && !leaf_is_return_address {
-                addr
-            } else {
-                addr.saturating_sub(1)
-            };
-            let lines = match &range.binary {
-                Some(bin) => self.binary_lines(bin, tgid, lookup - range.start + range.offset),
-                None => Vec::new(),
+            let lines = match (
+                &range.binary,
+                lookup_offset(range, addr, depth, leaf_is_return_address),
+            ) {
+                (Some(bin), Some(offset)) => self.binary_lines(bin, tgid, offset),
+                _ => Vec::new(),
             };
             if lines.is_empty() {
                 self.stats.user_unsymbolized += 1;
@@ -569,16 +585,7 @@ impl StackSymbolizer {
             let Some(bin) = &range.binary else {
                 continue;
             };
-            // As in `frames`: return addresses are looked up inside their call.
-            let lookup = if depth == 0 {
-                addr
-            } else {
-                addr.saturating_sub(1)
-            };
-            let Some(offset) = lookup
-                .checked_sub(range.start)
-                .map(|o| o.wrapping_add(range.offset))
-            else {
+            let Some(offset) = lookup_offset(range, addr, depth, false) else {
                 continue;
             };
             if bin.cached_lines(offset).is_none() {

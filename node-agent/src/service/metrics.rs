@@ -37,8 +37,8 @@ impl Outcome {
 pub struct AgentMetrics {
     captures: Mutex<BTreeMap<(&'static str, Outcome), u64>>,
     drops: Mutex<BTreeMap<&'static str, u64>>,
-    symbolize: Mutex<BTreeMap<&'static str, (Duration, u64)>>,
-    window_symbolize: Mutex<BTreeMap<&'static str, (Duration, u64)>>,
+    symbolize: TimeByType,
+    window_symbolize: TimeByType,
     upload_bytes: AtomicU64,
     uploads: AtomicU64,
 }
@@ -67,25 +67,13 @@ impl AgentMetrics {
     /// Records the time one capture of `profile_type` spent symbolizing and building its
     /// profile after the window.
     pub fn symbolized(&self, profile_type: &'static str, took: Duration) {
-        let mut s = self
-            .symbolize
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let e = s.entry(profile_type).or_default();
-        e.0 += took;
-        e.1 += 1;
+        add_time(&self.symbolize, profile_type, took);
     }
 
     /// Records one symbolization pass during a capture's window (it fills the caches the
     /// symbolization after the window then hits).
     pub fn symbolized_during_window(&self, profile_type: &'static str, took: Duration) {
-        let mut s = self
-            .window_symbolize
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let e = s.entry(profile_type).or_default();
-        e.0 += took;
-        e.1 += 1;
+        add_time(&self.window_symbolize, profile_type, took);
     }
 
     /// Counts one uploaded artifact of `bytes`.
@@ -128,40 +116,18 @@ impl AgentMetrics {
                 "flamefleet_agent_dropped_samples_total{{type=\"{ty}\"}} {n}"
             );
         }
-        out.push_str(
-            "# HELP flamefleet_agent_symbolize_seconds Time spent after a capture's window reading maps, symbolizing and encoding its profile.\n\
-             # TYPE flamefleet_agent_symbolize_seconds summary\n",
+        write_time_summary(
+            &mut out,
+            "flamefleet_agent_symbolize_seconds",
+            "Time spent after a capture's window reading maps, symbolizing and encoding its profile.",
+            &self.symbolize,
         );
-        for (ty, (sum, count)) in self
-            .symbolize
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-        {
-            let _ = writeln!(
-                out,
-                "flamefleet_agent_symbolize_seconds_sum{{type=\"{ty}\"}} {:.6}\n\
-                 flamefleet_agent_symbolize_seconds_count{{type=\"{ty}\"}} {count}",
-                sum.as_secs_f64()
-            );
-        }
-        out.push_str(
-            "# HELP flamefleet_agent_window_symbolize_seconds Time spent half-way through a CPU capture's window symbolizing the frames sampled so far that were not cached yet; one count per capture that found the sampler idle.\n\
-             # TYPE flamefleet_agent_window_symbolize_seconds summary\n",
+        write_time_summary(
+            &mut out,
+            "flamefleet_agent_window_symbolize_seconds",
+            "Time spent half-way through a CPU capture's window symbolizing the frames sampled so far that were not cached yet; one count per capture that found the sampler idle.",
+            &self.window_symbolize,
         );
-        for (ty, (sum, count)) in self
-            .window_symbolize
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-        {
-            let _ = writeln!(
-                out,
-                "flamefleet_agent_window_symbolize_seconds_sum{{type=\"{ty}\"}} {:.6}\n\
-                 flamefleet_agent_window_symbolize_seconds_count{{type=\"{ty}\"}} {count}",
-                sum.as_secs_f64()
-            );
-        }
         let _ = write!(
             out,
             "# HELP flamefleet_agent_upload_bytes_total Bytes of artifacts uploaded to the store.\n\
@@ -174,6 +140,29 @@ impl AgentMetrics {
             self.uploads.load(Ordering::Relaxed)
         );
         out
+    }
+}
+
+/// Time summed per profile type, with a count.
+type TimeByType = Mutex<BTreeMap<&'static str, (Duration, u64)>>;
+
+/// Adds one observation of `took` for `profile_type`.
+fn add_time(map: &TimeByType, profile_type: &'static str, took: Duration) {
+    let mut m = map.lock().unwrap_or_else(PoisonError::into_inner);
+    let e = m.entry(profile_type).or_default();
+    e.0 += took;
+    e.1 += 1;
+}
+
+/// Writes `map` as the Prometheus summary `name` (sum and count per `type`).
+fn write_time_summary(out: &mut String, name: &str, help: &str, map: &TimeByType) {
+    let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} summary\n");
+    for (ty, (sum, count)) in map.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+        let _ = writeln!(
+            out,
+            "{name}_sum{{type=\"{ty}\"}} {:.6}\n{name}_count{{type=\"{ty}\"}} {count}",
+            sum.as_secs_f64()
+        );
     }
 }
 

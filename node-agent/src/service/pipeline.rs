@@ -369,7 +369,7 @@ async fn capture(
                 let _ = blocking("cpu", move || drop(running)).await;
                 return Err(e);
             }
-            // The window's symbolization passes are over: this is the last reference.
+            // The window's symbolization pass is over: this is the last reference.
             let running = Arc::into_inner(running).ok_or_else(|| {
                 PipelineError::Internal("the CPU capture is still shared after its window".into())
             })?;
