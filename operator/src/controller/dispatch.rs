@@ -39,6 +39,9 @@ const COLLECT_LEAD: Duration = Duration::from_millis(500);
 /// The operator hangs up on a started capture (and collects it later) only when that frees
 /// its connection for at least this long; a shorter window is followed on the first stream.
 const MIN_DETACH: Duration = Duration::from_millis(500);
+/// How long a deleted request's cancellations may take in all (each call has 3 s once it
+/// holds a dispatch permit); captures not cancelled by then end after their duration.
+const CANCEL_ON_DELETE: Duration = Duration::from_secs(15);
 
 /// Which call opens a progress stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -337,7 +340,7 @@ impl Dispatcher {
 
     /// Stops the session of `uid` (the request is being deleted): aborts its calls and asks
     /// the agents of unfinished nodes to cancel (at most `max_concurrent_dispatch` at once,
-    /// like the captures' setup).
+    /// like the captures' setup, and for at most [`CANCEL_ON_DELETE`] in all).
     pub async fn cancel(&self, uid: &str) {
         let Some(session) = self.lock().remove(uid) else {
             return;
@@ -356,27 +359,46 @@ impl Dispatcher {
             .agents
             .iter()
             .filter(|(node, _)| !outcomes.contains_key(*node));
-        futures::StreamExt::for_each_concurrent(
+        let all = futures::StreamExt::for_each_concurrent(
             futures::stream::iter(unfinished),
             None,
-            |(_, agent)| self.cancel_on(agent, uid),
-        )
-        .await;
+            |(_, agent)| async move {
+                // Best effort: the failure is logged, and the request is going away.
+                let _ = self.cancel_on(agent, uid).await;
+            },
+        );
+        // The deletion waits for this: bounded as a whole, since each call's 3 s start only
+        // once it holds a permit.
+        if tokio::time::timeout(CANCEL_ON_DELETE, all).await.is_err() {
+            tracing::info!(
+                uid,
+                "stopped asking agents to cancel after {}s; their captures end by themselves after their duration",
+                CANCEL_ON_DELETE.as_secs()
+            );
+        }
     }
 
-    /// Asks `agent` to cancel the capture of `uid`, best effort (3 s, one attempt): a
-    /// capture that is not cancelled ends by itself after its duration and its upload slot
-    /// expires. Takes a dispatch permit, so a mass deletion does not open thousands of
-    /// connections at once.
-    async fn cancel_on(&self, agent: &AgentEndpoint, uid: &str) {
+    /// Asks `agent` to cancel the capture of `uid`, best effort (one attempt, 3 s from when
+    /// a dispatch permit is held): a capture that is not cancelled ends by itself after its
+    /// duration and its upload slot expires. Takes a dispatch permit, so a mass deletion
+    /// does not open thousands of connections at once; the wait for it is the operator's
+    /// own queue and does not count against the agent (at thousands of nodes the permits
+    /// can all be verifying artifacts for longer than the 3 s). The error says why the
+    /// agent was not reached.
+    async fn cancel_on(&self, agent: &AgentEndpoint, uid: &str) -> Result<(), String> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| "the dispatcher is shutting down".to_string())?;
         let call = async {
-            let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
             let mut client = self.connector.connect(agent).await?;
             client
                 .cancel(CancelRequest {
                     request_uid: uid.to_string(),
                 })
                 .await
+                .map(|_| ())
                 .map_err(|s| {
                     if is_connection_error(&s) {
                         self.connector.evict(agent);
@@ -384,12 +406,13 @@ impl Dispatcher {
                     s.message().to_string()
                 })
         };
-        if let Err(e) = tokio::time::timeout(Duration::from_secs(3), call)
+        let result = tokio::time::timeout(Duration::from_secs(3), call)
             .await
-            .unwrap_or_else(|_| Err("timed out".into()))
-        {
+            .unwrap_or_else(|_| Err("no answer within 3 s".into()));
+        if let Err(e) = &result {
             tracing::info!(agent = %agent.pod, uid, "cancel on agent failed: {e}");
         }
+        result
     }
 
     async fn run_node(&self, plan: &CapturePlan, node: &NodePlan) -> NodeOutcome {
@@ -429,8 +452,11 @@ impl Dispatcher {
             {
                 Ok(outcome) => outcome,
                 Err(_) => {
-                    self.cancel_on(&node.agent, plan.request.uid()).await;
-                    return NodeOutcome::Failed(NodeFailure::TimedOut { after: deadline });
+                    let cancel = self.cancel_on(&node.agent, plan.request.uid()).await;
+                    return NodeOutcome::Failed(NodeFailure::TimedOut {
+                        after: deadline,
+                        cancel_error: cancel.err(),
+                    });
                 }
             };
         match outcome {

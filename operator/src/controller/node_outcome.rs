@@ -63,6 +63,8 @@ pub enum NodeFailure {
     TimedOut {
         /// How long the operator waited.
         after: Duration,
+        /// Why asking the agent to cancel the capture failed; `None` when it was cancelled.
+        cancel_error: Option<String>,
     },
     /// An uploaded artifact failed the store's checks (size, sha256) or is missing.
     UploadRejected {
@@ -123,9 +125,20 @@ impl std::fmt::Display for NodeFailure {
                 f,
                 "agent {agent} stopped responding mid-capture ({error}); it was killed or restarted, nothing was uploaded"
             ),
-            Self::TimedOut { after } => write!(
+            Self::TimedOut {
+                after,
+                cancel_error: None,
+            } => write!(
                 f,
                 "timed out: no result from the agent after {}s (capture duration plus grace); the capture was cancelled",
+                after.as_secs()
+            ),
+            Self::TimedOut {
+                after,
+                cancel_error: Some(error),
+            } => write!(
+                f,
+                "timed out: no result from the agent after {}s (capture duration plus grace); asking it to cancel failed ({error}), so the capture ends by itself after its duration",
                 after.as_secs()
             ),
             Self::UploadRejected { artifact, error } => {
@@ -153,10 +166,22 @@ mod tests {
         assert!(msg.contains("agent agent-x at 10.0.0.1:7070 is unreachable: connection refused"));
         let msg = NodeFailure::TimedOut {
             after: Duration::from_secs(62),
+            cancel_error: None,
         }
         .to_string();
         assert!(msg.starts_with("timed out"), "{msg}");
         assert!(msg.contains("62s"), "{msg}");
+        assert!(msg.ends_with("the capture was cancelled"), "{msg}");
+        let msg = NodeFailure::TimedOut {
+            after: Duration::from_secs(62),
+            cancel_error: Some("no answer within 3 s".into()),
+        }
+        .to_string();
+        assert!(
+            msg.contains("asking it to cancel failed (no answer within 3 s)"),
+            "{msg}"
+        );
+        assert!(!msg.contains("was cancelled"), "{msg}");
         let msg = NodeFailure::PodsVanished {
             pods: vec![("web-1".into(), "deleted".into())],
         }
