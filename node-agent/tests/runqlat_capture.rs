@@ -385,7 +385,15 @@ fn the_four_timestamp_sources_agree() {
     let clock = ry
         .clock
         .expect("the hybrid variant reports its clock counters");
-    assert_eq!(clock.waits, ny as u64, "{clock:?}");
+    // The histograms and the clock counters are two maps read one after the other while
+    // the program runs on (the warm capture keeps it attached): a wait between the two
+    // reads, at the start or at the end, is in one and not the other. The sleeper waits
+    // about once a millisecond, so on a loaded machine a few of them can fall in between.
+    let gap = (clock.waits as f64 - ny).abs();
+    assert!(
+        gap <= (0.01 * ny).max(3.0),
+        "{gap} apart: {clock:?} vs {ny}"
+    );
     assert!(rs.clock.is_none() && ra.clock.is_none() && rb.clock.is_none());
     // Per-process, in milliseconds: one histogram for the sleeper, all < 2 ms.
     for r in [&ry, &rs, &ra] {
