@@ -20,8 +20,13 @@ use flamefleet_api::{
 
 use super::node_outcome::NodeOutcome;
 
-/// Longest failure message copied into the request's status (the slice keeps it whole).
+/// Longest failure message copied into the request's status (the slice keeps more).
 const STATUS_MESSAGE_BYTES: usize = 1024;
+/// Longest failure message a node's slice entry keeps. Failure messages carry text an
+/// agent sent (a gRPC status or progress message, up to 4 MiB): unbounded, one
+/// compromised node could make its slice too large to store and lose the results of the
+/// 99 other nodes it holds. 100 entries of this size stay far below the object limit.
+const SLICE_MESSAGE_BYTES: usize = 8 * 1024;
 
 /// One node's entry and the slice it lives in.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,7 +161,7 @@ impl ResultTable {
             NodeOutcome::Failed(failure) => NodeStatus {
                 phase: Some(NodePhase::Failed),
                 reason: Some(failure.reason().to_string()),
-                message: Some(failure.to_string()),
+                message: Some(truncated(&failure.to_string(), SLICE_MESSAGE_BYTES)),
                 ..base
             },
         };
@@ -371,20 +376,24 @@ mod tests {
         assert_eq!(shown[19].node, node_name(19));
         assert_eq!(shown[0].reason, "CaptureFailed");
         assert!(shown[0].message.len() <= STATUS_MESSAGE_BYTES + 3);
-        // Whole messages stay in the slice entries.
-        assert!(
+        // Longer messages stay in the slice entries, up to their own bound.
+        let in_slice = |table: &ResultTable, i| {
             table
-                .entry(&node_name(0))
-                .unwrap()
-                .message
-                .as_ref()
-                .unwrap()
-                .len()
-                > 5000
-        );
+                .entry(&node_name(i))
+                .and_then(|e| e.message.clone())
+                .map_or(0, |m| m.len())
+        };
+        assert!(in_slice(&table, 0) > 5000);
         // Events: at most MAX_FAILURE_EVENTS over the request's life.
         assert_eq!(table.take_announcements().len(), MAX_FAILURE_EVENTS);
         assert!(table.take_announcements().is_empty());
+        // What an agent sends (here 1 MiB) is cut at the slice's bound.
+        table.apply(&node_name(0), &failed(&"y".repeat(1 << 20)));
+        let len = in_slice(&table, 0);
+        assert!(
+            (SLICE_MESSAGE_BYTES..=SLICE_MESSAGE_BYTES + 3).contains(&len),
+            "{len}"
+        );
         assert_eq!(table.phase(true), RequestPhase::Failed);
     }
 
