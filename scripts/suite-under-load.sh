@@ -26,25 +26,20 @@ step "building the suite's binaries"
 cargo test --workspace --no-run >"$LOGS/build.log" 2>&1 || die "the build failed: $LOGS/build.log"
 
 step "starting the load: release builds from scratch in $LOAD_TARGET, one after another"
-(
-  trap 'exit 0' TERM
+# In a process group of its own (setsid), so that stopping it reaches cargo's rustc
+# processes too, not just the loop.
+setsid bash -c '
   while :; do
-    rm -rf "$LOAD_TARGET"
-    CARGO_TARGET_DIR="$LOAD_TARGET" nice -n 5 cargo build --release --workspace >/dev/null 2>&1 || true
-  done
-) &
+    rm -rf "$1"
+    CARGO_TARGET_DIR="$1" nice -n 5 cargo build --release --workspace >/dev/null 2>&1 || true
+  done' load "$LOAD_TARGET" &
 LOAD=$!
 stop_load() {
-  pkill -TERM -P "$LOAD" 2>/dev/null || true
-  kill -TERM "$LOAD" 2>/dev/null || true
-  wait "$LOAD" 2>/dev/null || true
-  # The killed cargo's rustc processes may still write for a moment: a failed removal
-  # must not turn the runs' verdict into a failure (the exit status is the runs').
-  for _ in 1 2 3 4 5; do
-    rm -rf "$LOAD_TARGET" 2>/dev/null && return 0
-    sleep 1
-  done
-  printf 'could not remove %s; remove it by hand\n' "$LOAD_TARGET" >&2
+  kill -TERM -- "-$LOAD" 2>/dev/null || true
+  # Until every process of the group has exited, something may still write there.
+  while kill -0 -- "-$LOAD" 2>/dev/null; do sleep 0.2; done
+  # The exit status stays the runs' verdict, whatever the cleanup finds.
+  rm -rf "$LOAD_TARGET" || printf 'could not remove %s; remove it by hand\n' "$LOAD_TARGET" >&2
   return 0
 }
 trap stop_load EXIT
