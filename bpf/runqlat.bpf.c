@@ -298,6 +298,108 @@ static __always_inline __u64 hybrid_now(struct runqlat_cpu *c, __u64 clock)
 	return now > clock ? now : clock;
 }
 
+/*
+ * The end of a wait on a CPU that was idle, without a clock read: PSI's stamp.
+ * __schedule() calls psi_task_switch() just before the sched_switch
+ * tracepoint; when `prev` is the idle task it marks `next` on this CPU in
+ * each of next's cgroups' PSI groups and stamps their per-CPU state with the
+ * same cpu_clock() reading (psi_group_cpu.state_start), on the run-queue
+ * clock's time base. So for a task leaving an idle CPU, its cgroup's PSI
+ * state on this CPU holds the time of this very switch, a few hundred ns
+ * before this program runs. Used only when the group is enabled, marked on
+ * CPU, and stamped no earlier than the run-queue clock; checked against the
+ * clock once per RUNQLAT_PSI_CHECK_NS per CPU, and abandoned on this CPU
+ * after RUNQLAT_PSI_MAX_REJECTS failed checks. Kernels without PSI (or with
+ * it off: psi=0, cgroup_disable=pressure) never pass the checks and read the
+ * clock as before.
+ */
+#define RUNQLAT_PSI_CHECK_NS (500ULL * 1000)
+#define RUNQLAT_PSI_SLACK_NS (50ULL * 1000)
+#define RUNQLAT_PSI_MAX_REJECTS 4
+
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
+
+/* Off with --runqlat-clock hybrid-no-psi. */
+const volatile bool ff_runqlat_psi = true;
+
+/* This CPU's per-CPU offset, from our own per-CPU map: its element for this
+ * CPU minus the per-CPU address the map keeps for it. */
+static __always_inline bool psi_pcpu_off(struct runqlat_cpu *c)
+{
+	struct bpf_array *arr;
+	void *base = NULL;
+
+	if (c->pcpu_state)
+		return c->pcpu_state == 1;
+	c->pcpu_state = 2;
+	if (!ff_runqlat_psi || !bpf_ksym_exists(bpf_rdonly_cast) || !bpf_core_field_exists(struct psi_group, enabled) ||
+	    !bpf_core_field_exists(struct cgroup, psi))
+		return false;
+	/* The verifier refuses loads past struct bpf_array, where pptrs[] is. */
+	arr = bpf_rdonly_cast(&rq_cpu, bpf_core_type_id_kernel(struct bpf_array));
+	if (bpf_probe_read_kernel(&base, sizeof(base), &arr->pptrs[0]) || !base)
+		return false;
+	/* The element's address as a number: stored and read back (a pointer
+	 * minus a number stays a pointer to the verifier). */
+	c->pcpu_off = (__s64)(long)c;
+	c->pcpu_off = *(volatile __s64 *)&c->pcpu_off - (__s64)(long)base;
+	c->pcpu_state = 1;
+	return true;
+}
+
+static __always_inline bool psi_now(struct runqlat_cpu *c, struct task_struct *next,
+				    __u64 clock, __u64 *out)
+{
+	struct psi_group_cpu *gc;
+	struct psi_group *g;
+	struct cgroup *cgrp;
+	__u64 stamp, now, ktime;
+	__s64 off;
+
+	if (!psi_pcpu_off(c))
+		return false;
+	cgrp = next->cgroups->dfl_cgrp;
+	if (!cgrp)
+		return false;
+	g = cgrp->psi;
+	if (!g || !g->enabled)
+		return false;
+	/* A per-CPU address as a number, the same way (see psi_pcpu_off). */
+	c->psi_pcpu = (__u64)(long)g->pcpu;
+	gc = bpf_rdonly_cast((void *)(*(volatile __u64 *)&c->psi_pcpu + c->pcpu_off),
+			     bpf_core_type_id_kernel(struct psi_group_cpu));
+	if (!gc || !(gc->state_mask & (1U << bpf_core_enum_value(enum psi_states, NR_PSI_STATES))))
+		return false;
+	stamp = gc->state_start;
+	if (stamp < clock)
+		return false;
+	if (clock - c->last_psi_check >= RUNQLAT_PSI_CHECK_NS) {
+		c->last_psi_check = clock;
+		c->psi_checks += 1;
+		ktime = bpf_ktime_get_ns();
+		if (c->epoch_start) {
+			off = c->offset < c->epoch_min ? c->offset : c->epoch_min;
+			now = ktime - off;
+			if (stamp > now + RUNQLAT_PSI_SLACK_NS || stamp + RUNQLAT_PSI_SLACK_NS < now) {
+				c->psi_rejects += 1;
+				c->clock_reads += 1;
+				if (c->psi_rejects >= RUNQLAT_PSI_MAX_REJECTS)
+					c->pcpu_state = 2;
+				*out = now > clock ? now : clock;
+				return true;
+			}
+		}
+		/* A checked stamp is also the best calibration sample there is: a
+		 * fresh reading of the run-queue clock's source, a few hundred ns
+		 * before this one (the run-queue clock itself was updated before
+		 * the pick of the next task, idle balancing included). */
+		hybrid_calibrate(c, stamp, ktime);
+	}
+	c->psi_stamps += 1;
+	*out = stamp;
+	return true;
+}
+
 static __always_inline struct runqlat_seen_slot *seen_slot(struct task_struct *p)
 {
 	__u32 i = (__u32)p->pid & (RUNQLAT_SEEN_SLOTS - 1);
@@ -355,7 +457,8 @@ int BPF_PROG(switch_hybrid, bool preempt, struct task_struct *prev, struct task_
 
 	if (queued && next->pid && hybrid_target(c, next, generation, &t)) {
 		if (!have_now) {
-			now = hybrid_now(c, clock);
+			if (prev->pid || !psi_now(c, next, clock, &now))
+				now = hybrid_now(c, clock);
 			have_now = true;
 		}
 		/* What the kernel adds to run_delay at this arrival. */

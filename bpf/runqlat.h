@@ -61,6 +61,14 @@ struct runqlat_cpu {
 	__u64 clock_reads;  /* waits whose end was read from the clock (rq clock stale) */
 	__u64 uncalibrated; /* of those, before this CPU had a calibration sample */
 	__u64 split;        /* waits split by a migration, counted whole */
+	__u64 psi_stamps;   /* waits after idle whose end was PSI's switch stamp (no clock read) */
+	__u64 psi_checks;   /* PSI stamps checked against the clock */
+	__u64 psi_rejects;  /* of those, too far from it: the clock was used */
+	__s64 pcpu_off;     /* this CPU's per-CPU offset (pcpu_state 1) */
+	__u32 pcpu_state;   /* 0: not known yet, 1: known, 2: unusable (PSI stamps off) */
+	__u32 pad;
+	__u64 last_psi_check; /* rq clock of the last check */
+	__u64 psi_pcpu;       /* scratch: a per-CPU address as a number */
 };
 
 /* Per-task baseline of the hybrid variant, in a direct-mapped array indexed by

@@ -7,8 +7,9 @@
 //!
 //! 1. runqlat: `perf bench sched pipe` throughput with no tracer, with
 //!    libbpf-tools `runqlat` (all tasks, its default), with `runqlat -c <cg>`,
-//!    and with ours filtered to the benchmark's cgroup, with each of its three
-//!    clocks (`--runqlat-clock hybrid`, the default; `scheduler`; `own`).
+//!    and with ours filtered to the benchmark's cgroup, with each of its
+//!    clocks (`--runqlat-clock hybrid`, the default; `hybrid-no-psi`, the same
+//!    without PSI's switch stamps; `scheduler`; `own`).
 //! 2. CPU sampler: throughput per CPU-second of a CPU-bound workload (one spinner per CPU)
 //!    with no profiler, `perf record -F 99 -g -a -e cpu-clock -G <cg>`, and ours at 99 Hz.
 //! 3. BPF cost per scheduler event (`kernel.bpf_stats_enabled=1`, run_time_ns
@@ -16,7 +17,7 @@
 //!    `runqlat -c`, per round over one run of each of two workloads: `perf bench
 //!    sched pipe` (two tasks waking each other: nearly every wait ends on a CPU
 //!    that was idle, where the run-queue clock is stale and the hybrid clock
-//!    pays a clock read) and `perf bench sched messaging` (hackbench: 40 tasks
+//!    takes PSI's stamp of the switch, or pays a clock read without it) and `perf bench sched messaging` (hackbench: 40 tasks
 //!    per group over pipes on few CPUs, so waits also end behind other tasks).
 //!    libbpf-tools attaches to `sched_switch`, `sched_wakeup` and
 //!    `sched_wakeup_new`, so its program runs count the scheduler events of the
@@ -42,8 +43,9 @@ const AGENT: &str = env!("CARGO_BIN_EXE_flamefleet-agent");
 const RUNQLAT: &str = "/usr/sbin/runqlat";
 const PIPE_LOOPS: &str = "200000";
 /// Our runqlat's clocks: (name, agent arguments).
-const CLOCKS: [(&str, [&str; 2]); 3] = [
+const CLOCKS: [(&str, [&str; 2]); 4] = [
     ("hybrid (default)", ["--runqlat-clock", "hybrid"]),
+    ("hybrid-no-psi", ["--runqlat-clock", "hybrid-no-psi"]),
     ("scheduler", ["--runqlat-clock", "scheduler"]),
     ("own", ["--runqlat-clock", "own"]),
 ];

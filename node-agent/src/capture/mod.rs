@@ -239,7 +239,9 @@ pub struct MapSizes {
     /// stamps (`sched_info`, the run_delay of /proc/PID/schedstat), one BPF program on
     /// sched_switch, reading the clock only where the scheduler's run-queue clock is stale
     /// (after a wakeup preemption), so waits read as long as libbpf-tools' runqlat reads
-    /// them. `scheduler`: never reads the clock, cheaper still, but a wait that ends in a
+    /// them; on a CPU that was idle it takes the end of the wait from the kernel's PSI
+    /// stamp of that switch instead of the clock, where PSI is on. `hybrid-no-psi`: the
+    /// same, always reading the clock there. `scheduler`: never reads the clock, cheaper still, but a wait that ends in a
     /// wakeup preemption reads a few microseconds short. `own`: reads the clock when a task
     /// becomes runnable and when it runs, as libbpf-tools' runqlat does, three programs
     /// (docs/capture.md).
@@ -261,6 +263,8 @@ pub enum RunqlatClock {
     /// is stale.
     #[default]
     Hybrid,
+    /// As `Hybrid`, but never taking the end of a wait from PSI's switch stamp.
+    HybridNoPsi,
     /// The scheduler's `sched_info` timestamps only.
     Scheduler,
     /// Our own clock reads at wakeup, preemption and switch.

@@ -115,6 +115,14 @@ pub struct ClockStats {
     pub uncalibrated: u64,
     /// Waits split by a migration (queued on one CPU, run on another), counted whole.
     pub split: u64,
+    /// Waits that ended on a CPU that was idle, whose end was the kernel's PSI stamp of
+    /// that very switch (no clock read).
+    pub psi_stamps: u64,
+    /// PSI stamps checked against the clock (at most one per CPU per 0.5 ms).
+    pub psi_checks: u64,
+    /// Of those, too far from the clock: the clock was used (and, after four, PSI stamps
+    /// are no longer used on that CPU).
+    pub psi_rejects: u64,
 }
 
 impl ClockStats {
@@ -124,6 +132,9 @@ impl ClockStats {
             clock_reads: self.clock_reads.saturating_sub(before.clock_reads),
             uncalibrated: self.uncalibrated.saturating_sub(before.uncalibrated),
             split: self.split.saturating_sub(before.split),
+            psi_stamps: self.psi_stamps.saturating_sub(before.psi_stamps),
+            psi_checks: self.psi_checks.saturating_sub(before.psi_checks),
+            psi_rejects: self.psi_rejects.saturating_sub(before.psi_rejects),
         }
     }
 }
@@ -200,7 +211,7 @@ impl RunqlatSampler {
             StartStorage::HashMap
         } else {
             match config.runqlat_clock {
-                RunqlatClock::Hybrid => StartStorage::Hybrid,
+                RunqlatClock::Hybrid | RunqlatClock::HybridNoPsi => StartStorage::Hybrid,
                 RunqlatClock::Scheduler => StartStorage::SchedInfo,
                 RunqlatClock::Own => StartStorage::TaskStorage,
             }
@@ -344,6 +355,7 @@ fn load<'obj>(
     let cache = super::target_cache_enabled(config);
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
         ro.ff_cgrp_cache = cache;
+        ro.ff_runqlat_psi = config.runqlat_clock != RunqlatClock::HybridNoPsi;
     }
     let m = &mut open.maps;
     let sizing = (|| {
@@ -714,8 +726,8 @@ impl RunqlatResult {
         ));
         if let Some(c) = self.clock {
             b.comment(&format!(
-                "hybrid clock (node-wide): {} waits, {} ended on a stale run-queue clock and were read from the clock ({} before calibration), {} counted whole across a migration",
-                c.waits, c.clock_reads, c.uncalibrated, c.split
+                "hybrid clock (node-wide): {} waits, {} ended on a stale run-queue clock and were read from the clock ({} before calibration), {} ended after idle at PSI's switch stamp ({} checked against the clock, {} rejected), {} counted whole across a migration",
+                c.waits, c.clock_reads, c.uncalibrated, c.psi_stamps, c.psi_checks, c.psi_rejects, c.split
             ));
         }
         let unit_ns = self.unit.nanos();
@@ -850,6 +862,9 @@ fn read_clock_stats(maps: &Maps) -> Option<ClockStats> {
             sum.clock_reads += c.clock_reads;
             sum.uncalibrated += c.uncalibrated;
             sum.split += c.split;
+            sum.psi_stamps += c.psi_stamps;
+            sum.psi_checks += c.psi_checks;
+            sum.psi_rejects += c.psi_rejects;
         }
     }
     Some(sum)
