@@ -7,6 +7,12 @@
 #define FLAMEFLEET_COMPAT_BPF_H
 
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+
+/* libbpf 1.2's bpf_helpers.h has it; older system headers (bench scripts) do not. */
+#ifndef bpf_ksym_exists
+#define bpf_ksym_exists(sym) (!!(sym))
+#endif
 
 /*
  * Linux 5.14, commit 2f064a59a11f ("sched: Change task_struct::state"):

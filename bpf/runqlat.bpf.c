@@ -241,64 +241,6 @@ struct {
 } seen_slots SEC(".maps");
 
 /*
- * The target covering `p`, through this CPU's cache: plain loads on a hit,
- * the cgroup-storage lookup (or ancestry walk) on a miss. Only sched_switch
- * uses it, with interrupts off, so nothing else touches this CPU's slots
- * meanwhile.
- */
-static __always_inline bool hybrid_target(struct runqlat_cpu *c, struct task_struct *p,
-					  __u64 generation, struct ff_target *out)
-{
-	struct cgroup *cgrp = p->cgroups->dfl_cgrp;
-	struct runqlat_cache_slot *slot;
-	__u64 id;
-
-	if (!cgrp)
-		return false;
-	id = cgrp->kn->id;
-	slot = &c->cache[id & (RUNQLAT_CACHE_SLOTS - 1)];
-	if (slot->cgroup == id && slot->generation == generation) {
-		*out = slot->target;
-		return out->index != 0;
-	}
-	ff_cgroup_target(cgrp, out);
-	slot->cgroup = id;
-	slot->generation = generation;
-	slot->target = *out;
-	return out->index != 0;
-}
-
-/* A calibration sample: `clock` is the run-queue clock, just updated. */
-static __always_inline void hybrid_calibrate(struct runqlat_cpu *c, __u64 clock, __u64 ktime)
-{
-	__s64 cand = (__s64)(ktime - clock);
-
-	if (!c->epoch_start || clock - c->epoch_start >= RUNQLAT_CAL_EPOCH_NS) {
-		c->offset = c->epoch_start ? c->epoch_min : cand;
-		c->epoch_min = cand;
-		c->epoch_start = clock;
-	} else if (cand < c->epoch_min) {
-		c->epoch_min = cand;
-	}
-}
-
-/* Now, on the run-queue clock's time base, when the clock itself is stale. */
-static __always_inline __u64 hybrid_now(struct runqlat_cpu *c, __u64 clock)
-{
-	__u64 ktime = bpf_ktime_get_ns(), now;
-	__s64 off;
-
-	c->clock_reads += 1;
-	if (!c->epoch_start) {
-		c->uncalibrated += 1;
-		return clock;
-	}
-	off = c->offset < c->epoch_min ? c->offset : c->epoch_min;
-	now = ktime - off;
-	return now > clock ? now : clock;
-}
-
-/*
  * The end of a wait on a CPU that was idle, without a clock read: PSI's stamp.
  * __schedule() calls psi_task_switch() just before the sched_switch
  * tracepoint; when `prev` is the idle task it marks `next` on this CPU in
@@ -347,27 +289,97 @@ static __always_inline bool psi_pcpu_off(struct runqlat_cpu *c)
 	return true;
 }
 
-static __always_inline bool psi_now(struct runqlat_cpu *c, struct task_struct *next,
-				    __u64 clock, __u64 *out)
+/* The address of this CPU's PSI state of `cgrp` (0: none to use), for the
+ * target cache: computed on a miss, then one load per switch. A cgroup that
+ * turns its pressure accounting off later stops stamping, which the stamp
+ * check (no earlier than the queue) catches. */
+static __always_inline __u64 psi_state_addr(struct runqlat_cpu *c, struct cgroup *cgrp)
+{
+	struct psi_group *g;
+
+	if (!psi_pcpu_off(c))
+		return 0;
+	g = cgrp->psi;
+	if (!g || !g->enabled)
+		return 0;
+	/* A per-CPU address as a number, the same way (see psi_pcpu_off). */
+	c->psi_pcpu = (__u64)(long)g->pcpu;
+	return *(volatile __u64 *)&c->psi_pcpu + c->pcpu_off;
+}
+
+/*
+ * The target covering `p`, through this CPU's cache: plain loads on a hit,
+ * the cgroup-storage lookup (or ancestry walk) on a miss. Only sched_switch
+ * uses it, with interrupts off, so nothing else touches this CPU's slots
+ * meanwhile.
+ */
+static __always_inline bool hybrid_target(struct runqlat_cpu *c, struct task_struct *p,
+					  __u64 generation, struct ff_target *out, __u64 *psi)
+{
+	struct cgroup *cgrp = p->cgroups->dfl_cgrp;
+	struct runqlat_cache_slot *slot;
+	__u64 id;
+
+	if (!cgrp)
+		return false;
+	id = cgrp->kn->id;
+	slot = &c->cache[id & (RUNQLAT_CACHE_SLOTS - 1)];
+	if (slot->cgroup == id && slot->generation == generation) {
+		*out = slot->target;
+		if (psi)
+			*psi = slot->psi;
+		return out->index != 0;
+	}
+	ff_cgroup_target(cgrp, out);
+	slot->cgroup = id;
+	slot->generation = generation;
+	slot->target = *out;
+	slot->psi = out->index ? psi_state_addr(c, cgrp) : 0;
+	if (psi)
+		*psi = slot->psi;
+	return out->index != 0;
+}
+
+/* A calibration sample: `clock` is the run-queue clock, just updated. */
+static __always_inline void hybrid_calibrate(struct runqlat_cpu *c, __u64 clock, __u64 ktime)
+{
+	__s64 cand = (__s64)(ktime - clock);
+
+	if (!c->epoch_start || clock - c->epoch_start >= RUNQLAT_CAL_EPOCH_NS) {
+		c->offset = c->epoch_start ? c->epoch_min : cand;
+		c->epoch_min = cand;
+		c->epoch_start = clock;
+	} else if (cand < c->epoch_min) {
+		c->epoch_min = cand;
+	}
+}
+
+/* Now, on the run-queue clock's time base, when the clock itself is stale. */
+static __always_inline __u64 hybrid_now(struct runqlat_cpu *c, __u64 clock)
+{
+	__u64 ktime = bpf_ktime_get_ns(), now;
+	__s64 off;
+
+	c->clock_reads += 1;
+	if (!c->epoch_start) {
+		c->uncalibrated += 1;
+		return clock;
+	}
+	off = c->offset < c->epoch_min ? c->offset : c->epoch_min;
+	now = ktime - off;
+	return now > clock ? now : clock;
+}
+
+static __always_inline bool psi_now(struct runqlat_cpu *c, __u64 gc_addr, __u64 clock,
+				    __u64 *out)
 {
 	struct psi_group_cpu *gc;
-	struct psi_group *g;
-	struct cgroup *cgrp;
 	__u64 stamp, now, ktime;
 	__s64 off;
 
-	if (!psi_pcpu_off(c))
+	if (!gc_addr || c->pcpu_state != 1)
 		return false;
-	cgrp = next->cgroups->dfl_cgrp;
-	if (!cgrp)
-		return false;
-	g = cgrp->psi;
-	if (!g || !g->enabled)
-		return false;
-	/* A per-CPU address as a number, the same way (see psi_pcpu_off). */
-	c->psi_pcpu = (__u64)(long)g->pcpu;
-	gc = bpf_rdonly_cast((void *)(*(volatile __u64 *)&c->psi_pcpu + c->pcpu_off),
-			     bpf_core_type_id_kernel(struct psi_group_cpu));
+	gc = bpf_rdonly_cast((void *)gc_addr, bpf_core_type_id_kernel(struct psi_group_cpu));
 	if (!gc || !(gc->state_mask & (1U << bpf_core_enum_value(enum psi_states, NR_PSI_STATES))))
 		return false;
 	stamp = gc->state_start;
@@ -432,17 +444,33 @@ int BPF_PROG(switch_hybrid, bool preempt, struct task_struct *prev, struct task_
 	struct runqlat_start s = {};
 	struct runqlat_cpu *c;
 	struct ff_target t;
-	__u64 queued, clock, now, wait, delay, pcount, tag, generation = 0, *gen;
+	__u64 queued, clock, now, wait, delay, pcount, tag, generation = 0, *gen, psi = 0;
 	__u32 zero = 0;
 	struct rq *rq;
 	bool stale, have_now;
 
 	c = bpf_map_lookup_elem(&rq_cpu, &zero);
+	if (!c)
+		return 0;
+	/* To idle: no wait ends, and no task is preempted (a preempted task
+	 * stays runnable, so idle would not be picked). Half of all switches on
+	 * a mostly idle node. Where PSI stamps are in use on this CPU their
+	 * checks calibrate the clock, so nothing is left to do; elsewhere a
+	 * calibration sample is taken when one is due. */
+	if (!next->pid && c->pcpu_state == 1)
+		return 0;
 	/* This CPU's run queue (see switch_queued). */
 	rq = next->se.cfs_rq->rq;
-	if (!c || !rq)
+	if (!rq)
 		return 0;
 	clock = rq->clock;
+	if (!next->pid) {
+		if (prev->pid && clock - c->last_sample >= RUNQLAT_CAL_SAMPLE_NS) {
+			c->last_sample = clock;
+			hybrid_calibrate(c, clock, bpf_ktime_get_ns());
+		}
+		return 0;
+	}
 	queued = next->sched_info.last_queued;
 	stale = !prev->pid || clock == queued;
 	have_now = !stale;
@@ -455,9 +483,9 @@ int BPF_PROG(switch_hybrid, bool preempt, struct task_struct *prev, struct task_
 	if (gen)
 		generation = *gen;
 
-	if (queued && next->pid && hybrid_target(c, next, generation, &t)) {
+	if (queued && hybrid_target(c, next, generation, &t, &psi)) {
 		if (!have_now) {
-			if (prev->pid || !psi_now(c, next, clock, &now))
+			if (prev->pid || !psi_now(c, psi, clock, &now))
 				now = hybrid_now(c, clock);
 			have_now = true;
 		}
@@ -492,7 +520,7 @@ int BPF_PROG(switch_hybrid, bool preempt, struct task_struct *prev, struct task_
 	 * not with now. Only a wakeup preemption leaves the clock stale, and only
 	 * then does a running prev get here. */
 	if (stale && prev->pid && ff_task_state_btf(prev) == TASK_RUNNING &&
-	    hybrid_target(c, prev, generation, &t)) {
+	    hybrid_target(c, prev, generation, &t, NULL)) {
 		if (!have_now)
 			now = hybrid_now(c, clock);
 		seen = seen_slot(prev);

@@ -49,6 +49,7 @@ struct runqlat_cache_slot {
 	__u64 cgroup;     /* cgroup ID; 0: empty */
 	__u64 generation; /* of the target map, when this slot was filled */
 	struct ff_target target;
+	__u64 psi;        /* this CPU's PSI state of the cgroup (runqlat.bpf.c); 0: none */
 };
 
 struct runqlat_cpu {

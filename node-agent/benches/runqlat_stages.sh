@@ -6,7 +6,7 @@
 # kernel.bpf_stats_enabled: run_time_ns over the reference's event count, as
 # capture_overhead does. Stages: S0 the empty program (bpf_stats' own cost), S1 the run
 # queue and queue stamp, S2 calibration and the target generation, S3 the target lookup,
-# S4 the clock read where the run-queue clock is stale, S5 the task's counters, full = the
+# S4 the end of the wait where the run-queue clock is stale (PSI stamp or clock read), S5 the task's counters, full = the
 # baseline slot and the histogram (the program as shipped).
 #
 # Usage (root): node-agent/benches/runqlat_stages.sh   env: ROUNDS=5 LOOPS=200000
@@ -46,9 +46,9 @@ stops = [
     ("\thave_now = !stale;\n\tnow = clock;\n", "#if STOP == 1\n\treturn stale + queued;\n#endif\n"),
     ("\tif (gen)\n\t\tgeneration = *gen;\n",
      "#if STOP == 2\n\treturn stale + queued + generation;\n#endif\n"),
-    ("\tif (queued && next->pid && hybrid_target(c, next, generation, &t)) {\n",
+    ("\tif (queued && hybrid_target(c, next, generation, &t, &psi)) {\n",
      "#if STOP == 3\n\t\treturn t.index;\n#endif\n"),
-    ("\t\t\tnow = hybrid_now(c, clock);\n\t\t\thave_now = true;\n\t\t}\n",
+    ("\t\t\t\tnow = hybrid_now(c, clock);\n\t\t\thave_now = true;\n\t\t}\n",
      "#if STOP == 4\n\t\treturn now;\n#endif\n"),
     ("\t\ttag = next->start_time;\n", "#if STOP == 5\n\t\treturn tag + pcount + wait + delay;\n#endif\n"),
 ]
@@ -58,7 +58,7 @@ for anchor, code in stops:
     body = body.replace(anchor, anchor + code, 1)
 open(path, "w").write(head + "int BPF_PROG(switch_hybrid" + body)
 PY
-VARIANTS="S0 S1 S2 S3 S4 S5 full"
+VARIANTS=${VARIANTS:-"S0 S1 S2 S3 S4 S5 full"}
 for v in $VARIANTS; do
 	stop=${v#S}; [ "$v" = full ] && stop=9
 	clang -g -O2 -target bpf -D__TARGET_ARCH_x86 -DSTOP=$stop -I"$WORK" -c "$WORK/runqlat.bpf.c" -o "$WORK/$v.o"
@@ -114,7 +114,7 @@ med = lambda v, i: statistics.median(x[i] for x in v)
 print("%-28s %9s %9s %9s" % ("stage (cumulative)", "ns/event", "ns/run", "ratio"))
 labels = {"ref": "libbpf-tools runqlat -c", "S0": "S0 empty program",
           "S1": "S1 run queue, queue stamp", "S2": "S2 calibration, generation",
-          "S3": "S3 target lookup", "S4": "S4 clock read if stale",
+          "S3": "S3 target lookup", "S4": "S4 end of wait if stale",
           "S5": "S5 task counters", "full": "full (as shipped)"}
 for k in ["ref", "S0", "S1", "S2", "S3", "S4", "S5", "full"]:
     if k in per:

@@ -530,3 +530,135 @@ fn hybrid_clock_reads_wakeup_waits_like_our_own_clock() {
         );
     }
 }
+
+/// Two processes on two CPUs passing a byte back and forth, the parent pausing 100 µs
+/// per round: each blocks while the other runs, so nearly every wait ends on a CPU that
+/// was idle (the `perf bench sched pipe` case, at a bounded rate).
+const PING_PONG: &str = r#"
+#define _GNU_SOURCE
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+static void pin(int cpu) {
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    CPU_SET(cpu, &s);
+    sched_setaffinity(0, sizeof(s), &s);
+}
+int main(void) {
+    int a[2], b[2];
+    char c = 'x';
+    if (pipe(a) || pipe(b)) return 1;
+    if (fork() == 0) {
+        pin(1);
+        while (read(a[0], &c, 1) == 1)
+            if (write(b[1], &c, 1) != 1) return 2;
+        return 0;
+    }
+    pin(0);
+    struct timespec t = {0, 100000};
+    for (;;) {
+        if (write(a[1], &c, 1) != 1 || read(b[0], &c, 1) != 1) return 3;
+        nanosleep(&t, 0);
+    }
+}
+"#;
+
+/// Whether the kernel keeps PSI state for `cgroup` (psi=1 or a kernel that has it on by
+/// default, and the cgroup's pressure accounting not switched off).
+fn cgroup_psi_on(cgroup: &std::path::Path) -> bool {
+    std::path::Path::new("/proc/pressure/cpu").exists()
+        && cgroup.join("cpu.pressure").exists()
+        && std::fs::read_to_string(cgroup.join("cgroup.pressure"))
+            .map_or(true, |v| v.trim() != "0")
+}
+
+/// The default clock on waits that end on a CPU that was idle: where the kernel keeps PSI
+/// state, their end is PSI's stamp of the switch (no clock read), checked against the
+/// clock and never rejected, and the histogram agrees with the clock-reading variant
+/// (`hybrid-no-psi`) and with our own clock. Where it does not, every such wait reads the
+/// clock.
+#[test]
+fn hybrid_clock_takes_psi_stamps_after_idle_and_agrees_with_the_clock() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let ping_pong = compile_c(dir.path(), "ffpingpong", PING_PONG);
+    let mut target = TestCgroup::new("rq-psi");
+    let pid = target.spawn(&mut Command::new(&ping_pong));
+    wait_switches(pid, 100);
+    let hybrid = Samplers::new(SamplerConfig::default());
+    let no_psi = samplers_with(RunqlatClock::HybridNoPsi);
+    let own = samplers_with(RunqlatClock::Own);
+    let t = [CaptureTarget::raw(target.cgroup.clone())];
+    let warm = TestCgroup::new("rq-psi-warm");
+    let w = [CaptureTarget::raw(warm.cgroup.clone())];
+    let opts = RunqlatOptions::default();
+    let _keep = (
+        hybrid.start_runqlat(&w, &opts).unwrap(),
+        no_psi.start_runqlat(&w, &opts).unwrap(),
+        own.start_runqlat(&w, &opts).unwrap(),
+    );
+    let h = hybrid.start_runqlat(&t, &opts).unwrap();
+    let n = no_psi.start_runqlat(&t, &opts).unwrap();
+    let o = own.start_runqlat(&t, &opts).unwrap();
+    assert_eq!(h.sampler().storage(), StartStorage::Hybrid);
+    assert_eq!(n.sampler().storage(), StartStorage::Hybrid);
+    wait_switches(pid, 5000);
+    let (rh, rn, ro) = (h.finish().unwrap(), n.finish().unwrap(), o.finish().unwrap());
+    let (hh, hn, ho) = (total(&rh), total(&rn), total(&ro));
+    let (ch, cn) = (
+        rh.clock.expect("hybrid clock counters"),
+        rn.clock.expect("hybrid-no-psi clock counters"),
+    );
+    let psi = cgroup_psi_on(&target.cgroup);
+    eprintln!(
+        "PSI on for the target: {psi}\nhybrid: {} waits, {ch:?}\n{}\nhybrid-no-psi: {} waits, {cn:?}\n{}\nown clock: {} waits\n{}",
+        hh.count(),
+        hh.render(LatencyUnit::Micros),
+        hn.count(),
+        hn.render(LatencyUnit::Micros),
+        ho.count(),
+        ho.render(LatencyUnit::Micros)
+    );
+    let (a, b, c) = (hh.count() as f64, hn.count() as f64, ho.count() as f64);
+    assert!(c > 5000.0, "too few waits to compare: {c}");
+    for (name, x) in [("hybrid", a), ("hybrid-no-psi", b)] {
+        assert!((x - c).abs() <= 0.05 * c, "counts differ: {name} {x}, own {c}");
+    }
+    // Both samplers run on every switch of the node: their counters cover the same
+    // events, whatever else runs.
+    assert_eq!(cn.psi_stamps + cn.psi_checks + cn.psi_rejects, 0, "{cn:?}");
+    assert!(
+        cn.clock_reads as f64 >= 0.5 * b,
+        "expected most waits to end on a CPU that was idle: {cn:?}"
+    );
+    if psi {
+        assert!(
+            ch.psi_stamps as f64 >= 0.5 * a && ch.psi_checks > 0 && ch.psi_rejects == 0,
+            "expected PSI stamps for the waits after idle, every check passed: {ch:?}"
+        );
+        assert!(
+            ch.clock_reads * 4 <= cn.clock_reads,
+            "PSI stamps saved few clock reads: {ch:?} vs {cn:?}"
+        );
+    } else {
+        assert_eq!(ch.psi_stamps, 0, "no PSI, yet PSI stamps: {ch:?}");
+    }
+    for (name, x) in [("hybrid-no-psi", &hn), ("own", &ho)] {
+        let (ma, mb) = (hh.median_bucket().unwrap(), x.median_bucket().unwrap());
+        assert!(
+            ma.abs_diff(mb) <= 1,
+            "median buckets differ by more than one: hybrid {ma}, {name} {mb}"
+        );
+    }
+    for q in [0.5, 0.9] {
+        let (qh, qn) = (hh.quantile(q).unwrap_or(0.0), hn.quantile(q).unwrap_or(0.0));
+        // Sub-microsecond waits land in the first bucket either way.
+        assert!(
+            qh <= 2.0 * qn.max(1.0) + 2.0 && qn <= 2.0 * qh.max(1.0) + 2.0,
+            "p{}: hybrid {qh:.1} us, hybrid-no-psi {qn:.1} us",
+            q * 100.0
+        );
+    }
+}
