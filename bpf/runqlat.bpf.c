@@ -264,6 +264,16 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
 /* Off with --runqlat-clock hybrid-no-psi. */
 const volatile bool ff_runqlat_psi = true;
 
+/* Known when the program is loaded, so that on a kernel without PSI (or
+ * without bpf_rdonly_cast, Linux 6.2) the code using it is dead and its
+ * unresolved relocations never reached. */
+#define FF_PSI_USABLE                                                          \
+	(ff_runqlat_psi && bpf_ksym_exists(bpf_rdonly_cast) &&                 \
+	 bpf_core_field_exists(struct cgroup, psi) &&                          \
+	 bpf_core_field_exists(struct psi_group, enabled) &&                   \
+	 bpf_core_type_exists(struct psi_group_cpu) &&                         \
+	 bpf_core_enum_value_exists(enum psi_states, NR_PSI_STATES))
+
 /* This CPU's per-CPU offset, from our own per-CPU map: its element for this
  * CPU minus the per-CPU address the map keeps for it. */
 static __always_inline bool psi_pcpu_off(struct runqlat_cpu *c)
@@ -274,8 +284,7 @@ static __always_inline bool psi_pcpu_off(struct runqlat_cpu *c)
 	if (c->pcpu_state)
 		return c->pcpu_state == 1;
 	c->pcpu_state = 2;
-	if (!ff_runqlat_psi || !bpf_ksym_exists(bpf_rdonly_cast) || !bpf_core_field_exists(struct psi_group, enabled) ||
-	    !bpf_core_field_exists(struct cgroup, psi))
+	if (!FF_PSI_USABLE)
 		return false;
 	/* The verifier refuses loads past struct bpf_array, where pptrs[] is. */
 	arr = bpf_rdonly_cast(&rq_cpu, bpf_core_type_id_kernel(struct bpf_array));
@@ -297,7 +306,7 @@ static __always_inline __u64 psi_state_addr(struct runqlat_cpu *c, struct cgroup
 {
 	struct psi_group *g;
 
-	if (!psi_pcpu_off(c))
+	if (!FF_PSI_USABLE || !psi_pcpu_off(c))
 		return 0;
 	g = cgrp->psi;
 	if (!g || !g->enabled)
@@ -377,7 +386,7 @@ static __always_inline bool psi_now(struct runqlat_cpu *c, __u64 gc_addr, __u64 
 	__u64 stamp, now, ktime;
 	__s64 off;
 
-	if (!gc_addr || c->pcpu_state != 1)
+	if (!FF_PSI_USABLE || !gc_addr || c->pcpu_state != 1)
 		return false;
 	gc = bpf_rdonly_cast((void *)gc_addr, bpf_core_type_id_kernel(struct psi_group_cpu));
 	if (!gc || !(gc->state_mask & (1U << bpf_core_enum_value(enum psi_states, NR_PSI_STATES))))

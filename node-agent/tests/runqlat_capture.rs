@@ -569,8 +569,7 @@ int main(void) {
 fn cgroup_psi_on(cgroup: &std::path::Path) -> bool {
     std::path::Path::new("/proc/pressure/cpu").exists()
         && cgroup.join("cpu.pressure").exists()
-        && std::fs::read_to_string(cgroup.join("cgroup.pressure"))
-            .map_or(true, |v| v.trim() != "0")
+        && std::fs::read_to_string(cgroup.join("cgroup.pressure")).map_or(true, |v| v.trim() != "0")
 }
 
 /// The default clock on waits that end on a CPU that was idle: where the kernel keeps PSI
@@ -605,13 +604,17 @@ fn hybrid_clock_takes_psi_stamps_after_idle_and_agrees_with_the_clock() {
     assert_eq!(h.sampler().storage(), StartStorage::Hybrid);
     assert_eq!(n.sampler().storage(), StartStorage::Hybrid);
     wait_switches(pid, 5000);
-    let (rh, rn, ro) = (h.finish().unwrap(), n.finish().unwrap(), o.finish().unwrap());
+    let (rh, rn, ro) = (
+        h.finish().unwrap(),
+        n.finish().unwrap(),
+        o.finish().unwrap(),
+    );
     let (hh, hn, ho) = (total(&rh), total(&rn), total(&ro));
     let (ch, cn) = (
         rh.clock.expect("hybrid clock counters"),
         rn.clock.expect("hybrid-no-psi clock counters"),
     );
-    let psi = cgroup_psi_on(&target.cgroup);
+    let psi = cgroup_psi_on(&target.cgroup.path);
     eprintln!(
         "PSI on for the target: {psi}\nhybrid: {} waits, {ch:?}\n{}\nhybrid-no-psi: {} waits, {cn:?}\n{}\nown clock: {} waits\n{}",
         hh.count(),
@@ -624,7 +627,10 @@ fn hybrid_clock_takes_psi_stamps_after_idle_and_agrees_with_the_clock() {
     let (a, b, c) = (hh.count() as f64, hn.count() as f64, ho.count() as f64);
     assert!(c > 5000.0, "too few waits to compare: {c}");
     for (name, x) in [("hybrid", a), ("hybrid-no-psi", b)] {
-        assert!((x - c).abs() <= 0.05 * c, "counts differ: {name} {x}, own {c}");
+        assert!(
+            (x - c).abs() <= 0.05 * c,
+            "counts differ: {name} {x}, own {c}"
+        );
     }
     // Both samplers run on every switch of the node: their counters cover the same
     // events, whatever else runs.
