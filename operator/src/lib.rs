@@ -7,6 +7,7 @@ pub mod app;
 pub mod controller;
 pub mod downloads;
 pub mod error;
+pub mod events;
 pub mod identity;
 pub mod leader;
 pub mod metrics;

@@ -13,6 +13,7 @@ use flamefleet_api::{
 use flamefleet_proto::agent::LatencyHistogram;
 
 use super::node_outcome::NodeOutcome;
+use crate::events::truncated;
 
 /// Most failed nodes the completion message names.
 const MESSAGE_FAILURES: usize = 3;
@@ -165,15 +166,7 @@ pub fn outcome_message(counts: NodeCounts, failures: &[NodeFailureEntry]) -> Str
         .iter()
         .take(MESSAGE_FAILURES)
         .map(|f| {
-            let mut message = f.message.clone();
-            if message.len() > MESSAGE_FAILURE_BYTES {
-                let mut cut = MESSAGE_FAILURE_BYTES;
-                while !message.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                message.truncate(cut);
-                message.push('…');
-            }
+            let message = truncated(&f.message, MESSAGE_FAILURE_BYTES);
             format!("{}: {message}", f.node)
         })
         .collect();

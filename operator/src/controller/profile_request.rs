@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Resource, ResourceExt};
 use tracing::instrument;
@@ -712,23 +712,6 @@ async fn publish(
     reason: &str,
     note: String,
 ) {
-    // Event notes are limited to 1 KiB by the API server.
-    let mut note = note;
-    if note.len() > 1000 {
-        let mut cut = 1000;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-    }
-    let event = KubeEvent {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note),
-        action: "Capture".to_string(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &request.object_ref(&())).await {
-        tracing::warn!("recording event {reason}: {e}");
-    }
+    let object = request.object_ref(&());
+    crate::events::publish(&ctx.recorder, &object, type_, "Capture", reason, &note).await;
 }

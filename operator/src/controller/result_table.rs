@@ -19,6 +19,7 @@ use flamefleet_api::{
 };
 
 use super::node_outcome::NodeOutcome;
+use crate::events::truncated;
 
 /// Longest failure message copied into the request's status (the slice keeps more).
 const STATUS_MESSAGE_BYTES: usize = 1024;
@@ -54,17 +55,6 @@ pub struct ResultTable {
 /// The most per-node failure Events one request publishes; later failures are counted in
 /// the final Event's message and listed in the slices.
 pub const MAX_FAILURE_EVENTS: usize = flamefleet_api::profile_request::MAX_STATUS_FAILURES;
-
-fn truncated(message: &str, max: usize) -> String {
-    if message.len() <= max {
-        return message.to_string();
-    }
-    let mut cut = max;
-    while !message.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &message[..cut])
-}
 
 fn failure_entry(entry: &NodeStatus) -> NodeFailureEntry {
     NodeFailureEntry {

@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event, finalizer};
 use tracing::instrument;
 
@@ -693,22 +693,6 @@ async fn publish<P: Policy>(
     reason: &str,
     note: String,
 ) {
-    let mut note = note;
-    if note.len() > 1000 {
-        let mut cut = 1000;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-    }
-    let event = KubeEvent {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note),
-        action: "Schedule".to_string(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
-        tracing::warn!("recording event {reason}: {e}");
-    }
+    let object = policy.object_ref(&());
+    crate::events::publish(&ctx.recorder, &object, type_, "Schedule", reason, &note).await;
 }

@@ -32,7 +32,8 @@ use tokio_util::io::ReaderStream;
 
 use super::{ARTIFACTS_PATH, BuiltinStore, REQUESTS_PATH};
 use crate::store::{
-    ArtifactKey, ArtifactStore, KeyError, RequestRef, SHA256_HEADER, Sha256Digest, StoreError,
+    ArtifactDigest, ArtifactKey, ArtifactStore, KeyError, RequestRef, SHA256_HEADER, Sha256Digest,
+    StoreError,
     signing::{SignatureError, SignedQuery},
 };
 
@@ -218,15 +219,16 @@ async fn put_artifact(
         .write_artifact(&key, body.into_data_stream(), limit, &expected)
         .await?;
     tracing::info!(%key, size = digest.size_bytes, sha256 = %digest.sha256, "artifact stored");
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({
-            "key": key.to_string(),
-            "sizeBytes": digest.size_bytes,
-            "sha256": digest.sha256,
-        })),
-    )
-        .into_response())
+    Ok((StatusCode::CREATED, digest_json(&key, &digest)).into_response())
+}
+
+/// The body that answers an upload and a verification: what the store holds at `key`.
+fn digest_json(key: &ArtifactKey, digest: &ArtifactDigest) -> Json<serde_json::Value> {
+    Json(json!({
+        "key": key.to_string(),
+        "sizeBytes": digest.size_bytes,
+        "sha256": digest.sha256,
+    }))
 }
 
 async fn get_artifact(
@@ -291,12 +293,7 @@ async fn verify_artifact(
         .unwrap_or(u64::MAX)
         .min(state.store.max_upload_bytes());
     let digest = state.store.verify_upload(&key, max, grant.sha256).await?;
-    Ok(Json(json!({
-        "key": key.to_string(),
-        "sizeBytes": digest.size_bytes,
-        "sha256": digest.sha256,
-    }))
-    .into_response())
+    Ok(digest_json(&key, &digest).into_response())
 }
 
 async fn list_request(
