@@ -9,7 +9,9 @@
 # S4 the end of the wait where the run-queue clock is stale (PSI stamp or clock read), S5 the task's counters, full = the
 # baseline slot and the histogram (the program as shipped).
 #
-# Usage (root): node-agent/benches/runqlat_stages.sh   env: ROUNDS=5 LOOPS=200000
+# Usage (root): node-agent/benches/runqlat_stages.sh
+#   env: ROUNDS=5 LOOPS=200000 VARIANTS="S0 ... full" (stages to price)
+#        VARIANT_SOURCES="a.bpf.c ..." (other versions of the whole program, same rounds)
 set -euo pipefail
 ROUNDS=${ROUNDS:-5}
 LOOPS=${LOOPS:-200000}
@@ -63,6 +65,15 @@ for v in $VARIANTS; do
 	stop=${v#S}; [ "$v" = full ] && stop=9
 	clang -g -O2 -target bpf -D__TARGET_ARCH_x86 -DSTOP=$stop -I"$WORK" -c "$WORK/runqlat.bpf.c" -o "$WORK/$v.o"
 done
+# Other versions of the whole program, priced in the same rounds (A/B of a change):
+# VARIANT_SOURCES="a.bpf.c b.bpf.c", each a copy of bpf/runqlat.bpf.c.
+n=0
+for src in ${VARIANT_SOURCES:-}; do
+	n=$((n + 1))
+	cp "$src" "$WORK/x$n.bpf.c"
+	clang -g -O2 -target bpf -D__TARGET_ARCH_x86 -I"$WORK" -c "$WORK/x$n.bpf.c" -o "$WORK/x$n.o"
+	VARIANTS="$VARIANTS x$n"
+done
 cc -O2 "$HERE/runqlat_stages/loader.c" -o "$WORK/loader" -lbpf
 mkdir "$CG"
 CGID=$(stat -c %i "$CG")
@@ -102,7 +113,7 @@ for r in $(seq "$ROUNDS"); do
 		echo "$v $r $((b1 - b0)) $((d1 - d0)) $events" >> "$WORK/rows"
 	done
 done
-python3 - "$WORK/rows" <<'PY'
+python3 - "$WORK/rows" ${VARIANT_SOURCES:-} <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 ref = {r[1]: int(r[2]) / int(r[3]) for r in rows if r[0] == "ref"}
@@ -116,7 +127,9 @@ labels = {"ref": "libbpf-tools runqlat -c", "S0": "S0 empty program",
           "S1": "S1 run queue, queue stamp", "S2": "S2 calibration, generation",
           "S3": "S3 target lookup", "S4": "S4 end of wait if stale",
           "S5": "S5 task counters", "full": "full (as shipped)"}
-for k in ["ref", "S0", "S1", "S2", "S3", "S4", "S5", "full"]:
+for i, src in enumerate(sys.argv[2:]):
+    labels["x%d" % (i + 1)] = src[-28:]
+for k in ["ref", "S0", "S1", "S2", "S3", "S4", "S5", "full"] + ["x%d" % (i + 1) for i in range(len(sys.argv) - 2)]:
     if k in per:
         print("%-28s %9.1f %9.1f %9.3f" % (labels[k], med(per[k], 0), med(per[k], 1), med(per[k], 2)))
 PY
