@@ -258,6 +258,7 @@ struct {
 #define RUNQLAT_PSI_CHECK_NS (500ULL * 1000)
 #define RUNQLAT_PSI_SLACK_NS (50ULL * 1000)
 #define RUNQLAT_PSI_MAX_REJECTS 4
+#define RUNQLAT_PSI_IDLE_SKIPS 64
 
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
 
@@ -417,6 +418,7 @@ static __always_inline bool psi_now(struct runqlat_cpu *c, __u64 gc_addr, __u64 
 		hybrid_calibrate(c, stamp, ktime);
 	}
 	c->psi_stamps += 1;
+	c->psi_recent = RUNQLAT_PSI_IDLE_SKIPS;
 	*out = stamp;
 	return true;
 }
@@ -463,11 +465,15 @@ int BPF_PROG(switch_hybrid, bool preempt, struct task_struct *prev, struct task_
 		return 0;
 	/* To idle: no wait ends, and no task is preempted (a preempted task
 	 * stays runnable, so idle would not be picked). Half of all switches on
-	 * a mostly idle node. Where PSI stamps are in use on this CPU their
-	 * checks calibrate the clock, so nothing is left to do; elsewhere a
-	 * calibration sample is taken when one is due. */
-	if (!next->pid && c->pcpu_state == 1)
+	 * a mostly idle node. While PSI stamps are in use on this CPU their
+	 * checks calibrate the clock, so nothing is left to do: each stamp used
+	 * allows the next RUNQLAT_PSI_IDLE_SKIPS switches to idle to return here.
+	 * Elsewhere (PSI off, or no longer used here) a calibration sample is
+	 * taken when one is due, as before. */
+	if (!next->pid && c->psi_recent) {
+		c->psi_recent -= 1;
 		return 0;
+	}
 	/* This CPU's run queue (see switch_queued). */
 	rq = next->se.cfs_rq->rq;
 	if (!rq)

@@ -67,7 +67,7 @@ struct runqlat_cpu {
 	__u64 psi_rejects;  /* of those, too far from it: the clock was used */
 	__s64 pcpu_off;     /* this CPU's per-CPU offset (pcpu_state 1) */
 	__u32 pcpu_state;   /* 0: not known yet, 1: known, 2: unusable (PSI stamps off) */
-	__u32 pad;
+	__u32 psi_recent;   /* switches to idle that may still skip calibration (see switch_hybrid) */
 	__u64 last_psi_check; /* rq clock of the last check */
 	__u64 psi_pcpu;       /* scratch: a per-CPU address as a number */
 };
