@@ -314,6 +314,26 @@ fn waits_are_attributed_to_the_waiting_task_not_the_waker() {
     );
 }
 
+/// Loads each registry's runqlat sampler for an empty cgroup and keeps it loaded while
+/// the returned guard lives, so that the captures a test starts next line up in time.
+fn warm(registries: &[&Samplers], name: &str, opts: &RunqlatOptions) -> Warm<impl Sized + use<>> {
+    let cgroup = TestCgroup::new(name);
+    let w = [CaptureTarget::raw(cgroup.cgroup.clone())];
+    Warm {
+        _captures: registries
+            .iter()
+            .map(|r| r.start_runqlat(&w, opts).unwrap())
+            .collect(),
+        _cgroup: cgroup,
+    }
+}
+
+/// Fields drop in order: the captures end before their cgroup goes.
+struct Warm<T> {
+    _captures: Vec<T>,
+    _cgroup: TestCgroup,
+}
+
 fn samplers_with(clock: RunqlatClock) -> Samplers {
     Samplers::new(SamplerConfig {
         runqlat_clock: clock,
@@ -343,14 +363,10 @@ fn the_four_timestamp_sources_agree() {
         per_process: true,
         unit: LatencyUnit::Millis,
     };
-    // Load the samplers first so that the capture windows line up.
-    let warm = TestCgroup::new("rq-storage-warm");
-    let w = [CaptureTarget::raw(warm.cgroup.clone())];
-    let _keep = (
-        hybrid.start_runqlat(&w, &ms).unwrap(),
-        sched_info.start_runqlat(&w, &ms).unwrap(),
-        task.start_runqlat(&w, &ms).unwrap(),
-        hash.start_runqlat(&w, &ms).unwrap(),
+    let _warm = warm(
+        &[&hybrid, &sched_info, &task, &hash],
+        "rq-storage-warm",
+        &ms,
     );
     let y = hybrid.start_runqlat(&t, &ms).unwrap();
     let s = sched_info.start_runqlat(&t, &ms).unwrap();
@@ -425,13 +441,8 @@ fn scheduler_clock_agrees_on_waits_behind_other_tasks() {
     let scheduler = samplers_with(RunqlatClock::Scheduler);
     let own = samplers_with(RunqlatClock::Own);
     let t = [CaptureTarget::raw(busy.cgroup.clone())];
-    let warm = TestCgroup::new("rq-sched-warm");
-    let w = [CaptureTarget::raw(warm.cgroup.clone())];
     let opts = RunqlatOptions::default();
-    let _keep = (
-        scheduler.start_runqlat(&w, &opts).unwrap(),
-        own.start_runqlat(&w, &opts).unwrap(),
-    );
+    let _warm = warm(&[&scheduler, &own], "rq-sched-warm", &opts);
     let s = scheduler.start_runqlat(&t, &opts).unwrap();
     let o = own.start_runqlat(&t, &opts).unwrap();
     assert_eq!(s.sampler().storage(), StartStorage::SchedInfo);
@@ -479,13 +490,8 @@ fn hybrid_clock_reads_wakeup_waits_like_our_own_clock() {
     let hybrid = Samplers::new(SamplerConfig::default());
     let own = samplers_with(RunqlatClock::Own);
     let t = [CaptureTarget::raw(target.cgroup.clone())];
-    let warm = TestCgroup::new("rq-hybrid-warm");
-    let w = [CaptureTarget::raw(warm.cgroup.clone())];
     let opts = RunqlatOptions::default();
-    let _keep = (
-        hybrid.start_runqlat(&w, &opts).unwrap(),
-        own.start_runqlat(&w, &opts).unwrap(),
-    );
+    let _warm = warm(&[&hybrid, &own], "rq-hybrid-warm", &opts);
     let h = hybrid.start_runqlat(&t, &opts).unwrap();
     let o = own.start_runqlat(&t, &opts).unwrap();
     assert_eq!(h.sampler().storage(), StartStorage::Hybrid);
@@ -590,14 +596,8 @@ fn hybrid_clock_takes_psi_stamps_after_idle_and_agrees_with_the_clock() {
     let no_psi = samplers_with(RunqlatClock::HybridNoPsi);
     let own = samplers_with(RunqlatClock::Own);
     let t = [CaptureTarget::raw(target.cgroup.clone())];
-    let warm = TestCgroup::new("rq-psi-warm");
-    let w = [CaptureTarget::raw(warm.cgroup.clone())];
     let opts = RunqlatOptions::default();
-    let _keep = (
-        hybrid.start_runqlat(&w, &opts).unwrap(),
-        no_psi.start_runqlat(&w, &opts).unwrap(),
-        own.start_runqlat(&w, &opts).unwrap(),
-    );
+    let _warm = warm(&[&hybrid, &no_psi, &own], "rq-psi-warm", &opts);
     let h = hybrid.start_runqlat(&t, &opts).unwrap();
     let n = no_psi.start_runqlat(&t, &opts).unwrap();
     let o = own.start_runqlat(&t, &opts).unwrap();
@@ -699,13 +699,7 @@ fn hybrid_clock_reads_the_clock_where_a_cgroup_turns_pressure_off() {
     let no_psi = samplers_with(RunqlatClock::HybridNoPsi);
     let t = [CaptureTarget::raw(target.cgroup.clone())];
     let opts = RunqlatOptions::default();
-    // Load both samplers first so that the capture windows line up.
-    let warm = TestCgroup::new("rq-psi-off-warm");
-    let w = [CaptureTarget::raw(warm.cgroup.clone())];
-    let _keep = (
-        hybrid.start_runqlat(&w, &opts).unwrap(),
-        no_psi.start_runqlat(&w, &opts).unwrap(),
-    );
+    let _warm = warm(&[&hybrid, &no_psi], "rq-psi-off-warm", &opts);
     let h = hybrid.start_runqlat(&t, &opts).unwrap();
     let n = no_psi.start_runqlat(&t, &opts).unwrap();
     wait_switches(pid, 2000);
