@@ -364,19 +364,23 @@ static __always_inline void hybrid_calibrate(struct runqlat_cpu *c, __u64 clock,
 	}
 }
 
+/* `ktime` on the run-queue clock's time base (this CPU must be calibrated). */
+static __always_inline __u64 hybrid_convert(struct runqlat_cpu *c, __u64 ktime)
+{
+	return ktime - (c->offset < c->epoch_min ? c->offset : c->epoch_min);
+}
+
 /* Now, on the run-queue clock's time base, when the clock itself is stale. */
 static __always_inline __u64 hybrid_now(struct runqlat_cpu *c, __u64 clock)
 {
 	__u64 ktime = bpf_ktime_get_ns(), now;
-	__s64 off;
 
 	c->clock_reads += 1;
 	if (!c->epoch_start) {
 		c->uncalibrated += 1;
 		return clock;
 	}
-	off = c->offset < c->epoch_min ? c->offset : c->epoch_min;
-	now = ktime - off;
+	now = hybrid_convert(c, ktime);
 	return now > clock ? now : clock;
 }
 
@@ -385,7 +389,6 @@ static __always_inline bool psi_now(struct runqlat_cpu *c, __u64 gc_addr, __u64 
 {
 	struct psi_group_cpu *gc;
 	__u64 stamp, now, ktime;
-	__s64 off;
 
 	if (!FF_PSI_USABLE || !gc_addr || c->pcpu_state != 1)
 		return false;
@@ -400,8 +403,7 @@ static __always_inline bool psi_now(struct runqlat_cpu *c, __u64 gc_addr, __u64 
 		c->psi_checks += 1;
 		ktime = bpf_ktime_get_ns();
 		if (c->epoch_start) {
-			off = c->offset < c->epoch_min ? c->offset : c->epoch_min;
-			now = ktime - off;
+			now = hybrid_convert(c, ktime);
 			if (stamp > now + RUNQLAT_PSI_SLACK_NS || stamp + RUNQLAT_PSI_SLACK_NS < now) {
 				c->psi_rejects += 1;
 				c->clock_reads += 1;
