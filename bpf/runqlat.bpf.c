@@ -233,12 +233,17 @@ struct {
 	__type(value, struct runqlat_cpu);
 } rq_cpu SEC(".maps");
 
+/* Mappable only for its layout: the values of a mappable array start on a page
+ * boundary, so each 64-byte slot is one cache line of its own. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, RUNQLAT_SEEN_SLOTS);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct runqlat_seen_slot);
 } seen_slots SEC(".maps");
+
+_Static_assert(sizeof(struct runqlat_seen_slot) == 64, "one cache line per baseline");
 
 /*
  * The end of a wait on a CPU that was idle, without a clock read: PSI's stamp.

@@ -73,12 +73,17 @@ struct runqlat_cpu {
 };
 
 /* Per-task baseline of the hybrid variant, in a direct-mapped array indexed by
- * thread ID (tagged with the task's start time). */
+ * thread ID (tagged with the task's start time). One cache line per slot: the
+ * threads of one process have neighbouring IDs and run on different CPUs, and
+ * two baselines in one line made every arrival of either thread pull the line
+ * from the other CPU (on `perf bench sched pipe` that alone cost more than the
+ * rest of the program). */
 struct runqlat_seen_slot {
 	__u64 tag;    /* task start time; 0: empty */
 	__u64 pcount; /* sched_info.pcount expected at the task's next arrival */
 	__u64 delay;  /* sched_info.run_delay as of the task's last arrival */
 	__u64 fix;    /* ns by which the kernel's queue stamp of this wait is early */
+	__u64 pad[4]; /* to 64 bytes */
 };
 
 #endif

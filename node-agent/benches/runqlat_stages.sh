@@ -2,12 +2,15 @@
 # Where the default runqlat program's time goes, stage by stage, on `perf bench sched pipe`
 # (prints figures; not part of `cargo test`). It builds copies of bpf/runqlat.bpf.c's
 # switch_hybrid that return early after each stage, loads each one alone (interleaved with
-# libbpf-tools' `runqlat -c` as the reference, once per round) and prices it with
-# kernel.bpf_stats_enabled: run_time_ns over the reference's event count, as
-# capture_overhead does. Stages: S0 the empty program (bpf_stats' own cost), S1 the run
-# queue and queue stamp, S2 calibration and the target generation, S3 the target lookup,
-# S4 the end of the wait where the run-queue clock is stale (PSI stamp or clock read), S5 the task's counters, full = the
-# baseline slot and the histogram (the program as shipped).
+# two references, once per round: libbpf-tools' `runqlat -c` and `runqlat` for all tasks)
+# and prices it with kernel.bpf_stats_enabled: run_time_ns over the reference's event
+# count, as capture_overhead does. It also prints how many waits each one recorded:
+# `runqlat -c` tests the cgroup of the task running at the event, which after a wait that
+# ends on an idle CPU is the idle task, so on this workload it skips nearly every wait.
+# Stages: S0 the empty program (bpf_stats' own cost), S1 the run queue and queue stamp,
+# S2 calibration and the target generation, S3 the target lookup, S4 the end of the wait
+# where the run-queue clock is stale (PSI stamp or clock read), S5 the task's counters,
+# full = the baseline slot and the histogram (the program as shipped).
 #
 # Usage (root): node-agent/benches/runqlat_stages.sh
 #   env: ROUNDS=5 LOOPS=200000 VARIANTS="S0 ... full" (stages to price)
@@ -95,41 +98,57 @@ started() { # waits for `$1` in file $2 while $PID lives
 		sleep 0.05
 	done
 }
-echo "kernel $(uname -r), $(nproc) CPUs; perf bench sched pipe -l $LOOPS, $ROUNDS rounds"
+# The waits a libbpf-tools runqlat run recorded: the counts of the histogram it prints on SIGINT.
+hist_waits() { awk -F'|' '/\|/ { split($1, a, ":"); n += a[2] } END { print n + 0 }' "$1"; }
+echo "kernel $(uname -r), $(nproc) CPUs, clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource); perf bench sched pipe -l $LOOPS, $ROUNDS rounds"
 : > "$WORK/rows"
 for r in $(seq "$ROUNDS"); do
-	stdbuf -oL /usr/sbin/runqlat -c "$CG" > "$WORK/ref.out" 2>&1 & PID=$!
-	started Tracing "$WORK/ref.out"
-	read -r a0 c0 < <(runs sched_switch sched_wakeup sched_wakeup_new); work
-	read -r a1 c1 < <(runs sched_switch sched_wakeup sched_wakeup_new)
-	kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
-	events=$((c1 - c0))
-	echo "ref $r $((a1 - a0)) $events $events" >> "$WORK/rows"
+	# Two references: `runqlat -c` (the cgroup filter; it tests the task running at the
+	# event, so a wait that ends on an idle CPU is skipped) and `runqlat` (all tasks).
+	for ref in ref all; do
+		if [ $ref = ref ]; then args=(-c "$CG"); else args=(); fi
+		stdbuf -oL /usr/sbin/runqlat "${args[@]}" > "$WORK/ref.out" 2>&1 & PID=$!
+		started Tracing "$WORK/ref.out"
+		read -r a0 c0 < <(runs sched_switch sched_wakeup sched_wakeup_new); work
+		read -r a1 c1 < <(runs sched_switch sched_wakeup sched_wakeup_new)
+		kill -INT "$PID"; wait "$PID" 2>/dev/null || true; PID=""
+		[ $ref = ref ] && events=$((c1 - c0))
+		echo "$ref $r $((a1 - a0)) $((c1 - c0)) $((c1 - c0)) $(hist_waits "$WORK/ref.out")" >> "$WORK/rows"
+	done
 	for v in $VARIANTS; do
 		"$WORK/loader" "$CGID" "$WORK/$v.o" > "$WORK/l.out" 2>&1 & PID=$!
 		started ready "$WORK/l.out"
 		read -r b0 d0 < <(runs switch_hybrid); work; read -r b1 d1 < <(runs switch_hybrid)
 		kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
-		echo "$v $r $((b1 - b0)) $((d1 - d0)) $events" >> "$WORK/rows"
+		echo "$v $r $((b1 - b0)) $((d1 - d0)) $events $(awk '/^waits/ { print $2 }' "$WORK/l.out")" >> "$WORK/rows"
 	done
 done
 python3 - "$WORK/rows" ${VARIANT_SOURCES:-} <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
+# Per round, each reference's ns per event (its own program runs = scheduler events).
 ref = {r[1]: int(r[2]) / int(r[3]) for r in rows if r[0] == "ref"}
+refall = {r[1]: int(r[2]) / int(r[3]) for r in rows if r[0] == "all"}
 per = {}
-for name, rnd, ns, runs, events in rows:
-    ns, runs, events = int(ns), int(runs), int(events)
-    per.setdefault(name, []).append((ns / events, ns / max(runs, 1), ns / events / ref[rnd]))
+for name, rnd, ns, runs, events, waits in rows:
+    ns, runs, events, waits = int(ns), int(runs), int(events), int(waits or 0)
+    per.setdefault(name, []).append((ns / events, ns / max(runs, 1), ns / events / ref[rnd],
+                                     ns / events / refall[rnd], waits))
 med = lambda v, i: statistics.median(x[i] for x in v)
-print("%-28s %9s %9s %9s" % ("stage (cumulative)", "ns/event", "ns/run", "ratio"))
-labels = {"ref": "libbpf-tools runqlat -c", "S0": "S0 empty program",
+print("%-28s %9s %9s %11s %11s %9s" % ("stage (cumulative)", "ns/event", "ns/run",
+                                        "ratio (-c)", "ratio (all)", "waits"))
+labels = {"ref": "libbpf-tools runqlat -c", "all": "libbpf-tools runqlat",
+          "S0": "S0 empty program",
           "S1": "S1 run queue, queue stamp", "S2": "S2 calibration, generation",
           "S3": "S3 target lookup", "S4": "S4 end of wait if stale",
           "S5": "S5 task counters", "full": "full (as shipped)"}
 for i, src in enumerate(sys.argv[2:]):
     labels["x%d" % (i + 1)] = src[-28:]
-for k in ["ref", "S0", "S1", "S2", "S3", "S4", "S5", "full"] + ["x%d" % (i + 1) for i in range(len(sys.argv) - 2)]:
+for k in ["ref", "all", "S0", "S1", "S2", "S3", "S4", "S5", "full"] + ["x%d" % (i + 1) for i in range(len(sys.argv) - 2)]:
     if k in per:
-        print("%-28s %9.1f %9.1f %9.3f" % (labels[k], med(per[k], 0), med(per[k], 1), med(per[k], 2)))
+        print("%-28s %9.1f %9.1f %11.3f %11.3f %9d" % (labels[k], med(per[k], 0), med(per[k], 1),
+                                                      med(per[k], 2), med(per[k], 3), med(per[k], 4)))
+print("waits: the waits each recorded (median over rounds); `runqlat -c` skips those that end"
+      " on an idle CPU, `runqlat` also counts other tasks' waits; the stages return before"
+      " the histogram, so they record none.")
 PY

@@ -1,15 +1,26 @@
 /* Loads one runqlat object's switch_hybrid program only, makes cgroup ID argv[1] target 1
- * (index 1, no flags) and attaches it; prints "ready" and waits for a signal. Run by
+ * (index 1, no flags) and attaches it; prints "ready", waits for SIGINT or SIGTERM, then
+ * prints "waits N": the waits the target's histogram holds (all CPUs). Run by
  * ../runqlat_stages.sh, not by the agent. */
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+static void on_signal(int sig)
+{
+	(void)sig;
+}
+
 int main(int argc, char **argv)
 {
+	unsigned long long waits = 0, *values;
+	unsigned int key = 1;
+	int cpus, slots;
+	size_t size;
 	struct { unsigned int index, flags; } target = { 1, 0 };
 	unsigned long long cgroup, generation = 1;
 	struct bpf_program *prog;
@@ -42,8 +53,24 @@ int main(int argc, char **argv)
 		fprintf(stderr, "attaching switch_hybrid failed\n");
 		return 1;
 	}
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
 	printf("ready\n");
 	fflush(stdout);
 	pause();
+	/* Per-CPU values of element 1, each padded to 8 bytes: here a multiple already. */
+	cpus = libbpf_num_possible_cpus();
+	size = bpf_map__value_size(bpf_object__find_map_by_name(obj, "target_hists"));
+	slots = (int)(size / sizeof(*values));
+	values = calloc((size_t)cpus * slots, sizeof(*values));
+	if (cpus < 1 || !values ||
+	    bpf_map_lookup_elem(bpf_map__fd(bpf_object__find_map_by_name(obj, "target_hists")),
+				&key, values)) {
+		fprintf(stderr, "reading the histogram failed\n");
+		return 1;
+	}
+	for (int i = 0; i < cpus * slots; i++)
+		waits += values[i];
+	printf("waits %llu\n", waits);
 	return 0;
 }
