@@ -14,7 +14,9 @@
 //!    with no profiler, `perf record -F 99 -g -a -e cpu-clock -G <cg>`, and ours at 99 Hz.
 //! 3. BPF cost per scheduler event (`kernel.bpf_stats_enabled=1`, run_time_ns
 //!    and run_cnt from `bpftool prog show`), ours (each clock) vs libbpf-tools
-//!    `runqlat -c`, per round over one run of each of two workloads: `perf bench
+//!    `runqlat -c` and `runqlat` (all tasks), with the waits each of those recorded
+//!    (`-c` tests the task running at the event, so it skips a wait that ends on an
+//!    idle CPU: nearly all of sched pipe's), per round over one run of each of two workloads: `perf bench
 //!    sched pipe` (two tasks waking each other: nearly every wait ends on a CPU
 //!    that was idle, where the run-queue clock is stale and the hybrid clock
 //!    takes PSI's stamp of the switch, or pays a clock read without it) and `perf bench sched messaging` (hackbench: 40 tasks
@@ -130,6 +132,8 @@ impl Drop for BenchCgroup {
 /// A tracer/profiler running in the background for one measurement.
 struct Tracer {
     child: Child,
+    /// The rest of the watched stream, line by line, until the tracer exits.
+    output: std::thread::JoinHandle<Vec<String>>,
 }
 
 impl Tracer {
@@ -165,15 +169,17 @@ impl Tracer {
             }
         }
         // Keep draining so the tracer never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Ok(Self { child })
+        let output = std::thread::spawn(move || lines.map_while(|l| l.ok()).collect());
+        Ok(Self { child, output })
     }
 
-    /// SIGINT, then wait (perf and runqlat exit cleanly on it).
-    fn stop(mut self) {
+    /// SIGINT, then wait (perf and runqlat exit cleanly on it); returns what the tracer
+    /// printed after its ready line.
+    fn stop(mut self) -> Vec<String> {
         // SAFETY: plain kill(2) on our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let _ = self.child.wait();
+        self.output.join().unwrap_or_default()
     }
 }
 
@@ -184,6 +190,24 @@ fn start_libbpf_runqlat(cg: Option<&Path>) -> Result<Tracer> {
         c.arg("-c").arg(cg);
     }
     Tracer::start(c, "Tracing", false)
+}
+
+/// The waits in the histogram libbpf-tools' runqlat prints when it stops
+/// (`     2 -> 3          : 12       |**   |`).
+fn hist_waits(lines: &[String]) -> u64 {
+    lines
+        .iter()
+        .filter(|l| l.contains('|'))
+        .filter_map(|l| {
+            l.split(':')
+                .nth(1)?
+                .split('|')
+                .next()?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 fn start_agent(kind: &str, cg: &Path, extra: &[&str]) -> Result<Tracer> {
@@ -222,7 +246,10 @@ fn start_perf_record(cg_name: &str, out: &Path) -> Result<Tracer> {
     c.stdout(Stdio::null()).stderr(Stdio::null());
     let child = c.spawn().context("starting perf record")?;
     std::thread::sleep(Duration::from_millis(700));
-    Ok(Tracer { child })
+    Ok(Tracer {
+        child,
+        output: std::thread::spawn(Vec::new),
+    })
 }
 
 /// `perf bench sched pipe` in `cg`: operations per second.
@@ -284,6 +311,16 @@ fn wait_cpu_time(child: Child) -> Result<(Duration, i64)> {
     }
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     Ok((tv(ru.ru_utime) + tv(ru.ru_stime), ru.ru_maxrss))
+}
+
+/// Our figures for one clock over the rounds: ns per scheduler event, ns per program
+/// run, and the per-round ratios to each libbpf-tools reference.
+#[derive(Clone, Default)]
+struct Refs {
+    ns_event: Vec<f64>,
+    ns_run: Vec<f64>,
+    ratio_c: Vec<f64>,
+    ratio_all: Vec<f64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -487,30 +524,42 @@ fn main() -> Result<()> {
     ];
     let mut bpf_rows = Vec::new();
     for (wname, workload) in workloads {
-        let mut theirs = vec![];
-        let mut ours: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> =
-            vec![(vec![], vec![], vec![]); CLOCKS.len()];
+        // Two references: `runqlat -c <cgroup>` and `runqlat` (all tasks). The first
+        // tests the cgroup of the task running at each event; at the switch that ends a
+        // wait on an idle CPU that is the idle task, so it skips those waits (nearly all
+        // of them on sched pipe). The second records every wait, ours included.
+        let mut theirs: [(Vec<f64>, Vec<f64>); 2] = Default::default();
+        let mut ours: Vec<Refs> = vec![Refs::default(); CLOCKS.len()];
         let mut events = 0;
         for _ in 0..rounds {
-            let t = start_libbpf_runqlat(Some(cg.path()))?;
-            let (tns, tcnt) = measure(&THEIR_RQ_PROGS, workload)?;
-            t.stop();
-            // Scheduler events of a run: libbpf-tools' program runs (one per event on
-            // its three tracepoints); ours ran on a run of the same work.
-            theirs.push(per(tns, tcnt));
-            events = tcnt;
+            let mut per_ref = [0.0; 2];
+            for (r, cgroup) in [Some(cg.path()), None].into_iter().enumerate() {
+                let t = start_libbpf_runqlat(cgroup)?;
+                let (tns, tcnt) = measure(&THEIR_RQ_PROGS, workload)?;
+                let waits = hist_waits(&t.stop());
+                // Scheduler events of a run: libbpf-tools' program runs (one per event
+                // on its three tracepoints); ours ran on a run of the same work.
+                per_ref[r] = per(tns, tcnt);
+                theirs[r].0.push(per_ref[r]);
+                theirs[r].1.push(waits as f64);
+                if r == 0 {
+                    events = tcnt;
+                }
+            }
             for (i, (_, args)) in CLOCKS.iter().enumerate() {
                 let t = start_agent("runqlat", cg.path(), args)?;
                 let (ons, ocnt) = measure(&OUR_RQ_PROGS, workload)?;
                 t.stop();
-                ours[i].0.push(per(ons, tcnt));
-                ours[i].1.push(per(ons, ocnt));
-                ours[i]
-                    .2
-                    .push(per(ons, tcnt) / per(tns, tcnt).max(f64::MIN_POSITIVE));
+                let o = &mut ours[i];
+                o.ns_event.push(per(ons, events));
+                o.ns_run.push(per(ons, ocnt));
+                o.ratio_c
+                    .push(per(ons, events) / per_ref[0].max(f64::MIN_POSITIVE));
+                o.ratio_all
+                    .push(per(ons, events) / per_ref[1].max(f64::MIN_POSITIVE));
             }
         }
-        bpf_rows.push((wname, median(theirs), events, ours));
+        bpf_rows.push((wname, theirs, events, ours));
     }
     let t = start_agent("cpu", cg.path(), &["--frequency", "99"])?;
     let sampler_before = bpf_cost(&["on_cpu_sample"])?;
@@ -521,17 +570,25 @@ fn main() -> Result<()> {
     println!(
         "\n## BPF run time per scheduler event (bpf_stats, one run of each workload per round, median of {rounds})"
     );
-    for (wname, theirs, events, ours) in bpf_rows {
+    for (wname, [(c_ns, c_waits), (all_ns, all_waits)], events, ours) in bpf_rows {
         println!("{wname}:");
         println!(
-            "  libbpf-tools runqlat -c          {theirs:>7.1} ns/event (one program run per event; last round {events} events)"
+            "  libbpf-tools runqlat -c          {:>7.1} ns/event (one program run per event; last round {events} events), {:.0} waits recorded",
+            median(c_ns),
+            median(c_waits)
         );
-        for ((name, _), (ev, run, ratio)) in CLOCKS.iter().zip(ours) {
+        println!(
+            "  libbpf-tools runqlat (all tasks) {:>7.1} ns/event, {:.0} waits recorded",
+            median(all_ns),
+            median(all_waits)
+        );
+        for ((name, _), o) in CLOCKS.iter().zip(ours) {
             println!(
-                "  flamefleet, {name:<16}     {:>7.1} ns/event ({:.1} ns per program run), ratio to libbpf-tools {:.2} (median of per-round ratios)",
-                median(ev),
-                median(run),
-                median(ratio)
+                "  flamefleet, {name:<16}     {:>7.1} ns/event ({:.1} ns per program run), ratio to runqlat -c {:.2}, to runqlat {:.2} (medians of per-round ratios)",
+                median(o.ns_event),
+                median(o.ns_run),
+                median(o.ratio_c),
+                median(o.ratio_all)
             );
         }
     }
