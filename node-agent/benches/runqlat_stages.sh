@@ -148,6 +148,12 @@ for k in ["ref", "all", "S0", "S1", "S2", "S3", "S4", "S5", "full"] + ["x%d" % (
     if k in per:
         print("%-28s %9.1f %9.1f %11.3f %11.3f %9d" % (labels[k], med(per[k], 0), med(per[k], 1),
                                                       med(per[k], 2), med(per[k], 3), med(per[k], 4)))
+for rnd in sorted(ref, key=int):
+    row = [r for r in rows if r[1] == rnd and r[0] == "ref"][0]
+    full = [r for r in rows if r[1] == rnd and r[0] == "full"]
+    print("round %s: runqlat -c %.1f ns/event, %s waits%s" % (
+        rnd, ref[rnd], row[5],
+        ", full program %.3f of it" % (int(full[0][2]) / int(full[0][4]) / ref[rnd]) if full else ""))
 print("waits: the waits each recorded (median over rounds); `runqlat -c` skips those that end"
       " on an idle CPU, `runqlat` also counts other tasks' waits; the stages return before"
       " the histogram, so they record none.")
