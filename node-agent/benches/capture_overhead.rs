@@ -16,7 +16,7 @@
 //!    and run_cnt from `bpftool prog show`), ours (each clock) vs libbpf-tools
 //!    `runqlat -c` and `runqlat` (all tasks), with the waits each of those recorded
 //!    (`-c` tests the task running at the event, so it skips a wait that ends on an
-//!    idle CPU: nearly all of sched pipe's), per round over one run of each of two workloads: `perf bench
+//!    idle CPU: nearly all of sched pipe's on a quiet machine), per round over one run of each of two workloads: `perf bench
 //!    sched pipe` (two tasks waking each other: nearly every wait ends on a CPU
 //!    that was idle, where the run-queue clock is stale and the hybrid clock
 //!    takes PSI's stamp of the switch, or pays a clock read without it) and `perf bench sched messaging` (hackbench: 40 tasks
@@ -527,7 +527,8 @@ fn main() -> Result<()> {
         // Two references: `runqlat -c <cgroup>` and `runqlat` (all tasks). The first
         // tests the cgroup of the task running at each event; at the switch that ends a
         // wait on an idle CPU that is the idle task, so it skips those waits (nearly all
-        // of them on sched pipe). The second records every wait, ours included.
+        // of them on sched pipe on a quiet machine). The second records every wait,
+        // ours included.
         let mut theirs: [(Vec<f64>, Vec<f64>); 2] = Default::default();
         let mut ours: Vec<Refs> = vec![Refs::default(); CLOCKS.len()];
         let mut events = 0;
