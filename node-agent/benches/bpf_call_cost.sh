@@ -22,7 +22,8 @@ CG="$ROOT/ffbench-calls-$$"
 LOADER=""
 STATS_BEFORE=$(cat /proc/sys/kernel/bpf_stats_enabled)
 cleanup() {
-	[ -n "$LOADER" ] && kill "$LOADER" 2>/dev/null && wait "$LOADER" 2>/dev/null
+	# (under set -e: a killed loader's status must not end the cleanup early)
+	if [ -n "$LOADER" ] && kill "$LOADER" 2>/dev/null; then wait "$LOADER" 2>/dev/null || true; fi
 	rmdir "$CG" 2>/dev/null || true
 	echo "$STATS_BEFORE" > /proc/sys/kernel/bpf_stats_enabled
 	rm -rf "$WORK"

@@ -30,7 +30,8 @@ CG="$ROOT/ffbench-stages-$$"
 PID=""
 STATS_BEFORE=$(cat /proc/sys/kernel/bpf_stats_enabled)
 cleanup() {
-	[ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null
+	# (under set -e: a killed tracer's status must not end the cleanup early)
+	if [ -n "$PID" ] && kill "$PID" 2>/dev/null; then wait "$PID" 2>/dev/null || true; fi
 	rmdir "$CG" 2>/dev/null || true
 	echo "$STATS_BEFORE" > /proc/sys/kernel/bpf_stats_enabled
 	rm -rf "$WORK"
