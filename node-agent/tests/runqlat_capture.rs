@@ -68,6 +68,17 @@ fn capture(
     c.finish().expect("finish runqlat capture")
 }
 
+/// Asserts that two clocks counted the same waits within 5%, over at least `min` of them
+/// on the reference side (`b`).
+fn assert_counts_agree(a_name: &str, a: u64, b_name: &str, b: u64, min: u64) {
+    let (a, b) = (a as f64, b as f64);
+    assert!(b > min as f64, "too few waits to compare: {b}");
+    assert!(
+        (a - b).abs() <= 0.05 * b,
+        "counts differ: {a_name} {a}, {b_name} {b}"
+    );
+}
+
 fn total(r: &RunqlatResult) -> Histogram {
     r.per_target().remove(0)
 }
@@ -456,12 +467,7 @@ fn scheduler_clock_agrees_on_waits_behind_other_tasks() {
         ho.count(),
         ho.render(LatencyUnit::Micros)
     );
-    let (a, b) = (hs.count() as f64, ho.count() as f64);
-    assert!(b > 100.0, "too few waits to compare: {b}");
-    assert!(
-        (a - b).abs() <= 0.05 * b,
-        "counts differ: scheduler {a}, own {b}"
-    );
+    assert_counts_agree("scheduler", hs.count(), "own", ho.count(), 100);
     for q in [0.5, 0.9] {
         let (qs, qo) = (hs.quantile(q).unwrap_or(0.0), ho.quantile(q).unwrap_or(0.0));
         assert!(
@@ -508,12 +514,8 @@ fn hybrid_clock_reads_wakeup_waits_like_our_own_clock() {
         ho.count(),
         ho.render(LatencyUnit::Micros)
     );
-    let (a, b) = (hh.count() as f64, ho.count() as f64);
-    assert!(b > 1000.0, "too few waits to compare: {b}");
-    assert!(
-        (a - b).abs() <= 0.05 * b,
-        "counts differ: hybrid {a}, own {b}"
-    );
+    assert_counts_agree("hybrid", hh.count(), "own", ho.count(), 1000);
+    let a = hh.count() as f64;
     assert!(
         clock.clock_reads as f64 >= 0.2 * a,
         "expected most of the sleeper's waits to end on a stale run-queue clock: {clock:?}"
@@ -624,14 +626,10 @@ fn hybrid_clock_takes_psi_stamps_after_idle_and_agrees_with_the_clock() {
         ho.count(),
         ho.render(LatencyUnit::Micros)
     );
-    let (a, b, c) = (hh.count() as f64, hn.count() as f64, ho.count() as f64);
-    assert!(c > 5000.0, "too few waits to compare: {c}");
-    for (name, x) in [("hybrid", a), ("hybrid-no-psi", b)] {
-        assert!(
-            (x - c).abs() <= 0.05 * c,
-            "counts differ: {name} {x}, own {c}"
-        );
+    for (name, x) in [("hybrid", hh.count()), ("hybrid-no-psi", hn.count())] {
+        assert_counts_agree(name, x, "own", ho.count(), 5000);
     }
+    let (a, b) = (hh.count() as f64, hn.count() as f64);
     // Both samplers run on every switch of the node: their counters cover the same
     // events, whatever else runs.
     assert_eq!(cn.psi_stamps + cn.psi_checks + cn.psi_rejects, 0, "{cn:?}");
@@ -712,12 +710,8 @@ fn hybrid_clock_reads_the_clock_where_a_cgroup_turns_pressure_off() {
         hh.render(LatencyUnit::Micros),
         hn.render(LatencyUnit::Micros)
     );
-    let (a, b) = (hh.count() as f64, hn.count() as f64);
-    assert!(b > 1000.0, "too few waits to compare: {b}");
-    assert!(
-        (a - b).abs() <= 0.05 * b,
-        "counts differ: hybrid {a}, hybrid-no-psi {b}"
-    );
+    assert_counts_agree("hybrid", hh.count(), "hybrid-no-psi", hn.count(), 1000);
+    let a = hh.count() as f64;
     assert_eq!(
         ch.psi_stamps, 0,
         "PSI stamps from a cgroup with pressure off: {ch:?}"
