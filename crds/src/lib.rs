@@ -22,6 +22,7 @@ pub mod result_slice;
 pub mod results;
 pub mod sampling_policy;
 pub mod status_apply;
+pub mod text;
 
 pub use phase::{NodePhase, RequestPhase};
 pub use profile_download::{

@@ -201,7 +201,7 @@ impl Uploader {
             let err = UploadError::Refused {
                 artifact: artifact.into(),
                 status: status.as_u16(),
-                body: truncate(text.trim(), MAX_ERROR_BODY),
+                body: flamefleet_api::text::truncated(text.trim(), MAX_ERROR_BODY),
             };
             let transient = status.is_server_error()
                 || status == reqwest::StatusCode::REQUEST_TIMEOUT
@@ -229,17 +229,6 @@ impl Uploader {
     }
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,11 +239,5 @@ mod tests {
             sha256_hex(b"abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
-    }
-
-    #[test]
-    fn truncate_respects_char_boundaries() {
-        assert_eq!(truncate("abc", 5), "abc");
-        assert_eq!(truncate("ééé", 3), "é…");
     }
 }
