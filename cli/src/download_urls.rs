@@ -2,11 +2,16 @@
 //! requests, wait for its status, delete it. The API server authorizes the download when
 //! the object is created (RBAC, and `get` on each request through the admission policy);
 //! the CLI never sends the user's credentials anywhere but to the API server.
+//!
+//! Each ProfileDownload carries a fresh public key (`spec.recipientKey`) whose private half
+//! stays in this process: the operator seals the URLs to it, so other users who may list or
+//! watch ProfileDownloads in the namespace cannot read them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use flamefleet_api::{DownloadPhase, ProfileDownload, ProfileDownloadSpec};
+use flamefleet_api::download_seal::AnswerKey;
+use flamefleet_api::{DownloadPhase, ProfileDownload, ProfileDownloadSpec, SealedUrls};
 use futures::StreamExt as _;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -101,6 +106,9 @@ async fn one_batch(
         .first()
         .map(|r| r.chars().take(40).collect())
         .unwrap_or_else(|| "download".into());
+    let key = AnswerKey::generate().map_err(|e| Error::DownloadFailed {
+        message: e.to_string(),
+    })?;
     let download = ProfileDownload {
         metadata: ObjectMeta {
             generate_name: Some(format!("{}-", stem.trim_end_matches(['-', '.']))),
@@ -109,6 +117,7 @@ async fn one_batch(
         spec: ProfileDownloadSpec {
             requests: requests.to_vec(),
             nodes: nodes.to_vec(),
+            recipient_key: key.public_key(),
         },
         status: None,
     };
@@ -127,14 +136,21 @@ async fn one_batch(
             },
         })?;
     let name = created.metadata.name.clone().unwrap_or_default();
-    let answer = wait_answer(&api, &name).await;
+    let object = format!("{}/{name}", cluster.namespace);
+    let answer = wait_answer(&api, &name, key, &object).await;
     // The operator deletes answered downloads itself; deleting now just tidies up early,
     // and a user without `delete` still gets their download.
     let _ = api.delete(&name, &DeleteParams::default()).await;
     answer
 }
 
-async fn wait_answer(api: &Api<ProfileDownload>, name: &str) -> Result<DownloadUrls> {
+async fn wait_answer(
+    api: &Api<ProfileDownload>,
+    name: &str,
+    key: AnswerKey,
+    object: &str,
+) -> Result<DownloadUrls> {
+    let mut key = Some(key);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let stream = watcher(api.clone(), config)
         .default_backoff()
@@ -148,8 +164,21 @@ async fn wait_answer(api: &Api<ProfileDownload>, name: &str) -> Result<DownloadU
             };
             match status.phase {
                 Some(DownloadPhase::Ready) => {
+                    let Some(key) = key.take() else {
+                        continue;
+                    };
+                    let opened = status
+                        .sealed_urls
+                        .as_deref()
+                        .ok_or_else(|| "the answer holds no sealed URLs".to_string())
+                        .and_then(|sealed| key.open(sealed, object).map_err(|e| e.to_string()))
+                        .and_then(|plain| {
+                            serde_json::from_slice::<SealedUrls>(&plain)
+                                .map_err(|e| format!("the opened answer does not parse: {e}"))
+                        })
+                        .map_err(|message| Error::DownloadFailed { message })?;
                     return Ok(DownloadUrls {
-                        urls: status
+                        urls: opened
                             .artifacts
                             .into_iter()
                             .map(|a| ((a.request, a.name), a.url))

@@ -164,6 +164,9 @@ async fn downloads_are_authorized_per_request_when_asked_and_revocable() {
         spec: ProfileDownloadSpec {
             requests: requests.into_iter().map(String::from).collect(),
             nodes: Vec::new(),
+            recipient_key: flamefleet_api::download_seal::AnswerKey::generate()
+                .unwrap()
+                .public_key(),
         },
         status: None,
     };
@@ -205,4 +208,138 @@ async fn downloads_are_authorized_per_request_when_asked_and_revocable() {
     .await;
     assert_eq!(r.code, 8, "{r:?}");
     assert_eq!(files(empty.path()), Vec::<String>::new());
+}
+
+/// Two users of one namespace, each allowed to download their own request: Alice downloads
+/// "mine" with the CLI while Mallory, who may list and watch ProfileDownloads (as the
+/// aggregated `edit` role allows) but may not get "mine", watches every ProfileDownload of
+/// the namespace. Mallory sees Alice's answer go by, but no URL in it, and so cannot fetch
+/// Alice's artifact from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_users_who_watch_downloads_never_read_their_urls() {
+    let ns = support::namespace("cli-privacy").await;
+    let store = Store::start_for(&ns).await;
+    for name in ["mine", "theirs"] {
+        let req = create_request(&ns, name).await;
+        let a = store
+            .upload(&req, "cpu-node-a.pb.gz", &cpu_profile("private_fn"))
+            .await;
+        write_status(
+            &ns,
+            name,
+            RequestPhase::Succeeded,
+            vec![node("node-a", NodePhase::Succeeded, None, vec![a])],
+        )
+        .await;
+    }
+    let alice = ns.unique("alice");
+    let mallory = ns.unique("mallory");
+    let alice_kc = ns.control_plane().kubeconfig_for_user(&alice, &[]).unwrap();
+    let mallory_kc = ns
+        .control_plane()
+        .kubeconfig_for_user(&mallory, &[])
+        .unwrap();
+    ns.bind_rules("User", &alice, "dl-mine", download_rules("mine"))
+        .await
+        .unwrap();
+    ns.bind_rules("User", &mallory, "dl-theirs", download_rules("theirs"))
+        .await
+        .unwrap();
+
+    // Mallory watches every ProfileDownload of the namespace and keeps what it sees.
+    let mallory_client = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            Kubeconfig::read_from(&mallory_kc).unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    let watched: Api<ProfileDownload> = Api::namespaced(mallory_client, ns.name());
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<ProfileDownload>::new()));
+    let (listed_tx, listed) = tokio::sync::oneshot::channel::<()>();
+    {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            use futures::StreamExt as _;
+            let mut listed_tx = Some(listed_tx);
+            let stream = kube::runtime::watcher(watched, Default::default());
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(kube::runtime::watcher::Event::InitDone) => {
+                        if let Some(tx) = listed_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Ok(
+                        kube::runtime::watcher::Event::Apply(d)
+                        | kube::runtime::watcher::Event::InitApply(d),
+                    ) => seen.lock().unwrap().push(d),
+                    _ => {}
+                }
+            }
+        });
+    }
+    tokio::time::timeout(Duration::from_secs(30), listed)
+        .await
+        .expect("Mallory's watch lists within 30 s (RBAC lets Mallory watch downloads)")
+        .unwrap();
+
+    let out = tempfile::tempdir().unwrap();
+    let r = cli_until(
+        0,
+        &alice_kc,
+        ns.name(),
+        &["get", "mine", "-o", out.path().to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
+
+    // The watch saw Alice's answered download (the attack was made).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let answered: Vec<ProfileDownload> = loop {
+        let answered: Vec<ProfileDownload> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|d| {
+                d.spec.requests == ["mine"]
+                    && d.status
+                        .as_ref()
+                        .is_some_and(|s| s.phase == Some(flamefleet_api::DownloadPhase::Ready))
+            })
+            .cloned()
+            .collect();
+        if !answered.is_empty() {
+            break answered;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Mallory's watch never saw Alice's answered download"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let http = reqwest::Client::new();
+    for download in answered {
+        let text = serde_json::to_string(&download).unwrap();
+        assert!(
+            !text.contains("sig="),
+            "Mallory read a signed URL of Alice's download: {text}"
+        );
+        // Whatever looks like a URL in it does not fetch Alice's artifact.
+        for word in text.split(['"', ' ', ',']) {
+            if let Some(at) = word.find("http") {
+                let url = &word[at..];
+                if let Ok(response) = http.get(url).send().await {
+                    assert!(
+                        !response.status().is_success(),
+                        "Mallory fetched {url} from Alice's download"
+                    );
+                }
+            }
+        }
+    }
 }

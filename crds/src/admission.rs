@@ -2,10 +2,16 @@
 //! chart and the tests to install next to the CRDs.
 
 /// Every policy document, as YAML text (each file may hold several documents).
-pub const POLICIES: &[(&str, &str)] = &[(
-    "profile-download-access.yaml",
-    include_str!("../policies/profile-download-access.yaml"),
-)];
+pub const POLICIES: &[(&str, &str)] = &[
+    (
+        "profile-download-access.yaml",
+        include_str!("../policies/profile-download-access.yaml"),
+    ),
+    (
+        "namespace-limits.yaml",
+        include_str!("../policies/namespace-limits.yaml"),
+    ),
+];
 
 /// Every policy object, parsed.
 ///
@@ -33,7 +39,7 @@ use serde::Deserialize as _;
 #[cfg(test)]
 mod tests {
     #[test]
-    fn policies_parse_into_a_policy_and_its_binding() {
+    fn policies_parse_into_policies_and_their_bindings() {
         let objects = super::policy_objects().expect("policies parse");
         let kinds: Vec<_> = objects
             .iter()
@@ -42,6 +48,8 @@ mod tests {
         assert_eq!(
             kinds,
             [
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
                 "ValidatingAdmissionPolicy",
                 "ValidatingAdmissionPolicyBinding"
             ]

@@ -14,6 +14,7 @@
 pub mod admission;
 pub mod conditions;
 pub mod crd_yaml;
+pub mod download_seal;
 pub mod duration;
 pub mod phase;
 pub mod profile_download;
@@ -27,7 +28,7 @@ pub mod text;
 pub use phase::{NodePhase, RequestPhase};
 pub use profile_download::{
     DownloadPhase, DownloadUrl, ProfileDownload, ProfileDownloadSpec, ProfileDownloadStatus,
-    SkippedRequest,
+    SealedUrls, SkippedRequest,
 };
 pub use profile_request::{
     Artifact, CpuOptions, CpuSummary, HeapEndpoint, HeapOptions, HeapSource, LatencySummary,

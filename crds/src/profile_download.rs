@@ -7,8 +7,10 @@
 //! ValidatingAdmissionPolicy (`crds/policies/`) additionally requires `get` on the named
 //! ProfileRequests (on all of the namespace's to name several at once, on the one named
 //! otherwise), so revoking a user's access revokes their next download. The operator
-//! answers in the status with URLs the store signed for a few minutes. No user credential is
-//! ever sent to the store, and no long-lived URL is kept anywhere.
+//! answers in the status with URLs the store signed for a few minutes, sealed to the key
+//! the client put in `spec.recipientKey` ([`crate::download_seal`]): other readers of the
+//! object (anyone with `list` or `watch` on profiledownloads) see only ciphertext. No user
+//! credential is ever sent to the store, and no long-lived URL is kept anywhere.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -51,6 +53,11 @@ pub struct ProfileDownloadSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 100), inner(length(min = 1, max = 253)))]
     pub nodes: Vec<String>,
+    /// The asking client's one-use X25519 public key (base64): the operator seals the
+    /// download URLs to it, so that only the process that created this object can read
+    /// them ([`crate::download_seal`]).
+    #[schemars(length(min = 44, max = 44), pattern(r"^[A-Za-z0-9+/]{43}=$"))]
+    pub recipient_key: String,
 }
 
 /// Where the answer stands.
@@ -77,9 +84,14 @@ pub struct ProfileDownloadStatus {
     /// PEM CA certificate(s) of the store's TLS certificate when it is not publicly trusted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_bundle: Option<String>,
-    /// One URL per artifact of the named requests.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub artifacts: Vec<DownloadUrl>,
+    /// The URLs (a JSON [`SealedUrls`]), sealed to `spec.recipientKey`: base64 of the
+    /// operator's ephemeral public key, the ciphertext and its tag
+    /// ([`crate::download_seal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_urls: Option<String>,
+    /// How many URLs the sealed answer holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_count: Option<i32>,
     /// Named requests that have nothing to download, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<SkippedRequest>,
@@ -90,6 +102,14 @@ pub struct ProfileDownloadStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// What `status.sealedUrls` opens to.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SealedUrls {
+    /// One URL per artifact of the named requests.
+    pub artifacts: Vec<DownloadUrl>,
 }
 
 /// A signed URL of one artifact.

@@ -292,6 +292,37 @@ async fn rendered_manifests_pass_kubeconform_strict_and_server_dry_run() {
     }
 }
 
+/// The defaults close what tenants' pods could reach: the debug servers listen on the pods'
+/// loopback only (`kubectl port-forward` reaches them), the NetworkPolicies are rendered
+/// (the server dry run above applies them; the one-node cluster's bridge CNI accepts them
+/// without enforcing them), and the operator gets the tenant limits of the store and the
+/// heap guard.
+#[test]
+fn defaults_close_the_debug_ports_and_render_the_network_policies() {
+    let (ok, rendered, err) = template(&[]);
+    assert!(ok, "helm template failed: {err}");
+    assert_eq!(
+        rendered.matches("--debug-listen=127.0.0.1:6060").count(),
+        2,
+        "the operator's and the agents' debug servers listen on loopback by default"
+    );
+    assert!(!rendered.contains("--debug-listen=0.0.0.0"), "{rendered}");
+    for policy in ["name: ff-flamefleet-agent", "name: ff-flamefleet-operator"] {
+        let found = rendered
+            .split("\n---")
+            .any(|doc| doc.contains("kind: NetworkPolicy") && doc.contains(policy));
+        assert!(found, "no NetworkPolicy {policy} in the default rendering");
+    }
+    for flag in [
+        "--artifact-quota-per-namespace=2Gi",
+        "--store-gc-interval=10m",
+        "--max-heap-overhead-percent=3",
+    ] {
+        assert!(rendered.contains(flag), "{flag} missing");
+    }
+    assert!(rendered.contains("name: flamefleet-namespace-limits"));
+}
+
 #[test]
 fn values_schema_refuses_bad_values_with_a_clear_message() {
     let cases = [

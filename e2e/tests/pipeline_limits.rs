@@ -1,7 +1,9 @@
 //! Per-tenant limits, end to end with the real operator and agents: a namespace at its limit
 //! of concurrent captures queues its next request (Pending, `Queued` saying why) while
 //! another namespace is unaffected, and the queued request starts once a slot frees; a
-//! request below the minimum heap sampling interval fails with the limit and who sets it.
+//! request below the minimum heap sampling interval, or one that would switch the heap
+//! overhead guard off or raise it past the cluster admin's ceiling, fails with the limit and
+//! who sets it.
 
 mod pipeline_support;
 
@@ -145,6 +147,18 @@ async fn a_request_outside_the_spec_limits_fails_saying_which() {
             "too-fast",
             json!({"type": "cpu", "podNames": ["web-1"], "duration": "1s", "cpu": {"frequencyHz": 999}}),
             "cpu.frequencyHz 999 is above this cluster's limit of 200 Hz",
+        ),
+        // The heap probes slow every process mapping the allocator, other tenants' too:
+        // a tenant may not switch the overhead guard off, nor raise it past the ceiling.
+        (
+            "guard-off",
+            json!({"type": "heap", "podNames": ["web-1"], "duration": "1s", "heap": {"source": "ebpf", "maxOverheadPercent": 0}}),
+            "heap.maxOverheadPercent 0 (the overhead guard turned off) is above this cluster's ceiling of 3%",
+        ),
+        (
+            "guard-raised",
+            json!({"type": "heap", "podNames": ["web-1"], "duration": "1s", "heap": {"source": "ebpf", "maxOverheadPercent": 50}}),
+            "heap.maxOverheadPercent 50 is above this cluster's ceiling of 3%",
         ),
     ];
     for (name, spec, message) in cases {

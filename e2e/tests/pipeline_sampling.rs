@@ -734,6 +734,33 @@ async fn a_cluster_policy_samples_only_the_namespaces_it_selects() {
             .items
             .is_empty()
     );
+    // Events about the cluster-scoped policy land in `default`, where any tenant may read
+    // events: they name none of the selected namespaces or pods.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(chosen.client(), "default");
+    let about: Vec<_> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+        .collect();
+    assert!(
+        about
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("RunCreated")),
+        "no RunCreated event about {name} in default: {about:#?}"
+    );
+    for event in &about {
+        let note = event.note.clone().unwrap_or_default();
+        for secret in [chosen.name(), other.name(), "web-in", "web-out"] {
+            assert!(
+                !note.contains(secret),
+                "an event in the default namespace names {secret}: {note}"
+            );
+        }
+    }
     // The cluster fleet view downloads across the runs' namespaces.
     let dir = tempfile::tempdir().unwrap();
     let (ok, text) = kubectl_profile(

@@ -25,6 +25,8 @@ use crate::owned_secret;
 use crate::probes::{self, ProbeState};
 use crate::sampling::{self, SamplingContext, budget::Ledger, fleet::Fleet};
 use crate::store::builtin::{BuiltinConfig, server};
+use crate::store::gc::{self, GcSettings};
+use crate::store::quota::QuotaLedger;
 use crate::store::remote::{RemoteConfig, RemoteStore};
 use crate::store::s3::{S3Config, S3Store};
 use crate::store::{ArtifactStore, install_default_crypto_provider};
@@ -104,6 +106,18 @@ pub struct Options {
     /// Largest artifact accepted, bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub store_max_bytes: u64,
+    /// Artifact storage each namespace may use (bytes, or a quantity such as 5Gi; 0:
+    /// unlimited). A namespace's `flamefleet.dev/artifact-quota` annotation overrides it.
+    /// Past it, a node's capture fails with a message saying so.
+    #[arg(long, default_value = "0", value_parser = parse_quota)]
+    pub artifact_quota_per_namespace: u64,
+    /// Time between sweeps of the store for artifacts whose ProfileRequest no longer exists
+    /// (0s: never).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    pub store_gc_interval: Duration,
+    /// Artifacts modified more recently than this are never swept.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    pub store_gc_grace: Duration,
     /// S3 endpoint URL.
     #[arg(long)]
     pub s3_endpoint: Option<String>,
@@ -164,6 +178,12 @@ pub struct Options {
     /// Highest cpu.frequencyHz a request may ask for (higher ones fail).
     #[arg(long, default_value_t = 1000)]
     pub max_cpu_frequency_hz: i32,
+    /// Highest heap.maxOverheadPercent a request may ask for, and the one sent when it names
+    /// none (higher ones, and 0, which turns the heap overhead guard off, fail). The heap
+    /// probes fire in every process on the node that maps the probed allocator, so only the
+    /// cluster admin may raise it; 0 lets requests set any value, 0 included.
+    #[arg(long, default_value_t = crate::controller::limits::DEFAULT_MAX_HEAP_OVERHEAD_PERCENT)]
+    pub max_heap_overhead_percent: u32,
     /// Timeout of a connection attempt to an agent.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub agent_connect_timeout: Duration,
@@ -189,6 +209,11 @@ pub struct Options {
     /// exponential backoff and full jitter.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
     pub agent_connect_attempts: u32,
+}
+
+fn parse_quota(text: &str) -> Result<u64, String> {
+    crate::store::quota::parse_quantity(text)
+        .ok_or_else(|| format!("{text:?} is not a byte count or a quantity such as 500Mi or 5Gi"))
 }
 
 /// A client from `kubeconfig`, or the in-cluster configuration when `None`.
@@ -334,11 +359,11 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the metrics server to {}", options.metrics_listen))?;
     let probe_router = probes::router(probe_state.clone());
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, probe_router).await {
-            tracing::error!("metrics server stopped: {e}");
-        }
-    });
+    tokio::spawn(flamefleet_proto::http_serve::serve(
+        listener,
+        probe_router,
+        flamefleet_proto::http_serve::ServeLimits::PROBES,
+    ));
     if let Some(listen) = options.debug_listen {
         flamefleet_selfprof::spawn(listen).await?;
     }
@@ -426,26 +451,34 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         tokio::spawn(signer.run(std::future::pending::<()>()))
     });
     let (trigger, triggers) = tokio::sync::mpsc::unbounded_channel();
-    let dispatcher = Arc::new(Dispatcher::new(
-        connector
-            .with_channel_capacity(options.max_idle_agent_connections)
-            .with_metrics(metrics.clone()),
+    let quota = Arc::new(QuotaLedger::new(
         store.clone(),
-        trigger,
-        DispatchSettings {
-            grace: options.capture_grace,
-            urls: UrlPolicy {
-                max_bytes: options.store_max_bytes,
-            },
-            max_concurrent_dispatch: options.max_concurrent_dispatch,
-            max_concurrent_collects: options.max_concurrent_collects,
-            backoff: Backoff {
-                attempts: options.agent_connect_attempts,
-                ..Backoff::default()
-            },
-        },
-        metrics.clone(),
+        options.artifact_quota_per_namespace,
     ));
+    let dispatcher = Arc::new(
+        Dispatcher::new(
+            connector
+                .with_channel_capacity(options.max_idle_agent_connections)
+                .with_metrics(metrics.clone()),
+            store.clone(),
+            trigger,
+            DispatchSettings {
+                grace: options.capture_grace,
+                urls: UrlPolicy {
+                    max_bytes: options.store_max_bytes,
+                },
+                max_concurrent_dispatch: options.max_concurrent_dispatch,
+                max_concurrent_collects: options.max_concurrent_collects,
+                backoff: Backoff {
+                    attempts: options.agent_connect_attempts,
+                    ..Backoff::default()
+                },
+                max_heap_overhead_percent: options.max_heap_overhead_percent,
+            },
+            metrics.clone(),
+        )
+        .with_quota(quota.clone()),
+    );
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -470,6 +503,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             max_concurrent_per_namespace: options.max_concurrent_captures_per_namespace,
             min_heap_sample_bytes: options.min_heap_sample_bytes,
             max_cpu_frequency_hz: options.max_cpu_frequency_hz,
+            max_heap_overhead_percent: options.max_heap_overhead_percent,
         },
         request_selector: options.request_selector.clone(),
         requests: std::sync::RwLock::new(None),
@@ -521,7 +555,18 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         }),
         shutdown.clone(),
     );
+    let store_gc = gc::run(
+        context.client.clone(),
+        context.store.clone(),
+        Some(quota),
+        GcSettings {
+            interval: options.store_gc_interval,
+            grace: options.store_gc_grace,
+        },
+        shutdown.clone(),
+    );
     futures::join!(
+        store_gc,
         downloads,
         controller::run(
             context,

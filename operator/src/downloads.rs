@@ -8,6 +8,11 @@
 //! has finished, belongs to this operator (`--request-selector`) and has artifacts (in its
 //! `ProfileResultSlice`s, optionally only those of the download's `spec.nodes`).
 //!
+//! The URLs are sealed to the key the client put in `spec.recipientKey`
+//! ([`flamefleet_api::download_seal`]): whoever else may list or watch ProfileDownloads in
+//! the namespace reads only ciphertext, so a URL reaches the process that asked and no one
+//! else.
+//!
 //! An answer holds at most [`MAX_DOWNLOAD_URLS`] URLs, so its status stays small: a larger
 //! request is downloaded in batches of nodes (`kubectl profile get` does so).
 
@@ -19,8 +24,8 @@ use flamefleet_api::conditions::{new_condition, set_condition};
 use flamefleet_api::profile_download::MAX_DOWNLOAD_URLS;
 use flamefleet_api::results::RequestResults;
 use flamefleet_api::{
-    DownloadPhase, DownloadUrl, ProfileDownload, ProfileDownloadStatus, ProfileRequest,
-    SkippedRequest,
+    DownloadPhase, DownloadUrl, ProfileDownload, ProfileDownloadStatus, ProfileRequest, SealedUrls,
+    SkippedRequest, download_seal,
 };
 use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -198,6 +203,7 @@ async fn answer(
         ca_bundle: ctx.ca_bundle.clone(),
         ..Default::default()
     };
+    let url_count = artifacts.len();
     let (phase, reason, message) = if artifacts.is_empty() {
         let why: Vec<String> = skipped
             .iter()
@@ -219,11 +225,30 @@ async fn answer(
             ),
         )
     };
+    let (phase, reason, message) = if phase == DownloadPhase::Ready {
+        let object = format!("{namespace}/{}", download.name_any());
+        let plain = serde_json::to_vec(&SealedUrls {
+            artifacts: std::mem::take(&mut artifacts),
+        })
+        .map_err(|source| flamefleet_api::Error::Json {
+            what: "a download answer".into(),
+            source,
+        })?;
+        match download_seal::seal(&download.spec.recipient_key, &object, &plain) {
+            Ok(sealed) => {
+                status.sealed_urls = Some(sealed);
+                status.url_count = i32::try_from(url_count).ok();
+                (phase, reason, message)
+            }
+            Err(e) => (DownloadPhase::Failed, "UnsealableAnswer", e.to_string()),
+        }
+    } else {
+        (phase, reason, message)
+    };
     status.phase = Some(phase);
     if phase == DownloadPhase::Failed {
         status.message = Some(message.clone());
     }
-    status.artifacts = artifacts;
     status.skipped = skipped;
     set_condition(
         &mut status.conditions,
@@ -286,7 +311,7 @@ async fn reconcile(download: Arc<ProfileDownload>, ctx: Arc<DownloadContext>) ->
     .map_err(Error::kube(format!(
         "answering ProfileDownload {namespace}/{name}"
     )))?;
-    tracing::info!(download = %format!("{namespace}/{name}"), phase = ?status.phase, urls = status.artifacts.len(), "answered a download");
+    tracing::info!(download = %format!("{namespace}/{name}"), phase = ?status.phase, urls = status.url_count.unwrap_or(0), "answered a download");
     Ok(Action::requeue(ctx.url_ttl + KEEP_AFTER_EXPIRY))
 }
 

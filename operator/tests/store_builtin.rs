@@ -608,3 +608,83 @@ async fn concurrent_uploads_of_one_key_keep_bytes_and_digest_together() {
     assert_eq!(digest.sha256, Sha256Digest::of(&got));
     assert_eq!(leftovers(&srv, &req).len(), 2, "{:?}", srv.files());
 }
+
+fn remote_of(srv: &Server) -> RemoteStore {
+    RemoteStore::new(RemoteConfig {
+        internal_url: srv.base.clone(),
+        public_url: None,
+        secret: b"0123456789abcdef0123456789abcdef".to_vec(),
+        max_upload_bytes: 1 << 20,
+        ca_pem: None,
+    })
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builtin_orphans_are_swept_and_live_requests_kept() {
+    let srv = Server::start(1 << 20).await;
+    store_support::orphans_are_swept_and_live_requests_kept(srv.store.as_ref()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_orphans_are_swept_through_signed_admin_urls() {
+    let srv = Server::start(1 << 20).await;
+    store_support::orphans_are_swept_and_live_requests_kept(&remote_of(&srv)).await;
+    // The usage listing needs a signature like every other admin call.
+    let r = srv
+        .http
+        .get(srv.base.join("v1/usage/").unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builtin_quota_counts_what_the_store_holds() {
+    let srv = Server::start(1 << 20).await;
+    store_support::quota_counts_what_the_store_holds(srv.store.clone()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_quota_counts_what_the_store_holds() {
+    let srv = Server::start(1 << 20).await;
+    store_support::quota_counts_what_the_store_holds(Arc::new(remote_of(&srv))).await;
+}
+
+/// Slowloris against the store as the operator and `flamefleet-store` serve it
+/// (`server::spawn`): a client that sends half a request and then nothing loses its
+/// connection at the header deadline (10 s) instead of holding it forever.
+#[tokio::test]
+async fn a_half_sent_request_loses_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, addr) = flamefleet_operator::store::builtin::server::spawn(
+        BuiltinConfig {
+            root: dir.path().join("artifacts"),
+            public_url: "http://127.0.0.1:1/".parse().unwrap(),
+            secret: b"0123456789abcdef0123456789abcdef".to_vec(),
+            max_upload_bytes: 1 << 20,
+        },
+        "127.0.0.1:0".parse().unwrap(),
+        None,
+    )
+    .await
+    .unwrap();
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"PUT /v1/artifacts/ns/a HTTP/1.1\r\nhost: store\r\n")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 512];
+    let closed = loop {
+        match tokio::time::timeout(Duration::from_secs(20), slow.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => break Some(started.elapsed()),
+            Ok(Ok(_)) => {}
+            Err(_) => break None,
+        }
+    };
+    assert!(
+        closed.is_some_and(|t| t < Duration::from_secs(15)),
+        "a half-sent request held its connection to the store for {closed:?}"
+    );
+}

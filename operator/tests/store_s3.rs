@@ -292,3 +292,15 @@ async fn s3_upload_bound_to_a_sha256_refuses_other_bodies() {
         .unwrap();
     assert_eq!(digest.size_bytes, 4000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_orphans_are_swept_and_live_requests_kept() {
+    let server = S3Server::start().await;
+    store_support::orphans_are_swept_and_live_requests_kept(&server.store()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_quota_counts_what_the_bucket_holds() {
+    let server = S3Server::start().await;
+    store_support::quota_counts_what_the_store_holds(std::sync::Arc::new(server.store())).await;
+}

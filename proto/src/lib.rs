@@ -1,5 +1,6 @@
 //! Flamefleet wire formats.
 
+pub mod http_serve;
 pub mod identity;
 pub mod latency;
 pub mod tls_accept;

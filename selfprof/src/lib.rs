@@ -156,11 +156,11 @@ pub async fn spawn_with(listen: SocketAddr, profiler: Arc<SelfProfiler>) -> Resu
         source,
     })?;
     let app = router(profiler);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("debug server stopped: {e}");
-        }
-    });
+    tokio::spawn(flamefleet_proto::http_serve::serve(
+        listener,
+        app,
+        flamefleet_proto::http_serve::ServeLimits::DEBUG,
+    ));
     tracing::info!(%bound, "serving /debug/pprof");
     Ok(bound)
 }

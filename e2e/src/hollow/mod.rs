@@ -110,6 +110,11 @@ pub enum Behaviour {
     /// Accepts, then forgets the capture halfway through its window, as an agent that
     /// restarted would: its stream ends without a result and `Collect` answers NOT_FOUND.
     Forget,
+    /// A compromised node: captures and uploads like [`Behaviour::Succeed`], then reports
+    /// DONE with every free-text field as large as a gRPC message allows (a sample type
+    /// of 2 MiB, a frequency note of 1 MiB, thousands of summary entries): what the
+    /// operator records from it must stay bounded.
+    Oversized,
 }
 
 impl Behaviour {
@@ -119,6 +124,7 @@ impl Behaviour {
             Self::Fail => 1,
             Self::Silent => 2,
             Self::Forget => 3,
+            Self::Oversized => 4,
         }
     }
 
@@ -127,6 +133,7 @@ impl Behaviour {
             1 => Self::Fail,
             2 => Self::Silent,
             3 => Self::Forget,
+            4 => Self::Oversized,
             _ => Self::Succeed,
         }
     }
@@ -522,6 +529,15 @@ impl HollowFleet {
             }
         }
         set
+    }
+
+    /// Sets the behaviour of node `index` (captures started from now on follow it).
+    /// Returns false for an index outside the fleet.
+    pub fn set_behaviour(&self, index: usize, behaviour: Behaviour) -> bool {
+        self.nodes
+            .get(index)
+            .map(|n| n.behaviour.set(behaviour))
+            .is_some()
     }
 
     /// The fleet's counters now.

@@ -183,6 +183,10 @@ impl HollowAgent {
                 Ok(done) => done,
                 Err(reason) => progress(Stage::Failed, reason),
             },
+            Behaviour::Oversized => match self.capture(&req, &tx, &cancel, started).await {
+                Ok(done) => oversized(done),
+                Err(reason) => progress(Stage::Failed, reason),
+            },
         };
         let last = CaptureProgress {
             elapsed_ms: millis(started.elapsed()),
@@ -314,6 +318,25 @@ impl HollowAgent {
             ..Default::default()
         })
     }
+}
+
+/// `done` as a compromised agent would report it: its artifacts and summary with every
+/// free-text field blown up, the whole message under gRPC's 4 MiB default limit.
+fn oversized(mut done: CaptureProgress) -> CaptureProgress {
+    for artifact in &mut done.artifacts {
+        artifact.sample_type = format!("cpu/{}", "n".repeat(2 << 20));
+    }
+    done.summary.insert("frequency_hz".into(), "99".into());
+    done.summary
+        .insert("requested_frequency_hz".into(), "99".into());
+    done.summary
+        .insert("frequency_note".into(), "f".repeat(1 << 20));
+    for i in 0..4_000 {
+        done.summary
+            .insert(format!("junk-{i:05}-{}", "k".repeat(40)), "v".repeat(40));
+    }
+    done.message = "m".repeat(200 << 10);
+    done
 }
 
 /// The stream type of `Capture`.

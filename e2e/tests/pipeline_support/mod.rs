@@ -300,6 +300,9 @@ pub struct PipelineOptions {
     pub lease_seconds: u64,
     /// More flags for the operator (e.g. tenant limits).
     pub operator_args: Vec<String>,
+    /// The store URL the operator signs for agents (`--store-url`); its own built-in
+    /// store's address when `None`.
+    pub store_url: Option<String>,
 }
 
 impl Default for PipelineOptions {
@@ -309,6 +312,7 @@ impl Default for PipelineOptions {
             capture_grace: Duration::from_secs(20),
             lease_seconds: 4,
             operator_args: Vec::new(),
+            store_url: None,
         }
     }
 }
@@ -533,7 +537,14 @@ impl Pipeline {
             .arg("--store-secret-file")
             .arg(&secret)
             .args(["--store-listen", &format!("127.0.0.1:{store_port}")])
-            .args(["--store-url", &format!("http://127.0.0.1:{store_port}/")])
+            .args([
+                "--store-url",
+                &self
+                    .options
+                    .store_url
+                    .clone()
+                    .unwrap_or_else(|| format!("http://127.0.0.1:{store_port}/")),
+            ])
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .args(["--lease-name", &format!("flamefleet-operator-{}", self.id)])
             .args(["--lease-duration", &self.options.lease_seconds.to_string()])
@@ -821,6 +832,7 @@ impl Pipeline {
         let ns = request.metadata.namespace.clone().expect("namespace");
         let name = request.metadata.name.clone().expect("name");
         let api: Api<ProfileDownload> = Api::namespaced(self.client.clone(), &ns);
+        let key = flamefleet_api::download_seal::AnswerKey::generate().expect("a key");
         let asked = api
             .create(
                 &PostParams::default(),
@@ -832,6 +844,7 @@ impl Pipeline {
                     spec: ProfileDownloadSpec {
                         requests: vec![name.clone()],
                         nodes: Vec::new(),
+                        recipient_key: key.public_key(),
                     },
                     status: None,
                 },
@@ -857,7 +870,16 @@ impl Pipeline {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        answered
+        let sealed = answered
+            .sealed_urls
+            .as_deref()
+            .unwrap_or_else(|| panic!("no sealed URLs: {answered:#?}"));
+        let opened: flamefleet_api::SealedUrls = serde_json::from_slice(
+            &key.open(sealed, &format!("{ns}/{download}"))
+                .expect("opening the answer with the key that asked"),
+        )
+        .expect("the opened answer parses");
+        opened
             .artifacts
             .iter()
             .find(|a| a.request == name && a.name == artifact)

@@ -216,11 +216,11 @@ pub async fn spawn(listen: SocketAddr, state: Arc<ProbeState>) -> Result<SocketA
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
-            tracing::error!("probe server stopped: {e}");
-        }
-    });
+    tokio::spawn(flamefleet_proto::http_serve::serve(
+        listener,
+        router,
+        flamefleet_proto::http_serve::ServeLimits::PROBES,
+    ));
     Ok(bound)
 }
 

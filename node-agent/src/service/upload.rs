@@ -4,6 +4,13 @@
 //! for what may be transient (connection errors, timeouts, 408, 429, 5xx).
 //! A refusal (other 4xx) is final and reported with the store's status code
 //! and body.
+//!
+//! The upload URL is a bearer credential until it expires (its query string
+//! holds the signature), so no error of this module carries it: transport
+//! errors drop their URL (`reqwest::Error`'s text includes it), and a store's
+//! answer is cleaned of every query value of the URL and of anything shaped
+//! like a signature parameter before it reaches a log line, a node message or
+//! a status ([`redact_signatures`]).
 
 use std::time::Duration;
 
@@ -31,7 +38,7 @@ pub enum UploadError {
         body: String,
     },
     /// The request could not be sent or timed out.
-    #[error("upload of {artifact} to {host} failed after {attempts} attempts: {source}")]
+    #[error("upload of {artifact} to {host} failed after {attempts} attempts: {detail}")]
     Transport {
         /// Artifact name.
         artifact: String,
@@ -39,7 +46,9 @@ pub enum UploadError {
         host: String,
         /// Attempts made.
         attempts: usize,
-        /// The last error.
+        /// The last error and its causes, without the URL.
+        detail: String,
+        /// The last error, without its URL.
         source: reqwest::Error,
     },
     /// The artifact is larger than the slot allows.
@@ -185,10 +194,13 @@ impl Uploader {
             let response = match sent {
                 Ok(r) => r,
                 Err(source) => {
+                    // Its text would name the URL, signature included.
+                    let source = source.without_url();
                     return Err(Attempt::Retry(UploadError::Transport {
                         artifact: artifact.into(),
                         host: host.clone(),
                         attempts: attempts.load(std::sync::atomic::Ordering::Relaxed),
+                        detail: redact_signatures(&error_chain(&source), &parsed),
                         source,
                     }));
                 }
@@ -197,11 +209,14 @@ impl Uploader {
             if status.is_success() {
                 return Ok(());
             }
-            let text = response.text().await.unwrap_or_default();
+            let text = read_error_body(response).await;
             let err = UploadError::Refused {
                 artifact: artifact.into(),
                 status: status.as_u16(),
-                body: flamefleet_api::text::truncated(text.trim(), MAX_ERROR_BODY),
+                body: flamefleet_api::text::truncated(
+                    redact_signatures(text.trim(), &parsed).trim(),
+                    MAX_ERROR_BODY,
+                ),
             };
             let transient = status.is_server_error()
                 || status == reqwest::StatusCode::REQUEST_TIMEOUT
@@ -229,9 +244,121 @@ impl Uploader {
     }
 }
 
+/// `error` and its causes, `: `-separated (`reqwest::Error`'s own text names none of them).
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        cause = e.source();
+    }
+    text
+}
+
+/// Most of a refusal's body read: enough for any store's error text, and a store that
+/// answers with an endless body cannot make the agent buffer it.
+const MAX_ERROR_BODY_READ: usize = 16 * 1024;
+
+/// The start of a refusal's body, lossily decoded.
+async fn read_error_body(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY_READ {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(MAX_ERROR_BODY_READ);
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// Query parameters that carry a signature or credential in the URLs of the stores
+/// Flamefleet signs for (the built-in store's `sig`; SigV4's `X-Amz-*`), and the XML
+/// elements in which S3-compatible servers echo a refused signature.
+const SIGNATURE_PARAMS: [&str; 4] = [
+    "sig",
+    "x-amz-signature",
+    "x-amz-credential",
+    "x-amz-security-token",
+];
+const SIGNATURE_ELEMENTS: [&str; 3] = ["SignatureProvided", "StringToSign", "CanonicalRequest"];
+
+/// `text` (a store's answer) without what would let a reader reuse `url`: every query
+/// value of `url` longer than a few characters, the value of any signature parameter
+/// (`sig=`, `X-Amz-Signature=`, ...), and the content of the XML elements in which
+/// S3-compatible servers echo the signature they refused.
+pub fn redact_signatures(text: &str, url: &reqwest::Url) -> String {
+    const REDACTED: &str = "<redacted>";
+    let mut out = text.to_owned();
+    for (_, value) in url.query_pairs() {
+        if value.len() >= 8 {
+            out = out.replace(value.as_ref(), REDACTED);
+        }
+    }
+    if let Some(query) = url.query()
+        && query.len() >= 8
+    {
+        out = out.replace(query, REDACTED);
+    }
+    for element in SIGNATURE_ELEMENTS {
+        let (open, close) = (format!("<{element}>"), format!("</{element}>"));
+        let mut from = 0;
+        while let Some(start) = out[from..].find(&open).map(|i| from + i + open.len()) {
+            let end = out[start..].find(&close).map_or(out.len(), |i| start + i);
+            out.replace_range(start..end, REDACTED);
+            from = start + REDACTED.len();
+        }
+    }
+    let lower = out.to_ascii_lowercase();
+    let mut cleaned = String::with_capacity(out.len());
+    let mut i = 0;
+    'scan: while i < out.len() {
+        for param in SIGNATURE_PARAMS {
+            let key = format!("{param}=");
+            let at_boundary = i == 0
+                || !out.as_bytes()[i - 1].is_ascii_alphanumeric() && out.as_bytes()[i - 1] != b'-';
+            if at_boundary && lower[i..].starts_with(&key) {
+                cleaned.push_str(&out[i..i + key.len()]);
+                cleaned.push_str(REDACTED);
+                i += key.len();
+                while i < out.len()
+                    && !matches!(out.as_bytes()[i], b'&' | b'"' | b'\'' | b'<' | b' ' | b'\n')
+                {
+                    i += 1;
+                }
+                continue 'scan;
+            }
+        }
+        let ch = out[i..].chars().next().unwrap_or(' ');
+        cleaned.push(ch);
+        i += ch.len_utf8();
+    }
+    cleaned
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn store_answers_lose_every_signature() {
+        let url = reqwest::Url::parse(
+            "https://store.example/v1/artifacts/ns/r/a?expires=1700000000&max=64&sig=0123456789abcdef",
+        )
+        .unwrap();
+        let body = "bad request for /v1/artifacts/ns/r/a?expires=1700000000&max=64&sig=0123456789abcdef: Sig=ffffeeeeddddcccc&x=1 <SignatureProvided>abcdef0123</SignatureProvided> X-Amz-Signature=deadbeefdeadbeef \u{e9}";
+        let clean = redact_signatures(body, &url);
+        assert!(!clean.contains("0123456789abcdef"), "{clean}");
+        assert!(!clean.contains("ffffeeeeddddcccc"), "{clean}");
+        assert!(!clean.contains("abcdef0123"), "{clean}");
+        assert!(!clean.contains("deadbeef"), "{clean}");
+        assert!(
+            clean.contains("bad request for /v1/artifacts/ns/r/a?"),
+            "{clean}"
+        );
+        assert!(clean.ends_with('\u{e9}'), "{clean}");
+    }
 
     #[test]
     fn sha256_of_known_input() {

@@ -18,12 +18,14 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::AbortHandle;
 
 use super::agent_client::{AgentConnector, Backoff};
+use super::agent_report;
 use super::agents::AgentEndpoint;
 use super::node_outcome::{NodeFailure, NodeOutcome};
 use super::resolve::TargetPod;
 use super::result_table::ResultTable;
 use super::uploads::{UrlPolicy, upload_slots};
 use crate::metrics::Metrics;
+use crate::store::quota::QuotaLedger;
 use crate::store::{ArtifactStore, RequestRef, Sha256Digest};
 use flamefleet_api::ProfileRequest;
 
@@ -85,6 +87,8 @@ pub struct CapturePlan {
     /// Nodes that already have an outcome (e.g. no agent, pods vanished). Nodes whose
     /// outcome the status already records are in neither list.
     pub settled: BTreeMap<String, NodeOutcome>,
+    /// The namespace's artifact storage quota, bytes (0: unlimited; see `store::quota`).
+    pub artifact_quota: u64,
 }
 
 /// The captures of one request in progress.
@@ -199,6 +203,9 @@ pub struct DispatchSettings {
     pub max_concurrent_collects: usize,
     /// Retries of a node whose agent cannot be reached.
     pub backoff: Backoff,
+    /// The cluster admin's ceiling of `heap.maxOverheadPercent` (0: none), sent to agents
+    /// whatever the request says (see `limits::heap_overhead_percent`).
+    pub max_heap_overhead_percent: u32,
 }
 
 /// Starts and tracks sessions, one per request UID.
@@ -214,6 +221,8 @@ pub struct Dispatcher {
     permits: Arc<Semaphore>,
     /// Bounds the open `Collect` streams (see [`Dispatcher::call_capture`]).
     collect_slots: Arc<Semaphore>,
+    /// What each namespace stores, against its quota; `None`: no quota at all.
+    quota: Option<Arc<QuotaLedger>>,
 }
 
 impl Dispatcher {
@@ -240,7 +249,20 @@ impl Dispatcher {
             metrics,
             permits: Arc::new(Semaphore::new(permits)),
             collect_slots: Arc::new(Semaphore::new(collect_slots)),
+            quota: None,
         }
+    }
+
+    /// Accounts every namespace's artifacts in `ledger` and enforces their quotas.
+    #[must_use]
+    pub fn with_quota(mut self, ledger: Arc<QuotaLedger>) -> Self {
+        self.quota = Some(ledger);
+        self
+    }
+
+    /// The quota ledger, when quotas are enforced.
+    pub fn quota(&self) -> Option<&Arc<QuotaLedger>> {
+        self.quota.as_ref()
     }
 
     /// The session of request `uid`, if this process runs one.
@@ -418,6 +440,26 @@ impl Dispatcher {
     async fn run_node(&self, plan: &CapturePlan, node: &NodePlan) -> NodeOutcome {
         let deadline = plan.duration + self.settings.grace;
         let upload_ttl = deadline + Duration::from_secs(600);
+        if let Some(ledger) = &self.quota {
+            // A namespace already at its quota captures nothing. One with room left gets
+            // the usual upload limit: what its artifacts take past the quota is refused
+            // and deleted once verified, with a message naming the quota (a smaller
+            // upload limit would fail as "too large" instead).
+            match ledger
+                .room(plan.request.namespace(), plan.artifact_quota)
+                .await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(exceeded)) => {
+                    return NodeOutcome::Failed(NodeFailure::QuotaExceeded(exceeded));
+                }
+                Err(e) => {
+                    return NodeOutcome::Failed(NodeFailure::Preparation {
+                        error: e.to_string(),
+                    });
+                }
+            }
+        }
         let slots = match upload_slots(
             self.store.as_ref(),
             &plan.request,
@@ -435,7 +477,13 @@ impl Dispatcher {
                 });
             }
         };
-        let request = capture_request(plan, node, slots.clone());
+        let mut request = capture_request(plan, node, slots.clone());
+        if let Some(heap) = request.heap.as_mut() {
+            heap.max_overhead_percent = super::limits::heap_overhead_percent(
+                heap.max_overhead_percent,
+                self.settings.max_heap_overhead_percent,
+            );
+        }
         // The deadline starts once a permit is held: time queued behind other nodes' setup
         // is the operator's, not the agent's, and the agent's capture starts only then.
         let waiting = std::time::Instant::now();
@@ -639,7 +687,7 @@ impl Dispatcher {
                     Stage::Done => return Ok(Followed::Ended(progress)),
                     Stage::Failed => {
                         return Err(NodeFailure::CaptureFailed {
-                            reason: progress.message,
+                            reason: agent_report::bounded_message(&progress.message),
                         });
                     }
                     stage => {
@@ -684,24 +732,33 @@ impl Dispatcher {
     }
 
     /// Checks every artifact the agent reported against the store (size, sha256), and
-    /// builds the status artifacts from what the store holds.
+    /// builds the status artifacts from what the store holds. Every other field the agent
+    /// sent is bounded ([`agent_report`]) before it is kept.
     async fn verify(
         &self,
         plan: &CapturePlan,
         slots: &[pb::UploadSlot],
         done: pb::CaptureProgress,
     ) -> NodeOutcome {
-        let mut artifacts = Vec::new();
+        let mut artifacts: Vec<Artifact> = Vec::new();
         for reported in &done.artifacts {
             let rejected = |error: String| {
                 NodeOutcome::Failed(NodeFailure::UploadRejected {
-                    artifact: reported.name.clone(),
+                    artifact: agent_report::bounded_message(&reported.name),
                     error,
                 })
             };
             let Some(slot) = slots.iter().find(|s| s.artifact_name == reported.name) else {
                 return rejected("the agent reported an artifact the operator never signed".into());
             };
+            if artifacts.iter().any(|a| a.name == reported.name) {
+                return NodeOutcome::Failed(NodeFailure::ReportRefused {
+                    reason: format!("it reported artifact {} twice", reported.name),
+                });
+            }
+            if let Err(reason) = agent_report::check_sample_type(&reported.sample_type) {
+                return NodeOutcome::Failed(NodeFailure::ReportRefused { reason });
+            }
             let expected = match reported.sha256.parse::<Sha256Digest>() {
                 Ok(d) => Some(d),
                 Err(e) => return rejected(e.to_string()),
@@ -718,6 +775,32 @@ impl Dispatcher {
                 Ok(d) => d,
                 Err(e) => return rejected(e.to_string()),
             };
+            if let Some(ledger) = &self.quota {
+                let refused = match ledger
+                    .admit(&key, digest.size_bytes, plan.artifact_quota)
+                    .await
+                {
+                    Ok(Ok(())) => None,
+                    Ok(Err(exceeded)) => Some(NodeFailure::QuotaExceeded(exceeded)),
+                    Err(e) => Some(NodeFailure::UploadRejected {
+                        artifact: reported.name.clone(),
+                        error: format!("cannot account it against the namespace's quota: {e}"),
+                    }),
+                };
+                if let Some(failure) = refused {
+                    // The node fails as a whole: none of its artifacts is kept.
+                    let names = artifacts.iter().map(|a| a.name.clone());
+                    for name in std::iter::once(reported.name.clone()).chain(names) {
+                        let Ok(key) = plan.request.artifact(name) else {
+                            continue;
+                        };
+                        if let Err(e) = self.store.delete_artifact(&key).await {
+                            tracing::warn!(%key, "deleting an artifact refused by the quota: {e}");
+                        }
+                    }
+                    return NodeOutcome::Failed(failure);
+                }
+            }
             artifacts.push(Artifact {
                 name: reported.name.clone(),
                 url: None,
@@ -733,16 +816,16 @@ impl Dispatcher {
         }
         if artifacts.is_empty() {
             return NodeOutcome::Failed(NodeFailure::CaptureFailed {
-                reason: format!(
+                reason: agent_report::bounded_message(&format!(
                     "the agent reported DONE without artifacts ({})",
                     done.message
-                ),
+                )),
             });
         }
         NodeOutcome::Done {
             artifacts,
-            summary: done.summary.into_iter().collect(),
-            runqlat_histogram: done.runqlat_histogram,
+            summary: agent_report::bounded_summary(done.summary),
+            runqlat_histogram: agent_report::bounded_histogram(done.runqlat_histogram),
         }
     }
 }
@@ -871,6 +954,7 @@ mod tests {
             spec,
             nodes: Vec::new(),
             settled: BTreeMap::new(),
+            artifact_quota: 0,
         };
         let node = NodePlan {
             node: "n1".into(),

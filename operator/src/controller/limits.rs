@@ -22,6 +22,9 @@ use crate::{Error, Result};
 /// (namespaces are usually editable by cluster admins only).
 pub const NAMESPACE_LIMIT_ANNOTATION: &str = "flamefleet.dev/max-concurrent-captures";
 
+/// The agent's own default `heap.maxOverheadPercent`, and the operator's default ceiling.
+pub const DEFAULT_MAX_HEAP_OVERHEAD_PERCENT: u32 = 3;
+
 /// The limits, from the operator's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantLimits {
@@ -34,6 +37,11 @@ pub struct TenantLimits {
     pub min_heap_sample_bytes: i64,
     /// Highest `cpu.frequencyHz` accepted.
     pub max_cpu_frequency_hz: i32,
+    /// Highest `heap.maxOverheadPercent` accepted, and the one sent when a request names
+    /// none (0: no ceiling, and a request may turn the guard off with 0). The heap probes
+    /// fire in every process that maps the probed allocator, not only the tenant's, so the
+    /// cluster admin sets this and a tenant can only ask for less.
+    pub max_heap_overhead_percent: u32,
 }
 
 impl Default for TenantLimits {
@@ -43,6 +51,7 @@ impl Default for TenantLimits {
             max_concurrent_per_namespace: 10,
             min_heap_sample_bytes: 64 * 1024,
             max_cpu_frequency_hz: 1000,
+            max_heap_overhead_percent: DEFAULT_MAX_HEAP_OVERHEAD_PERCENT,
         }
     }
 }
@@ -71,10 +80,36 @@ pub fn check_spec(
                     limits.min_heap_sample_bytes
                 ));
             }
+            let ceiling = limits.max_heap_overhead_percent;
+            if let Some(percent) = spec.heap_options().max_overhead_percent
+                && ceiling > 0
+                && (percent <= 0 || i64::from(percent) > i64::from(ceiling))
+            {
+                let asked = if percent <= 0 {
+                    format!("heap.maxOverheadPercent {percent} (the overhead guard turned off)")
+                } else {
+                    format!("heap.maxOverheadPercent {percent}")
+                };
+                return Err(format!(
+                    "{asked} is above this cluster's ceiling of {ceiling}% (set by the cluster admin with the operator's --max-heap-overhead-percent): the heap probes slow every process on the node that maps the same allocator, not only yours; ask for {ceiling} or less"
+                ));
+            }
         }
         ProfileType::Runqlat => {}
     }
     Ok(())
+}
+
+/// The `heap.maxOverheadPercent` to send for `asked` (pure): `ceiling`
+/// ([`TenantLimits::max_heap_overhead_percent`]) when the request
+/// names none or more than the ceiling allows (never 0, which turns the guard off, while a
+/// ceiling is set); `asked` otherwise.
+pub fn heap_overhead_percent(asked: Option<u32>, ceiling: u32) -> Option<u32> {
+    match asked {
+        _ if ceiling == 0 => asked,
+        Some(p) if p > 0 && p <= ceiling => Some(p),
+        _ => Some(ceiling),
+    }
 }
 
 /// Captures running now: in total and by namespace.
@@ -273,5 +308,32 @@ mod tests {
         };
         let err = check_concurrency(&full, "b", 2, &limits).unwrap_err();
         assert!(err.contains("cluster already has 3"), "{err}");
+    }
+
+    #[test]
+    fn tenants_can_only_lower_the_heap_overhead_guard() {
+        let limits = TenantLimits::default();
+        let heap = |percent: i32| {
+            spec(json!({"type": "heap", "podNames": ["p"], "duration": "1s",
+                "heap": {"source": "ebpf", "maxOverheadPercent": percent}}))
+        };
+        assert!(check_spec(&heap(1), &limits).is_ok());
+        assert!(check_spec(&heap(3), &limits).is_ok());
+        let off = check_spec(&heap(0), &limits).unwrap_err();
+        assert!(off.contains("overhead guard turned off"), "{off}");
+        assert!(off.contains("--max-heap-overhead-percent"), "{off}");
+        assert!(check_spec(&heap(4), &limits).is_err());
+        let open = TenantLimits {
+            max_heap_overhead_percent: 0,
+            ..TenantLimits::default()
+        };
+        assert!(check_spec(&heap(0), &open).is_ok());
+        // What is sent: the ceiling unless the request asks for less.
+        assert_eq!(heap_overhead_percent(None, 3), Some(3));
+        assert_eq!(heap_overhead_percent(Some(0), 3), Some(3));
+        assert_eq!(heap_overhead_percent(Some(9), 3), Some(3));
+        assert_eq!(heap_overhead_percent(Some(2), 3), Some(2));
+        assert_eq!(heap_overhead_percent(None, 0), None);
+        assert_eq!(heap_overhead_percent(Some(0), 0), Some(0));
     }
 }

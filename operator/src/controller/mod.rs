@@ -2,6 +2,7 @@
 //! their results into the request's status, clean up artifacts, expire finished requests.
 
 pub mod agent_client;
+pub mod agent_report;
 pub mod agents;
 pub mod aggregate;
 pub mod dispatch;

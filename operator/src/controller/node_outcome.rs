@@ -78,6 +78,13 @@ pub enum NodeFailure {
         /// What failed.
         error: String,
     },
+    /// The agent's report breaks what an agent may send (see `agent_report`).
+    ReportRefused {
+        /// What was wrong.
+        reason: String,
+    },
+    /// The request's namespace has no room left in the artifact store.
+    QuotaExceeded(crate::store::quota::QuotaExceeded),
 }
 
 impl NodeFailure {
@@ -92,6 +99,8 @@ impl NodeFailure {
             Self::TimedOut { .. } => "TimedOut",
             Self::UploadRejected { .. } => "UploadRejected",
             Self::Preparation { .. } => "PreparationFailed",
+            Self::ReportRefused { .. } => "ReportRefused",
+            Self::QuotaExceeded(_) => "QuotaExceeded",
         }
     }
 }
@@ -147,6 +156,11 @@ impl std::fmt::Display for NodeFailure {
             Self::Preparation { error } => {
                 write!(f, "the operator could not prepare the capture: {error}")
             }
+            Self::ReportRefused { reason } => write!(
+                f,
+                "the agent's report was refused: {reason}; the node's results are not kept (is its agent outdated, or compromised?)"
+            ),
+            Self::QuotaExceeded(e) => write!(f, "{e}"),
         }
     }
 }

@@ -348,12 +348,14 @@ async fn start(
         ),
     )
     .await;
+    let artifact_quota = artifact_quota(ctx, &ids.namespace).await?;
     let session = ctx.dispatcher.start(CapturePlan {
         request: request_ref,
         spec: spec.clone(),
         duration,
         nodes: plans,
         settled,
+        artifact_quota,
     });
     session.install_results(table);
     Ok(Action::requeue(RUNNING_RESYNC))
@@ -429,12 +431,14 @@ async fn resume(request: &ProfileRequest, ctx: &Context) -> Result<Option<Arc<Se
         nodes = plans.len(),
         "resuming the captures of a Running request"
     );
+    let artifact_quota = artifact_quota(ctx, &ids.namespace).await?;
     let session = ctx.dispatcher.start(CapturePlan {
         request: request_ref,
         spec: spec.clone(),
         duration,
         nodes: plans,
         settled,
+        artifact_quota,
     });
     session.install_results(table);
     Ok(Some(session))
@@ -699,9 +703,20 @@ async fn cleanup(request: Arc<ProfileRequest>, ctx: &Context) -> Result<Action> 
     // A request whose name or UID cannot form a key never had artifacts.
     if let Ok(request_ref) = RequestRef::new(&ids.namespace, &ids.name, &ids.uid) {
         let deleted = ctx.store.delete_request(&request_ref).await?;
+        if let Some(ledger) = ctx.dispatcher.quota() {
+            ledger.forget(&request_ref).await;
+        }
         tracing::info!(deleted, "deleted the request's artifacts");
     }
     Ok(Action::await_change())
+}
+
+/// The artifact storage quota of `namespace` (0: unlimited, or no quotas at all).
+async fn artifact_quota(ctx: &Context, namespace: &str) -> Result<u64> {
+    match ctx.dispatcher.quota() {
+        Some(ledger) => ledger.quota_of(&ctx.client, namespace).await,
+        None => Ok(0),
+    }
 }
 
 /// Records an Event on the request; failures are logged, never fatal.

@@ -686,6 +686,11 @@ fn coverage(
 }
 
 /// Records an Event on the policy; failures are logged, never fatal.
+///
+/// Events of a cluster-scoped object (a ClusterSamplingPolicy) are stored in the `default`
+/// namespace, whose tenants may read events: theirs say what happened and where to look
+/// ([`cluster_scoped_note`]), never which namespaces or pods. A SamplingPolicy's events stay
+/// in its own namespace, about its own pods, with every detail.
 async fn publish<P: Policy>(
     ctx: &SamplingContext,
     policy: &P,
@@ -694,5 +699,17 @@ async fn publish<P: Policy>(
     note: String,
 ) {
     let object = policy.object_ref(&());
+    let note = match object.namespace {
+        Some(_) => note,
+        None => cluster_scoped_note(reason, &policy.name_any()),
+    };
     crate::events::publish(&ctx.recorder, &object, type_, "Schedule", reason, &note).await;
+}
+
+/// The note of an Event about a cluster-scoped policy: the reason, and where the details
+/// (namespaces, pods, errors) are, readable by cluster admins only.
+pub fn cluster_scoped_note(reason: &str, policy: &str) -> String {
+    format!(
+        "{reason}: see `kubectl get clustersamplingpolicy {policy} -o yaml` (status) and the operator's log for the namespaces and pods involved; this Event is stored in the default namespace, where tenants may read it, so it names none"
+    )
 }

@@ -18,7 +18,9 @@
 pub mod builtin;
 pub mod crypto_provider;
 pub mod digest;
+pub mod gc;
 pub mod key;
+pub mod quota;
 pub mod remote;
 pub mod s3;
 pub mod signing;
@@ -219,6 +221,42 @@ pub struct StoredArtifact {
     pub size_bytes: u64,
 }
 
+/// One request's artifacts in the store, summed up: what the garbage collector and the
+/// per-namespace quota need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRequest {
+    /// The request (from the key prefix: namespace, name and UID).
+    pub request: RequestRef,
+    /// Total size of its artifacts, bytes.
+    pub bytes: u64,
+    /// Number of artifacts.
+    pub artifacts: usize,
+    /// The newest modification among its artifacts (or its directory), when known.
+    pub modified: Option<SystemTime>,
+}
+
+/// Sums `(key, size, modified)` objects up by request, in key order (shared by backends
+/// that list objects).
+pub(crate) fn group_by_request(
+    objects: impl IntoIterator<Item = (ArtifactKey, u64, Option<SystemTime>)>,
+) -> Vec<StoredRequest> {
+    let mut by_prefix: std::collections::BTreeMap<String, StoredRequest> = Default::default();
+    for (key, size, modified) in objects {
+        let entry = by_prefix
+            .entry(key.request().prefix())
+            .or_insert_with(|| StoredRequest {
+                request: key.request().clone(),
+                bytes: 0,
+                artifacts: 0,
+                modified: None,
+            });
+        entry.bytes = entry.bytes.saturating_add(size);
+        entry.artifacts += 1;
+        entry.modified = entry.modified.max(modified);
+    }
+    by_prefix.into_values().collect()
+}
+
 /// The operations the operator needs from an artifact store, whatever the backend.
 #[async_trait]
 pub trait ArtifactStore: Send + Sync + std::fmt::Debug {
@@ -245,4 +283,12 @@ pub trait ArtifactStore: Send + Sync + std::fmt::Debug {
     /// Deletes every artifact of `request`; returns how many were deleted. Deleting what is
     /// already gone succeeds (the finalizer may run more than once).
     async fn delete_request(&self, request: &RequestRef) -> Result<usize>;
+
+    /// Deletes one artifact (and its metadata); deleting what is already gone succeeds.
+    async fn delete_artifact(&self, key: &ArtifactKey) -> Result<()>;
+
+    /// Every request with artifacts in the store, of `namespace` only when given, summed
+    /// up ([`StoredRequest`]), in key order. Objects that are not artifacts of a request
+    /// key are left out.
+    async fn stored_requests(&self, namespace: Option<&str>) -> Result<Vec<StoredRequest>>;
 }

@@ -11,11 +11,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use url::Url;
 
-use super::builtin::{ARTIFACTS_PATH, REQUESTS_PATH};
+use super::builtin::{ARTIFACTS_PATH, REQUESTS_PATH, USAGE_PATH, http::usage_key};
 use super::signing::{Grant, UrlSigner};
 use super::{
     ArtifactDigest, ArtifactKey, ArtifactStore, RequestRef, Result, Sha256Digest, StoreError,
-    StoredArtifact, UploadLimits, UploadTarget, base_url,
+    StoredArtifact, StoredRequest, UploadLimits, UploadTarget, base_url,
 };
 
 /// Lifetime of the operator's own admin URLs (verify, list, delete): used at once.
@@ -218,6 +218,66 @@ impl ArtifactStore for RemoteStore {
             if let Ok(key) = request.artifact(name.to_owned()) {
                 out.push(StoredArtifact { key, size_bytes });
             }
+        }
+        Ok(out)
+    }
+
+    async fn delete_artifact(&self, key: &ArtifactKey) -> Result<()> {
+        let grant = Grant::new("DELETE", key.to_string(), ADMIN_URL_TTL);
+        let url = self.url(&self.internal, ARTIFACTS_PATH, &grant)?;
+        match self
+            .call(self.http.delete(url.clone()), &url, || {
+                StoreError::NotFound {
+                    key: key.to_string(),
+                }
+            })
+            .await
+        {
+            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn stored_requests(&self, namespace: Option<&str>) -> Result<Vec<StoredRequest>> {
+        let grant = Grant::new("USAGE", usage_key(namespace), ADMIN_URL_TTL);
+        let path = format!("{USAGE_PATH}{}", namespace.unwrap_or_default());
+        let mut url = self.url(&self.internal, USAGE_PATH, &grant)?;
+        url.set_path(&format!("{}{path}", self.internal.path()));
+        let body = self
+            .call(self.http.get(url.clone()), &url, || StoreError::NotFound {
+                key: path.clone(),
+            })
+            .await?;
+        let mut out = Vec::new();
+        for entry in body
+            .get("requests")
+            .and_then(|a| a.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let (Some(prefix), Some(bytes)) = (
+                entry.get("request").and_then(|v| v.as_str()),
+                entry.get("bytes").and_then(serde_json::Value::as_u64),
+            ) else {
+                continue;
+            };
+            // A prefix the store should never have kept is skipped, not trusted.
+            let Ok(request) = RequestRef::parse_prefix(prefix) else {
+                continue;
+            };
+            out.push(StoredRequest {
+                request,
+                bytes,
+                artifacts: entry
+                    .get("artifacts")
+                    .and_then(serde_json::Value::as_u64)
+                    .and_then(|n| usize::try_from(n).ok())
+                    .unwrap_or(0),
+                modified: entry
+                    .get("modified")
+                    .and_then(serde_json::Value::as_u64)
+                    .map(|s| std::time::UNIX_EPOCH + Duration::from_secs(s)),
+            });
         }
         Ok(out)
     }

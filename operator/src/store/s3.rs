@@ -23,7 +23,8 @@ use url::Url;
 
 use super::{
     ArtifactDigest, ArtifactKey, ArtifactStore, RequestRef, Result, Sha256Digest, StoreError,
-    StoredArtifact, UploadLimits, UploadTarget, check_digest, digest::BoundedDigest,
+    StoredArtifact, StoredRequest, UploadLimits, UploadTarget, check_digest, digest::BoundedDigest,
+    group_by_request,
 };
 
 /// Configuration of an S3-compatible bucket.
@@ -191,6 +192,24 @@ impl ArtifactStore for S3Store {
             .collect();
         out.sort_by(|a, b| a.key.artifact().cmp(b.key.artifact()));
         Ok(out)
+    }
+
+    async fn delete_artifact(&self, key: &ArtifactKey) -> Result<()> {
+        self.delete_object(key).await
+    }
+
+    async fn stored_requests(&self, namespace: Option<&str>) -> Result<Vec<StoredRequest>> {
+        let prefix = namespace.map(Path::from);
+        let objects: Vec<_> = self.s3.list(prefix.as_ref()).try_collect().await?;
+        Ok(group_by_request(objects.into_iter().filter_map(|meta| {
+            let key = ArtifactKey::parse(meta.location.as_ref()).ok()?;
+            // Only keys that name themselves exactly (no deeper or odd paths).
+            (object_path(&key) == meta.location).then_some((
+                key,
+                meta.size,
+                Some(SystemTime::from(meta.last_modified)),
+            ))
+        })))
     }
 
     async fn delete_request(&self, request: &RequestRef) -> Result<usize> {

@@ -4,12 +4,15 @@
 //! - `GET /v1/artifacts/<key>?expires=&sig=`: download with a signed URL (the operator
 //!   signs short-lived ones for a user's ProfileDownload).
 //! - `DELETE /v1/artifacts/<namespace>/<request-name>-<uid>?expires=&sig=`: delete a request's
-//!   artifacts with a signed URL.
+//!   artifacts with a signed URL (or one artifact, with its full key).
 //! - `POST /v1/artifacts/<key>?expires=&max=[&sha256=]&sig=` (signed for `VERIFY`): the
 //!   artifact's size and SHA-256, checked against the signed limit and checksum; an artifact
 //!   that breaks them is deleted (the operator's `verify_upload` when the store runs apart).
 //! - `GET /v1/requests/<namespace>/<request-name>-<uid>?expires=&sig=` (signed for `LIST`):
 //!   the request's artifacts and their sizes.
+//! - `GET /v1/usage/[<namespace>]?expires=&sig=` (signed for `USAGE`, key the namespace or
+//!   `*` for all): every request with artifacts, its total size, artifact count and newest
+//!   modification (the operator's garbage collector and per-namespace quota).
 //! - `GET /healthz`.
 //!
 //! Errors are JSON `{"error": "..."}` with 400 (bad key), 401 (not a signed URL),
@@ -30,7 +33,7 @@ use percent_encoding::percent_decode_str;
 use serde_json::json;
 use tokio_util::io::ReaderStream;
 
-use super::{ARTIFACTS_PATH, BuiltinStore, REQUESTS_PATH};
+use super::{ARTIFACTS_PATH, BuiltinStore, REQUESTS_PATH, USAGE_PATH};
 use crate::store::{
     ArtifactDigest, ArtifactKey, ArtifactStore, KeyError, RequestRef, SHA256_HEADER, Sha256Digest,
     StoreError,
@@ -116,6 +119,8 @@ pub fn router(store: Arc<BuiltinStore>) -> Router {
                 .post(verify_artifact),
         )
         .route(&format!("/{REQUESTS_PATH}{{*prefix}}"), get(list_request))
+        .route(&format!("/{USAGE_PATH}"), get(usage))
+        .route(&format!("/{USAGE_PATH}{{namespace}}"), get(usage))
         // Uploads are bounded by the signed limit while streaming, not by a global cap.
         .layer(DefaultBodyLimit::disable())
         .with_state(ServerState { store })
@@ -267,7 +272,19 @@ async fn delete_request(
     uri: Uri,
     Query(query): Query<SignedQuery>,
 ) -> Result<Response, HttpError> {
-    let prefix = key_segments(&uri)?.join("/");
+    let segments = key_segments(&uri)?;
+    if segments.len() == 3 {
+        // One artifact (the operator refusing it past its namespace's quota).
+        let key = ArtifactKey::parse(&segments.join("/"))?;
+        state
+            .store
+            .signer()
+            .verify("DELETE", &key.to_string(), &query, now())?;
+        state.store.delete_artifact(&key).await?;
+        tracing::info!(%key, "artifact deleted");
+        return Ok((StatusCode::OK, Json(json!({ "deleted": 1 }))).into_response());
+    }
+    let prefix = segments.join("/");
     let request = RequestRef::parse_prefix(&prefix)?;
     state
         .store
@@ -315,4 +332,47 @@ async fn list_request(
         .map(|a| json!({"artifact": a.key.artifact(), "sizeBytes": a.size_bytes}))
         .collect();
     Ok(Json(json!({ "artifacts": artifacts })).into_response())
+}
+
+/// The key a `USAGE` grant is signed for: the namespace, or `*` for every namespace.
+pub fn usage_key(namespace: Option<&str>) -> &str {
+    namespace.unwrap_or("*")
+}
+
+async fn usage(
+    State(state): State<ServerState>,
+    uri: Uri,
+    Query(query): Query<SignedQuery>,
+) -> Result<Response, HttpError> {
+    let namespace = uri
+        .path()
+        .trim_start_matches('/')
+        .strip_prefix(USAGE_PATH)
+        .filter(|ns| !ns.is_empty())
+        .map(str::to_owned);
+    if let Some(ns) = &namespace {
+        // A namespace is a DNS label; anything else would name no directory of ours.
+        RequestRef::new(ns.as_str(), "x", "00000000-0000-0000-0000-000000000000")?;
+    }
+    state
+        .store
+        .signer()
+        .verify("USAGE", usage_key(namespace.as_deref()), &query, now())?;
+    let requests: Vec<_> = state
+        .store
+        .stored_requests(namespace.as_deref())
+        .await?
+        .into_iter()
+        .map(|r| {
+            json!({
+                "request": r.request.prefix(),
+                "bytes": r.bytes,
+                "artifacts": r.artifacts,
+                "modified": r.modified
+                    .and_then(|m| m.duration_since(SystemTime::UNIX_EPOCH).ok())
+                    .map(|d| d.as_secs()),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "requests": requests })).into_response())
 }

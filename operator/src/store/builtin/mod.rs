@@ -28,7 +28,7 @@ use url::Url;
 
 use super::{
     ArtifactDigest, ArtifactKey, ArtifactStore, RequestRef, Result, Sha256Digest, StoreError,
-    StoredArtifact, UploadLimits, UploadTarget, check_digest,
+    StoredArtifact, StoredRequest, UploadLimits, UploadTarget, check_digest,
     digest::BoundedDigest,
     signing::{Grant, UrlSigner},
 };
@@ -41,6 +41,8 @@ const META_DIR: &str = ".meta";
 pub const ARTIFACTS_PATH: &str = "v1/artifacts/";
 /// Path of the per-request listing on the HTTP server.
 pub const REQUESTS_PATH: &str = "v1/requests/";
+/// Path of the per-namespace usage listing on the HTTP server.
+pub const USAGE_PATH: &str = "v1/usage/";
 
 /// Configuration of the built-in store.
 #[derive(Clone)]
@@ -264,6 +266,32 @@ impl BuiltinStore {
     }
 }
 
+/// Names of the directories in `dir` that do not start with a dot; none when `dir` is
+/// missing.
+async fn subdirectories(dir: &Path) -> Result<Vec<String>> {
+    let mut entries = match tokio::fs::read_dir(dir).await {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(StoreError::io(dir, e)),
+    };
+    let mut out = Vec::new();
+    while let Some(entry) = entries
+        .next_entry()
+        .await
+        .map_err(|e| StoreError::io(dir, e))?
+    {
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let is_dir = entry.file_type().await.is_ok_and(|t| t.is_dir());
+        if is_dir && !name.starts_with('.') {
+            out.push(name);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 async fn hash_file(key: &ArtifactKey, path: &Path) -> Result<ArtifactDigest> {
     let mut file = tokio::fs::File::open(path)
         .await
@@ -357,6 +385,52 @@ impl ArtifactStore for BuiltinStore {
             }
         }
         out.sort_by(|a, b| a.key.artifact().cmp(b.key.artifact()));
+        Ok(out)
+    }
+
+    async fn delete_artifact(&self, key: &ArtifactKey) -> Result<()> {
+        let _commit = self.commit_lock.lock().await;
+        self.remove_artifact(key).await
+    }
+
+    async fn stored_requests(&self, namespace: Option<&str>) -> Result<Vec<StoredRequest>> {
+        let namespaces = match namespace {
+            Some(ns) => vec![ns.to_owned()],
+            None => subdirectories(&self.root).await?,
+        };
+        let mut out = Vec::new();
+        for ns in namespaces {
+            let ns_dir = self.root.join(&ns);
+            for dir in subdirectories(&ns_dir).await? {
+                // Skips `.tmp` and anything that is not `<name>-<uid>` of a valid namespace.
+                let Ok(request) = RequestRef::parse_prefix(&format!("{ns}/{dir}")) else {
+                    continue;
+                };
+                let path = ns_dir.join(&dir);
+                let mut modified = tokio::fs::metadata(&path)
+                    .await
+                    .ok()
+                    .and_then(|m| m.modified().ok());
+                let artifacts = self.list(&request).await?;
+                let mut bytes = 0u64;
+                for artifact in &artifacts {
+                    bytes = bytes.saturating_add(artifact.size_bytes);
+                    let file = self.object_path(&artifact.key);
+                    let m = tokio::fs::metadata(&file)
+                        .await
+                        .ok()
+                        .and_then(|m| m.modified().ok());
+                    modified = modified.max(m);
+                }
+                out.push(StoredRequest {
+                    request,
+                    bytes,
+                    artifacts: artifacts.len(),
+                    modified,
+                });
+            }
+        }
+        out.sort_by_key(|r| r.request.prefix());
         Ok(out)
     }
 

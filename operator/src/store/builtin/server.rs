@@ -1,9 +1,12 @@
 //! Serving the built-in store: bind, build the routes, run in the background, over HTTPS
-//! when given a certificate. Shared by the
+//! when given a certificate, within [`ServeLimits::STORE`] (header deadline, connection
+//! age and count). Shared by the
 //! operator (store in-process, `--store builtin`) and `flamefleet-store` (store apart).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+
+use flamefleet_proto::http_serve::{self, ServeLimits};
 
 use super::tls::{self, TlsFiles, TlsListener};
 use super::{BuiltinConfig, BuiltinStore, http};
@@ -33,18 +36,10 @@ pub async fn spawn(
         let config = tls::server_config(files)?;
         let listener = TlsListener::new(listener, config)
             .map_err(|e| StoreError::Config(format!("serving TLS on {listen}: {e}")))?;
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                tracing::error!("artifact store server stopped: {e}");
-            }
-        });
+        tokio::spawn(http_serve::serve(listener, router, ServeLimits::STORE));
         "https"
     } else {
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                tracing::error!("artifact store server stopped: {e}");
-            }
-        });
+        tokio::spawn(http_serve::serve(listener, router, ServeLimits::STORE));
         "http"
     };
     tracing::info!(listen = %bound, scheme, "built-in artifact store serving");
