@@ -273,13 +273,15 @@ async fn delete_request(
     Query(query): Query<SignedQuery>,
 ) -> Result<Response, HttpError> {
     let segments = key_segments(&uri)?;
-    if segments.len() == 3 {
-        // One artifact (the operator refusing it past its namespace's quota).
-        let key = ArtifactKey::parse(&segments.join("/"))?;
-        state
+    // One artifact, with a URL signed to delete exactly it (the operator refusing an
+    // artifact past its namespace's quota); anything else must name a request prefix.
+    if let Ok(key) = ArtifactKey::parse(&segments.join("/"))
+        && state
             .store
             .signer()
-            .verify("DELETE", &key.to_string(), &query, now())?;
+            .verify("DELETE", &key.to_string(), &query, now())
+            .is_ok()
+    {
         state.store.delete_artifact(&key).await?;
         tracing::info!(%key, "artifact deleted");
         return Ok((StatusCode::OK, Json(json!({ "deleted": 1 }))).into_response());
