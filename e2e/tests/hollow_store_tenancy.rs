@@ -23,7 +23,7 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 
 async fn run(cluster: &mut HollowCluster, name: &str) -> ProfileRequest {
     let api: Api<ProfileRequest> = cluster.target_ns.api();
-    let request = cluster.request(name, Duration::from_millis(500)).unwrap();
+    let request = cluster.request(name, Duration::from_secs(1)).unwrap();
     api.create(&PostParams::default(), &request).await.unwrap();
     let deadline = Instant::now() + TIMEOUT;
     loop {
@@ -92,6 +92,8 @@ async fn orphaned_artifacts_are_collected_and_live_ones_kept() {
                 "--store-gc-grace".into(),
                 "0s".into(),
             ],
+            // Sweeps that delete nothing are logged at debug.
+            operator_log: "info,flamefleet_operator::store=debug,kube_lease_manager=warn".into(),
             ..Default::default()
         },
     )

@@ -284,22 +284,49 @@ const SIGNATURE_PARAMS: [&str; 4] = [
 ];
 const SIGNATURE_ELEMENTS: [&str; 3] = ["SignatureProvided", "StringToSign", "CanonicalRequest"];
 
-/// `text` (a store's answer) without what would let a reader reuse `url`: every query
-/// value of `url` longer than a few characters, the value of any signature parameter
-/// (`sig=`, `X-Amz-Signature=`, ...), and the content of the XML elements in which
-/// S3-compatible servers echo the signature they refused.
+/// `text` (a store's answer) without what would let a reader reuse `url`: the URL's
+/// query string, every signature parameter with its value (`sig=...`,
+/// `X-Amz-Signature=...`: not even the name stays, so logs can be searched for it), every
+/// other query value of `url` longer than a few characters, and the content of the XML
+/// elements in which S3-compatible servers echo the signature they refused.
 pub fn redact_signatures(text: &str, url: &reqwest::Url) -> String {
     const REDACTED: &str = "<redacted>";
     let mut out = text.to_owned();
+    if let Some(query) = url.query()
+        && !query.is_empty()
+    {
+        out = out.replace(query, "<redacted query>");
+    }
+    let lower = out.to_ascii_lowercase();
+    let bytes = out.as_bytes();
+    let mut cleaned = String::with_capacity(out.len());
+    let mut i = 0;
+    'scan: while i < out.len() {
+        let at_boundary = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'-');
+        if at_boundary {
+            for param in SIGNATURE_PARAMS {
+                let key = format!("{param}=");
+                if lower[i..].starts_with(&key) {
+                    cleaned.push_str("<redacted signature>");
+                    i += key.len();
+                    while i < out.len()
+                        && !matches!(bytes[i], b'&' | b'"' | b'\'' | b'<' | b' ' | b'\n')
+                    {
+                        i += 1;
+                    }
+                    continue 'scan;
+                }
+            }
+        }
+        let ch = out[i..].chars().next().unwrap_or(' ');
+        cleaned.push(ch);
+        i += ch.len_utf8();
+    }
+    let mut out = cleaned;
     for (_, value) in url.query_pairs() {
         if value.len() >= 8 {
             out = out.replace(value.as_ref(), REDACTED);
         }
-    }
-    if let Some(query) = url.query()
-        && query.len() >= 8
-    {
-        out = out.replace(query, REDACTED);
     }
     for element in SIGNATURE_ELEMENTS {
         let (open, close) = (format!("<{element}>"), format!("</{element}>"));
@@ -310,31 +337,7 @@ pub fn redact_signatures(text: &str, url: &reqwest::Url) -> String {
             from = start + REDACTED.len();
         }
     }
-    let lower = out.to_ascii_lowercase();
-    let mut cleaned = String::with_capacity(out.len());
-    let mut i = 0;
-    'scan: while i < out.len() {
-        for param in SIGNATURE_PARAMS {
-            let key = format!("{param}=");
-            let at_boundary = i == 0
-                || !out.as_bytes()[i - 1].is_ascii_alphanumeric() && out.as_bytes()[i - 1] != b'-';
-            if at_boundary && lower[i..].starts_with(&key) {
-                cleaned.push_str(&out[i..i + key.len()]);
-                cleaned.push_str(REDACTED);
-                i += key.len();
-                while i < out.len()
-                    && !matches!(out.as_bytes()[i], b'&' | b'"' | b'\'' | b'<' | b' ' | b'\n')
-                {
-                    i += 1;
-                }
-                continue 'scan;
-            }
-        }
-        let ch = out[i..].chars().next().unwrap_or(' ');
-        cleaned.push(ch);
-        i += ch.len_utf8();
-    }
-    cleaned
+    out
 }
 
 #[cfg(test)]
