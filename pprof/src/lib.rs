@@ -55,7 +55,7 @@ pub enum Error {
     #[error(
         "decoding the profile would keep at least {needed} bytes in memory ({protobuf} bytes of \
          protobuf decoding into {decoded} bytes of structures), more than its budget of {limit} \
-         bytes; refusing it before allocating any of it: the profile is hostile, or too large \
+         bytes; refusing it before decoding it: the profile is hostile, or too large \
          for this budget (raise it to read it)"
     )]
     TooLargeDecoded {

@@ -196,7 +196,7 @@ fn main() {
         }),
         ("expanding-plain", |o| {
             // The scan allocates nothing; the body (the caller's) counts against the budget.
-            expect_refused(o, "too-large-decoded", "before allocating", 8 * MIB)
+            expect_refused(o, "too-large-decoded", "before decoding", 8 * MIB)
         }),
         ("nested-groups", |o| {
             expect_refused(o, "protobuf", "pprof does not use groups", 8 * MIB)
