@@ -465,7 +465,7 @@ async fn capture(
             // The heap engine runs its whole window in one blocking call: on
             // Cancel the caller is answered at once and the engine's thread
             // finishes its window (at most the requested duration) unobserved.
-            let work = blocking("heap", move || heap::capture(&request));
+            let work = blocking("heap", move || heap::capture(&samplers, &request));
             let result = run_with_progress(handle, started, duration, work).await???;
             let summary = CaptureSummary {
                 kind: Some(Kind::Heap(result.summary())),
