@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::capture_progress::Stage;
-use flamefleet_proto::agent::{CancelRequest, CaptureProgress};
+use flamefleet_proto::agent::capture_summary::Kind;
+use flamefleet_proto::agent::{CancelRequest, CaptureProgress, HeapSourceUsed};
 use service_support::*;
 
 fn done(progress: &[CaptureProgress]) -> &CaptureProgress {
@@ -81,6 +82,13 @@ async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
     // shared with other work, so only require clearly more than noise.
     assert!(a.samples >= 25, "samples {}", a.samples);
     assert_eq!(last.summary.get("samples"), Some(&a.samples.to_string()));
+    // The typed summary carries the same numbers as the text map.
+    let typed = last.capture_summary.as_deref().expect("a typed summary");
+    assert_eq!(typed.display(), last.summary);
+    assert!(
+        matches!(&typed.kind, Some(Kind::Cpu(c)) if c.samples == a.samples && c.frequency_hz == 99),
+        "{typed:?}"
+    );
     // Symbolization quality is reported with every CPU capture.
     let unsymbolized: f64 = last
         .summary
@@ -184,6 +192,12 @@ async fn runqlat_counts_each_wait_once_and_reports_its_histogram() {
         .expect("a runqlat DONE carries its histogram");
     assert_eq!(h.unit_ns, 1000);
     assert_eq!(h.count() as i64, waits);
+    let typed = last.capture_summary.as_deref().expect("a typed summary");
+    assert_eq!(typed.display(), last.summary);
+    assert!(
+        matches!(&typed.kind, Some(Kind::Runqlat(r)) if r.waits == h.count() && r.p50_us == h.quantile_us(0.5)),
+        "{typed:?}"
+    );
     // The summary's numbers are the histogram's.
     assert_eq!(
         format!("{:.1}", h.quantile_us(0.5).unwrap()),
@@ -511,6 +525,12 @@ async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
         last.summary.get("heap_source").map(String::as_str),
         Some("ebpf")
     );
+    let typed = last.capture_summary.as_deref().expect("a typed summary");
+    assert_eq!(typed.display(), last.summary);
+    assert!(
+        matches!(&typed.kind, Some(Kind::Heap(h)) if h.source() == HeapSourceUsed::Ebpf && h.ebpf.is_some()),
+        "{typed:?}"
+    );
     let a = &last.artifacts[0];
     assert!(a.samples > 0, "{a:?}");
     assert_eq!(a.sample_type, "inuse_space/bytes");
@@ -677,5 +697,91 @@ async fn the_agent_serves_its_own_cpu_profile_one_at_a_time() {
     assert!(
         !h.sample.is_empty(),
         "an agent that captured holds sampled memory"
+    );
+}
+
+/// A heap request of `uid` sampling every `sample_bytes` bytes with eBPF for `duration_ms`.
+fn heap_request(
+    uid: &str,
+    node: &str,
+    tree: &PodTree,
+    upload: &UploadServer,
+    duration_ms: u32,
+    sample_bytes: u64,
+) -> flamefleet_proto::agent::CaptureRequest {
+    let mut req = cpu_request(uid, node, tree, upload, duration_ms);
+    req.r#type = flamefleet_proto::agent::ProfileType::Heap as i32;
+    req.cpu = None;
+    req.heap = Some(flamefleet_proto::agent::HeapOptions {
+        source_kind: flamefleet_proto::agent::HeapSource::Ebpf as i32,
+        sample_bytes,
+        ..Default::default()
+    });
+    req.uploads = upload.slots(uid, &[format!("heap-{node}.pb.gz")]);
+    req
+}
+
+/// A cancelled eBPF heap capture leaves the node's heap sampler at once, not at the end of
+/// its window: a capture right after it starts a sampler of its own, at its own rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_heap_capture_gives_up_the_heap_sampler_at_once() {
+    require_root();
+    let _serial = serial().await;
+    let node = "node-heap-cancel";
+    let Setup {
+        mut client,
+        agent: _agent,
+        upload,
+        tree,
+        pki: _pki,
+    } = Setup::new(node, allocator()).await;
+    let uid = unique("uid-heap-cancel");
+    let mut stream = client
+        .capture(heap_request(&uid, node, &tree, &upload, 60_000, 4096))
+        .await
+        .expect("Capture accepted")
+        .into_inner();
+    loop {
+        let p = stream
+            .message()
+            .await
+            .expect("progress")
+            .expect("not ended");
+        if p.stage() == Stage::Running {
+            break;
+        }
+    }
+    let cancelled = client
+        .cancel(CancelRequest {
+            request_uid: uid.clone(),
+        })
+        .await
+        .expect("Cancel")
+        .into_inner();
+    assert!(cancelled.found);
+    let mut last = None;
+    while let Some(p) = stream.message().await.expect("progress") {
+        last = Some(p);
+    }
+    let last = last.expect("a final message");
+    assert_eq!(last.stage(), Stage::Failed, "{last:?}");
+    assert!(last.message.contains("cancelled"), "{}", last.message);
+
+    let next_uid = unique("uid-heap-next");
+    let progress = collect(
+        &mut client,
+        heap_request(&next_uid, node, &tree, &upload, 1500, 8192),
+    )
+    .await;
+    let done = done(&progress);
+    let typed = done.capture_summary.as_deref().expect("a typed summary");
+    let Some(Kind::Heap(heap)) = &typed.kind else {
+        panic!("a heap summary: {typed:?}");
+    };
+    let stats = heap.ebpf.as_ref().expect("eBPF counters");
+    assert_eq!(
+        (stats.sample_bytes, stats.shared_with),
+        (8192, 0),
+        "the cancelled capture still held the heap sampler: {stats:?}"
     );
 }

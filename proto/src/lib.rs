@@ -3,6 +3,7 @@
 pub mod http_serve;
 pub mod identity;
 pub mod latency;
+pub mod summary;
 pub mod tls_accept;
 
 /// The pprof `Profile` messages (package `perftools.profiles`), as read by
