@@ -10,12 +10,13 @@ use clap::{Parser, ValueEnum};
 use futures::FutureExt as _;
 use kube::runtime::events::{Recorder, Reporter};
 
-use crate::controller::agent_client::{AgentConnector, Backoff};
-use crate::controller::dispatch::{DispatchSettings, Dispatcher};
-use crate::controller::limits::TenantLimits;
-use crate::controller::uploads::UrlPolicy;
-use crate::controller::{self, Context};
-use crate::downloads::{self, DownloadContext};
+use crate::controllers::download::{self, DownloadContext};
+use crate::controllers::profile_request::limits::TenantLimits;
+use crate::controllers::profile_request::{self, Context};
+use crate::controllers::sampling::{self, SamplingContext, budget::Ledger, fleet::Fleet};
+use crate::dispatch::connector::{AgentConnector, Backoff};
+use crate::dispatch::uploads::UrlPolicy;
+use crate::dispatch::{DispatchSettings, Dispatcher};
 use crate::identity::ca::OperatorCa;
 use crate::identity::csr_signer::{AgentIdentityPolicy, CsrSigner};
 use crate::identity::store_cert;
@@ -23,7 +24,6 @@ use crate::leader::{Election, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::owned_secret;
 use crate::probes::{self, ProbeState};
-use crate::sampling::{self, SamplingContext, budget::Ledger, fleet::Fleet};
 use crate::store::builtin::{BuiltinConfig, server};
 use crate::store::gc::{self, GcSettings};
 use crate::store::quota::QuotaLedger;
@@ -182,7 +182,7 @@ pub struct Options {
     /// none (higher ones, and 0, which turns the heap overhead guard off, fail). The heap
     /// probes fire in every process on the node that maps the probed allocator, so only the
     /// cluster admin may raise it; 0 lets requests set any value, 0 included.
-    #[arg(long, default_value_t = crate::controller::limits::DEFAULT_MAX_HEAP_OVERHEAD_PERCENT)]
+    #[arg(long, default_value_t = crate::controllers::profile_request::limits::DEFAULT_MAX_HEAP_OVERHEAD_PERCENT)]
     pub max_heap_overhead_percent: u32,
     /// Timeout of a connection attempt to an agent.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
@@ -203,7 +203,7 @@ pub struct Options {
     /// costs 60-90 KiB; a capture holds its node's connection only while it is started and
     /// while its result is collected, so this (with --max-concurrent-dispatch), not the
     /// fleet's size, bounds the operator's connection memory.
-    #[arg(long, default_value_t = crate::controller::agent_client::DEFAULT_CHANNEL_CAPACITY)]
+    #[arg(long, default_value_t = crate::dispatch::connector::DEFAULT_CHANNEL_CAPACITY)]
     pub max_idle_agent_connections: usize,
     /// Attempts to reach an agent before its node fails as unreachable; retries wait with
     /// exponential backoff and full jitter.
@@ -544,7 +544,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             sampling::run(sampling, selector, shutdown).await;
         }
     };
-    let downloads = downloads::run(
+    let downloads = download::run(
         Arc::new(DownloadContext {
             client: context.client.clone(),
             store: context.store.clone(),
@@ -568,7 +568,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     futures::join!(
         store_gc,
         downloads,
-        controller::run(
+        profile_request::run(
             context,
             triggers,
             options.request_selector.as_deref(),

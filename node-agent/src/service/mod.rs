@@ -300,12 +300,26 @@ impl Agent {
             shutdown.await;
             token.cancel();
         };
-        tonic::transport::Server::builder()
-            .add_service(AgentServiceServer::new(self))
-            .serve_with_incoming_shutdown(tls::incoming(listener, tls, HANDSHAKE_TIMEOUT), shutdown)
-            .await?;
-        Ok(())
+        serve_service(self, listener, tls, shutdown).await
     }
+}
+
+/// Serves `service` (an [`Agent`], or a service delegating to one, as the load generator's
+/// compromised nodes do) on `listener` over mutual TLS until `shutdown` resolves.
+///
+/// # Errors
+/// A failure of the gRPC server.
+pub async fn serve_service<S: AgentService>(
+    service: S,
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<()> {
+    tonic::transport::Server::builder()
+        .add_service(AgentServiceServer::new(service))
+        .serve_with_incoming_shutdown(tls::incoming(listener, tls, HANDSHAKE_TIMEOUT), shutdown)
+        .await?;
+    Ok(())
 }
 
 impl Agent {

@@ -1,0 +1,96 @@
+//! A compromised node's service: the real agent's service, whose DONE messages are rewritten
+//! on their way out when the node behaves as [`Behaviour::Oversized`]. A compromised agent
+//! is not bound to run the agent's code, so what it sends is any message gRPC carries; the
+//! shell underneath still captures, uploads and streams progress as a genuine node does.
+
+use std::sync::Arc;
+
+use flamefleet_agent::service::{Agent, ProgressStream};
+use flamefleet_proto::agent::agent_service_server::AgentService;
+use flamefleet_proto::agent::capture_progress::Stage;
+use flamefleet_proto::agent::{
+    CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CollectRequest, InfoRequest,
+    InfoResponse,
+};
+use futures::StreamExt as _;
+use tonic::{Request, Response, Status};
+
+use super::{Behaviour, BehaviourCell};
+
+/// One hollow node's service: [`Agent`], with its reports blown up while the node is
+/// [`Behaviour::Oversized`].
+pub(crate) struct NodeService {
+    pub(crate) agent: Agent,
+    pub(crate) behaviour: Arc<BehaviourCell>,
+}
+
+impl NodeService {
+    /// `stream`, rewritten if this node is compromised now.
+    fn outgoing(&self, stream: ProgressStream) -> ProgressStream {
+        if self.behaviour.get() != Behaviour::Oversized {
+            return stream;
+        }
+        Box::pin(stream.map(|item| {
+            item.map(|p| {
+                if p.stage() == Stage::Done {
+                    oversized(p)
+                } else {
+                    p
+                }
+            })
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl AgentService for NodeService {
+    type CaptureStream = ProgressStream;
+
+    async fn capture(
+        &self,
+        request: Request<CaptureRequest>,
+    ) -> Result<Response<Self::CaptureStream>, Status> {
+        let stream = self.agent.capture(request).await?.into_inner();
+        Ok(Response::new(self.outgoing(stream)))
+    }
+
+    type CollectStream = ProgressStream;
+
+    async fn collect(
+        &self,
+        request: Request<CollectRequest>,
+    ) -> Result<Response<Self::CollectStream>, Status> {
+        let stream = self.agent.collect(request).await?.into_inner();
+        Ok(Response::new(self.outgoing(stream)))
+    }
+
+    async fn cancel(
+        &self,
+        request: Request<CancelRequest>,
+    ) -> Result<Response<CancelResponse>, Status> {
+        self.agent.cancel(request).await
+    }
+
+    async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
+        self.agent.info(request).await
+    }
+}
+
+/// `done` as a compromised agent would report it: its artifacts and summary with every
+/// free-text field blown up, the whole message under gRPC's 4 MiB default limit.
+fn oversized(mut done: CaptureProgress) -> CaptureProgress {
+    for artifact in &mut done.artifacts {
+        artifact.sample_type = format!("cpu/{}", "n".repeat(2 << 20));
+    }
+    done.summary.insert("frequency_hz".into(), "99".into());
+    done.summary
+        .insert("requested_frequency_hz".into(), "99".into());
+    done.summary
+        .insert("frequency_note".into(), "f".repeat(1 << 20));
+    for i in 0..4_000 {
+        done.summary
+            .insert(format!("junk-{i:05}-{}", "k".repeat(40)), "v".repeat(40));
+    }
+    done.message = "m".repeat(200 << 10);
+    done
+}
