@@ -632,7 +632,9 @@ impl StackSymbolizer {
     fn jit_name(&mut self, tgid: u32, addr: u64) -> Option<String> {
         self.jit
             .entry(tgid)
-            .or_insert_with(|| crate::perf_map::PerfMap::read(tgid).map(Arc::new))
+            .or_insert_with(|| {
+                crate::perf_map::PerfMap::read(tgid, None, &mut Default::default()).map(Arc::new)
+            })
             .as_ref()?
             .lookup(addr)
             .map(str::to_owned)

@@ -272,6 +272,9 @@ impl Drop for Unwinder {
 
 static SHARED: Mutex<Weak<Unwinder>> = Mutex::new(Weak::new());
 
+/// Held while a table is built (see [`Inner::table_for`]).
+static BUILDING: Mutex<()> = Mutex::new(());
+
 impl Unwinder {
     /// The node's unwinder: the running one, or a new one with `config`
     /// (tables are freed when the last sampler holding it stops).
@@ -542,7 +545,14 @@ impl Inner {
             }
         }
         let began = Instant::now();
-        let built = table::build_from_path(&bin.open_path(tgid));
+        let built = {
+            // One build at a time, whichever thread asks: each may hold up to
+            // table::MAX_BUILD_BYTES plus its sections while it runs.
+            let _one = BUILDING.lock().unwrap_or_else(PoisonError::into_inner);
+            crate::target_fs::open_checked(&bin.open_path(tgid))
+                .map_err(|e| table::TableError::Parse(e.to_string()))
+                .and_then(|f| table::build_from_file(&f))
+        };
         let mut st = self.lock();
         if let Some(t) = st.tables.get(key) {
             // Loaded by another thread meanwhile.

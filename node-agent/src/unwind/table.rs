@@ -8,9 +8,12 @@
 //! Consecutive rows with the same rule are merged.
 //!
 //! The input is untrusted (any binary a tenant maps): the file is read with
-//! `pread` through a cache rather than mapped (a tenant truncating its own
+//! `pread` through a bounded cache rather than mapped (a tenant truncating its own
 //! library would otherwise SIGBUS the agent), section sizes are capped before
-//! anything is decompressed, and every malformed entry is skipped and counted.
+//! anything is decompressed, every malformed entry is skipped and counted, and
+//! what a build keeps is capped too: a highly compressible `.debug_frame` of
+//! millions of identical FDEs is a few KiB on disk, but each FDE kept costs
+//! memory ([`MAX_BUILD_BYTES`]).
 
 use std::fs::File;
 
@@ -18,11 +21,17 @@ use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, LittleEndian, Register, RegisterRule,
     UnwindContext, UnwindSection, X86_64,
 };
-use object::read::ReadCache;
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
-/// Largest CFI section read (`.eh_frame` of the largest binaries is tens of MiB).
-pub const MAX_SECTION_BYTES: u64 = 256 << 20;
+/// Largest CFI section read, after decompression (`.eh_frame` of the largest binaries is
+/// a few tens of MiB).
+pub const MAX_SECTION_BYTES: u64 = 64 << 20;
+/// Bytes of file one build reads in all: both sections as stored, and the headers.
+const MAX_READ_BYTES: u64 = 2 * MAX_SECTION_BYTES + (16 << 20);
+/// Most memory one build keeps for the entries it reads before merging them (24 bytes
+/// per FDE, 8 per row). A table larger than the unwinder's whole budget (32 MiB of rows
+/// by default) could not be loaded anyway.
+pub const MAX_BUILD_BYTES: u64 = 64 << 20;
 
 /// `enum ff_cfa_kind` of `bpf/unwind.h`.
 pub mod kind {
@@ -128,6 +137,17 @@ pub enum TableError {
         /// Its (uncompressed) size.
         size: u64,
     },
+    /// More entries than a build keeps.
+    #[error(
+        "{fdes} CFI entries with {rows} rows read and more to come: above the \
+         {MAX_BUILD_BYTES}-byte limit of one table build (frames there walk by frame pointer)"
+    )]
+    TooManyEntries {
+        /// FDEs read when the limit was reached.
+        fdes: u64,
+        /// Their rows.
+        rows: u64,
+    },
 }
 
 const RSP: Register = X86_64::RSP;
@@ -167,11 +187,39 @@ fn deref_rbp(expr: &[u8]) -> Option<i16> {
     (r.slice() == [0x06]).then_some(i16::try_from(off).ok()?)
 }
 
-/// Builds the table of the ELF file at `path` (e.g. `/proc/self/fd/N`).
-pub fn build_from_path(path: &std::path::Path) -> Result<BinaryTable, TableError> {
-    let file = File::open(path).map_err(|e| TableError::Parse(e.to_string()))?;
-    let cache = ReadCache::new(file);
-    build(&cache)
+/// Builds the table of a binary opened with [`crate::target_fs`], reading it through a
+/// bounded cache.
+pub fn build_from_file(file: &File) -> Result<BinaryTable, TableError> {
+    let reader = crate::target_fs::BoundedReader::new(file, MAX_SECTION_BYTES, MAX_READ_BYTES)
+        .map_err(|e| TableError::Parse(e.to_string()))?;
+    build(&reader)
+}
+
+/// The FDEs read so far: each one's address range and rows, all rows in one vector (one
+/// allocation for millions of FDEs, not one each).
+#[derive(Default)]
+struct Fdes {
+    /// (start, end, first row, row count).
+    index: Vec<(u64, u64, u32, u32)>,
+    rows: Vec<Row>,
+}
+
+impl Fdes {
+    fn bytes(&self) -> u64 {
+        (self.index.len() * 24 + self.rows.len() * 8) as u64
+    }
+
+    fn too_many(&self) -> TableError {
+        TableError::TooManyEntries {
+            fdes: self.index.len() as u64,
+            rows: self.rows.len() as u64,
+        }
+    }
+
+    fn rows_of(&self, i: usize) -> &[Row] {
+        let (_, _, first, n) = self.index[i];
+        &self.rows[first as usize..first as usize + n as usize]
+    }
 }
 
 /// Builds the table of an ELF image (anything object can read).
@@ -196,8 +244,8 @@ pub fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<BinaryTable, T
             .collect(),
         ..BinaryTable::default()
     };
-    // (start, end, rows) per FDE, .eh_frame first so that it wins overlaps.
-    let mut fdes: Vec<(u64, u64, Vec<Row>)> = Vec::new();
+    // FDEs of .eh_frame first, so that they win overlaps.
+    let mut fdes = Fdes::default();
     let text = obj.section_by_name(".text").map_or(0, |s| s.address());
     if let Some(section) = obj.section_by_name(".eh_frame") {
         let data = section_bytes(&section, ".eh_frame")?;
@@ -205,62 +253,70 @@ pub fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<BinaryTable, T
         let bases = BaseAddresses::default()
             .set_eh_frame(section.address())
             .set_text(text);
-        read_fdes(&eh, &bases, &mut out, &mut fdes);
+        read_fdes(&eh, &bases, &mut out, &mut fdes)?;
     }
-    let eh_count = fdes.len();
+    let eh_count = fdes.index.len();
     if let Some(section) = obj.section_by_name(".debug_frame") {
         let data = section_bytes(&section, ".debug_frame")?;
         let mut df = DebugFrame::new(&data, LittleEndian);
         df.set_address_size(8);
-        let mut extra = Vec::new();
-        read_fdes(&df, &BaseAddresses::default(), &mut out, &mut extra);
-        // Only what .eh_frame does not cover (a cgo binary has both).
-        let mut covered: Vec<(u64, u64)> = fdes[..eh_count].iter().map(|f| (f.0, f.1)).collect();
-        covered.sort_unstable();
-        for f in extra {
-            let i = covered.partition_point(|c| c.0 < f.1);
-            if i > 0 && covered[i - 1].1 > f.0 {
-                continue;
-            }
-            fdes.push(f);
-        }
+        read_fdes(&df, &BaseAddresses::default(), &mut out, &mut fdes)?;
     }
-    if fdes.is_empty() {
+    // Of .debug_frame, only what .eh_frame does not cover (a cgo binary has both).
+    let mut covered: Vec<(u64, u64)> = fdes.index[..eh_count].iter().map(|f| (f.0, f.1)).collect();
+    covered.sort_unstable();
+    let mut order: Vec<u32> = (0..eh_count as u32).collect();
+    for (i, f) in fdes.index.iter().enumerate().skip(eh_count) {
+        let at = covered.partition_point(|c| c.0 < f.1);
+        if at > 0 && covered[at - 1].1 > f.0 {
+            continue;
+        }
+        order.push(i as u32);
+    }
+    drop(covered);
+    if order.is_empty() {
         return Err(TableError::NoCfi);
     }
-    out.fdes = fdes.len() as u64;
-    fdes.sort_by_key(|f| f.0);
-    let mut rows: Vec<Row> = Vec::new();
+    out.fdes = order.len() as u64;
+    order.sort_by_key(|&i| fdes.index[i as usize].0);
+    // Concatenate in address order and merge rows that repeat the previous rule.
+    let mut merged: Vec<Row> = Vec::new();
     let mut prev_end = 0u64;
-    for (start, end, frows) in fdes {
+    for i in order {
+        let (start, end, _, _) = fdes.index[i as usize];
         if start < prev_end {
             // Overlapping FDEs: the earlier one's rows stand.
             out.skipped += 1;
             continue;
         }
-        // A gap between functions has no CFI.
-        if let Some(last) = rows.last_mut()
+        // A gap between functions has no CFI: the end row of the previous FDE stays
+        // only if this one does not start right there.
+        if let Some(last) = merged.last()
             && u64::from(last.pc) == start
+            && last.kind == kind::NONE
         {
-            rows.pop();
+            merged.pop();
         }
-        rows.extend(frows);
+        for &r in fdes.rows_of(i as usize) {
+            push_merged(&mut merged, r);
+        }
         if let Ok(end32) = u32::try_from(end) {
-            rows.push(Row::none(end32));
+            push_merged(&mut merged, Row::none(end32));
         }
         prev_end = end;
     }
-    // Merge rows that repeat the previous rule.
-    let mut merged: Vec<Row> = Vec::with_capacity(rows.len());
-    for r in rows {
-        match merged.last_mut() {
-            Some(last) if last.pc == r.pc => *last = r,
-            Some(last) if last.same_rule(&r) => {}
-            _ => merged.push(r),
-        }
-    }
     out.rows = merged;
     Ok(out)
+}
+
+/// Appends `r` unless it repeats the previous row's rule; a row at the previous row's
+/// address replaces it.
+fn push_merged(merged: &mut Vec<Row>, r: Row) {
+    match merged.last_mut() {
+        Some(last) if last.pc == r.pc => *last = r,
+        Some(last) if last.same_rule(&r) => {}
+        _ => merged.push(r),
+    }
 }
 
 fn section_bytes<'data, R: object::ReadRef<'data>>(
@@ -285,8 +341,9 @@ fn read_fdes<'a, S>(
     section: &S,
     bases: &BaseAddresses,
     out: &mut BinaryTable,
-    fdes: &mut Vec<(u64, u64, Vec<Row>)>,
-) where
+    fdes: &mut Fdes,
+) -> Result<(), TableError>
+where
     S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
 {
     let mut ctx = Box::new(UnwindContext::new());
@@ -318,14 +375,17 @@ fn read_fdes<'a, S>(
             out.skipped += 1;
             continue;
         };
-        let mut rows = Vec::new();
+        let first = fdes.rows.len();
         loop {
             match table.next_row() {
                 Ok(Some(row)) => {
                     let Ok(pc) = u32::try_from(row.start_address()) else {
                         break;
                     };
-                    rows.push(convert(section, row, pc, out.go));
+                    fdes.rows.push(convert(section, row, pc, out.go));
+                    if fdes.bytes() > MAX_BUILD_BYTES {
+                        return Err(fdes.too_many());
+                    }
                 }
                 Ok(None) => break,
                 Err(_) => {
@@ -334,10 +394,18 @@ fn read_fdes<'a, S>(
                 }
             }
         }
-        if !rows.is_empty() {
-            fdes.push((start, end, rows));
+        let n = fdes.rows.len() - first;
+        if n > 0 {
+            let (Ok(first), Ok(n)) = (u32::try_from(first), u32::try_from(n)) else {
+                return Err(fdes.too_many());
+            };
+            fdes.index.push((start, end, first, n));
+            if fdes.bytes() > MAX_BUILD_BYTES {
+                return Err(fdes.too_many());
+            }
         }
     }
+    Ok(())
 }
 
 fn convert<'a, S>(section: &S, row: &gimli::UnwindTableRow<usize>, pc: u32, go: bool) -> Row

@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use flamefleet_proto::pprof::Profile;
 
 use super::allocators::AllocatorFinder;
-use super::goruntime::buckets::WalkLimits;
+use super::goruntime::buckets::{DEFAULT_HELD_BYTES, HeldBudget, WalkLimits};
 use super::goruntime::profile::{self as goprofile, ProcessBuckets};
 use super::goruntime::{self, GoProcess};
 use super::merge::{self, LabelledProfile};
@@ -138,18 +138,31 @@ pub fn capture(
         None
     };
 
-    // The Go heaps are read at the end of the window, like an endpoint would be.
+    // The Go heaps are read at the end of the window, like an endpoint would be; each
+    // process is the one found at the start (held since), and what it yields is kept only
+    // while it is still in its target. What they all keep is bounded together.
     let catalog = ProcessCatalog::new();
     let mut parts: Vec<ProcessBuckets> = Vec::new();
     let mut comments: Vec<String> = Vec::new();
+    let mut held = HeldBudget::new(DEFAULT_HELD_BYTES);
     for (i, p) in &go {
         let t = &targets[*i];
         let started = Instant::now();
-        let result = p.read(goruntime::DEFAULT_READ_BUDGET, WalkLimits::default());
+        let result = p
+            .read(goruntime::DEFAULT_READ_BUDGET, WalkLimits::default(), &mut held)
+            .and_then(|read| {
+                // Read by PID: the comm and the maps are this process's only if it still
+                // lives once they are read.
+                let c = comm(p.pid);
+                catalog.snapshot(p.pid);
+                match p.unattributable(&t.cgroup) {
+                    Some(e) => Err(e),
+                    None => Ok((read, c)),
+                }
+            });
         let took = started.elapsed();
-        let c = comm(p.pid);
         match result {
-            Ok((walk, bytes)) => {
+            Ok(((walk, bytes), c)) => {
                 let detail = format!(
                     "{}, MemProfileRate {}, {} buckets, {bytes} bytes read in {:.1} ms, GC \
                      cycle {}{}{}",
@@ -182,7 +195,6 @@ pub fn capture(
                 if !c.is_empty() {
                     labels.push(Label::Str("comm".into(), c.clone()));
                 }
-                catalog.snapshot(p.pid);
                 parts.push(ProcessBuckets {
                     pid: p.pid,
                     rate: p.rate,
@@ -199,7 +211,10 @@ pub fn capture(
             }
             Err(e) => notes.push(ProcessNote {
                 pid: p.pid,
-                comm: c,
+                // Read by PID: kept only if the process found still lives afterwards.
+                comm: Some(comm(p.pid))
+                    .filter(|_| p.process.is_alive())
+                    .unwrap_or_default(),
                 target: target_name(t),
                 source: None,
                 detail: e.to_string(),

@@ -1,0 +1,168 @@
+//! Looking at a workload's ELF file before blazesym parses it.
+//!
+//! blazesym maps a binary and builds its symbol index and DWARF state in the agent's
+//! memory, decompressing compressed sections whole; it also follows the binary's debug
+//! links. All of that is the workload's to choose: a sparse file costs its owner nothing on
+//! disk yet may declare a symbol table of gigabytes; a zlib-compressed `.debug_info` of a
+//! few KiB may declare terabytes; a `.gnu_debuglink` names a file relative to the binary's
+//! directory *as the agent sees it*, so `../../proc/<pid>/root/tmp/fifo` would have the
+//! agent open (and block on) a FIFO, or read another tenant's debug file. So every binary
+//! is first read here with `object`, through a bounded `pread` cache
+//! ([`crate::target_fs::BoundedReader`]), and [`check`] says:
+//!
+//! * whether blazesym may parse it at all (symbol tables and decompressed sizes within
+//!   [`MAX_SYMBOL_BYTES`] and [`MAX_DECOMPRESSED_BYTES`]);
+//! * whether it may read its DWARF: not when the binary has a debug link (its DWARF is in
+//!   another file, which the agent does not look for) or DWARF beyond [`MAX_DWARF_BYTES`];
+//! * what parsing it is likely to cost in memory ([`ElfCheck::cost`]), which the caller
+//!   charges to its budget;
+//! * its GNU build ID (read here, so nothing else needs to map the file for it).
+
+use object::{Object as _, ObjectSection as _};
+
+use crate::target_fs::BoundedReader;
+
+/// Largest symbol tables (`.symtab` and `.dynsym` together) of a binary blazesym parses: four
+/// million symbols, more than the largest programs have (blazesym's index takes about as
+/// much memory as the table).
+pub const MAX_SYMBOL_BYTES: u64 = 96 << 20;
+/// Most bytes compressed sections may decompress to (blazesym decompresses them whole, into
+/// the agent's memory).
+pub const MAX_DECOMPRESSED_BYTES: u64 = 128 << 20;
+/// Most DWARF (`.debug_*`, as stored) whose line tables and inlined functions blazesym
+/// reads; beyond it the binary is symbolized from its symbol table alone.
+pub const MAX_DWARF_BYTES: u64 = 1 << 30;
+/// What one check reads of the file: headers, section names, notes.
+const READ_BUDGET: u64 = 16 << 20;
+/// Largest single read (the section header table of a binary with 65k sections is 4 MiB).
+const MAX_READ: u64 = 8 << 20;
+
+/// What [`check`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElfCheck {
+    /// GNU build ID, hex; empty without one.
+    pub build_id: String,
+    /// Whether blazesym may read the DWARF (line numbers, inlined functions).
+    pub debug_syms: bool,
+    /// Why not, when it may not.
+    pub no_debug_reason: Option<String>,
+    /// Estimated memory blazesym keeps while it holds the binary, in bytes.
+    pub cost: u64,
+}
+
+/// Why a binary is not handed to blazesym.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ElfCheckError {
+    /// Not an ELF file `object` can read within the bounds.
+    #[error("not a readable ELF file: {0}")]
+    Parse(String),
+    /// Beyond a limit.
+    #[error("{what} is {bytes} bytes, above the agent's {limit}-byte limit: not symbolized")]
+    TooLarge {
+        /// What.
+        what: &'static str,
+        /// Its size.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+}
+
+/// Checks `file` (a workload's binary, opened with [`crate::target_fs`]).
+pub fn check(file: &std::fs::File) -> Result<ElfCheck, ElfCheckError> {
+    let reader =
+        BoundedReader::new(file, MAX_READ, READ_BUDGET).map_err(|e| ElfCheckError::Parse(e.to_string()))?;
+    let obj = object::File::parse(&reader).map_err(|e| ElfCheckError::Parse(e.to_string()))?;
+    let (mut symbols, mut decompressed, mut dwarf) = (0u64, 0u64, 0u64);
+    let mut debug_link = None;
+    for section in obj.sections() {
+        let name = section.name().unwrap_or("");
+        let stored = section.compressed_file_range().map_or(0, |r| r.compressed_size);
+        let size = section
+            .compressed_file_range()
+            .ok()
+            .filter(|r| r.format != object::CompressionFormat::None)
+            .map(|r| {
+                decompressed = decompressed.saturating_add(r.uncompressed_size);
+                r.uncompressed_size
+            })
+            .unwrap_or(stored);
+        match name {
+            // Their string tables stay in the mapped file (page cache, reclaimable).
+            ".symtab" | ".dynsym" => {
+                symbols = symbols.saturating_add(size);
+            }
+            ".gnu_debuglink" | ".gnu_debugaltlink" => debug_link = Some(name.to_owned()),
+            n if n.starts_with(".debug_") || n.starts_with(".zdebug_") => {
+                dwarf = dwarf.saturating_add(size);
+            }
+            _ => {}
+        }
+    }
+    if symbols > MAX_SYMBOL_BYTES {
+        return Err(ElfCheckError::TooLarge {
+            what: "its symbol tables",
+            bytes: symbols,
+            limit: MAX_SYMBOL_BYTES,
+        });
+    }
+    if decompressed > MAX_DECOMPRESSED_BYTES {
+        return Err(ElfCheckError::TooLarge {
+            what: "its compressed sections, decompressed,",
+            bytes: decompressed,
+            limit: MAX_DECOMPRESSED_BYTES,
+        });
+    }
+    let no_debug_reason = if let Some(link) = debug_link {
+        Some(format!(
+            "it has a {link} section: its DWARF is in another file, which the agent does not \
+             look for (the name is the workload's); symbols only"
+        ))
+    } else if dwarf > MAX_DWARF_BYTES {
+        Some(format!(
+            "its DWARF is {dwarf} bytes, above the agent's {MAX_DWARF_BYTES}-byte limit; \
+             symbols only"
+        ))
+    } else {
+        None
+    };
+    let build_id = obj
+        .build_id()
+        .ok()
+        .flatten()
+        .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
+        .unwrap_or_default();
+    let debug_syms = no_debug_reason.is_none();
+    // blazesym's symbol index is a few words per symbol (24-byte entries); decompressed
+    // sections are held whole; parsed DWARF (units, line programs, inlined functions of
+    // the units looked up) is a fraction of its size.
+    let cost = symbols
+        .saturating_add(decompressed)
+        .saturating_add(if debug_syms { dwarf / 8 } else { 0 });
+    Ok(ElfCheck {
+        build_id,
+        debug_syms,
+        no_debug_reason,
+        cost,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_binary_passes_with_its_build_id_and_dwarf() {
+        let exe = crate::target_fs::open_exe(std::process::id()).unwrap();
+        let c = check(&exe.file).unwrap();
+        assert_eq!(c.build_id.len(), 40, "{c:?}");
+        assert!(c.cost > 0);
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, b"\x7fELF not really").unwrap();
+        assert!(matches!(check(&f), Err(ElfCheckError::Parse(_))));
+    }
+}
