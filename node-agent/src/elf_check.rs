@@ -70,14 +70,16 @@ pub enum ElfCheckError {
 
 /// Checks `file` (a workload's binary, opened with [`crate::target_fs`]).
 pub fn check(file: &std::fs::File) -> Result<ElfCheck, ElfCheckError> {
-    let reader =
-        BoundedReader::new(file, MAX_READ, READ_BUDGET).map_err(|e| ElfCheckError::Parse(e.to_string()))?;
+    let reader = BoundedReader::new(file, MAX_READ, READ_BUDGET)
+        .map_err(|e| ElfCheckError::Parse(e.to_string()))?;
     let obj = object::File::parse(&reader).map_err(|e| ElfCheckError::Parse(e.to_string()))?;
     let (mut symbols, mut decompressed, mut dwarf) = (0u64, 0u64, 0u64);
     let mut debug_link = None;
     for section in obj.sections() {
         let name = section.name().unwrap_or("");
-        let stored = section.compressed_file_range().map_or(0, |r| r.compressed_size);
+        let stored = section
+            .compressed_file_range()
+            .map_or(0, |r| r.compressed_size);
         let size = section
             .compressed_file_range()
             .ok()

@@ -44,7 +44,10 @@ pub struct PerfMapBudget {
 impl PerfMapBudget {
     /// A budget of `bytes`.
     pub fn new(bytes: u64) -> Self {
-        Self { left: bytes, cut: 0 }
+        Self {
+            left: bytes,
+            cut: 0,
+        }
     }
 
     /// Bytes left.

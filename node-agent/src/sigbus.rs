@@ -96,7 +96,9 @@ extern "C" fn handler(signal: libc::c_int, info: *mut libc::siginfo_t, context: 
     let previous = unsafe { *(&raw const PREVIOUS) };
     match previous {
         Some(prev) if prev.sa_sigaction == libc::SIG_IGN => {}
-        Some(prev) if prev.sa_sigaction != libc::SIG_DFL && prev.sa_flags & libc::SA_SIGINFO != 0 => {
+        Some(prev)
+            if prev.sa_sigaction != libc::SIG_DFL && prev.sa_flags & libc::SA_SIGINFO != 0 =>
+        {
             // SAFETY: the previous SA_SIGINFO handler, called as the kernel would.
             let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
                 unsafe { std::mem::transmute(prev.sa_sigaction) };

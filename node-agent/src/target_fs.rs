@@ -159,8 +159,12 @@ pub fn open_in_root(pid: u32, path: &str) -> Result<TargetFile, TargetFileError>
         .flags(OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY)
         .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
     let relative = path.trim_start_matches('/');
-    let fd = openat2(root.as_fd(), if relative.is_empty() { "." } else { relative }, how)
-        .map_err(|e| open_err(e.into()))?;
+    let fd = openat2(
+        root.as_fd(),
+        if relative.is_empty() { "." } else { relative },
+        how,
+    )
+    .map_err(|e| open_err(e.into()))?;
     checked(pid, path, File::from(fd))
 }
 
@@ -367,7 +371,11 @@ impl<'a> object::ReadRef<'a> for &'a BoundedReader {
         (&self.cache).read_bytes_at(offset, size)
     }
 
-    fn read_bytes_at_until(self, range: std::ops::Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
+    fn read_bytes_at_until(
+        self,
+        range: std::ops::Range<u64>,
+        delimiter: u8,
+    ) -> Result<&'a [u8], ()> {
         // `object` reads at most 4 KiB for one string; count that much.
         let cost = 4096.min(range.end.saturating_sub(range.start));
         if cost > self.left.get() {
@@ -383,8 +391,7 @@ mod tests {
     use super::*;
 
     fn mkfifo(path: &std::path::Path) {
-        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .expect("mkfifo");
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
     }
 
     #[test]
@@ -397,7 +404,10 @@ mod tests {
             matches!(e, TargetFileError::NotRegular { kind: "FIFO", .. }),
             "{e}"
         );
-        assert!(e.to_string().contains("is a FIFO, not a regular file"), "{e}");
+        assert!(
+            e.to_string().contains("is a FIFO, not a regular file"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -18,7 +18,9 @@ use support::{Decoded, TestCgroup, require_root};
 const DEADLINE: Duration = Duration::from_secs(90);
 
 fn workload(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile_workloads").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/hostile_workloads")
+        .join(name)
 }
 
 /// `cc` with the given arguments (frame pointers, -O1, -g); panics with its output.
@@ -40,7 +42,8 @@ fn wait_ready(stdout: std::process::ChildStdout) -> std::io::BufReader<std::proc
     use std::io::BufRead as _;
     let mut r = std::io::BufReader::new(stdout);
     let mut line = String::new();
-    r.read_line(&mut line).expect("reading the workload's ready line");
+    r.read_line(&mut line)
+        .expect("reading the workload's ready line");
     assert!(line.starts_with("ready"), "workload said {line:?}");
     r
 }
@@ -69,7 +72,11 @@ fn comments(p: &Decoded) -> Vec<String> {
 
 fn assert_ended_well(run: &AgentRun) {
     assert!(!run.timed_out, "the agent hung: {}", run.summary());
-    assert!(!run.oom_killed, "the agent was OOM-killed: {}", run.summary());
+    assert!(
+        !run.oom_killed,
+        "the agent was OOM-killed: {}",
+        run.summary()
+    );
     assert!(run.succeeded(), "the capture failed: {}", run.summary());
 }
 
@@ -281,7 +288,11 @@ fn huge_perf_maps_cannot_exhaust_the_agent() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("perfmap");
-    cc(&["-o", bin.to_str().unwrap(), workload("perfmap.c").to_str().unwrap()]);
+    cc(&[
+        "-o",
+        bin.to_str().unwrap(),
+        workload("perfmap.c").to_str().unwrap(),
+    ]);
     let good = GoodTarget::start(dir.path());
     let mut cg = TestCgroup::new("hostile-perfmap");
     let mut pids = Vec::new();
@@ -313,15 +324,18 @@ fn a_huge_maps_file_cannot_exhaust_the_agent() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("maps");
-    cc(&["-o", bin.to_str().unwrap(), workload("maps.c").to_str().unwrap()]);
+    cc(&[
+        "-o",
+        bin.to_str().unwrap(),
+        workload("maps.c").to_str().unwrap(),
+    ]);
     let good = GoodTarget::start(dir.path());
     let mut cg = TestCgroup::new("hostile-maps");
     let mut outs = Vec::new();
     for i in 0..2 {
         let files = dir.path().join(format!("files{i}"));
         std::fs::create_dir(&files).unwrap();
-        let (_, stdout) =
-            cg.spawn_piped(Command::new(&bin).arg(&files).arg("60000"));
+        let (_, stdout) = cg.spawn_piped(Command::new(&bin).arg(&files).arg("60000"));
         outs.push(wait_ready(stdout));
     }
     let (run, profile) = cpu_capture_with_good(dir.path(), cg.path().to_str().unwrap(), &good);
@@ -344,7 +358,9 @@ fn write_debug_frame(path: &Path, fdes: u64) {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     // CIE: id 0xffffffff, version 1, no augmentation, code alignment 1, data alignment -8,
     // return address in r16; CFA = rsp + 8, return address at CFA - 8; padded to 24 bytes.
-    let mut cie = vec![0xff, 0xff, 0xff, 0xff, 1, 0, 1, 0x78, 16, 0x0c, 7, 8, 0x90, 1];
+    let mut cie = vec![
+        0xff, 0xff, 0xff, 0xff, 1, 0, 1, 0x78, 16, 0x0c, 7, 8, 0x90, 1,
+    ];
     cie.resize(20, 0);
     f.write_all(&20u32.to_le_bytes()).unwrap();
     f.write_all(&cie).unwrap();
@@ -373,7 +389,11 @@ fn with_debug_frame_bomb(dir: &Path, bin: &Path, fdes: u64, out: &Path) {
             .args(args)
             .output()
             .expect("running objcopy (install binutils)");
-        assert!(o.status.success(), "objcopy {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "objcopy {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     };
     let section = format!(".debug_frame={}", raw.display());
     run(&[
@@ -647,7 +667,11 @@ fn a_reused_pid_does_not_pull_another_process_into_a_heap_profile() {
     let dir = tempfile::tempdir().unwrap();
     let go = build_go(dir.path(), "gobuckets");
     let spin = dir.path().join("spin");
-    cc(&["-o", spin.to_str().unwrap(), workload("spin.c").to_str().unwrap()]);
+    cc(&[
+        "-o",
+        spin.to_str().unwrap(),
+        workload("spin.c").to_str().unwrap(),
+    ]);
     let mut target = TestCgroup::new("hostile-reuse");
     let (go_pid, stdout) = target.spawn_piped(Command::new(&go).arg("good"));
     let _go_out = wait_ready(stdout);
@@ -770,8 +794,9 @@ fn maps_inode(pid: u32, ino: u64) -> bool {
 
 /// Whether process `pid` (our child) has exited (a zombie until reaped).
 fn exited(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_or(true, |s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))
+    })
 }
 
 /// A workload truncates its own library while the agent reads it. The agent reads
@@ -787,7 +812,13 @@ fn truncating_a_mapped_library_does_not_crash_the_agent() {
     let d = dir.path();
     let (src, lib) = (d.join("libbig.c"), d.join("libbig.so"));
     std::fs::write(&src, big_library_source(300, 4000)).unwrap();
-    cc(&["-shared", "-fPIC", "-o", lib.to_str().unwrap(), src.to_str().unwrap()]);
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-o",
+        lib.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
     let app_src = d.join("app.c");
     std::fs::write(&app_src, BIG_APP).unwrap();
     let app = d.join("app");
@@ -803,7 +834,11 @@ fn truncating_a_mapped_library_does_not_crash_the_agent() {
     let whole = std::fs::read(&lib).unwrap();
     let keep = end_of_loaded_segments(&whole);
     let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&lib).unwrap());
-    eprintln!("libbig.so: {} KiB, truncated to {} KiB", whole.len() >> 10, keep >> 10);
+    eprintln!(
+        "libbig.so: {} KiB, truncated to {} KiB",
+        whole.len() >> 10,
+        keep >> 10
+    );
     let mut cg = TestCgroup::new("hostile-sigbus");
     let (_, stdout) = cg.spawn_piped(&mut Command::new(&app));
     let _out = wait_ready(stdout);

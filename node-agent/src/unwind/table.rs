@@ -29,9 +29,8 @@ pub const MAX_SECTION_BYTES: u64 = 64 << 20;
 /// Bytes of file one build reads in all: both sections as stored, and the headers.
 const MAX_READ_BYTES: u64 = 2 * MAX_SECTION_BYTES + (16 << 20);
 /// Most memory one build keeps for the entries it reads before merging them (24 bytes
-/// per FDE, 8 per row). A table larger than the unwinder's whole budget (32 MiB of rows
-/// by default) could not be loaded anyway.
-pub const MAX_BUILD_BYTES: u64 = 64 << 20;
+/// per FDE, 8 per row): about a million FDEs, several times what the largest programs have.
+pub const MAX_BUILD_BYTES: u64 = 32 << 20;
 
 /// `enum ff_cfa_kind` of `bpf/unwind.h`.
 pub mod kind {

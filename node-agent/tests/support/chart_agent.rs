@@ -146,8 +146,8 @@ impl MemoryCgroup {
             (v1_root.join(&name), true)
         } else {
             let root = flamefleet_agent::cgroup::CgroupRoot::detect().expect("a cgroup2 mount");
-            let controllers =
-                std::fs::read_to_string(root.path().join("cgroup.subtree_control")).unwrap_or_default();
+            let controllers = std::fs::read_to_string(root.path().join("cgroup.subtree_control"))
+                .unwrap_or_default();
             assert!(
                 controllers.contains("memory"),
                 "no memory controller: expected cgroup v1's memory hierarchy at \
@@ -161,7 +161,10 @@ impl MemoryCgroup {
         if v1 {
             cg.write("memory.limit_in_bytes", &limit.to_string());
             // Without swap accounting the limit is on memory alone, which is what we want.
-            let _ = std::fs::write(cg.dir.join("memory.memsw.limit_in_bytes"), limit.to_string());
+            let _ = std::fs::write(
+                cg.dir.join("memory.memsw.limit_in_bytes"),
+                limit.to_string(),
+            );
         } else {
             cg.write("memory.max", &limit.to_string());
             let _ = std::fs::write(cg.dir.join("memory.swap.max"), "0");
@@ -179,12 +182,20 @@ impl MemoryCgroup {
     }
 
     fn peak(&self) -> u64 {
-        let file = if self.v1 { "memory.max_usage_in_bytes" } else { "memory.peak" };
+        let file = if self.v1 {
+            "memory.max_usage_in_bytes"
+        } else {
+            "memory.peak"
+        };
         self.read(file).trim().parse().unwrap_or(0)
     }
 
     fn oom_kills(&self) -> u64 {
-        let file = if self.v1 { "memory.oom_control" } else { "memory.events" };
+        let file = if self.v1 {
+            "memory.oom_control"
+        } else {
+            "memory.events"
+        };
         self.read(file)
             .lines()
             .find_map(|l| l.strip_prefix("oom_kill "))

@@ -149,7 +149,11 @@ pub fn capture(
         let t = &targets[*i];
         let started = Instant::now();
         let result = p
-            .read(goruntime::DEFAULT_READ_BUDGET, WalkLimits::default(), &mut held)
+            .read(
+                goruntime::DEFAULT_READ_BUDGET,
+                WalkLimits::default(),
+                &mut held,
+            )
             .and_then(|read| {
                 // Read by PID: the comm and the maps are this process's only if it still
                 // lives once they are read.

@@ -477,7 +477,12 @@ mod tests {
     }
 
     fn walk_own(head: u64, cycle_value: u32, max_buckets: usize) -> Result<Walk, WalkError> {
-        walk_own_held(head, cycle_value, max_buckets, &mut HeldBudget::new(1 << 30))
+        walk_own_held(
+            head,
+            cycle_value,
+            max_buckets,
+            &mut HeldBudget::new(1 << 30),
+        )
     }
 
     fn walk_own_held(

@@ -75,7 +75,8 @@ impl ProcessMemory {
     /// to read. Whether the agent may read it shows at the first read
     /// ([`MemoryError::Open`]).
     pub fn open(pid: u32, budget: u64) -> Result<Self, MemoryError> {
-        let process = ProcessHandle::open(pid).map_err(|source| MemoryError::Open { pid, source })?;
+        let process =
+            ProcessHandle::open(pid).map_err(|source| MemoryError::Open { pid, source })?;
         Ok(Self::of(Arc::new(process), budget))
     }
 

@@ -151,9 +151,8 @@ pub fn go_version(pid: u32) -> Option<String> {
 /// its heap profile can be read; otherwise why not. The process is held from here on
 /// ([`GoProcess::process`]).
 pub fn probe(pid: u32) -> Result<Option<GoProcess>, GoHeapError> {
-    let process = Arc::new(
-        ProcessHandle::open(pid).map_err(|source| MemoryError::Open { pid, source })?,
-    );
+    let process =
+        Arc::new(ProcessHandle::open(pid).map_err(|source| MemoryError::Open { pid, source })?);
     let exe = executable(pid)?;
     let Some(bin) = binary::inspect(&exe)? else {
         return Ok(None);
