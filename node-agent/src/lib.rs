@@ -9,10 +9,10 @@
 //! subcommand), [`bpf`] (generated skeletons), [`service`] (the gRPC
 //! AgentService: capture table, upload, status write-back, mTLS).
 //!
-//! What profiled processes own is read through three modules, because a
-//! workload may be hostile: [`target_fs`] (their files: inside their root,
-//! non-blocking, regular files only, bounded), [`proc_maps`] (their
-//! `/proc/<pid>/maps`, bounded) and [`process_handle`] (a process held by
+//! What profiled processes own is read through [`process`], because a
+//! workload may be hostile: [`process::files`] (their files: inside their
+//! root, non-blocking, regular files only, bounded), [`process::maps`] (their
+//! `/proc/<pid>/maps`, bounded) and [`process::handle`] (a process held by
 //! identity, so a reused PID never mixes another process's data in); and
 //! [`sigbus`] keeps a workload that truncates a file the agent has mapped
 //! from killing it.
@@ -21,14 +21,10 @@ pub mod bpf;
 pub mod capture;
 pub mod cgroup;
 pub mod cli;
-pub mod elf_check;
 pub mod perf_map;
 pub mod pprof;
-pub mod proc_maps;
 pub mod process;
-pub mod process_handle;
 pub mod service;
 pub mod sigbus;
 pub mod symbolize;
-pub mod target_fs;
 pub mod unwind;

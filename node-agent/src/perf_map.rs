@@ -3,7 +3,7 @@
 //! LuaJIT write: one `START SIZE NAME` line (hex) per code object.
 //!
 //! The file belongs to the profiled process, which may be hostile:
-//! * it is opened with [`crate::target_fs`]: inside the process's own root
+//! * it is opened with [`crate::process::files`]: inside the process's own root
 //!   (`openat2(RESOLVE_IN_ROOT)`, so a symlink planted at that path cannot
 //!   point the agent at the node's files, whose lines would then appear as
 //!   function names in a profile the tenant downloads), only if it is a
@@ -139,16 +139,17 @@ impl PerfMap {
     }
 
     /// Reads the perf map of process `tgid` within `budget`, if it has one. With
-    /// `start_time` (the process's, as [`crate::process_handle::start_time`] reads it when
+    /// `start_time` (the process's, as [`crate::process::handle::start_time`] reads it when
     /// its samples' process was known), the map is kept only if the process that has PID
     /// `tgid` after the read started then: a reused PID's map is not another's names.
     pub fn read(tgid: u32, start_time: Option<u64>, budget: &mut PerfMapBudget) -> Option<Self> {
         let nspid = ns_pid(tgid).unwrap_or(tgid);
-        let file = crate::target_fs::open_in_root(tgid, &format!("/tmp/perf-{nspid}.map")).ok()?;
+        let file =
+            crate::process::files::open_in_root(tgid, &format!("/tmp/perf-{nspid}.map")).ok()?;
         let reader = std::io::BufReader::new(std::io::Read::take(&file.file, MAX_BYTES));
         let map = Self::parse_lines(reader, budget);
         if let Some(expected) = start_time
-            && crate::process_handle::start_time(tgid).ok() != Some(expected)
+            && crate::process::handle::start_time(tgid).ok() != Some(expected)
         {
             return None;
         }

@@ -3,6 +3,7 @@
 //! User frames are resolved in the binaries the [`ProcessCatalog`] keeps reachable, by
 //! file offset; kernel frames come from kallsyms ([`kernel`]).
 
+pub mod elf_check;
 mod kernel;
 
 use std::collections::HashMap;

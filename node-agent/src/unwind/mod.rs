@@ -549,7 +549,7 @@ impl Inner {
             // One build at a time, whichever thread asks: each may hold up to
             // table::MAX_BUILD_BYTES plus its sections while it runs.
             let _one = BUILDING.lock().unwrap_or_else(PoisonError::into_inner);
-            crate::target_fs::open_checked(&bin.open_path(tgid))
+            crate::process::files::open_checked(&bin.open_path(tgid))
                 .map_err(|e| table::TableError::Parse(e.to_string()))
                 .and_then(|f| table::build_from_file(&f))
         };

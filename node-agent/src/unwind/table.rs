@@ -186,10 +186,10 @@ fn deref_rbp(expr: &[u8]) -> Option<i16> {
     (r.slice() == [0x06]).then_some(i16::try_from(off).ok()?)
 }
 
-/// Builds the table of a binary opened with [`crate::target_fs`], reading it through a
+/// Builds the table of a binary opened with [`crate::process::files`], reading it through a
 /// bounded cache.
 pub fn build_from_file(file: &File) -> Result<BinaryTable, TableError> {
-    let reader = crate::target_fs::BoundedReader::new(file, MAX_SECTION_BYTES, MAX_READ_BYTES)
+    let reader = crate::process::files::BoundedReader::new(file, MAX_SECTION_BYTES, MAX_READ_BYTES)
         .map_err(|e| TableError::Parse(e.to_string()))?;
     build(&reader)
 }

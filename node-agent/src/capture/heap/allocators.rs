@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::target_fs;
+use crate::process::files;
 
 use blazesym::inspect::{Inspector, source::Elf, source::Source};
 
@@ -136,7 +136,7 @@ pub struct AllocatorBinary {
     /// A path that reaches exactly [`Self::file`] (`/proc/self/fd/N`): what the uprobes
     /// attach to, never a path the workload could redirect meanwhile.
     pub path: PathBuf,
-    /// The binary, opened inside the process's root (see [`crate::target_fs`]).
+    /// The binary, opened inside the process's root (see [`crate::process::files`]).
     pub file: Arc<File>,
     /// The path inside the process's mount namespace, for messages.
     pub name: String,
@@ -161,7 +161,7 @@ pub struct InspectError {
 pub struct ExecutableFile {
     /// Its path inside the process's mount namespace.
     pub name: String,
-    /// The file, opened with [`target_fs::open_mapping`].
+    /// The file, opened with [`files::open_mapping`].
     pub file: Arc<File>,
     /// Device and inode of the file opened.
     pub dev_ino: (u64, u64),
@@ -170,15 +170,15 @@ pub struct ExecutableFile {
 impl ExecutableFile {
     /// A path reaching exactly this file.
     pub fn path(&self) -> PathBuf {
-        target_fs::fd_path(&self.file)
+        files::fd_path(&self.file)
     }
 }
 
 /// The files of the executable mappings of a process, one per inode, opened as
-/// [`target_fs`] does (a mapped file that is gone, deleted, or not a regular file is left
+/// [`files`] does (a mapped file that is gone, deleted, or not a regular file is left
 /// out). Empty when the process is gone.
 pub fn executable_files(pid: u32) -> Vec<ExecutableFile> {
-    let Ok(maps) = crate::proc_maps::executable_mappings(pid) else {
+    let Ok(maps) = crate::process::maps::executable_mappings(pid) else {
         return Vec::new();
     };
     let mut out: Vec<ExecutableFile> = Vec::new();
@@ -186,7 +186,7 @@ pub fn executable_files(pid: u32) -> Vec<ExecutableFile> {
         if !m.is_file() || out.iter().any(|f| f.name == m.name) {
             continue;
         }
-        let Ok(opened) = target_fs::open_mapping(pid, &m.range, &m.name) else {
+        let Ok(opened) = files::open_mapping(pid, &m.range, &m.name) else {
             continue;
         };
         let Ok(meta) = opened.file.metadata() else {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use object::{Object as _, ObjectKind, ObjectSection as _, ObjectSegment as _, ObjectSymbol as _};
 
-use crate::target_fs::{BoundedReader, TargetFile};
+use crate::process::files::{BoundedReader, TargetFile};
 
 /// Largest single read of the executable (its symbol or string table): a Go program's are
 /// a few MiB.
@@ -120,7 +120,7 @@ fn uvarint(data: &[u8]) -> Option<(u64, usize)> {
     None
 }
 
-/// Inspects `file` (a target's executable, opened with [`crate::target_fs`]): `Ok(None)`
+/// Inspects `file` (a target's executable, opened with [`crate::process::files`]): `Ok(None)`
 /// when it is not a Go binary (no `.go.buildinfo`), otherwise its version and runtime
 /// symbols. Reads are bounded (the file is the workload's): a symbol table larger than
 /// a Go program's ever is fails the inspection.
@@ -207,7 +207,7 @@ pub fn load_bias(pid: u32, bin: &GoBinary) -> Option<u64> {
     }
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     let exe = exe.to_str()?.trim_end_matches(" (deleted)").to_owned();
-    let first = crate::proc_maps::mappings(pid, |m| {
+    let first = crate::process::maps::mappings(pid, |m| {
         m.offset == 0 && m.name.trim_end_matches(" (deleted)") == exe
     })
     .ok()?;
@@ -245,7 +245,7 @@ mod tests {
 
     #[test]
     fn a_rust_binary_is_not_go() {
-        let me = crate::target_fs::open_exe(std::process::id()).unwrap();
+        let me = crate::process::files::open_exe(std::process::id()).unwrap();
         assert!(inspect(&me).unwrap().is_none());
     }
 }

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use crate::process_handle::ProcessHandle;
+use crate::process::handle::ProcessHandle;
 
 /// Why a read failed.
 #[derive(Debug, thiserror::Error)]

@@ -27,8 +27,8 @@ use self::buckets::{Globals, HeldBudget, Walk, WalkError, WalkLimits};
 use self::layout::{Layout, LayoutError};
 use self::memory::{MemoryError, ProcessMemory};
 use crate::cgroup::Cgroup;
-use crate::process_handle::ProcessHandle;
-use crate::target_fs::{self, TargetFile, TargetFileError};
+use crate::process::files::{self, TargetFile, TargetFileError};
+use crate::process::handle::ProcessHandle;
 
 /// Default byte budget of one process's read (headers, stacks and records
 /// of ~100k buckets).
@@ -123,9 +123,9 @@ pub struct GoProcess {
 }
 
 /// The executable of `pid`: the file it runs (`/proc/<pid>/exe`, see
-/// [`target_fs::open_exe`]), named by its path inside the process's mount namespace.
+/// [`files::open_exe`]), named by its path inside the process's mount namespace.
 fn executable(pid: u32) -> Result<TargetFile, BinaryError> {
-    let mut file = target_fs::open_exe(pid).map_err(|e| match e {
+    let mut file = files::open_exe(pid).map_err(|e| match e {
         TargetFileError::Open { path, source, .. } => BinaryError::Open {
             path: path.into(),
             source,

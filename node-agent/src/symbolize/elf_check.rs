@@ -8,7 +8,7 @@
 //! directory *as the agent sees it*, so `../../proc/<pid>/root/tmp/fifo` would have the
 //! agent open (and block on) a FIFO, or read another tenant's debug file. So every binary
 //! is first read here with `object`, through a bounded `pread` cache
-//! ([`crate::target_fs::BoundedReader`]), and [`check`] says:
+//! ([`crate::process::files::BoundedReader`]), and [`check`] says:
 //!
 //! * whether blazesym may parse it at all (symbol tables and decompressed sizes within
 //!   [`MAX_SYMBOL_BYTES`] and [`MAX_DECOMPRESSED_BYTES`]);
@@ -20,7 +20,7 @@
 
 use object::{Object as _, ObjectSection as _};
 
-use crate::target_fs::BoundedReader;
+use crate::process::files::BoundedReader;
 
 /// Largest symbol tables (`.symtab` and `.dynsym` together) of a binary blazesym parses: four
 /// million symbols, more than the largest programs have (blazesym's index takes about as
@@ -68,7 +68,7 @@ pub enum ElfCheckError {
     },
 }
 
-/// Checks `file` (a workload's binary, opened with [`crate::target_fs`]).
+/// Checks `file` (a workload's binary, opened with [`crate::process::files`]).
 pub fn check(file: &std::fs::File) -> Result<ElfCheck, ElfCheckError> {
     let reader = BoundedReader::new(file, MAX_READ, READ_BUDGET)
         .map_err(|e| ElfCheckError::Parse(e.to_string()))?;
@@ -155,7 +155,7 @@ mod tests {
 
     #[test]
     fn own_binary_passes_with_its_build_id_and_dwarf() {
-        let exe = crate::target_fs::open_exe(std::process::id()).unwrap();
+        let exe = crate::process::files::open_exe(std::process::id()).unwrap();
         let c = check(&exe.file).unwrap();
         assert_eq!(c.build_id.len(), 40, "{c:?}");
         assert!(c.cost > 0);
