@@ -18,16 +18,16 @@
 //! was installed before (the Rust runtime's, which reports stack overflows), or, if none,
 //! kills the process as before.
 
-use std::sync::Once;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
 
 /// Faults answered with a zero page since the process started.
 static FAULTS: AtomicU64 = AtomicU64::new(0);
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
 static INSTALL: Once = Once::new();
-/// The action replaced, called for faults this handler does not answer. Written once,
-/// before the handler is installed.
-static mut PREVIOUS: Option<libc::sigaction> = None;
+/// The action replaced, called for faults this handler does not answer. Set before the
+/// handler is installed (reading it is one atomic load: async-signal-safe).
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
 /// Installs the handler (once per process; later calls do nothing).
 pub fn install() {
@@ -49,8 +49,7 @@ pub fn install() {
         if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &raw mut old) } != 0 {
             return;
         }
-        // SAFETY: written once, before the handler that reads it can run.
-        unsafe { PREVIOUS = Some(old) };
+        let _ = PREVIOUS.set(old);
         // SAFETY: installs a handler that only makes async-signal-safe calls.
         let installed =
             unsafe { libc::sigaction(libc::SIGBUS, &raw const action, std::ptr::null_mut()) };
@@ -92,9 +91,7 @@ extern "C" fn handler(signal: libc::c_int, info: *mut libc::siginfo_t, context: 
             return;
         }
     }
-    // SAFETY: PREVIOUS was written before this handler was installed and never after.
-    let previous = unsafe { *(&raw const PREVIOUS) };
-    match previous {
+    match PREVIOUS.get().copied() {
         Some(prev) if prev.sa_sigaction == libc::SIG_IGN => {}
         Some(prev)
             if prev.sa_sigaction != libc::SIG_DFL && prev.sa_flags & libc::SA_SIGINFO != 0 =>

@@ -235,24 +235,6 @@ pub fn open_mapping(pid: u32, range: &str, name: &str) -> Result<TargetFile, Tar
     open_in_root(pid, path)
 }
 
-/// Opens a path the agent itself names — [`fd_path`] of a file opened here — the same
-/// careful way: non-blocking, and only if it is a regular file.
-pub fn open_checked(path: &std::path::Path) -> std::io::Result<File> {
-    let file = nix::fcntl::open(
-        path,
-        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map(File::from)?;
-    if !file.metadata()?.file_type().is_file() {
-        return Err(std::io::Error::other(format!(
-            "{} is not a regular file",
-            path.display()
-        )));
-    }
-    Ok(file)
-}
-
 /// Whether `path` (without `" (deleted)"`) is the executable of `pid`.
 fn is_exe_path(pid: u32, path: &str) -> bool {
     std::fs::read_link(format!("/proc/{pid}/exe"))

@@ -10,10 +10,10 @@
 //! is first read here with `object`, through a bounded `pread` cache
 //! ([`crate::process::files::BoundedReader`]), and [`check`] says:
 //!
-//! * whether blazesym may parse it at all (symbol tables and decompressed sizes within
-//!   [`MAX_SYMBOL_BYTES`] and [`MAX_DECOMPRESSED_BYTES`]);
+//! * whether blazesym may parse it at all (symbol tables within [`MAX_SYMBOL_BYTES`]);
 //! * whether it may read its DWARF: not when the binary has a debug link (its DWARF is in
-//!   another file, which the agent does not look for) or DWARF beyond [`MAX_DWARF_BYTES`];
+//!   another file, which the agent does not look for), compressed DWARF decompressing to
+//!   more than [`MAX_DECOMPRESSED_BYTES`], or DWARF beyond [`MAX_DWARF_BYTES`];
 //! * what parsing it is likely to cost in memory ([`ElfCheck::cost`]), which the caller
 //!   charges to its budget;
 //! * its GNU build ID (read here, so nothing else needs to map the file for it).
@@ -26,8 +26,8 @@ use crate::process::files::BoundedReader;
 /// million symbols, more than the largest programs have (blazesym's index takes about as
 /// much memory as the table).
 pub const MAX_SYMBOL_BYTES: u64 = 96 << 20;
-/// Most bytes compressed sections may decompress to (blazesym decompresses them whole, into
-/// the agent's memory).
+/// Most bytes compressed DWARF sections may decompress to (blazesym decompresses them whole,
+/// into the agent's memory, when it reads the DWARF).
 pub const MAX_DECOMPRESSED_BYTES: u64 = 128 << 20;
 /// Most DWARF (`.debug_*`, as stored) whose line tables and inlined functions blazesym
 /// reads; beyond it the binary is symbolized from its symbol table alone.
@@ -44,10 +44,13 @@ pub struct ElfCheck {
     pub build_id: String,
     /// Whether blazesym may read the DWARF (line numbers, inlined functions).
     pub debug_syms: bool,
-    /// Why not, when it may not.
+    /// Why not, when the reason is worth a note in the profile (a debug link is not: the
+    /// binary's own symbols are used, as for any binary whose debug file is not installed).
     pub no_debug_reason: Option<String>,
     /// Estimated memory blazesym keeps while it holds the binary, in bytes.
     pub cost: u64,
+    /// The same when it reads the symbol tables alone.
+    pub symbols_cost: u64,
 }
 
 /// Why a binary is not handed to blazesym.
@@ -68,35 +71,37 @@ pub enum ElfCheckError {
     },
 }
 
+/// The DWARF sections blazesym loads (gimli's `Dwarf`), compressed ones decompressed whole
+/// when it loads them. Not `.debug_frame`: that is the unwinder's, read with its own
+/// bounds.
+fn is_loaded_dwarf(name: &str) -> bool {
+    let name = name
+        .strip_prefix(".debug_")
+        .or_else(|| name.strip_prefix(".zdebug_"));
+    name.is_some_and(|n| n != "frame")
+}
+
 /// Checks `file` (a workload's binary, opened with [`crate::process::files`]).
 pub fn check(file: &std::fs::File) -> Result<ElfCheck, ElfCheckError> {
     let reader = BoundedReader::new(file, MAX_READ, READ_BUDGET)
         .map_err(|e| ElfCheckError::Parse(e.to_string()))?;
     let obj = object::File::parse(&reader).map_err(|e| ElfCheckError::Parse(e.to_string()))?;
-    let (mut symbols, mut decompressed, mut dwarf) = (0u64, 0u64, 0u64);
-    let mut debug_link = None;
+    let (mut symbols, mut dwarf, mut dwarf_decompressed) = (0u64, 0u64, 0u64);
+    let mut debug_link = false;
     for section in obj.sections() {
         let name = section.name().unwrap_or("");
-        let stored = section
-            .compressed_file_range()
-            .map_or(0, |r| r.compressed_size);
-        let size = section
-            .compressed_file_range()
-            .ok()
-            .filter(|r| r.format != object::CompressionFormat::None)
-            .map(|r| {
-                decompressed = decompressed.saturating_add(r.uncompressed_size);
-                r.uncompressed_size
-            })
-            .unwrap_or(stored);
+        let range = section.compressed_file_range().ok();
+        let compressed = range.filter(|r| r.format != object::CompressionFormat::None);
+        let size = range.map_or(section.size(), |r| r.uncompressed_size);
         match name {
             // Their string tables stay in the mapped file (page cache, reclaimable).
-            ".symtab" | ".dynsym" => {
-                symbols = symbols.saturating_add(size);
-            }
-            ".gnu_debuglink" | ".gnu_debugaltlink" => debug_link = Some(name.to_owned()),
-            n if n.starts_with(".debug_") || n.starts_with(".zdebug_") => {
+            ".symtab" | ".dynsym" => symbols = symbols.saturating_add(size),
+            ".gnu_debuglink" | ".gnu_debugaltlink" => debug_link = true,
+            n if is_loaded_dwarf(n) => {
                 dwarf = dwarf.saturating_add(size);
+                if compressed.is_some() {
+                    dwarf_decompressed = dwarf_decompressed.saturating_add(size);
+                }
             }
             _ => {}
         }
@@ -108,17 +113,15 @@ pub fn check(file: &std::fs::File) -> Result<ElfCheck, ElfCheckError> {
             limit: MAX_SYMBOL_BYTES,
         });
     }
-    if decompressed > MAX_DECOMPRESSED_BYTES {
-        return Err(ElfCheckError::TooLarge {
-            what: "its compressed sections, decompressed,",
-            bytes: decompressed,
-            limit: MAX_DECOMPRESSED_BYTES,
-        });
-    }
-    let no_debug_reason = if let Some(link) = debug_link {
+    // A debug link names the file with the DWARF; the agent does not follow it (the name is
+    // the workload's), and the binary's own symbols are what is left, as for any binary
+    // whose debug file is not installed: no note.
+    let no_debug_reason = if debug_link {
+        None
+    } else if dwarf_decompressed > MAX_DECOMPRESSED_BYTES {
         Some(format!(
-            "it has a {link} section: its DWARF is in another file, which the agent does not \
-             look for (the name is the workload's); symbols only"
+            "its compressed DWARF decompresses to {dwarf_decompressed} bytes, above the agent's \
+             {MAX_DECOMPRESSED_BYTES}-byte limit; symbols only"
         ))
     } else if dwarf > MAX_DWARF_BYTES {
         Some(format!(
@@ -134,18 +137,23 @@ pub fn check(file: &std::fs::File) -> Result<ElfCheck, ElfCheckError> {
         .flatten()
         .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
         .unwrap_or_default();
-    let debug_syms = no_debug_reason.is_none();
-    // blazesym's symbol index is a few words per symbol (24-byte entries); decompressed
-    // sections are held whole; parsed DWARF (units, line programs, inlined functions of
-    // the units looked up) is a fraction of its size.
-    let cost = symbols
-        .saturating_add(decompressed)
-        .saturating_add(if debug_syms { dwarf / 8 } else { 0 });
+    let debug_syms = !debug_link && no_debug_reason.is_none();
+    // blazesym's symbol index is about as large as the symbol tables; decompressed DWARF
+    // is held whole; parsed DWARF (units, line programs, inlined functions of the units
+    // looked up) is a fraction of its size.
+    let cost = if debug_syms {
+        symbols
+            .saturating_add(dwarf_decompressed)
+            .saturating_add(dwarf / 8)
+    } else {
+        symbols
+    };
     Ok(ElfCheck {
         build_id,
         debug_syms,
         no_debug_reason,
         cost,
+        symbols_cost: symbols,
     })
 }
 

@@ -16,6 +16,7 @@
 //! memory ([`MAX_BUILD_BYTES`]).
 
 use std::fs::File;
+use std::time::Instant;
 
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, LittleEndian, Register, RegisterRule,
@@ -136,6 +137,9 @@ pub enum TableError {
         /// Its (uncompressed) size.
         size: u64,
     },
+    /// The build gave up ([`GiveUp`]).
+    #[error("the table build gave up before it finished (deadline, or the unwinder stopped)")]
+    Deadline,
     /// More entries than a build keeps.
     #[error(
         "{fdes} CFI entries with {rows} rows read and more to come: above the \
@@ -186,26 +190,59 @@ fn deref_rbp(expr: &[u8]) -> Option<i16> {
     (r.slice() == [0x06]).then_some(i16::try_from(off).ok()?)
 }
 
+/// When a build gives up ([`TableError::Deadline`]): at a deadline, or when its owner stops.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GiveUp<'a> {
+    /// Give up after this instant.
+    pub deadline: Option<Instant>,
+    /// Give up once this is set.
+    pub stop: Option<&'a std::sync::atomic::AtomicBool>,
+}
+
+impl GiveUp<'_> {
+    fn now(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+            || self
+                .stop
+                .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 /// Builds the table of a binary opened with [`crate::process::files`], reading it through a
-/// bounded cache.
-pub fn build_from_file(file: &File) -> Result<BinaryTable, TableError> {
+/// bounded cache; [`TableError::Deadline`] if `give_up` says so before it is done.
+pub fn build_from_file(file: &File, give_up: GiveUp<'_>) -> Result<BinaryTable, TableError> {
     let reader = crate::process::files::BoundedReader::new(file, MAX_SECTION_BYTES, MAX_READ_BYTES)
         .map_err(|e| TableError::Parse(e.to_string()))?;
-    build(&reader)
+    build_until(&reader, give_up)
 }
 
 /// The FDEs read so far: each one's address range and rows, all rows in one vector (one
-/// allocation for millions of FDEs, not one each).
-#[derive(Default)]
-struct Fdes {
+/// allocation for millions of FDEs, not one each), within a limit of bytes.
+struct Fdes<'a> {
     /// (start, end, first row, row count).
     index: Vec<(u64, u64, u32, u32)>,
     rows: Vec<Row>,
+    limit: u64,
+    give_up: GiveUp<'a>,
 }
 
-impl Fdes {
-    fn bytes(&self) -> u64 {
-        (self.index.len() * 24 + self.rows.len() * 8) as u64
+impl<'a> Fdes<'a> {
+    fn new(limit: u64, give_up: GiveUp<'a>) -> Self {
+        Self {
+            index: Vec::new(),
+            rows: Vec::new(),
+            limit,
+            give_up,
+        }
+    }
+
+    /// Whether to give up (looked at every 4,096 FDEs).
+    fn overrun(&self) -> bool {
+        self.index.len().is_multiple_of(4096) && self.give_up.now()
+    }
+
+    fn full(&self) -> bool {
+        (self.index.len() * 24 + self.rows.len() * 8) as u64 > self.limit
     }
 
     fn too_many(&self) -> TableError {
@@ -223,6 +260,14 @@ impl Fdes {
 
 /// Builds the table of an ELF image (anything object can read).
 pub fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<BinaryTable, TableError> {
+    build_until(data, GiveUp::default())
+}
+
+/// [`build`], giving up with [`TableError::Deadline`] when `give_up` says so.
+fn build_until<'data, R: object::ReadRef<'data>>(
+    data: R,
+    give_up: GiveUp<'_>,
+) -> Result<BinaryTable, TableError> {
     let obj = object::File::parse(data).map_err(|e| TableError::Parse(e.to_string()))?;
     if obj.architecture() != object::Architecture::X86_64 {
         return Err(TableError::Architecture(obj.architecture()));
@@ -244,10 +289,10 @@ pub fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<BinaryTable, T
         ..BinaryTable::default()
     };
     // FDEs of .eh_frame first, so that they win overlaps.
-    let mut fdes = Fdes::default();
+    let mut fdes = Fdes::new(MAX_BUILD_BYTES, give_up);
     let text = obj.section_by_name(".text").map_or(0, |s| s.address());
     if let Some(section) = obj.section_by_name(".eh_frame") {
-        let data = section_bytes(&section, ".eh_frame")?;
+        let data = section_bytes(&section, ".eh_frame", give_up)?;
         let eh = EhFrame::new(&data, LittleEndian);
         let bases = BaseAddresses::default()
             .set_eh_frame(section.address())
@@ -256,7 +301,7 @@ pub fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<BinaryTable, T
     }
     let eh_count = fdes.index.len();
     if let Some(section) = obj.section_by_name(".debug_frame") {
-        let data = section_bytes(&section, ".debug_frame")?;
+        let data = section_bytes(&section, ".debug_frame", give_up)?;
         let mut df = DebugFrame::new(&data, LittleEndian);
         df.set_address_size(8);
         read_fdes(&df, &BaseAddresses::default(), &mut out, &mut fdes)?;
@@ -321,6 +366,7 @@ fn push_merged(merged: &mut Vec<Row>, r: Row) {
 fn section_bytes<'data, R: object::ReadRef<'data>>(
     section: &object::Section<'data, '_, R>,
     name: &'static str,
+    give_up: GiveUp<'_>,
 ) -> Result<std::borrow::Cow<'data, [u8]>, TableError> {
     let size = section
         .compressed_file_range()
@@ -331,16 +377,41 @@ fn section_bytes<'data, R: object::ReadRef<'data>>(
             size,
         });
     }
-    section
-        .uncompressed_data()
-        .map_err(|e| TableError::Parse(format!("{name}: {e}")))
+    let parse_err = |e: &dyn std::fmt::Display| TableError::Parse(format!("{name}: {e}"));
+    let compressed = section.compressed_data().map_err(|e| parse_err(&e))?;
+    if compressed.format != object::CompressionFormat::Zlib {
+        return section.uncompressed_data().map_err(|e| parse_err(&e));
+    }
+    // zlib (what compilers and objcopy use): decompressed here in steps, so that a build
+    // can give up in the middle of a large section.
+    use std::io::Read as _;
+    let mut out = Vec::with_capacity(size as usize);
+    let mut decoder = flate2::bufread::ZlibDecoder::new(compressed.data).take(size);
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        if give_up.now() {
+            return Err(TableError::Deadline);
+        }
+        let n = decoder.read(&mut chunk).map_err(|e| parse_err(&e))?;
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
+    if out.len() as u64 != size {
+        return Err(parse_err(&format!(
+            "decompressed to {} bytes, expected {size}",
+            out.len()
+        )));
+    }
+    Ok(std::borrow::Cow::Owned(out))
 }
 
 fn read_fdes<'a, S>(
     section: &S,
     bases: &BaseAddresses,
     out: &mut BinaryTable,
-    fdes: &mut Fdes,
+    fdes: &mut Fdes<'_>,
 ) -> Result<(), TableError>
 where
     S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
@@ -382,7 +453,7 @@ where
                         break;
                     };
                     fdes.rows.push(convert(section, row, pc, out.go));
-                    if fdes.bytes() > MAX_BUILD_BYTES {
+                    if fdes.full() {
                         return Err(fdes.too_many());
                     }
                 }
@@ -393,13 +464,16 @@ where
                 }
             }
         }
+        if fdes.overrun() {
+            return Err(TableError::Deadline);
+        }
         let n = fdes.rows.len() - first;
         if n > 0 {
             let (Ok(first), Ok(n)) = (u32::try_from(first), u32::try_from(n)) else {
                 return Err(fdes.too_many());
             };
             fdes.index.push((start, end, first, n));
-            if fdes.bytes() > MAX_BUILD_BYTES {
+            if fdes.full() {
                 return Err(fdes.too_many());
             }
         }
@@ -528,6 +602,47 @@ mod tests {
         let base = 0x5555_0000_0000u64;
         let bias = load_bias(&segs, base + 0x13000, base + 0x50000, 0x12000).unwrap();
         assert_eq!(bias, base);
+    }
+
+    /// A `.debug_frame` of one CIE and `n` identical FDEs (24 bytes each).
+    fn identical_fdes(n: usize) -> Vec<u8> {
+        let mut d = 20u32.to_le_bytes().to_vec();
+        d.extend_from_slice(&[
+            0xff, 0xff, 0xff, 0xff, 1, 0, 1, 0x78, 16, 0x0c, 7, 8, 0x90, 1,
+        ]);
+        d.resize(24, 0);
+        for _ in 0..n {
+            d.extend_from_slice(&20u32.to_le_bytes());
+            d.extend_from_slice(&0u32.to_le_bytes());
+            d.extend_from_slice(&0x1000u64.to_le_bytes());
+            d.extend_from_slice(&0x10u64.to_le_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn what_a_build_keeps_of_many_fdes_is_bounded() {
+        let data = identical_fdes(10_000);
+        let mut df = DebugFrame::new(&data, LittleEndian);
+        df.set_address_size(8);
+        let mut out = BinaryTable::default();
+        // Room for all: every FDE is read, with its one row.
+        let mut all = Fdes::new(1 << 20, GiveUp::default());
+        read_fdes(&df, &BaseAddresses::default(), &mut out, &mut all).unwrap();
+        assert_eq!((all.index.len(), all.rows.len()), (10_000, 10_000));
+        // Room for about a thousand: the read stops there, with an error naming the count.
+        let mut few = Fdes::new(1000 * 32, GiveUp::default());
+        let e = read_fdes(&df, &BaseAddresses::default(), &mut out, &mut few).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TableError::TooManyEntries {
+                    fdes: 1000,
+                    rows: 1001
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -208,7 +208,6 @@ pub fn executable_files(pid: u32) -> Vec<ExecutableFile> {
 /// points are, so rescans of the target cgroups cost one `maps` read each.
 #[derive(Default)]
 pub struct AllocatorFinder {
-    inspector: Inspector,
     known: HashMap<(u64, u64), Option<Vec<EntryPoint>>>,
 }
 
@@ -233,14 +232,16 @@ impl AllocatorFinder {
         let mut out = Vec::new();
         for f in executable_files(pid) {
             let key = f.dev_ino;
-            if !self.known.contains_key(&key) {
-                // A binary we cannot parse is not an allocator we can probe.
-                let found = entry_points(&self.inspector, &f.path())
+            // A binary we cannot parse — or should not: see elf_check — is not an allocator
+            // we can probe. Each is inspected with an inspector of its own, so that what
+            // blazesym parsed of it is freed once its entry points are known.
+            let known = self.known.entry(key).or_insert_with(|| {
+                crate::symbolize::elf_check::check(&f.file)
                     .ok()
-                    .filter(|e| !e.is_empty());
-                self.known.insert(key, found);
-            }
-            if let Some(Some(entry_points)) = self.known.get(&key) {
+                    .and_then(|_| entry_points(&Inspector::new(), &f.path()).ok())
+                    .filter(|e| !e.is_empty())
+            });
+            if let Some(entry_points) = known {
                 out.push(AllocatorBinary {
                     path: f.path(),
                     file: f.file.clone(),

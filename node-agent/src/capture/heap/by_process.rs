@@ -233,14 +233,16 @@ pub fn capture(
     let mut labelled = Vec::new();
     if !parts.is_empty() {
         let mut symbolizer = StackSymbolizer::new(catalog);
+        symbolizer.confine_to(targets.iter().map(|t| t.cgroup.clone()));
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
         let mut profile = goprofile::build(&parts, &mut symbolizer, &comments, now);
-        let quality = symbolizer.stats.quality_comment("buckets");
-        let i = profile.string_table.len() as i64;
-        profile.string_table.push(quality);
-        profile.comment.push(i);
+        for c in symbolizer.comments("buckets") {
+            let i = profile.string_table.len() as i64;
+            profile.string_table.push(c);
+            profile.comment.push(i);
+        }
         labelled.push(LabelledProfile {
             profile,
             labels: vec![Label::Str("heap_source".into(), "goruntime".into())],

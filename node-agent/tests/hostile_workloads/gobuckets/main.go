@@ -4,10 +4,10 @@
 //   - good:     keeps 16 MiB live from keepGood; its profile is real.
 //   - victim:   the same from keepVictimSecret (another tenant's process).
 //   - selfloop: points runtime.mbuckets at a fake bucket whose allnext is itself.
-//   - overlap:  points it at 40,000 fake buckets packed 128 bytes apart in 5 MiB,
+//   - overlap:  points it at 30,000 fake buckets packed 128 bytes apart in 4 MiB,
 //     each claiming a stack of 1,020 frames, so that they overlap each other's
-//     stacks: a reader that keeps what it reads holds 8 KiB per bucket, 320 MiB
-//     for the whole list.
+//     stacks: a reader that keeps what it reads holds 8 KiB per bucket, 245 MiB
+//     for the whole list (which is read in 250 MB, within a 256 MiB read budget).
 //
 // The fake buckets pass every check a reader makes (type memProfile, at most 1,024
 // frames, frees <= allocs, alloc_bytes = allocs x size). Garbage collection is
@@ -74,7 +74,7 @@ const (
 	stride   = 16 // words: 128 bytes
 	frames   = 1020
 	memTyp   = 1
-	nBuckets = 40000
+	nBuckets = 30000
 )
 
 func main() {
