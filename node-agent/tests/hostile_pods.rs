@@ -287,7 +287,8 @@ fn report(what: &str, run: &AgentRun) {
 #[test]
 fn huge_perf_maps_cannot_exhaust_the_agent() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
+    // Not under /tmp, which the workloads mount over.
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let bin = dir.path().join("perfmap");
     cc(&[
         "-o",
@@ -296,17 +297,21 @@ fn huge_perf_maps_cannot_exhaust_the_agent() {
     ]);
     let good = GoodTarget::start(dir.path());
     let mut cg = TestCgroup::new("hostile-perfmap");
-    let mut pids = Vec::new();
     let mut outs = Vec::new();
     for _ in 0..8 {
-        let (pid, stdout) = cg.spawn_piped(&mut Command::new(&bin));
+        // Each in a mount namespace of its own with a tmpfs on /tmp: the maps take no disk
+        // and go with their process.
+        let (_, stdout) = cg.spawn_piped(
+            Command::new("unshare")
+                .args(["--mount", "--propagation", "private", "sh", "-c"])
+                .arg(format!(
+                    "mount -t tmpfs -o size=80m flamefleet-test /tmp && exec {}",
+                    bin.display()
+                )),
+        );
         outs.push(wait_ready(stdout));
-        pids.push(pid);
     }
     let (run, profile) = cpu_capture_with_good(dir.path(), cg.path().to_str().unwrap(), &good);
-    for pid in &pids {
-        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
-    }
     report("8 perf maps of 64 MiB", &run);
     assert_ended_well(&run);
     let p = profile.expect("a profile");
@@ -381,10 +386,12 @@ fn write_debug_frame(path: &Path, fdes: u64) {
 }
 
 /// `bin` with `.debug_frame` set to `fdes` identical FDEs, zlib-compressed.
-fn with_debug_frame_bomb(dir: &Path, bin: &Path, fdes: u64, out: &Path) {
-    let raw = dir.join("debug_frame.raw");
+fn with_debug_frame_bomb(bin: &Path, fdes: u64, out: &Path) {
+    // The uncompressed forms (up to 240 MB) are made in memory (tmpfs), not on disk.
+    let scratch = tempfile::tempdir_in("/dev/shm").unwrap();
+    let raw = scratch.path().join("debug_frame.raw");
     write_debug_frame(&raw, fdes);
-    let plain = dir.join("with_raw_debug_frame");
+    let plain = scratch.path().join("with_raw_debug_frame");
     let run = |args: &[&std::ffi::OsStr]| {
         let o = Command::new("objcopy")
             .args(args)
@@ -435,7 +442,7 @@ fn a_cfi_bomb_cannot_exhaust_the_agent() {
             workload("spin.c").to_str().unwrap(),
         ]);
         let bin = d.join(name);
-        with_debug_frame_bomb(d, &plain, fdes, &bin);
+        with_debug_frame_bomb(&plain, fdes, &bin);
         eprintln!(
             "{name}: {fdes} FDEs, {} KiB on disk",
             std::fs::metadata(&bin).unwrap().len() >> 10
