@@ -527,8 +527,9 @@ impl StackSymbolizer {
                 return Vec::new();
             }
         };
-        // Only full answers are kept for later captures, which may have the memory for them.
-        if parse == Parse::Full {
+        // Answers are kept for later captures when no budget made them poorer than the
+        // binary allows (a later capture may have the memory for its DWARF).
+        if parse == Parse::Full || !bin.elf.debug_syms {
             bin.remember(file_offset, Arc::from(lines.as_slice()));
         }
         lines
