@@ -16,9 +16,13 @@
 //!   more than [`MAX_DECOMPRESSED_BYTES`], or DWARF beyond [`MAX_DWARF_BYTES`];
 //! * what parsing it is likely to cost in memory ([`ElfCheck::cost`]), which the caller
 //!   charges to its budget;
-//! * its GNU build ID (read here, so nothing else needs to map the file for it).
+//! * its GNU build ID (read here, so nothing else needs to map the file for it), and its
+//!   separate debug file when it has a debug link: looked for by build ID alone in the
+//!   agent's own debug directories (hex digits name it; nothing of the workload's does).
 
-use object::{Object as _, ObjectSection as _};
+use std::path::{Path, PathBuf};
+
+use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
 use crate::process::files::BoundedReader;
 
@@ -51,6 +55,46 @@ pub struct ElfCheck {
     pub cost: u64,
     /// The same when it reads the symbol tables alone.
     pub symbols_cost: u64,
+    /// The binary's separate debug file, found by its build ID in the agent's own debug
+    /// directories (`/usr/lib/debug/.build-id/…`) when it has a debug link: its DWARF is
+    /// read from there, by virtual address ([`Self::virtual_address`]).
+    pub debug_file: Option<PathBuf>,
+    /// Loadable segments: (file offset, virtual address, size in the file).
+    pub segments: Vec<(u64, u64, u64)>,
+}
+
+impl ElfCheck {
+    /// The virtual address of `file_offset` (in a loadable segment).
+    pub fn virtual_address(&self, file_offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|&&(off, _, size)| file_offset >= off && file_offset - off < size)
+            .map(|&(off, vaddr, _)| file_offset - off + vaddr)
+    }
+}
+
+/// The agent's own debug directories (blazesym's defaults), searched by build ID only.
+const DEBUG_DIRS: [&str; 2] = ["/usr/lib/debug", "/lib/debug"];
+
+/// The separate debug file of build ID `build_id` (hex) in [`DEBUG_DIRS`], if one is there
+/// and passes [`check`]: the agent's own files, named by hex digits only.
+fn build_id_debug_file(build_id: &str) -> Option<(PathBuf, ElfCheck)> {
+    if build_id.len() < 4 || !build_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let (dir, file) = build_id.split_at(2);
+    DEBUG_DIRS.iter().find_map(|root| {
+        let path = Path::new(root)
+            .join(".build-id")
+            .join(dir)
+            .join(format!("{file}.debug"));
+        let opened = std::fs::File::open(&path).ok()?;
+        if !opened.metadata().ok()?.is_file() {
+            return None;
+        }
+        let checked = check_file(&opened, false).ok()?;
+        Some((path, checked))
+    })
 }
 
 /// Why a binary is not handed to blazesym.
@@ -83,6 +127,11 @@ fn is_loaded_dwarf(name: &str) -> bool {
 
 /// Checks `file` (a workload's binary, opened with [`crate::process::files`]).
 pub fn check(file: &std::fs::File) -> Result<ElfCheck, ElfCheckError> {
+    check_file(file, true)
+}
+
+/// [`check`]; `follow`: whether to look for a separate debug file by build ID.
+fn check_file(file: &std::fs::File, follow: bool) -> Result<ElfCheck, ElfCheckError> {
     let reader = BoundedReader::new(file, MAX_READ, READ_BUDGET)
         .map_err(|e| ElfCheckError::Parse(e.to_string()))?;
     let obj = object::File::parse(&reader).map_err(|e| ElfCheckError::Parse(e.to_string()))?;
@@ -131,22 +180,36 @@ pub fn check(file: &std::fs::File) -> Result<ElfCheck, ElfCheckError> {
     } else {
         None
     };
-    let build_id = obj
+    let build_id: String = obj
         .build_id()
         .ok()
         .flatten()
         .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
         .unwrap_or_default();
-    let debug_syms = !debug_link && no_debug_reason.is_none();
+    let segments = obj
+        .segments()
+        .map(|s| {
+            let (offset, size) = s.file_range();
+            (offset, s.address(), size)
+        })
+        .collect();
+    // The separate debug file, by build ID only: the debug link's name is not followed.
+    let debug_file = if debug_link && follow {
+        build_id_debug_file(&build_id)
+    } else {
+        None
+    };
+    let debug_syms = (!debug_link && no_debug_reason.is_none())
+        || debug_file.as_ref().is_some_and(|(_, c)| c.debug_syms);
     // blazesym's symbol index is about as large as the symbol tables; decompressed DWARF
     // is held whole; parsed DWARF (units, line programs, inlined functions of the units
     // looked up) is a fraction of its size.
-    let cost = if debug_syms {
-        symbols
+    let cost = match &debug_file {
+        Some((_, c)) if debug_syms => symbols.saturating_add(c.cost),
+        _ if debug_syms => symbols
             .saturating_add(dwarf_decompressed)
-            .saturating_add(dwarf / 8)
-    } else {
-        symbols
+            .saturating_add(dwarf / 8),
+        _ => symbols,
     };
     Ok(ElfCheck {
         build_id,
@@ -154,6 +217,8 @@ pub fn check(file: &std::fs::File) -> Result<ElfCheck, ElfCheckError> {
         no_debug_reason,
         cost,
         symbols_cost: symbols,
+        debug_file: debug_file.filter(|_| debug_syms).map(|(p, _)| p),
+        segments,
     })
 }
 

@@ -520,7 +520,17 @@ impl StackSymbolizer {
             return Vec::new();
         }
         let blaze = &self.blaze;
-        let lines = match bin.with_path(tgid, |path| elf_lines(blaze, path, parse, file_offset)) {
+        let debug_file = bin
+            .elf
+            .debug_file
+            .as_deref()
+            .filter(|_| parse == Parse::Full);
+        let looked_up = match (debug_file, bin.elf.virtual_address(file_offset)) {
+            // DWARF from the separate debug file (the agent's own), by virtual address.
+            (Some(debug), Some(vaddr)) => Ok(debug_file_lines(blaze, debug, vaddr)),
+            _ => bin.with_path(tgid, |path| elf_lines(blaze, path, parse, file_offset)),
+        };
+        let lines = match looked_up {
             Ok(lines) => lines,
             Err(e) => {
                 self.note(format!("pid {tgid}: {e}"));
@@ -533,6 +543,14 @@ impl StackSymbolizer {
             bin.remember(file_offset, Arc::from(lines.as_slice()));
         }
         lines
+    }
+}
+
+/// The frames of virtual address `vaddr` from the separate debug file at `path`.
+fn debug_file_lines(blaze: &Symbolizer, path: &std::path::Path, vaddr: u64) -> Vec<FrameLine> {
+    match blaze.symbolize_single(&Source::Elf(Elf::new(path)), Input::VirtOffset(vaddr)) {
+        Ok(s) => to_lines(&s, ""),
+        Err(_) => Vec::new(),
     }
 }
 
