@@ -357,7 +357,7 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
             request.ebpf.cfi_unwind = !args.frame_pointers_only;
             request.ebpf.max_overhead_percent = args.max_overhead_percent;
             request.ebpf.force = args.force;
-            let result = heap::capture(&request)?;
+            let result = heap::capture(&samplers, &request)?;
             let samples = crate::pprof::allocation_count(&result.profile);
             let text = result.text();
             (result.profile, samples, text)
@@ -405,7 +405,7 @@ pub fn write_profile(
         path: path.to_path_buf(),
         source,
     };
-    let bytes = pprof::encode_gzip(profile).map_err(out_err)?;
+    let bytes = pprof::encode_gzip(profile).map_err(|e| out_err(std::io::Error::other(e)))?;
     let mut file = std::fs::File::create(path).map_err(out_err)?;
     file.write_all(&bytes).map_err(out_err)
 }

@@ -25,12 +25,14 @@ pub mod sampling;
 use std::fmt;
 use std::time::Duration;
 
+use flamefleet_proto::agent as pb;
 use flamefleet_proto::pprof::Profile;
 
 use self::ebpf::{EbpfHeapOptions, EbpfHeapStats};
 use self::endpoint::{EndpointError, FetchLimits, ResolvedEndpoint};
 use self::merge::{LabelledProfile, MergeError};
-use crate::capture::{CaptureError, CaptureTarget, TargetLabels};
+use crate::capture::window::{Stop, WindowEnd};
+use crate::capture::{CaptureError, CaptureTarget, Samplers, TargetLabels};
 use crate::cgroup::Cgroup;
 use crate::pprof::Label;
 
@@ -50,15 +52,20 @@ pub enum HeapSource {
 }
 
 impl HeapSource {
-    /// Parses the API's `heap.source` (`""` is `auto`).
+    /// Parses the API's text `heap.source` (`""` is `auto`).
     pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "" | "auto" => HeapSource::Auto,
-            "endpoint" => HeapSource::Endpoint,
-            "ebpf" => HeapSource::Ebpf,
-            "goruntime" | "go" => HeapSource::GoRuntime,
-            _ => return None,
-        })
+        pb::HeapSource::requested(0, text).map(Self::from)
+    }
+}
+
+impl From<pb::HeapSource> for HeapSource {
+    fn from(source: pb::HeapSource) -> Self {
+        match source {
+            pb::HeapSource::Unspecified | pb::HeapSource::Auto => Self::Auto,
+            pb::HeapSource::Endpoint => Self::Endpoint,
+            pb::HeapSource::Ebpf => Self::Ebpf,
+            pb::HeapSource::Goruntime => Self::GoRuntime,
+        }
     }
 }
 
@@ -75,14 +82,20 @@ pub enum HeapSourceUsed {
     Mixed,
 }
 
+impl From<HeapSourceUsed> for pb::HeapSourceUsed {
+    fn from(source: HeapSourceUsed) -> Self {
+        match source {
+            HeapSourceUsed::Endpoint => Self::Endpoint,
+            HeapSourceUsed::Ebpf => Self::Ebpf,
+            HeapSourceUsed::GoRuntime => Self::Goruntime,
+            HeapSourceUsed::Mixed => Self::Mixed,
+        }
+    }
+}
+
 impl fmt::Display for HeapSourceUsed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            HeapSourceUsed::Endpoint => "endpoint",
-            HeapSourceUsed::Ebpf => "ebpf",
-            HeapSourceUsed::GoRuntime => "goruntime",
-            HeapSourceUsed::Mixed => "goruntime+ebpf",
-        })
+        f.write_str(pb::HeapSourceUsed::from(*self).name())
     }
 }
 
@@ -225,6 +238,29 @@ pub fn cli_request(
 }
 
 impl HeapProfile {
+    /// The capture summary: allocations the profile accounts for, the source and why, the
+    /// eBPF counters and what happened to each process.
+    pub fn summary(&self) -> pb::HeapSummary {
+        pb::HeapSummary {
+            allocations: crate::pprof::allocation_count(&self.profile),
+            source: pb::HeapSourceUsed::from(self.source) as i32,
+            reason: self.reason.clone(),
+            ebpf: self.ebpf_stats.as_ref().map(EbpfHeapStats::summary),
+            processes: self
+                .processes
+                .iter()
+                .map(|n| pb::HeapProcess {
+                    pid: n.pid,
+                    comm: n.comm.clone(),
+                    target: n.target.clone(),
+                    source: n.source.map_or(pb::HeapSourceUsed::Unspecified, From::from) as i32,
+                    detail: n.detail.clone(),
+                })
+                .collect(),
+            warnings: self.warnings.clone(),
+        }
+    }
+
     /// A short report: source and why, totals per sample type, eBPF counters.
     pub fn text(&self) -> String {
         let p = &self.profile;
@@ -349,20 +385,36 @@ pub fn choose_source(
     }
 }
 
-/// Runs a heap capture. Blocking: call it from a thread that may block (the
-/// endpoint source runs its own small async runtime).
-pub fn capture(req: &HeapRequest) -> Result<HeapProfile, HeapError> {
+/// Runs a heap capture for its whole window. Blocking: call it from a thread that may
+/// block (the endpoint source runs its own small async runtime).
+pub fn capture(samplers: &Samplers, req: &HeapRequest) -> Result<HeapProfile, HeapError> {
+    let mut running = start(samplers, req)?;
+    running.run_window(&Stop::new())?;
+    running.finish()
+}
+
+/// A running heap capture: the source chosen, and what it holds until it is read.
+#[derive(Debug)]
+pub struct HeapCapture {
+    req: HeapRequest,
+    source: HeapSourceUsed,
+    reason: String,
+    /// `None` for the endpoint source, fetched when the capture finishes.
+    by_process: Option<by_process::ByProcess>,
+}
+
+/// Chooses the source of `req` and starts it: per-process sources look at every process
+/// of the targets and start eBPF sampling where they need it; endpoints are fetched when
+/// the capture finishes.
+pub fn start(samplers: &Samplers, req: &HeapRequest) -> Result<HeapCapture, HeapError> {
     let (source, reason) = choose_source(req.source, &req.targets)?;
     let allowed = match source {
         HeapSourceUsed::Endpoint => {
-            let (profile, warnings) = fetch_all(req)?;
-            return Ok(HeapProfile {
-                profile,
+            return Ok(HeapCapture {
+                req: req.clone(),
                 source,
                 reason,
-                ebpf_stats: None,
-                warnings,
-                processes: Vec::new(),
+                by_process: None,
             });
         }
         HeapSourceUsed::Ebpf => by_process::Allowed {
@@ -388,7 +440,50 @@ pub fn capture(req: &HeapRequest) -> Result<HeapProfile, HeapError> {
             })
         })
         .collect();
-    by_process::capture(req, &targets, allowed, reason)
+    let running = by_process::start(samplers, req, &targets, allowed, reason.clone())?;
+    Ok(HeapCapture {
+        req: req.clone(),
+        source,
+        reason,
+        by_process: Some(running),
+    })
+}
+
+impl HeapCapture {
+    /// How long the capture samples: the eBPF window when allocations are sampled; `None`
+    /// for sources that are read at once (endpoints, Go heaps), whose capture can finish as
+    /// soon as it started.
+    pub fn window(&self) -> Option<Duration> {
+        self.by_process
+            .as_ref()
+            .and_then(by_process::ByProcess::window)
+    }
+
+    /// Runs the window, if any, until its end or `stop`.
+    pub fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, HeapError> {
+        match &mut self.by_process {
+            Some(running) => running.run_window(stop),
+            None => Ok(WindowEnd::Elapsed),
+        }
+    }
+
+    /// Reads the sources (fetches the endpoints) and builds the profile.
+    pub fn finish(self) -> Result<HeapProfile, HeapError> {
+        match self.by_process {
+            Some(running) => running.finish(&self.req),
+            None => {
+                let (profile, warnings) = fetch_all(&self.req)?;
+                Ok(HeapProfile {
+                    profile,
+                    source: self.source,
+                    reason: self.reason,
+                    ebpf_stats: None,
+                    warnings,
+                    processes: Vec::new(),
+                })
+            }
+        }
+    }
 }
 
 /// Endpoint bodies fetched and decoded at once. Each may take up to
