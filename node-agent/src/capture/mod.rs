@@ -1,6 +1,8 @@
 //! Capture engines, one module per profile type, and what they share: the
-//! error type, capture targets and their labels, privilege/feature checks and
-//! the per-node sampler registry ([`Samplers`]).
+//! error type, capture targets and their labels, privilege/feature checks,
+//! the per-node sampler registry ([`Samplers`]), the process tracker that feeds
+//! symbolization, and the one lifecycle every engine follows ([`lifecycle`]:
+//! start, window, finish).
 //!
 //! Every engine follows the same shape: a long-lived *sampler* owns the
 //! loaded BPF object and its attachments (one per node and type, whatever the
@@ -10,6 +12,7 @@
 
 pub mod cpu;
 pub mod heap;
+pub mod lifecycle;
 mod perf_event;
 mod process_tracker;
 mod registry;

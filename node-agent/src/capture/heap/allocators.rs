@@ -205,7 +205,9 @@ pub fn executable_files(pid: u32) -> Vec<ExecutableFile> {
 }
 
 /// Caches, per inode, whether a binary is an allocator and where its entry
-/// points are, so rescans of the target cgroups cost one `maps` read each.
+/// points are, so rescans of the target cgroups cost one `maps` read each. Each binary is
+/// inspected once, so no blazesym inspector (and its file cache, which would tie the
+/// finder to one thread) is kept between binaries.
 #[derive(Default)]
 pub struct AllocatorFinder {
     known: HashMap<(u64, u64), Option<Vec<EntryPoint>>>,
