@@ -30,13 +30,14 @@ pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 /// How often RUNNING progress is published.
 pub const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
 
-/// What every capture of this agent shares.
+/// What every capture of a service shares: what captures, and what the service does with
+/// the results (see [`super::Agent::with_engine`]).
 pub struct Context {
     /// This node's name (artifact names, messages).
     pub node: String,
     /// What captures.
     pub engine: Arc<dyn CaptureEngine>,
-    /// The uploader.
+    /// The uploader (cheap to clone: one connection pool).
     pub uploader: Uploader,
     /// Uploads in flight at once, when bounded (one process serving many nodes).
     pub upload_permits: Option<Arc<tokio::sync::Semaphore>>,

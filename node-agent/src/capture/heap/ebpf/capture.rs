@@ -335,12 +335,7 @@ fn read_capture(
     rate: u64,
 ) -> Result<CaptureRead> {
     // Indices nested below a target (another capture's) count for it too.
-    let target_of_index: HashMap<u32, usize> = shared
-        .table
-        .covered(&capture.cgroup_ids)
-        .into_iter()
-        .map(|(index, pos)| (index, capture.owner_of[pos]))
-        .collect();
+    let target_of_index = shared.table.owners(&capture.cgroup_ids, &capture.owner_of);
     let own: HashSet<u32> = target_of_index.keys().copied().collect();
     // Sampled (count, bytes) per aggregation key: allocated, in use.
     let mut sampled: HashMap<sampler::AggKey, [u64; 4]> = HashMap::new();
