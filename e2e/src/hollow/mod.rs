@@ -34,8 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use flamefleet_agent::service::metrics::Outcome;
-use flamefleet_agent::service::reporter::{CallOutcome, Reporter, Rpc};
+use flamefleet_agent::service::reporter::{CallOutcome, Outcome, Reporter, Rpc};
 use flamefleet_agent::service::upload::{UploadPolicy, Uploader};
 use flamefleet_agent::service::{Agent, Context, ServingIdentity, TlsMaterial};
 use flamefleet_proto::agent::CaptureSummary;

@@ -16,6 +16,7 @@
 
 pub mod captures;
 pub mod engine;
+mod error;
 pub mod identity;
 pub mod info;
 pub mod metrics;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 
-use super::profile::build_profile;
+use super::profile::{CaptureRead, Rows, build_profile};
 use super::sampler::{self, HeapSampler, JoinedCapture};
 use super::{EbpfHeapOptions, EbpfHeapStats};
 use crate::bpf::from_bytes;
@@ -310,20 +310,6 @@ fn apply_counters(stats: &mut EbpfHeapStats, now: [u64; 8], before: [u64; 8]) {
     stats.dropped_stacks = d(5);
     stats.dropped_thread_state = d(6);
     stats.dropped_notifications = d(7);
-}
-
-/// Scaled values of one (target, process, stack): alloc objects, alloc
-/// bytes, in-use objects, in-use bytes.
-pub(super) type Row = [f64; 4];
-
-/// Aggregation rows by (target position, process, user stack key).
-pub(super) type Rows = HashMap<(usize, u32, u64), Row>;
-
-/// What a capture read from the sampler, before symbolization.
-pub(super) struct CaptureRead {
-    pub(super) rows: Rows,
-    /// The stacks the rows refer to, by key, leaf first.
-    pub(super) stacks: HashMap<u64, Vec<u64>>,
 }
 
 /// This capture's rows: per size class, `alloc_*` is the increase of the row's counters
