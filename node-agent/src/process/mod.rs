@@ -1,4 +1,4 @@
-//! The processes the samplers see: snapshots of their executable mappings ([`catalog`]),
+//! The processes the samplers see: snapshots of their executable mappings (`catalog.rs`),
 //! and how the agent reads what a process owns, which a hostile workload controls: its
 //! files ([`files`]), its maps ([`maps`]), and the process itself, by identity rather than
 //! by PID ([`handle`]).
