@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use flamefleet_agent::pprof::{Frame, FrameLine, ProfileBuilder, encode_gzip};
 use support::chart_agent::{self, AgentRun};
 use support::{Decoded, TestCgroup, require_root};
 
@@ -567,6 +568,124 @@ fn hostile_go_bucket_lists_cannot_exhaust_the_agent() {
             "would hold more than"
         };
         assert!(line.contains(want), "pid {pid} ({mode}): {line}");
+    }
+}
+
+/// A heap profile that a pod's endpoint serves: `members` gzip members, each 4 MiB of
+/// string-table entries of 64 KiB (a valid start of a `perftools.profiles.Profile`) with
+/// one byte in eight drawn at random, so that it shrinks about three times: a body just
+/// under the 64 MiB response cap that inflates to about 200 MiB, each byte of it kept by
+/// a decoder that keeps what it inflates. Returns the body and its inflated size.
+fn hostile_pprof_body(max_bytes: usize) -> (Vec<u8>, u64) {
+    use std::io::Write as _;
+    const ENTRY: usize = 64 << 10;
+    let mut payload = Vec::with_capacity(4 << 20);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..64 {
+        // string_table (field 6, length-delimited), length 65536 as a varint.
+        payload.extend_from_slice(&[0x32, 0x80, 0x80, 0x04]);
+        for _ in 0..ENTRY {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            payload.push(if x & 7 == 0 {
+                b'a' + (x >> 8) as u8 % 16
+            } else {
+                b'a'
+            });
+        }
+    }
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&payload).unwrap();
+    let member = gz.finish().unwrap();
+    let members = max_bytes / member.len();
+    (member.repeat(members), (payload.len() * members) as u64)
+}
+
+/// An HTTP server on 127.0.0.1 answering every request with `body` (a gzipped pprof
+/// profile). Returns its heap profile URL.
+fn pprof_server(body: std::sync::Arc<Vec<u8>>) -> String {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut s = stream;
+                // The request head; its content does not matter.
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                // The agent may hang up once it has seen enough.
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(&body);
+            });
+        }
+    });
+    format!("http://{addr}/debug/pprof/heap")
+}
+
+/// The containers of a pod serve heap profiles of 64 MiB that inflate to 200 MiB, all
+/// fetched in one capture: each is refused once what its decoding would keep passes the
+/// cap, but fetched all at once their bodies and inflated bytes together exceed the
+/// agent's memory. A well-behaved endpoint in the same capture is still profiled.
+#[test]
+fn hostile_pprof_endpoints_cannot_exhaust_the_agent() {
+    require_root();
+    const HOSTILE: usize = 6;
+    let (body, inflated) = hostile_pprof_body((64 << 20) - (1 << 20));
+    eprintln!(
+        "hostile endpoint body: {:.1} MiB, inflating to {:.1} MiB",
+        body.len() as f64 / (1 << 20) as f64,
+        inflated as f64 / (1 << 20) as f64
+    );
+    assert!(
+        inflated > 128 << 20,
+        "the body inflates past what a decode may keep (128 MiB)"
+    );
+    let body = std::sync::Arc::new(body);
+    let hostile: Vec<String> = (0..HOSTILE).map(|_| pprof_server(body.clone())).collect();
+    let mut good = ProfileBuilder::new(&[("inuse_space", "bytes")]);
+    good.add_sample(
+        &[Frame {
+            address: 0x1000,
+            mapping: None,
+            lines: vec![FrameLine {
+                function: "good_endpoint_alloc".into(),
+                file: String::new(),
+                line: 0,
+            }],
+        }],
+        &[4096],
+        &[],
+    );
+    let good = pprof_server(std::sync::Arc::new(encode_gzip(&good.build()).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("heap.pb.gz");
+    let mut args = vec!["--type", "heap", "--heap-source", "endpoint"];
+    for url in hostile.iter().chain([&good]) {
+        args.extend(["--endpoint", url]);
+    }
+    args.extend(["--text", "-o", out.to_str().unwrap()]);
+    let run = chart_agent::capture(&args, DEADLINE);
+    report(&format!("{HOSTILE} hostile pprof endpoints"), &run);
+    assert_ended_well(&run);
+    let names = function_names(&Decoded::read(&out));
+    assert!(
+        names.iter().any(|n| n == "good_endpoint_alloc"),
+        "the good endpoint's profile is still produced: {names:?}"
+    );
+    for url in &hostile {
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.contains("warning:") && l.contains(url.as_str()))
+            .unwrap_or_else(|| panic!("a warning for {url} in:\n{}", run.stdout));
+        assert!(line.contains("refusing it"), "{line}");
     }
 }
 
