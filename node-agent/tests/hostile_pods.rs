@@ -18,6 +18,19 @@ use support::{Decoded, TestCgroup, require_root};
 /// Longer than any capture here takes; an agent still running then is hung.
 const DEADLINE: Duration = Duration::from_secs(90);
 
+/// The tests take turns. Each starts busy workloads and an agent whose time and memory
+/// it judges; on a 2-core machine the other tests' workloads would starve that agent
+/// several times over (a capture of 18 s alone took 84 s beside two others).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Root, and this test's turn (held until the returned guard drops).
+fn hostile_test() -> std::sync::MutexGuard<'static, ()> {
+    require_root();
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn workload(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/hostile_workloads")
@@ -87,7 +100,7 @@ fn assert_ended_well(run: &AgentRun) {
 /// frames are not named.
 #[test]
 fn fifo_at_a_deleted_binary_path_does_not_hang_the_capture() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (lib, app) = (d.join("libspin.so"), d.join("app"));
@@ -153,7 +166,7 @@ fn fifo_at_a_deleted_binary_path_does_not_hang_the_capture() {
 /// functions in the attacker's profile.
 #[test]
 fn a_symlinked_mapping_names_no_foreign_frames() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let (victim_dir, attacker_dir) = (dir.path().join("victim"), dir.path().join("attacker"));
     std::fs::create_dir(&victim_dir).unwrap();
@@ -287,7 +300,7 @@ fn report(what: &str, run: &AgentRun) {
 /// total, eight of them exceed the agent's memory.
 #[test]
 fn huge_perf_maps_cannot_exhaust_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     // Not under /tmp, which the workloads mount over.
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let bin = dir.path().join("perfmap");
@@ -328,7 +341,7 @@ fn huge_perf_maps_cannot_exhaust_the_agent() {
 /// /proc/<pid>/maps is 230 MB of text, which the agent read whole, twice over.
 #[test]
 fn a_huge_maps_file_cannot_exhaust_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("maps");
     cc(&[
@@ -428,7 +441,7 @@ fn with_debug_frame_bomb(bin: &Path, fdes: u64, out: &Path) {
 /// above what a build may keep).
 #[test]
 fn a_cfi_bomb_cannot_exhaust_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let good = GoodTarget::start(d);
@@ -510,7 +523,7 @@ fn build_go(dir: &Path, name: &str) -> PathBuf {
 /// buckets until the profile is built.
 #[test]
 fn hostile_go_bucket_lists_cannot_exhaust_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let bin = build_go(dir.path(), "gobuckets");
     let mut good = TestCgroup::new("hostile-go-good");
@@ -635,7 +648,7 @@ fn pprof_server(body: std::sync::Arc<Vec<u8>>) -> String {
 /// agent's memory. A well-behaved endpoint in the same capture is still profiled.
 #[test]
 fn hostile_pprof_endpoints_cannot_exhaust_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     const HOSTILE: usize = 6;
     let (body, inflated) = hostile_pprof_body((64 << 20) - (1 << 20));
     eprintln!(
@@ -794,7 +807,7 @@ fn spawn_with_pid(
 /// allocation sites, its memory — would land in the first tenant's profile.
 #[test]
 fn a_reused_pid_does_not_pull_another_process_into_a_heap_profile() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let go = build_go(dir.path(), "gobuckets");
     let spin = dir.path().join("spin");
@@ -938,7 +951,7 @@ fn exited(pid: u32) -> bool {
 /// once the agent unmapped it.
 #[test]
 fn truncating_a_mapped_library_does_not_crash_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (src, lib) = (d.join("libbig.c"), d.join("libbig.so"));
