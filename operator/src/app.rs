@@ -518,6 +518,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             request_selector: options.request_selector.clone(),
             ca_bundle: store_ca,
             namespace: None,
+            metrics: metrics.clone(),
         }),
         shutdown.clone(),
     );

@@ -32,7 +32,7 @@ pub struct Context {
     /// The artifact store.
     pub store: Arc<dyn ArtifactStore>,
     /// Capture sessions in progress.
-    pub dispatcher: Arc<Dispatcher>,
+    pub dispatcher: Arc<Dispatcher<result_table::ResultTable>>,
     /// Event recorder.
     pub recorder: Recorder,
     /// Metrics.
@@ -51,6 +51,12 @@ pub struct Context {
     /// every request from the API server at each admission, which made a burst of N
     /// requests cost N lists of up to N objects.
     pub requests: std::sync::RwLock<Option<Store<ProfileRequest>>>,
+}
+
+impl super::ControllerContext for Context {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -86,7 +92,7 @@ pub async fn run(
     controller
         .reconcile_on(UnboundedReceiverStream::new(triggers))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile::reconcile, reconcile::error_policy, context)
+        .run(reconcile::reconcile, super::error_policy, context)
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!("controller: {e}");

@@ -69,18 +69,6 @@ pub async fn reconcile<P: Policy>(policy: Arc<P>, ctx: Arc<SamplingContext>) -> 
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
-/// Retries failed reconciles: quickly after a write conflict, otherwise after a few seconds.
-pub fn error_policy<P: Policy>(policy: Arc<P>, error: &Error, ctx: Arc<SamplingContext>) -> Action {
-    ctx.metrics.reconcile_failed(error);
-    if error.is_conflict() {
-        tracing::debug!(policy = %policy.name_any(), "policy status changed meanwhile; retrying");
-        Action::requeue(Duration::from_millis(200))
-    } else {
-        tracing::warn!(policy = %policy.name_any(), "reconcile failed: {error}");
-        Action::requeue(Duration::from_secs(5))
-    }
-}
-
 fn policy_api<P: Policy>(client: &kube::Client, policy: &P) -> Result<Api<P>> {
     if P::KIND == PolicyKind::Namespaced && policy.meta().namespace.is_none() {
         return Err(Error::MissingMetadata("namespace"));
