@@ -1,4 +1,4 @@
-//! The processes the samplers see: snapshots of their executable mappings ([`catalog`]).
+//! The processes the samplers see: snapshots of their executable mappings (`catalog.rs`).
 
 mod catalog;
 

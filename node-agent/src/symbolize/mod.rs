@@ -1,7 +1,7 @@
 //! Symbolization of captured stacks with blazesym.
 //!
 //! User frames are resolved in the binaries the [`ProcessCatalog`] keeps reachable, by
-//! file offset; kernel frames come from kallsyms ([`kernel`]).
+//! file offset; kernel frames come from kallsyms (`kernel.rs`).
 
 mod kernel;
 

@@ -6,12 +6,25 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use flamefleet_proto::pprof::Profile;
 
-use super::capture::CaptureRead;
 use super::{EbpfHeapOptions, EbpfHeapStats};
 use crate::capture::{CaptureTarget, target_labels};
 use crate::pprof::{Label, ProfileBuilder};
 use crate::process::ProcessCatalog;
 use crate::symbolize::StackSymbolizer;
+
+/// Scaled values of one (target, process, stack): alloc objects, alloc
+/// bytes, in-use objects, in-use bytes.
+pub(super) type Row = [f64; 4];
+
+/// Aggregation rows by (target position, process, user stack key).
+pub(super) type Rows = HashMap<(usize, u32, u64), Row>;
+
+/// What a capture read from the sampler, before symbolization.
+pub(super) struct CaptureRead {
+    pub(super) rows: Rows,
+    /// The stacks the rows refer to, by key, leaf first.
+    pub(super) stacks: HashMap<u64, Vec<u64>>,
+}
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn build_profile(
