@@ -1,6 +1,7 @@
 //! The ProfileRequest controller: resolve targets, dispatch captures to agents, aggregate
 //! their results into the request's status, clean up artifacts, expire finished requests.
 
+pub mod admission;
 pub mod aggregate;
 pub mod limits;
 pub mod reconcile;
@@ -46,6 +47,11 @@ pub struct Context {
     pub limits: limits::TenantLimits,
     /// The operator's `--request-selector` (limits count only this shard's requests).
     pub request_selector: Option<String>,
+    /// The operator's cluster-wide Namespace cache (`sampling::fleet`), where the
+    /// per-namespace limit annotation is read without a GET per admission; `None` gets.
+    pub namespaces: Option<Store<k8s_openapi::api::core::v1::Namespace>>,
+    /// The one admission point of the concurrency limits.
+    pub admission: admission::Admission,
     /// The controller's cache of the requests it handles (the same selector), set by
     /// [`run`]: the concurrency limits count Running requests from it instead of listing
     /// every request from the API server at each admission, which made a burst of N

@@ -26,7 +26,7 @@ use tracing::instrument;
 use super::aggregate::outcome_message;
 use super::result_table::ResultTable;
 use super::ttl::{TtlAction, ttl_action};
-use super::{Context, limits, resolve, result_slices, status};
+use super::{Context, admission, limits, resolve, result_slices, status};
 use crate::dispatch::outcome::{NodeFailure, NodeOutcome};
 use crate::dispatch::{CapturePlan, NodePlan, Session};
 use crate::pods::agents;
@@ -192,28 +192,52 @@ async fn start(
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    let running = limits::running(
-        &ctx.client,
-        requests.as_ref(),
-        ctx.request_selector.as_deref(),
-    )
-    .await?;
-    let namespace_limit = limits::namespace_limit(&ctx.client, &ids.namespace, &ctx.limits).await?;
-    if let Err(message) =
-        limits::check_concurrency(&running, &ids.namespace, namespace_limit, &ctx.limits)
+    let sources = admission::Sources {
+        client: &ctx.client,
+        requests: requests.as_ref(),
+        namespaces: ctx.namespaces.as_ref(),
+        selector: ctx.request_selector.as_deref(),
+        limits: &ctx.limits,
+    };
+    if let Err(message) = ctx
+        .admission
+        .admit(&sources, &ids.uid, &ids.namespace)
+        .await?
     {
         return queue(&request, ctx, api, message).await;
     }
+    // Admitted: the slot is reserved until the cache shows the request Running, unless the
+    // start ends before writing Running.
+    let uid = ids.uid.clone();
+    let launched = launch(request, ctx, api, ids, duration, request_ref).await;
+    if !matches!(launched, Ok((_, true))) {
+        ctx.admission.release(&uid).await;
+    }
+    launched.map(|(action, _)| action)
+}
+
+/// Resolves targets and agents, writes Running, and starts the captures of an admitted
+/// request; true once Running is written.
+async fn launch(
+    request: Arc<ProfileRequest>,
+    ctx: &Context,
+    api: &Api<ProfileRequest>,
+    ids: Ids,
+    duration: Duration,
+    request_ref: RequestRef,
+) -> Result<(Action, bool)> {
+    let spec = &request.spec;
+    let not_started = |action: Result<Action>| action.map(|a| (a, false));
     let resolution = match resolve::resolve(&ctx.client, &ids.namespace, spec).await {
         Ok(r) => r,
         Err(Error::Selector(m)) => {
-            return fail_request(&request, ctx, api, "InvalidSelector", m).await;
+            return not_started(fail_request(&request, ctx, api, "InvalidSelector", m).await);
         }
         Err(e) => return Err(e),
     };
     if resolution.pod_count() == 0 {
         let message = resolution.no_match_message(&ids.namespace);
-        return fail_request(&request, ctx, api, "NoPodsMatched", message).await;
+        return not_started(fail_request(&request, ctx, api, "NoPodsMatched", message).await);
     }
     let agents = agents::discover(
         &ctx.client,
@@ -346,7 +370,7 @@ async fn start(
         },
         table,
     );
-    Ok(Action::requeue(RUNNING_RESYNC))
+    Ok((Action::requeue(RUNNING_RESYNC), true))
 }
 
 /// Builds the session of a Running request this process has no session for (the operator
