@@ -182,46 +182,47 @@ pub struct HeapProfile {
 }
 
 /// Builds the request of `flamefleet-agent capture --type heap`: one target
-/// per cgroup, or one target with the explicit endpoint (and the cgroup, if
-/// exactly one was given, so that `--heap-source ebpf` can still use it).
+/// per cgroup, or one target per explicit endpoint (each with the cgroup given in the
+/// same place, if any, so that `--heap-source ebpf` can still use it).
 pub fn cli_request(
     source: HeapSource,
     cgroups: &[CaptureTarget],
-    endpoint: Option<endpoint::HeapEndpoint>,
+    endpoints: Vec<endpoint::HeapEndpoint>,
     duration: Duration,
     sample_bytes: u64,
     delta_seconds: u64,
     node: &str,
 ) -> Result<HeapRequest, HeapError> {
-    let targets = match endpoint {
-        Some(ep) => {
-            if cgroups.len() > 1 {
-                return Err(HeapError::Invalid(format!(
-                    "an endpoint profiles one process: expected at most one --cgroup with it, \
-                     found {}",
-                    cgroups.len()
-                )));
-            }
-            vec![HeapTarget {
-                labels: cgroups
-                    .first()
-                    .map(|t| t.labels.clone())
-                    .unwrap_or_default(),
-                cgroup: cgroups.first().map(|t| t.cgroup.clone()),
-                endpoint: Some(ResolvedEndpoint {
-                    endpoint: ep,
-                    origin: endpoint::EndpointOrigin::Explicit,
-                }),
-            }]
-        }
-        None => cgroups
+    let targets = if endpoints.is_empty() {
+        cgroups
             .iter()
             .map(|t| HeapTarget {
                 labels: t.labels.clone(),
                 cgroup: Some(t.cgroup.clone()),
                 endpoint: None,
             })
-            .collect(),
+            .collect()
+    } else {
+        if !cgroups.is_empty() && cgroups.len() != endpoints.len() {
+            return Err(HeapError::Invalid(format!(
+                "an endpoint profiles one process: expected no --cgroup or one per --endpoint \
+                 (in the same order), found {} for {} endpoint(s)",
+                cgroups.len(),
+                endpoints.len()
+            )));
+        }
+        endpoints
+            .into_iter()
+            .enumerate()
+            .map(|(i, ep)| HeapTarget {
+                labels: cgroups.get(i).map(|t| t.labels.clone()).unwrap_or_default(),
+                cgroup: cgroups.get(i).map(|t| t.cgroup.clone()),
+                endpoint: Some(ResolvedEndpoint {
+                    endpoint: ep,
+                    origin: endpoint::EndpointOrigin::Explicit,
+                }),
+            })
+            .collect()
     };
     Ok(HeapRequest {
         source,
@@ -469,6 +470,12 @@ impl HeapCapture {
     }
 }
 
+/// Endpoint bodies fetched and decoded at once. Each may take up to
+/// [`FetchLimits::max_body_bytes`] as received and [`FetchLimits::max_profile_bytes`]
+/// decompressed, and every one of them is the pod's to choose: a capture of many
+/// containers must not hold all their worst cases at the same moment.
+pub const MAX_CONCURRENT_FETCHES: usize = 2;
+
 /// The eBPF window when allocations are sampled; none for sources read at once (endpoints,
 /// Go heaps), whose capture can finish as soon as it started.
 impl Window for HeapCapture {
@@ -490,8 +497,8 @@ impl Window for HeapCapture {
     }
 }
 
-/// Fetches every target's endpoint concurrently, keeps the successes and
-/// merges them; fails only when none succeeded.
+/// Fetches every target's endpoint, [`MAX_CONCURRENT_FETCHES`] at a time, keeps the
+/// successes and merges them; fails only when none succeeded.
 fn fetch_all(req: &HeapRequest) -> Result<(Profile, Vec<String>), HeapError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -517,10 +524,15 @@ fn fetch_all(req: &HeapRequest) -> Result<(Profile, Vec<String>), HeapError> {
         })
         .collect();
     let results = runtime.block_on(async {
+        let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_FETCHES));
         let mut set = tokio::task::JoinSet::new();
         for (i, (_, ep)) in jobs.iter().enumerate() {
-            let (ep, limits) = (ep.clone(), limits.clone());
-            set.spawn(async move { (i, endpoint::fetch_profile(&ep, &limits).await) });
+            let (ep, limits, slots) = (ep.clone(), limits.clone(), slots.clone());
+            set.spawn(async move {
+                // Held until the body is decoded (or the fetch failed); never closed.
+                let _slot = slots.acquire_owned().await;
+                (i, endpoint::fetch_profile(&ep, &limits).await)
+            });
         }
         let mut out = Vec::new();
         while let Some(joined) = set.join_next().await {

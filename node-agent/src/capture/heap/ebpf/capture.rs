@@ -220,12 +220,8 @@ fn hold_allocators(
                         stats.allocators.push(bin.name.clone());
                     }
                     Ok(None) => {}
-                    // The process exited between being listed and its probes attaching
-                    // (its `/proc/<pid>/root/...` path went with it): nothing to probe
-                    // there; another process of the same binary may bring it back.
-                    Err(_) if !bin.path.exists() => {
-                        tracing::debug!(pid, binary = %bin.name, "process exited before its allocator probes attached; skipped");
-                    }
+                    // The binary is held open from the moment it was found: its probes
+                    // attach even if the process exited meanwhile.
                     Err(e) => return Err(e),
                 }
             }

@@ -63,6 +63,9 @@ pub(super) fn build_profile(
         ));
     }
     let mut symbolizer = StackSymbolizer::new(catalog.clone());
+    // The samples come from the targets: a process without a snapshot is read now only if
+    // it is still there (its PID may have gone to another process).
+    symbolizer.confine_to(targets.iter().map(|t| t.cgroup.clone()));
     let mut sorted: Vec<_> = read.rows.into_iter().collect();
     sorted.sort_by_key(|(k, _)| *k);
     let mut comms: HashMap<u32, String> = HashMap::new();
@@ -89,7 +92,9 @@ pub(super) fn build_profile(
         symbolizer.account(&frames, values[0].max(1) as u64);
         b.add_sample(&frames, &values, &labels);
     }
-    b.comment(&symbolizer.stats.quality_comment("allocations"));
+    for c in symbolizer.comments("allocations") {
+        b.comment(&c);
+    }
     if let Some(w) = &stats.walk {
         b.comment(&w.comment());
     }
