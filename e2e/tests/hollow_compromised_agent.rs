@@ -1,6 +1,7 @@
 //! A compromised node cannot lose its neighbours' results: one hollow agent of a fleet
-//! reports DONE with every free-text field as large as a gRPC message carries (a 2 MiB
-//! sample type, a 1 MiB frequency note, thousands of summary entries, a 200 KiB message).
+//! reports DONE with every free-text field as large as a gRPC message carries (a 1.5 MiB
+//! sample type, a typed summary of thousands of processes, a 512 KiB frequency note among
+//! thousands of text summary entries, a 200 KiB message).
 //! Its neighbours share its result slice; their results must still be written, the request
 //! must end, and nothing the compromised node sent may make any object large.
 //!

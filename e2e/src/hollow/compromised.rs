@@ -8,9 +8,10 @@ use std::sync::Arc;
 use flamefleet_agent::service::{Agent, ProgressStream};
 use flamefleet_proto::agent::agent_service_server::AgentService;
 use flamefleet_proto::agent::capture_progress::Stage;
+use flamefleet_proto::agent::capture_summary::Kind;
 use flamefleet_proto::agent::{
-    CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CollectRequest, InfoRequest,
-    InfoResponse,
+    CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CaptureSummary, CollectRequest,
+    HeapProcess, HeapSummary, InfoRequest, InfoResponse,
 };
 use futures::StreamExt as _;
 use tonic::{Request, Response, Status};
@@ -76,18 +77,35 @@ impl AgentService for NodeService {
     }
 }
 
-/// `done` as a compromised agent would report it: its artifacts and summary with every
-/// free-text field blown up, the whole message under gRPC's 4 MiB default limit.
+/// `done` as a compromised agent would report it: its artifacts and summaries with every
+/// free-text field blown up, the whole message under gRPC's 4 MiB default limit: a 1.5 MiB
+/// sample type, a heap summary (whatever the capture's type) of 6,000 processes and 1,000
+/// warnings (about 1.1 MiB), thousands of text summary entries with a 512 KiB frequency
+/// note, and a 200 KiB message.
 fn oversized(mut done: CaptureProgress) -> CaptureProgress {
     for artifact in &mut done.artifacts {
-        artifact.sample_type = format!("cpu/{}", "n".repeat(2 << 20));
+        artifact.sample_type = format!("cpu/{}", "n".repeat(3 << 19));
     }
-    done.summary.insert("frequency_hz".into(), "99".into());
+    done.capture_summary = Some(Box::new(CaptureSummary {
+        kind: Some(Kind::Heap(HeapSummary {
+            allocations: 1,
+            reason: "r".repeat(64 << 10),
+            processes: (0..6_000)
+                .map(|pid| HeapProcess {
+                    pid,
+                    comm: "c".repeat(16),
+                    target: format!("ns/pod-{pid}"),
+                    detail: "d".repeat(120),
+                    ..Default::default()
+                })
+                .collect(),
+            warnings: vec!["w".repeat(100); 1_000],
+            ..Default::default()
+        })),
+    }));
     done.summary
-        .insert("requested_frequency_hz".into(), "99".into());
-    done.summary
-        .insert("frequency_note".into(), "f".repeat(1 << 20));
-    for i in 0..4_000 {
+        .insert("frequency_note".into(), "f".repeat(512 << 10));
+    for i in 0..2_000 {
         done.summary
             .insert(format!("junk-{i:05}-{}", "k".repeat(40)), "v".repeat(40));
     }

@@ -115,9 +115,8 @@ pub enum Behaviour {
     /// restarted would: its stream ends without a result and `Collect` answers NOT_FOUND.
     Forget,
     /// A compromised node: captures and uploads like [`Behaviour::Succeed`], then reports
-    /// DONE with every free-text field as large as a gRPC message allows (a sample type
-    /// of 2 MiB, a frequency note of 1 MiB, thousands of summary entries): what the
-    /// operator records from it must stay bounded.
+    /// DONE with every free-text field as large as a gRPC message allows (see
+    /// `compromised.rs`): what the operator records from it must stay bounded.
     Oversized,
 }
 

@@ -7,21 +7,19 @@
 //! request's status or the operator's memory large. Each bound is far above what a genuine
 //! agent sends.
 
-use std::collections::BTreeMap;
-
 use flamefleet_api::text::truncated;
-use flamefleet_proto::agent::LatencyHistogram;
+use flamefleet_proto::agent::capture_summary::Kind;
+use flamefleet_proto::agent::{CaptureSummary, LatencyHistogram};
 
 /// Longest sample type kept (`cpu/nanoseconds`, `inuse_space/bytes`, ...).
 pub const MAX_SAMPLE_TYPE_BYTES: usize = 128;
-/// Most summary entries kept from one node (a genuine agent sends about ten).
-pub const MAX_SUMMARY_ENTRIES: usize = 32;
-/// Longest summary key kept.
-pub const MAX_SUMMARY_KEY_BYTES: usize = 64;
-/// Longest summary value kept (heap summaries name processes and warnings).
-pub const MAX_SUMMARY_VALUE_BYTES: usize = 1024;
-/// Longest frequency note kept: it is copied into the request's status.
-pub const MAX_FREQUENCY_NOTE_BYTES: usize = 256;
+/// Longest text kept of a summary's free-text fields (a heap summary's reason, warnings,
+/// process details).
+pub const MAX_SUMMARY_TEXT_BYTES: usize = 1024;
+/// Longest short text kept (a process's command or target, an allocator's path).
+pub const MAX_SUMMARY_NAME_BYTES: usize = 256;
+/// Most entries kept of each list in a heap summary (processes, warnings, allocators).
+pub const MAX_SUMMARY_LIST: usize = 64;
 /// Longest agent message kept (a failure's reason); the slice entry has the same bound.
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024;
 /// Most buckets of a run-queue latency histogram (log2 buckets of a 64-bit value).
@@ -47,32 +45,31 @@ pub fn check_sample_type(sample_type: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The summary entries kept from one node: at most [`MAX_SUMMARY_ENTRIES`] (in key order),
-/// keys of a safe charset up to [`MAX_SUMMARY_KEY_BYTES`], values cut to
-/// [`MAX_SUMMARY_VALUE_BYTES`] (the frequency note to [`MAX_FREQUENCY_NOTE_BYTES`]).
-pub fn bounded_summary(
-    summary: impl IntoIterator<Item = (String, String)>,
-) -> BTreeMap<String, String> {
-    let mut kept = BTreeMap::new();
-    let mut entries: Vec<(String, String)> = summary
-        .into_iter()
-        .filter(|(k, _)| {
-            !k.is_empty()
-                && k.len() <= MAX_SUMMARY_KEY_BYTES
-                && k.bytes()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
-        })
-        .collect();
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    for (key, value) in entries.into_iter().take(MAX_SUMMARY_ENTRIES) {
-        let max = if key == "frequency_note" {
-            MAX_FREQUENCY_NOTE_BYTES
-        } else {
-            MAX_SUMMARY_VALUE_BYTES
-        };
-        kept.insert(key, truncated(&value, max));
+/// A node's typed summary as the operator keeps it (until its numbers are folded into the
+/// request's summary): CPU and run-queue summaries are numbers only; a heap summary's
+/// lists keep at most [`MAX_SUMMARY_LIST`] entries and its texts are cut.
+pub fn bounded_summary(summary: Option<Box<CaptureSummary>>) -> Option<Box<CaptureSummary>> {
+    let mut summary = summary?;
+    if let Some(Kind::Heap(heap)) = summary.kind.as_mut() {
+        heap.reason = truncated(&heap.reason, MAX_SUMMARY_TEXT_BYTES);
+        heap.processes.truncate(MAX_SUMMARY_LIST);
+        for p in &mut heap.processes {
+            p.comm = truncated(&p.comm, MAX_SUMMARY_NAME_BYTES);
+            p.target = truncated(&p.target, MAX_SUMMARY_NAME_BYTES);
+            p.detail = truncated(&p.detail, MAX_SUMMARY_TEXT_BYTES);
+        }
+        heap.warnings.truncate(MAX_SUMMARY_LIST);
+        for w in &mut heap.warnings {
+            *w = truncated(w, MAX_SUMMARY_TEXT_BYTES);
+        }
+        if let Some(ebpf) = heap.ebpf.as_mut() {
+            ebpf.allocators.truncate(MAX_SUMMARY_LIST);
+            for a in &mut ebpf.allocators {
+                *a = truncated(a, MAX_SUMMARY_NAME_BYTES);
+            }
+        }
     }
-    kept
+    Some(summary)
 }
 
 /// A reported histogram, or `None` when it has more buckets than any latency can fill.
@@ -87,6 +84,8 @@ pub fn bounded_message(message: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use flamefleet_proto::agent::{HeapEbpfStats, HeapProcess, HeapSummary};
+
     use super::*;
 
     #[test]
@@ -106,21 +105,49 @@ mod tests {
     }
 
     #[test]
-    fn summaries_keep_few_short_entries() {
-        let mut huge: Vec<(String, String)> = (0..5000)
-            .map(|i| (format!("junk-{i:05}"), "v".repeat(4096)))
-            .collect();
-        huge.push(("frequency_note".into(), "f".repeat(1 << 20)));
-        huge.push(("frequency_hz".into(), "99".into()));
-        huge.push(("k".repeat(100), "dropped".into()));
-        huge.push(("bad key".into(), "dropped".into()));
-        let kept = bounded_summary(huge);
-        assert_eq!(kept.len(), MAX_SUMMARY_ENTRIES);
-        // Key order: the genuine keys sort before the junk.
-        assert_eq!(kept["frequency_hz"], "99");
-        assert!(kept["frequency_note"].len() <= MAX_FREQUENCY_NOTE_BYTES + 3);
-        let total: usize = kept.iter().map(|(k, v)| k.len() + v.len()).sum();
-        assert!(total < 40 * 1024, "{total}");
+    fn summaries_keep_short_lists_of_short_texts() {
+        let heap = HeapSummary {
+            allocations: 7,
+            reason: "r".repeat(1 << 20),
+            processes: (0..10_000)
+                .map(|pid| HeapProcess {
+                    pid,
+                    comm: "c".repeat(4096),
+                    target: "t".repeat(4096),
+                    detail: "d".repeat(4096),
+                    ..Default::default()
+                })
+                .collect(),
+            warnings: vec!["w".repeat(4096); 10_000],
+            ebpf: Some(HeapEbpfStats {
+                allocators: vec!["a".repeat(4096); 10_000],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let kept = bounded_summary(Some(Box::new(CaptureSummary {
+            kind: Some(Kind::Heap(heap)),
+        })))
+        .unwrap();
+        let Some(Kind::Heap(heap)) = kept.kind else {
+            panic!("a heap summary stays one")
+        };
+        let text: usize = heap.reason.len()
+            + heap
+                .processes
+                .iter()
+                .map(|p| p.comm.len() + p.target.len() + p.detail.len())
+                .sum::<usize>()
+            + heap.warnings.iter().map(String::len).sum::<usize>()
+            + heap
+                .ebpf
+                .as_ref()
+                .map_or(0, |e| e.allocators.iter().map(String::len).sum());
+        assert!(text < 256 * 1024, "{text} bytes of text kept");
+        assert_eq!(heap.allocations, 7);
+        assert_eq!(heap.processes.len(), MAX_SUMMARY_LIST);
+        assert!(heap.reason.len() <= MAX_SUMMARY_TEXT_BYTES + 3);
+        assert_eq!(bounded_summary(None), None);
     }
 
     #[test]
