@@ -252,7 +252,7 @@ async fn blocking<T: Send + 'static>(
 /// show up in both halves of a window) than it saved.
 async fn symbolize_during_window(
     running: Arc<crate::capture::cpu::CpuCapture>,
-    catalog: crate::symbolize::ProcessCatalog,
+    catalog: crate::process::ProcessCatalog,
     metrics: Arc<super::metrics::AgentMetrics>,
     duration: Duration,
 ) {

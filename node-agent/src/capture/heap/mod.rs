@@ -20,7 +20,6 @@ pub mod endpoint;
 pub mod goruntime;
 pub mod merge;
 pub mod overhead;
-pub mod sampler;
 pub mod sampling;
 
 use std::fmt;
