@@ -159,12 +159,11 @@ impl Kernel {
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             // "insmod <file> [options]" or "builtin <name>".
             let mut words = line.split_whitespace();
-            if words.next() == Some("insmod") {
-                if let Some(file) = words.next().map(PathBuf::from) {
-                    if !files.contains(&file) {
-                        files.push(file);
-                    }
-                }
+            if words.next() == Some("insmod")
+                && let Some(file) = words.next().map(PathBuf::from)
+                && !files.contains(&file)
+            {
+                files.push(file);
             }
         }
         Ok(files)
@@ -296,7 +295,7 @@ impl Cpio {
     }
 
     fn pad(&mut self) {
-        while self.bytes.len() % 4 != 0 {
+        while !self.bytes.len().is_multiple_of(4) {
             self.bytes.push(0);
         }
     }
