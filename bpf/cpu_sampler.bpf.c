@@ -88,6 +88,28 @@ static __always_inline void announce(__u32 tgid, __u32 target, __u32 kind)
 	bpf_ringbuf_submit(e, 0);
 }
 
+/* Counts one sample of `key` and announces its process the first time. */
+static __always_inline void count_sample(struct cpu_sample_key *key)
+{
+	__u64 one = 1, *n;
+	__u8 yes = 1;
+
+	n = bpf_map_lookup_elem(&counts, key);
+	if (n) {
+		__sync_fetch_and_add(n, 1);
+	} else if (bpf_map_update_elem(&counts, key, &one, BPF_NOEXIST)) {
+		/* Another CPU may have inserted the key meanwhile. */
+		n = bpf_map_lookup_elem(&counts, key);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		else
+			count_drop(counts_full);
+	}
+
+	if (bpf_map_update_elem(&seen_tgids, &key->tgid, &yes, BPF_NOEXIST) == 0)
+		announce(key->tgid, key->target, FF_PROC_FIRST_SEEN);
+}
+
 /*
  * Copies a stack the kernel walks by frame pointers (the kernel stack, or with
  * BPF_F_USER_STACK the user one) into this CPU's scratch and stores it in
@@ -149,7 +171,7 @@ static __always_inline __u64 user_stack_of(struct bpf_perf_event_data *ctx, __u3
 			return 0;
 	}
 	/* One call site: the walker is verified once. */
-	return ff_unwind_user(ff_unwind_percpu_scratch(), ip, sp, bp, tgid, false);
+	return ff_unwind_user(ip, sp, bp, tgid, false);
 }
 
 SEC("perf_event")
@@ -157,8 +179,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
 	struct cpu_sample_key key = {};
 	struct ff_target t;
-	__u64 id, one = 1, *n;
-	__u8 yes = 1;
+	__u64 id;
 	bool lost = false, user_mode;
 
 	if (!ff_current_target(&t))
@@ -183,21 +204,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 			count_drop(kernel_stack);
 	}
 	bpf_get_current_comm(key.comm, sizeof(key.comm));
-
-	n = bpf_map_lookup_elem(&counts, &key);
-	if (n) {
-		__sync_fetch_and_add(n, 1);
-	} else if (bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST)) {
-		/* Another CPU may have inserted the key meanwhile. */
-		n = bpf_map_lookup_elem(&counts, &key);
-		if (n)
-			__sync_fetch_and_add(n, 1);
-		else
-			count_drop(counts_full);
-	}
-
-	if (bpf_map_update_elem(&seen_tgids, &key.tgid, &yes, BPF_NOEXIST) == 0)
-		announce(key.tgid, key.target, FF_PROC_FIRST_SEEN);
+	count_sample(&key);
 	return 0;
 }
 
@@ -213,6 +220,170 @@ int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 	tgid = bpf_get_current_pid_tgid() >> 32;
 	/* Shared libraries are not mapped yet: forget the process so that its
 	 * first sample announces it again, with its libraries. */
+	bpf_map_delete_elem(&seen_tgids, &tgid);
+	announce(tgid, t.index, FF_PROC_EXEC);
+	return 0;
+}
+
+/*
+ * ---- Kernels without bpf_loop (5.17), bpf_get_current_task_btf (5.11) or
+ * bpf_task_pt_regs (5.15): Linux 5.10 ----
+ *
+ * The same samples and keys: the task is read through probe helpers, the target
+ * found by walking its cgroup's ancestry (no cgroup storage there either), the
+ * user registers of a task sampled in the kernel found at the top of its kernel
+ * stack, and stacks walked and hashed with bounded loops (unwind.bpf.h).
+ * User space loads these programs instead of the ones above
+ * (KernelFeatures::frame_walk).
+ */
+
+/* Set before load: the kernel stack size (THREAD_SIZE: 16 KiB on x86-64, 32 KiB
+ * with KASAN); the user registers saved at kernel entry sit at its top. */
+const volatile __u64 ff_thread_size = 16384;
+
+static __always_inline __u64 fp_stack_bounded(struct bpf_perf_event_data *ctx, void *map,
+					      __u64 flags, bool *lost)
+{
+	struct ff_unwind_scratch *s = ff_unwind_percpu_scratch();
+	long bytes;
+	__u64 key;
+
+	*lost = false;
+	if (!s)
+		return 0;
+	bytes = bpf_get_stack(ctx, s->stack.pcs, sizeof(s->stack.pcs), flags);
+	if (bytes <= 0)
+		return 0;
+	s->n = (__u32)bytes / sizeof(__u64);
+	key = ff_store_stack_bounded(map, s);
+	*lost = key == 0;
+	return key;
+}
+
+/* The sample being taken on this CPU while its user stack is walked over tail
+ * calls (perf-event programs do not nest on a CPU). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cpu_sample_key);
+} cpu_pending SEC(".maps");
+
+int cpu_walk_compat(struct bpf_perf_event_data *ctx);
+
+/* Slot 0: cpu_walk_compat, which takes FF_BOUNDED_FRAMES frames and tail-calls
+ * itself until the stack is walked. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, int(void *));
+} cpu_walk_progs SEC(".maps") = {
+	.values = { [0] = (void *)&cpu_walk_compat },
+};
+
+/* The end of a sample whose user stack was walked: store it and count. */
+static __always_inline void finish_walk(struct ff_unwind_scratch *s)
+{
+	struct cpu_sample_key *key;
+	__u32 zero = 0;
+
+	key = bpf_map_lookup_elem(&cpu_pending, &zero);
+	if (!key)
+		return;
+	key->user_stack = ff_walk_end_bounded(s);
+	count_sample(key);
+}
+
+SEC("perf_event")
+int cpu_walk_compat(struct bpf_perf_event_data *ctx)
+{
+	struct ff_unwind_scratch *s = ff_unwind_percpu_scratch();
+	struct cpu_sample_key *key;
+	__u32 zero = 0;
+
+	key = bpf_map_lookup_elem(&cpu_pending, &zero);
+	if (!s || !key)
+		return 0;
+	if (!ff_walk_frames_bounded(s, key->tgid))
+		bpf_tail_call(ctx, &cpu_walk_progs, 0);
+	/* Done, or out of tail calls (the stack is kept as far as it got). */
+	finish_walk(s);
+	return 0;
+}
+
+SEC("perf_event")
+int on_cpu_sample_compat(struct bpf_perf_event_data *ctx)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct ff_unwind_scratch *s;
+	struct cpu_sample_key *key;
+	struct pt_regs *regs;
+	struct ff_target t;
+	__u64 id, stack;
+	__u32 zero = 0;
+	bool lost = false, user_mode;
+
+	if (!ff_task_target_raw(task, &t))
+		return 0;
+	key = bpf_map_lookup_elem(&cpu_pending, &zero);
+	s = ff_unwind_percpu_scratch();
+	if (!key || !s)
+		return 0;
+	__builtin_memset(key, 0, sizeof(*key));
+	id = bpf_get_current_pid_tgid();
+	key->target = t.index;
+	key->tgid = id >> 32;
+	key->pid = (__u32)id;
+	bpf_get_current_comm(key->comm, sizeof(key->comm));
+	user_mode = in_user_mode(ctx);
+	/* The kernel stack first here: the user walk is the last use of the scratch. */
+	if (capture_kernel_stacks && !user_mode) {
+		key->kernel_stack = fp_stack_bounded(ctx, &kernel_stacks, 0, &lost);
+		if (lost)
+			count_drop(kernel_stack);
+	}
+	if (!BPF_CORE_READ(task, mm)) {
+		count_sample(key);
+		return 0;
+	}
+	if (!cfi_unwind) {
+		key->user_stack = fp_stack_bounded(ctx, &user_stacks, BPF_F_USER_STACK, &lost);
+		if (lost)
+			count_drop(user_stack);
+		count_sample(key);
+		return 0;
+	}
+	if (user_mode) {
+		s->pc = ctx->regs.ip;
+		s->sp = ctx->regs.sp;
+		s->bp = ctx->regs.bp;
+	} else {
+		stack = (__u64)BPF_CORE_READ(task, stack);
+		regs = (struct pt_regs *)(stack + ff_thread_size - sizeof(struct pt_regs));
+		if (!stack || bpf_probe_read_kernel(&s->pc, sizeof(s->pc), &regs->ip) ||
+		    bpf_probe_read_kernel(&s->sp, sizeof(s->sp), &regs->sp) ||
+		    bpf_probe_read_kernel(&s->bp, sizeof(s->bp), &regs->bp))
+			s->pc = 0;
+	}
+	s->ret0 = 0;
+	ff_walk_begin_bounded(s, key->tgid);
+	bpf_tail_call(ctx, &cpu_walk_progs, 0);
+	/* The tail call failed: count the sample without its user stack. */
+	s->n = 0;
+	finish_walk(s);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec_compat, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+	struct ff_target t;
+	__u32 tgid;
+
+	if (!ff_task_target_raw((struct task_struct *)bpf_get_current_task(), &t))
+		return 0;
+	tgid = bpf_get_current_pid_tgid() >> 32;
 	bpf_map_delete_elem(&seen_tgids, &tgid);
 	announce(tgid, t.index, FF_PROC_EXEC);
 	return 0;

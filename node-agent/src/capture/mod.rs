@@ -10,6 +10,7 @@
 
 pub mod cpu;
 pub mod heap;
+pub mod kernel;
 mod perf_event;
 mod registry;
 pub mod runqlat;
@@ -43,6 +44,23 @@ pub enum CaptureError {
         feature: String,
         /// What was found and what to do.
         detail: String,
+    },
+    /// The kernel refused a BPF object the agent holds the privileges to load: the
+    /// verifier or a missing map type or helper.
+    #[error(
+        "{action}: the kernel refused it ({source}){}; last lines of the verifier's log: {}",
+        lacking.as_ref().map(|(what, since)| format!(": this kernel lacks {what}, which {since} and later have")).unwrap_or_default(),
+        if verifier.is_empty() { "(none)".to_owned() } else { verifier.join(" | ") }
+    )]
+    KernelRefused {
+        /// What was being done.
+        action: String,
+        /// What the kernel lacks and since when mainline has it, when recognised.
+        lacking: Option<(String, &'static str)>,
+        /// The verifier's last lines (more of them are in the agent's log).
+        verifier: Vec<String>,
+        /// The libbpf error.
+        source: libbpf_rs::Error,
     },
     /// Options out of range.
     #[error("invalid option: {0}")]
@@ -123,6 +141,40 @@ impl CaptureError {
         }
         Self::Bpf { action, source }
     }
+
+    /// Loads a BPF object with `load`, translating a failure: a permission error when the
+    /// process lacks the privileges, else what the kernel refused, with the verifier's last
+    /// lines (also logged, with more of them).
+    pub(crate) fn load<T>(
+        action: &str,
+        load: impl FnOnce() -> std::result::Result<T, libbpf_rs::Error>,
+    ) -> Result<T> {
+        let (result, lines) = kernel::LoadLog::capture(load);
+        result.map_err(|source| {
+            let denied = matches!(source.kind(), libbpf_rs::ErrorKind::PermissionDenied);
+            if denied && !kernel::has_bpf_privileges() {
+                return Self::Privilege {
+                    action: action.to_owned(),
+                    found: source.to_string(),
+                };
+            }
+            let lacking = kernel::lacking(&lines);
+            let tail = kernel::verifier_tail(&lines, 40);
+            tracing::warn!(
+                action,
+                error = %source,
+                kernel = %kernel::KernelFeatures::get().release,
+                "the kernel refused a BPF object; the verifier's last lines:\n{}",
+                tail.join("\n")
+            );
+            Self::KernelRefused {
+                action: action.to_owned(),
+                lacking,
+                verifier: kernel::verifier_tail(&lines, 3),
+                source,
+            }
+        })
+    }
 }
 
 /// Kubernetes identity of a target, supplied by the caller and copied into
@@ -182,6 +234,9 @@ pub struct SamplerConfig {
     pub max_start_entries: u32,
     /// Force runqlat's hash-map fallback even where task storage exists.
     pub force_start_hash: bool,
+    /// Load the CPU sampler's programs for kernels without `bpf_loop` (bounded loops,
+    /// probe reads) even where the kernel has it: to compare the two.
+    pub force_bounded_walk: bool,
     /// Where runqlat's timestamps come from.
     pub runqlat_clock: RunqlatClock,
     /// The node name put in the `node` label.
@@ -205,6 +260,7 @@ impl Default for SamplerConfig {
             max_histograms: 10240,
             max_start_entries: 16384,
             force_start_hash: false,
+            force_bounded_walk: false,
             runqlat_clock: RunqlatClock::default(),
             node: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_owned())
@@ -384,9 +440,14 @@ pub(crate) fn target_labels(
 /// Sends libbpf's own messages to `tracing` (target `libbpf`, debug level)
 /// instead of stderr: our errors already say what failed; set
 /// `RUST_LOG=libbpf=debug` to see libbpf's detail (e.g. the verifier log).
+/// Idempotent; loads call it too, so that a failure can quote the verifier.
 pub fn route_libbpf_logs() {
     fn forward(level: libbpf_rs::PrintLevel, msg: String) {
+        kernel::LoadLog::record(&msg);
         tracing::debug!(target: "libbpf", ?level, "{}", msg.trim_end());
     }
-    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, forward)));
+    static ROUTED: std::sync::Once = std::sync::Once::new();
+    ROUTED.call_once(|| {
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, forward)));
+    });
 }

@@ -352,6 +352,11 @@ pub async fn serve(
         TlsSource::Csr => None,
     };
     let mut agent = Agent::new(&config).await?;
+    // What this node's kernel offers and what each engine runs with (also on /metrics).
+    tracing::info!(
+        "{}",
+        crate::capture::kernel::KernelFeatures::get().summary()
+    );
     let probes = Arc::clone(&agent.probes);
     let samplers = Arc::clone(&agent.ctx.samplers);
     probes.set_health_check(Box::new(move || samplers.health()));
