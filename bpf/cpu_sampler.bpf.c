@@ -269,18 +269,16 @@ struct {
 	__type(value, struct cpu_sample_key);
 } cpu_pending SEC(".maps");
 
-int cpu_walk_compat(struct bpf_perf_event_data *ctx);
-
 /* Slot 0: cpu_walk_compat, which takes FF_BOUNDED_FRAMES frames and tail-calls
- * itself until the stack is walked. */
+ * itself until the stack is walked. Filled by user space after load (libbpf
+ * would fill a statically initialised slot even where these programs are not
+ * loaded). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__array(values, int(void *));
-} cpu_walk_progs SEC(".maps") = {
-	.values = { [0] = (void *)&cpu_walk_compat },
-};
+	__type(value, __u32);
+} cpu_walk_progs SEC(".maps");
 
 /* The end of a sample whose user stack was walked: store it and count. */
 static __always_inline void finish_walk(struct ff_unwind_scratch *s)

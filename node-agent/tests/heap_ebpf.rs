@@ -306,3 +306,57 @@ fn allocation_storm_is_refused_with_its_projected_overhead_unless_forced() {
         "{stats:?}"
     );
 }
+
+/// Where the kernel lacks what eBPF heap sampling needs (Linux 5.10: task-local storage,
+/// bpf_loop), a capture fails at once, naming what is missing and the kernel that has it;
+/// where it has them, the same capture attaches its probes and ends with a profile. The
+/// guest tier (`tests/kernels.rs`) runs this on both kinds of kernel and checks which one
+/// it saw.
+#[test]
+fn ebpf_heap_runs_or_is_refused_with_what_the_kernel_lacks() {
+    require_root();
+    let _serial = serial();
+    let mut cg = TestCgroup::new("heap-refusal");
+    cg.spawn(Command::new("sleep").arg("60"));
+    let (ready, attached) = std::sync::mpsc::sync_channel(1);
+    let request = HeapRequest {
+        source: HeapSource::Ebpf,
+        targets: vec![HeapTarget {
+            labels: TargetLabels::default(),
+            cgroup: Some(cg.cgroup.clone()),
+            endpoint: None,
+        }],
+        ebpf: EbpfHeapOptions {
+            duration: Duration::from_secs(1),
+            node: "test-node".into(),
+            ready: Some(ready),
+            ..Default::default()
+        },
+        fetch: FetchLimits::default(),
+        delta_seconds: 0,
+    };
+    let result = heap::capture(&request);
+    let features = flamefleet_agent::capture::kernel::KernelFeatures::get();
+    // What this kernel offers and which mechanism each engine chose (the guest tier reads it).
+    println!("{}", features.summary());
+    match features.heap_ebpf_refusal() {
+        Some(reason) => {
+            let err = result.expect_err("a capture on a kernel that lacks what it needs");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&reason) && msg.contains("which kernel") && msg.contains("Linux 5."),
+                "the refusal should name what the kernel lacks and which kernel has it: {msg}"
+            );
+            println!("heap-ebpf: refused: {msg}");
+        }
+        None => {
+            let profile = result.expect("an eBPF heap capture on a kernel that has what it needs");
+            assert!(
+                attached.try_recv().is_ok(),
+                "the capture never attached its probes"
+            );
+            assert_eq!(profile.source, HeapSourceUsed::Ebpf);
+            println!("heap-ebpf: ran");
+        }
+    }
+}

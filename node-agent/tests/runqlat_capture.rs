@@ -261,7 +261,8 @@ fn agrees_with_libbpf_tools_runqlat_for_one_process() {
     wait_switches(pid, 10);
     hogs.wait_cpu(Duration::from_millis(20));
 
-    let (ours, theirs) = side_by_side(&target, &["-p", &pid.to_string()], 4);
+    // 8 s: under QEMU without KVM (the guest tier) 4 s held fewer than 1,000 waits.
+    let (ours, theirs) = side_by_side(&target, &["-p", &pid.to_string()], 8);
     let theirs = Histogram {
         target: 0,
         tgid: None,

@@ -158,7 +158,14 @@ impl CaptureError {
                     found: source.to_string(),
                 };
             }
-            let lacking = kernel::lacking(&lines);
+            let lacking = if denied && !kernel::KernelFeatures::get().memcg_accounting.found {
+                Some((
+                    "BPF memory charged to the memory cgroup: its maps count against RLIMIT_MEMLOCK, which the agent could not raise; grant it CAP_SYS_RESOURCE (chart: agent.oldestKernel below 5.11)".to_owned(),
+                    "Linux 5.11",
+                ))
+            } else {
+                kernel::lacking(&lines)
+            };
             let tail = kernel::verifier_tail(&lines, 40);
             tracing::warn!(
                 action,

@@ -387,6 +387,13 @@ fn load<'obj>(
     let skel = CaptureError::load("loading the CPU sampler BPF programs", || open.load())?;
     // The perf events are opened and the sampling program attached per capture
     // (CpuSampler::attach), from a duplicate of its fd.
+    if bounded {
+        let walker = skel.progs.cpu_walk_compat.as_fd().as_raw_fd() as u32;
+        skel.maps
+            .cpu_walk_progs
+            .update(&0u32.to_ne_bytes(), &walker.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| CaptureError::bpf("installing the bounded walk's tail call", e))?;
+    }
     let sample = if bounded {
         &skel.progs.on_cpu_sample_compat
     } else {
