@@ -77,9 +77,9 @@ impl CpuSamples {
     /// Symbolizes and builds the pprof profile: sample types `samples/count`
     /// and `cpu/nanoseconds`, labels namespace/pod/container/node/pid/comm/thread.
     pub fn to_profile(&self, symbolizer: &mut StackSymbolizer, node: &str) -> Profile {
-        let period = 1_000_000_000 / self.options.frequency.max(1) as i64;
+        let period = crate::pprof::nanos_per_sample(self.options.frequency);
         let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")]);
-        b.period("cpu", "nanoseconds", period);
+        b.cpu_period(self.options.frequency);
         b.default_sample_type("cpu");
         let start = self
             .started

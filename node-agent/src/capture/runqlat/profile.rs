@@ -46,22 +46,7 @@ impl Histogram {
 
     /// The `q` quantile (0..1) in units, interpolated linearly inside its bucket.
     pub fn quantile(&self, q: f64) -> Option<f64> {
-        let total = self.count();
-        if total == 0 {
-            return None;
-        }
-        let rank = q * total as f64;
-        let mut seen = 0.0;
-        for (i, &n) in self.slots.iter().enumerate() {
-            let next = seen + n as f64;
-            if n > 0 && next >= rank {
-                let (lo, hi) = bucket_bounds(i);
-                let frac = ((rank - seen) / n as f64).clamp(0.0, 1.0);
-                return Some(lo as f64 + frac * (hi - lo) as f64);
-            }
-            seen = next;
-        }
-        None
+        flamefleet_proto::latency::quantile(&self.slots, q)
     }
 
     /// The classic libbpf-tools text rendering.

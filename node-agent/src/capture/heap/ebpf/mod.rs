@@ -152,3 +152,25 @@ pub struct EbpfHeapStats {
     /// percent of the targets' CPU time (`None` when the guard was off).
     pub projected_overhead_basis_points: Option<u64>,
 }
+
+impl EbpfHeapStats {
+    /// The counters as the capture summary carries them.
+    pub fn summary(&self) -> flamefleet_proto::agent::HeapEbpfStats {
+        flamefleet_proto::agent::HeapEbpfStats {
+            sample_bytes: self.sample_bytes,
+            shared_with: self.shared_with as u64,
+            calls: self.calls,
+            sampled: self.sampled,
+            freed: self.freed,
+            dropped_live_full: self.dropped_live_full,
+            dropped_rows_full: self.dropped_rows_full,
+            dropped_stacks: self.dropped_stacks,
+            dropped_thread_state: self.dropped_thread_state,
+            dropped_notifications: self.dropped_notifications,
+            allocators: self.allocators.clone(),
+            probes: self.probes as u64,
+            session_uprobes: self.session_uprobes,
+            projected_overhead_basis_points: self.projected_overhead_basis_points,
+        }
+    }
+}
