@@ -440,6 +440,17 @@ pub fn run(kernel: &Kernel, config: &GuestConfig, command: &str) -> Result<Guest
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
+    // The guest dies with the process that started it, even when that one is killed.
+    // SAFETY: prctl is async-signal-safe and takes no pointers here.
+    unsafe {
+        use std::os::unix::process::CommandExt as _;
+        qemu.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut child = KillOnDrop(qemu.spawn().map_err(io("starting qemu-system-x86_64"))?);
     let exited = wait_with_timeout(&mut child.0, config.timeout)?;
     let elapsed = began.elapsed();

@@ -26,8 +26,8 @@ struct Trace {
 }
 
 fn traces(file: &Path, extra: &[&str]) -> Vec<Trace> {
-    let out = Command::new("go")
-        .args(["tool", "pprof", "-traces"])
+    let out = support::pprof()
+        .arg("-traces")
         .args(extra)
         .arg(file)
         .output()
@@ -715,8 +715,8 @@ fn corrupt_or_missing_cfi_falls_back_and_is_counted() {
         !ts.is_empty(),
         "samples of the corrupt-CFI process are kept"
     );
-    let comments = Command::new("go")
-        .args(["tool", "pprof", "-comments"])
+    let comments = support::pprof()
+        .arg("-comments")
         .arg(&file)
         .output()
         .unwrap();

@@ -126,9 +126,23 @@ fn run_tier(k: &GuestKernel) {
         ));
     }
     script.push_str("exit $failed\n");
+    // The host's pprof: Go builds it on first use, which would take minutes in the guest.
+    let pprof = Command::new("go")
+        .args(["tool", "-n", "pprof"])
+        .output()
+        .expect("running `go tool -n pprof` (install Go)");
+    assert!(
+        pprof.status.success(),
+        "go tool -n pprof: {}",
+        String::from_utf8_lossy(&pprof.stderr)
+    );
+    let pprof = String::from_utf8_lossy(&pprof.stdout).trim().to_owned();
     let config = GuestConfig {
         timeout: Duration::from_secs(40 * 60),
-        env: vec![("RUST_BACKTRACE".into(), "1".into())],
+        env: vec![
+            ("RUST_BACKTRACE".into(), "1".into()),
+            ("FLAMEFLEET_PPROF".into(), pprof),
+        ],
         ..GuestConfig::default()
     };
     let out = guest::run(&kernel, &config, &script).unwrap_or_else(|e| panic!("{e}"));

@@ -235,10 +235,24 @@ pub fn compile_c(dir: &Path, name: &str, source: &str) -> PathBuf {
     bin
 }
 
+/// `go tool pprof`, or the pprof binary `FLAMEFLEET_PPROF` names: Go builds its pprof on
+/// first use, which under QEMU without KVM takes minutes, so the guest tier
+/// (`tests/kernels.rs`) passes the host's.
+pub fn pprof() -> Command {
+    match std::env::var_os("FLAMEFLEET_PPROF") {
+        Some(bin) => Command::new(bin),
+        None => {
+            let mut c = Command::new("go");
+            c.args(["tool", "pprof"]);
+            c
+        }
+    }
+}
+
 /// `go tool pprof -top` of a file (plus extra flags); panics when go fails.
 pub fn pprof_top(file: &Path, extra: &[&str]) -> String {
-    let out = Command::new("go")
-        .args(["tool", "pprof", "-top"])
+    let out = pprof()
+        .arg("-top")
         .args(extra)
         .arg(file)
         .output()
