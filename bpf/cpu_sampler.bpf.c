@@ -200,9 +200,55 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
  * (KernelFeatures::frame_walk).
  */
 
-/* Set before load: the kernel stack size (THREAD_SIZE: 16 KiB on x86-64, 32 KiB
- * with KASAN); the user registers saved at kernel entry sit at its top. */
-const volatile __u64 ff_thread_size = 16384;
+/*
+ * The user registers of a task sampled in the kernel, where bpf_task_pt_regs
+ * (5.15) is missing: kernel entry saved them at the top of the task's kernel
+ * stack (task_pt_regs()), THREAD_SIZE above its base less
+ * TOP_OF_KERNEL_STACK_PADDING. Neither is in the kernel's BTF. On x86-64
+ * THREAD_SIZE is 16 KiB, 32 KiB with KASAN; the padding is 0, 16 bytes with
+ * FRED (6.9+, where this path runs only when forced). The candidates are tried
+ * in that order and one is taken only if its frame holds user-mode segment
+ * selectors (__USER_CS or __USER32_CS, and __USER_DS), which other stack words
+ * are unlikely to; beyond a 16 KiB stack lies a guard page (VMAP_STACK), where
+ * the read fails. Fills s->pc/sp/bp; false when no candidate matched.
+ */
+#define FF_USER_CS 0x33
+#define FF_USER32_CS 0x23
+#define FF_USER_DS 0x2b
+
+/* The end of struct pt_regs on x86-64: what the CPU pushes on entry. */
+struct ff_entry_frame {
+	__u64 ip, cs, flags, sp, ss;
+};
+
+static __always_inline bool user_regs_at_stack_top(struct task_struct *task,
+						   struct ff_unwind_scratch *s)
+{
+	__u64 stack = (__u64)BPF_CORE_READ(task, stack);
+	struct ff_entry_frame f;
+	struct pt_regs *regs;
+
+	if (!stack)
+		return false;
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__u64 size = (i & 2) ? 32768 : 16384, pad = (i & 1) ? 16 : 0;
+		__u64 cs;
+
+		regs = (struct pt_regs *)(stack + size - pad - sizeof(struct pt_regs));
+		if (bpf_probe_read_kernel(&f, sizeof(f), &regs->ip))
+			continue;
+		cs = f.cs & 0xffff;
+		if ((cs != FF_USER_CS && cs != FF_USER32_CS) || (f.ss & 0xffff) != FF_USER_DS)
+			continue;
+		if (bpf_probe_read_kernel(&s->bp, sizeof(s->bp), &regs->bp))
+			return false;
+		s->pc = f.ip;
+		s->sp = f.sp;
+		return true;
+	}
+	return false;
+}
 
 static __always_inline __u64 fp_stack_bounded(struct bpf_perf_event_data *ctx, void *map,
 					      __u64 flags, bool *lost)
@@ -279,11 +325,10 @@ int on_cpu_sample_compat(struct bpf_perf_event_data *ctx)
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct ff_unwind_scratch *s;
 	struct cpu_sample_key *key;
-	struct pt_regs *regs;
 	struct ff_target t;
-	__u64 id, stack;
 	__u32 zero = 0;
 	bool lost = false, user_mode;
+	__u64 id;
 
 	if (!ff_task_target_raw(task, &t))
 		return 0;
@@ -319,13 +364,8 @@ int on_cpu_sample_compat(struct bpf_perf_event_data *ctx)
 		s->pc = ctx->regs.ip;
 		s->sp = ctx->regs.sp;
 		s->bp = ctx->regs.bp;
-	} else {
-		stack = (__u64)BPF_CORE_READ(task, stack);
-		regs = (struct pt_regs *)(stack + ff_thread_size - sizeof(struct pt_regs));
-		if (!stack || bpf_probe_read_kernel(&s->pc, sizeof(s->pc), &regs->ip) ||
-		    bpf_probe_read_kernel(&s->sp, sizeof(s->sp), &regs->sp) ||
-		    bpf_probe_read_kernel(&s->bp, sizeof(s->bp), &regs->bp))
-			s->pc = 0;
+	} else if (!user_regs_at_stack_top(task, s)) {
+		s->pc = 0;
 	}
 	s->ret0 = 0;
 	ff_walk_begin_bounded(s, key->tgid);

@@ -382,3 +382,86 @@ fn ebpf_heap_runs_or_is_refused_with_what_the_kernel_lacks() {
         }
     }
 }
+
+/// Allocates 64 KiB blocks in a loop, keeping the last 64 live.
+const ALLOC_LOOP: &str = r#"
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+static void *ring[64];
+__attribute__((noinline)) void *ff_caps_alloc(size_t n) { void *p = malloc(n); if (p) memset(p, 1, 64); return p; }
+int main(void) {
+    struct timespec t = {0, 100000};
+    for (unsigned i = 0;; i++) { free(ring[i % 64]); ring[i % 64] = ff_caps_alloc(65536); nanosleep(&t, 0); }
+}
+"#;
+
+/// eBPF heap sampling by the agent with only the chart's capabilities (no CAP_SYS_ADMIN):
+/// where the kernel lacks `uprobe_multi` links (6.1) its uprobes are perf-event uprobes,
+/// which `perf_event_open` grants to CAP_PERFMON. The profile names the allocating
+/// function. Where eBPF heap sampling is refused (5.10), the same command fails with the
+/// reason.
+#[test]
+fn ebpf_heap_runs_with_only_the_charts_capabilities() {
+    require_root();
+    let _serial = serial();
+    let features = flamefleet_agent::capture::kernel::KernelFeatures::get();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c(dir.path(), "ffcapsalloc", ALLOC_LOOP);
+    let mut cg = TestCgroup::new("heap-caps");
+    cg.spawn(&mut Command::new(&bin));
+    let out = dir.path().join("heap.pb.gz");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"));
+    cmd.args([
+        "capture",
+        "--type",
+        "heap",
+        "--heap-source",
+        "ebpf",
+        "--force",
+        "--duration",
+        "2s",
+        "--cgroup",
+    ])
+    .arg(&cg.cgroup.path)
+    .arg("-o")
+    .arg(&out);
+    let caps = support::chart_capabilities();
+    support::with_only_capabilities(&mut cmd, &caps);
+    let output = cmd.output().expect("running flamefleet-agent capture");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if let Some(reason) = features.heap_ebpf_refusal() {
+        assert!(
+            !output.status.success() && stderr.contains(&reason),
+            "expected the refusal ({reason}): {stderr}"
+        );
+        println!("heap-ebpf caps: refused with the reason, as it should");
+        return;
+    }
+    assert!(
+        output.status.success(),
+        "a heap capture with the chart's capabilities {caps:?} ({}): {stderr}",
+        features.heap_probes()
+    );
+    let d = Decoded::read(&out);
+    let named: i64 = d
+        .profile
+        .sample
+        .iter()
+        .filter(|s| {
+            s.location_id
+                .iter()
+                .any(|&l| d.functions(l).contains(&"ff_caps_alloc"))
+        })
+        .map(|s| s.value.iter().copied().max().unwrap_or(0))
+        .sum();
+    assert!(
+        named > 0,
+        "no sample under ff_caps_alloc in {} samples: {stderr}",
+        d.profile.sample.len()
+    );
+    println!(
+        "heap-ebpf caps: ran with the chart's capabilities {caps:?} via {}",
+        features.heap_probes()
+    );
+}

@@ -323,6 +323,58 @@ impl KernelFeatures {
     }
 }
 
+/// RLIMIT_MEMLOCK of this process as (soft, hard), in bytes (`u64::MAX`: unlimited).
+pub(crate) fn memlock_limits() -> Option<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    (unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0)
+        .then_some((lim.rlim_cur, lim.rlim_max))
+}
+
+/// Where the kernel charges BPF memory to RLIMIT_MEMLOCK (before 5.11), raises the soft
+/// limit to the hard one before the first load: that needs no capability, so under a
+/// container runtime that leaves the hard limit high (LimitMEMLOCK=infinity) the agent
+/// needs no CAP_SYS_RESOURCE. (libbpf then tries to lift both to unlimited, which only
+/// CAP_SYS_RESOURCE allows, and goes on without it.) Once per process.
+pub(crate) fn raise_memlock_soft_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if KernelFeatures::get().memcg_accounting.found {
+            return;
+        }
+        let Some((soft, hard)) = memlock_limits() else {
+            return;
+        };
+        if soft >= hard {
+            return;
+        }
+        let lim = libc::rlimit {
+            rlim_cur: hard,
+            rlim_max: hard,
+        };
+        // SAFETY: setrlimit reads the struct it is given.
+        let raised = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } == 0;
+        tracing::info!(
+            soft,
+            hard,
+            raised,
+            "this kernel charges BPF memory to RLIMIT_MEMLOCK: its soft limit raised to the hard one"
+        );
+    });
+}
+
+/// A limit for messages: bytes, or "unlimited".
+pub(crate) fn limit_text(bytes: u64) -> String {
+    if bytes == libc::RLIM_INFINITY {
+        "unlimited".to_owned()
+    } else {
+        format!("{} KiB", bytes / 1024)
+    }
+}
+
 fn probe_helper(prog_type: sys::bpf_prog_type, helper: sys::bpf_func_id) -> bool {
     // SAFETY: probing takes no pointers besides the (null) options.
     unsafe { sys::libbpf_probe_bpf_helper(prog_type, helper, std::ptr::null()) == 1 }

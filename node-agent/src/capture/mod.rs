@@ -135,16 +135,49 @@ impl From<crate::unwind::UnwindError> for CaptureError {
 pub type Result<T, E = CaptureError> = std::result::Result<T, E>;
 
 impl CaptureError {
-    /// Wraps a libbpf error, recognising permission problems.
+    /// Wraps a libbpf error, recognising permission problems: a permission error only when
+    /// the process lacks the privileges; with them, on a kernel that charges BPF memory to
+    /// RLIMIT_MEMLOCK, the limit that refused it.
     pub(crate) fn bpf(action: impl Into<String>, source: libbpf_rs::Error) -> Self {
         let action = action.into();
         if source.kind() == libbpf_rs::ErrorKind::PermissionDenied {
-            return Self::Privilege {
-                action,
-                found: source.to_string(),
-            };
+            if !kernel::has_bpf_privileges() {
+                return Self::Privilege {
+                    action,
+                    found: source.to_string(),
+                };
+            }
+            if let Some(lacking) = Self::memlock_refusal() {
+                return Self::KernelRefused {
+                    action,
+                    lacking: Some(lacking),
+                    verifier: Vec::new(),
+                    source,
+                };
+            }
         }
         Self::Bpf { action, source }
+    }
+
+    /// What a permission error means to a process holding the privileges on a kernel that
+    /// charges BPF memory to RLIMIT_MEMLOCK (before 5.11); `None` on later kernels.
+    fn memlock_refusal() -> Option<(String, &'static str)> {
+        if kernel::KernelFeatures::get().memcg_accounting.found {
+            return None;
+        }
+        let limits = kernel::memlock_limits().map_or_else(String::new, |(soft, hard)| {
+            format!(
+                ", soft {}, hard {}",
+                kernel::limit_text(soft),
+                kernel::limit_text(hard)
+            )
+        });
+        Some((
+            format!(
+                "BPF memory charged to the memory cgroup (here maps count against RLIMIT_MEMLOCK{limits}, which the agent could not raise further: raise the container runtime's memlock limit, e.g. LimitMEMLOCK=infinity in containerd's systemd unit, or grant the agent CAP_SYS_RESOURCE, chart value agent.oldestKernel below 5.11)"
+            ),
+            "Linux 5.11",
+        ))
     }
 
     /// Loads a BPF object with `load`, translating a failure: a permission error when the
@@ -163,11 +196,8 @@ impl CaptureError {
                     found: source.to_string(),
                 };
             }
-            let lacking = if denied && !kernel::KernelFeatures::get().memcg_accounting.found {
-                Some((
-                    "BPF memory charged to the memory cgroup: its maps count against RLIMIT_MEMLOCK, which the agent could not raise; grant it CAP_SYS_RESOURCE (chart: agent.oldestKernel below 5.11)".to_owned(),
-                    "Linux 5.11",
-                ))
+            let lacking = if denied {
+                Self::memlock_refusal().or_else(|| kernel::lacking(&lines))
             } else {
                 kernel::lacking(&lines)
             };
@@ -403,6 +433,9 @@ pub(crate) fn target_cache_enabled(config: &SamplerConfig) -> bool {
 pub fn check_btf() -> Result<()> {
     let btf = PathBuf::from("/sys/kernel/btf/vmlinux");
     if btf.exists() {
+        // Every sampler checks this before its first map: the place to lift a memlock
+        // limit the kernel would charge its maps to.
+        kernel::raise_memlock_soft_limit();
         Ok(())
     } else {
         Err(CaptureError::KernelFeature {
