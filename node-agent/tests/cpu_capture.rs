@@ -441,8 +441,8 @@ fn agent_capture_without_sys_resource(
     )
 }
 
-/// Nothing depends on CAP_SYS_RESOURCE, which the chart grants only when asked and some
-/// nodes cannot grant. Where the kernel charges BPF memory to RLIMIT_MEMLOCK (5.10), the
+/// Nothing depends on CAP_SYS_RESOURCE, which the chart does not grant and some nodes
+/// cannot grant. Where the kernel charges BPF memory to RLIMIT_MEMLOCK (5.10), the
 /// agent raises a low soft limit to the hard one itself and captures; under a hard limit
 /// too low for its maps it refuses, naming the limit and the remedies (never "run as root").
 /// Where the kernel charges the memory cgroup instead (5.11+), the limit plays no part.

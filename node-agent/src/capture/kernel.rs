@@ -83,6 +83,9 @@ impl KernelFeatures {
     }
 
     fn probe() -> Self {
+        // The probes below create BPF programs and maps, charged to RLIMIT_MEMLOCK before
+        // 5.11: a low soft limit must not make a feature look missing.
+        raise_memlock_soft_limit();
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|r| r.trim().to_owned())
             .unwrap_or_default();
@@ -334,17 +337,16 @@ pub(crate) fn memlock_limits() -> Option<(u64, u64)> {
         .then_some((lim.rlim_cur, lim.rlim_max))
 }
 
-/// Where the kernel charges BPF memory to RLIMIT_MEMLOCK (before 5.11), raises the soft
-/// limit to the hard one before the first load: that needs no capability, so under a
+/// Raises this process's RLIMIT_MEMLOCK soft limit to its hard one, once, before the first
+/// BPF object (the feature probes included). Kernels before 5.11 charge BPF memory to that
+/// limit; raising the soft limit up to the hard one needs no capability, so under a
 /// container runtime that leaves the hard limit high (LimitMEMLOCK=infinity) the agent
 /// needs no CAP_SYS_RESOURCE. (libbpf then tries to lift both to unlimited, which only
-/// CAP_SYS_RESOURCE allows, and goes on without it.) Once per process.
+/// CAP_SYS_RESOURCE allows where the hard limit is lower, and goes on without it.) On later
+/// kernels the limit only bounds mlock(2), which the agent does not call.
 pub(crate) fn raise_memlock_soft_limit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if KernelFeatures::get().memcg_accounting.found {
-            return;
-        }
         let Some((soft, hard)) = memlock_limits() else {
             return;
         };
@@ -357,11 +359,11 @@ pub(crate) fn raise_memlock_soft_limit() {
         };
         // SAFETY: setrlimit reads the struct it is given.
         let raised = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } == 0;
-        tracing::info!(
-            soft,
-            hard,
+        tracing::debug!(
+            soft = %limit_text(soft),
+            hard = %limit_text(hard),
             raised,
-            "this kernel charges BPF memory to RLIMIT_MEMLOCK: its soft limit raised to the hard one"
+            "RLIMIT_MEMLOCK soft limit raised to the hard one (kernels before 5.11 charge BPF memory to it)"
         );
     });
 }

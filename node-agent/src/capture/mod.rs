@@ -174,7 +174,7 @@ impl CaptureError {
         });
         Some((
             format!(
-                "BPF memory charged to the memory cgroup (here maps count against RLIMIT_MEMLOCK{limits}, which the agent could not raise further: raise the container runtime's memlock limit, e.g. LimitMEMLOCK=infinity in containerd's systemd unit, or grant the agent CAP_SYS_RESOURCE, chart value agent.oldestKernel below 5.11)"
+                "BPF memory charged to the memory cgroup (here maps count against RLIMIT_MEMLOCK{limits}, which the agent could not raise further: raise the hard limit the container runtime gives containers, e.g. LimitMEMLOCK=infinity in containerd's systemd unit, or add SYS_RESOURCE to the chart's agent.capabilities)"
             ),
             "Linux 5.11",
         ))
@@ -434,7 +434,7 @@ pub fn check_btf() -> Result<()> {
     let btf = PathBuf::from("/sys/kernel/btf/vmlinux");
     if btf.exists() {
         // Every sampler checks this before its first map: the place to lift a memlock
-        // limit the kernel would charge its maps to.
+        // limit the kernel would charge its maps to (probing the features does too).
         kernel::raise_memlock_soft_limit();
         Ok(())
     } else {
