@@ -59,6 +59,18 @@ pub const CONDITION_ADMITTED: &str = "Admitted";
 /// How often a policy over the per-namespace cap looks again.
 const POLICY_CAP_RECHECK: Duration = Duration::from_secs(60);
 
+/// The cluster's minimum interval: after the last scheduled time handled, the next one
+/// counted lies strictly after this (the times in between are neither run nor missed).
+fn interval_floor(ctx: &SamplingContext, status: &SamplingPolicyStatus) -> Option<Timestamp> {
+    let previous = status.last_schedule_time.as_ref()?;
+    let gap = jiff::SignedDuration::try_from(ctx.limits.min_run_interval)
+        .unwrap_or_default()
+        .checked_sub(jiff::SignedDuration::from_secs(1))
+        .unwrap_or_default()
+        .max(jiff::SignedDuration::ZERO);
+    previous.0.checked_add(gap).ok()
+}
+
 /// Why a SamplingPolicy may not run: its namespace holds more policies than the cluster
 /// admin allows and it is not among the oldest. ClusterSamplingPolicies are the admin's own.
 fn over_policy_cap<P: Policy>(ctx: &SamplingContext, policy: &P) -> Option<String> {
@@ -305,17 +317,8 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
             .as_ref()
             .or(current.meta().creation_timestamp.as_ref())
             .map_or(now, |t| t.0);
-        // The cluster's minimum interval: after a scheduled time, the next one counted is
-        // at least that much later (the times in between are neither run nor missed).
-        if let Some(previous) = status.last_schedule_time.as_ref() {
-            let gap = jiff::SignedDuration::try_from(ctx.limits.min_run_interval)
-                .unwrap_or_default()
-                .checked_sub(jiff::SignedDuration::from_secs(1))
-                .unwrap_or_default()
-                .max(jiff::SignedDuration::ZERO);
-            if let Ok(floor) = previous.0.checked_add(gap) {
-                last = last.max(floor);
-            }
+        if let Some(floor) = interval_floor(ctx, &status) {
+            last = last.max(floor);
         }
         let due = schedule.due(last, now, deadline);
         if due.missed > 0 {
@@ -338,11 +341,17 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
             )
             .await;
         }
+        let ran = !due.run.is_empty();
         for t in due.run {
             current = run_at(ctx, api, current, &mut status, &uid, t).await?;
         }
-        status.next_schedule_time = due.next.map(Time);
-        if let Some(next) = due.next {
+        let next = match interval_floor(ctx, &status) {
+            // The times just run move the floor of the next one.
+            Some(floor) if ran => schedule.next_after(floor.max(now)),
+            _ => due.next,
+        };
+        status.next_schedule_time = next.map(Time);
+        if let Some(next) = next {
             let wait = to_std(next.duration_since(ctx.now())) + Duration::from_millis(20);
             action = Action::requeue(wait.min(MAX_REQUEUE));
         }
