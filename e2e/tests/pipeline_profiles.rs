@@ -148,6 +148,31 @@ async fn profile_two_nodes(
         (completed.status.as_str(), completed.reason.as_str()),
         ("True", "Succeeded")
     );
+    let succeeded = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Succeeded")
+        .expect("a Succeeded condition");
+    assert_eq!(
+        (succeeded.status.as_str(), succeeded.reason.as_str()),
+        ("True", "AllNodesSucceeded")
+    );
+    assert_eq!(status.reason, None, "nothing to explain");
+    // What `kubectl wait --for=condition=Succeeded` reads.
+    let name = done.metadata.name.clone().unwrap_or_default();
+    let namespace = done.metadata.namespace.clone().unwrap_or_default();
+    let waited = flamefleet_e2e::kubectl::kubectl(
+        &pipeline.kubeconfig,
+        &[
+            "wait",
+            "-n",
+            &namespace,
+            "--for=condition=Succeeded",
+            "--timeout=0s",
+            &format!("preq/{name}"),
+        ],
+    );
+    assert!(waited.is_ok(), "{waited:?}");
     (pipeline, done, downloaded)
 }
 

@@ -23,7 +23,7 @@ use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Resource, ResourceExt};
 use tracing::instrument;
 
-use super::aggregate::{outcome_message, summarize};
+use super::aggregate::{failure_reason, outcome_message, summarize};
 use super::dispatch::{CapturePlan, NodePlan, Session};
 use super::node_outcome::{NodeFailure, NodeOutcome};
 use super::result_table::ResultTable;
@@ -43,6 +43,11 @@ pub const CONDITION_RESOLVED: &str = "Resolved";
 pub const CONDITION_COMPLETED: &str = "Completed";
 /// Condition: some nodes failed.
 pub const CONDITION_DEGRADED: &str = "Degraded";
+/// Condition, set when the request ends: True only when every node succeeded (what
+/// `kubectl wait --for=condition=Succeeded` waits for); False with why otherwise.
+pub const CONDITION_SUCCEEDED: &str = "Succeeded";
+/// The `Succeeded` condition's reason when it is True.
+const REASON_ALL_SUCCEEDED: &str = "AllNodesSucceeded";
 
 /// Condition: the request waits for a concurrency limit (Pending; see `limits`).
 pub const CONDITION_QUEUED: &str = "Queued";
@@ -507,6 +512,28 @@ async fn progress(
         let outcomes = session.outcomes();
         status.completion_time = Some(now());
         status.summary = session.with_results(|t| summarize(t.entries(), &outcomes));
+        let succeeded = phase == RequestPhase::Succeeded;
+        status.reason = if succeeded {
+            None
+        } else {
+            Some(
+                session
+                    .with_results(|t| failure_reason(t.entries()))
+                    .flatten()
+                    .unwrap_or_else(|| "NodesFailed".to_owned()),
+            )
+        };
+        set_condition(
+            &mut status.conditions,
+            new_condition(
+                CONDITION_SUCCEEDED,
+                succeeded,
+                status.reason.as_deref().unwrap_or(REASON_ALL_SUCCEEDED),
+                &message,
+                ids.generation,
+                now(),
+            ),
+        );
         set_condition(
             &mut status.conditions,
             new_condition(
@@ -624,6 +651,18 @@ async fn fail_request(
             CONDITION_COMPLETED,
             true,
             "Failed",
+            &message,
+            ids.generation,
+            now(),
+        ),
+    );
+    status.reason = Some(reason.to_owned());
+    set_condition(
+        &mut status.conditions,
+        new_condition(
+            CONDITION_SUCCEEDED,
+            false,
+            reason,
             &message,
             ids.generation,
             now(),

@@ -20,6 +20,7 @@ use flamefleet_api::{
     SamplingPolicyStatus, SkippedPod,
 };
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
@@ -450,9 +451,22 @@ async fn run_at<P: Policy>(
     current = write_status(api, &current, status).await?;
     ctx.metrics.policy_run_created();
     let pods: usize = pending.requests.iter().map(|r| r.pods.len()).sum();
-    publish(
+    // The run's (first) request as the Event's related object: one Event per run.
+    let run = pending.requests.first().map(|r| ObjectReference {
+        api_version: Some(format!(
+            "{}/{}",
+            flamefleet_api::GROUP,
+            flamefleet_api::VERSION
+        )),
+        kind: Some("ProfileRequest".into()),
+        namespace: Some(r.namespace.clone()),
+        name: Some(r.name.clone()),
+        ..ObjectReference::default()
+    });
+    publish_related(
         ctx,
         &current,
+        run,
         EventType::Normal,
         "RunCreated",
         format!(
@@ -693,6 +707,27 @@ async fn publish<P: Policy>(
     reason: &str,
     note: String,
 ) {
+    publish_related(ctx, policy, None, type_, reason, note).await;
+}
+
+/// Records an Event on the policy about `related` (see [`crate::events::publish_related`]).
+async fn publish_related<P: Policy>(
+    ctx: &SamplingContext,
+    policy: &P,
+    related: Option<ObjectReference>,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let object = policy.object_ref(&());
-    crate::events::publish(&ctx.recorder, &object, type_, "Schedule", reason, &note).await;
+    crate::events::publish_related(
+        &ctx.recorder,
+        &object,
+        related,
+        type_,
+        "Schedule",
+        reason,
+        &note,
+    )
+    .await;
 }
