@@ -1,84 +1,57 @@
-//! Reading and writing pprof files: gzip detection, a decompression cap, prost decode/encode.
+//! Reading and writing pprof files with the pprof kit: what the CLI adds is naming the
+//! source in errors and its own, larger, limits (it runs on the user's machine, not beside
+//! the workloads).
 
-use std::io::Read;
-
+use flamefleet_pprof::DecodeLimits;
 use flamefleet_proto::pprof::Profile;
-use prost::Message;
 
 use crate::error::{Error, Result};
 
-/// Largest decompressed profile we accept (a guard against gzip bombs).
-pub const MAX_PROFILE_BYTES: u64 = 512 * 1024 * 1024;
+pub use flamefleet_pprof::{sample_types, string};
 
-/// Decodes a pprof profile, gzipped or not; `source_name` names it in errors.
+/// Limits on one profile read: 512 MiB inflated, 1 GiB kept in memory once decoded
+/// (profiles of thousands of nodes merged on the store side are far smaller; a larger one
+/// is hostile, or must be split with `go tool pprof`).
+pub const LIMITS: DecodeLimits = DecodeLimits {
+    max_decompressed_bytes: 512 << 20,
+    max_kept_bytes: 1 << 30,
+};
+
+/// Decodes and validates a pprof profile, gzipped or not; `source_name` names it in errors.
+///
+/// # Errors
+/// [`Error::BadProfile`] saying why.
 pub fn decode(bytes: &[u8], source_name: &str) -> Result<Profile> {
-    let bad = |reason: String| Error::BadProfile {
+    flamefleet_pprof::decode_with(bytes, &LIMITS).map_err(|e| Error::BadProfile {
         source_name: source_name.to_string(),
-        reason,
-    };
-    let raw;
-    let body = if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(bytes)
-            .take(MAX_PROFILE_BYTES + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| bad(format!("gunzip failed: {e}")))?;
-        if out.len() as u64 > MAX_PROFILE_BYTES {
-            return Err(bad(format!(
-                "more than {MAX_PROFILE_BYTES} bytes once decompressed"
-            )));
-        }
-        raw = out;
-        &raw[..]
-    } else {
-        bytes
-    };
-    Profile::decode(body).map_err(|e| bad(format!("protobuf decode failed: {e}")))
+        reason: e.to_string(),
+    })
 }
 
 /// Encodes a profile as gzipped protobuf, as `go tool pprof` expects.
-pub fn encode_gzip(profile: &Profile) -> Vec<u8> {
-    use std::io::Write;
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    // Writing into a Vec cannot fail.
-    let _ = enc.write_all(&profile.encode_to_vec());
-    enc.finish().unwrap_or_default()
-}
-
-/// The string at `index` of the profile's string table ("" when out of range).
-pub fn string(profile: &Profile, index: i64) -> &str {
-    usize::try_from(index)
-        .ok()
-        .and_then(|i| profile.string_table.get(i))
-        .map_or("", String::as_str)
-}
-
-/// The sample types of a profile as `type/unit` strings.
-pub fn sample_types(profile: &Profile) -> Vec<String> {
-    profile
-        .sample_type
-        .iter()
-        .map(|vt| {
-            format!(
-                "{}/{}",
-                string(profile, vt.r#type),
-                string(profile, vt.unit)
-            )
-        })
-        .collect()
+///
+/// # Errors
+/// [`Error::Io`] if compressing fails.
+pub fn encode_gzip(profile: &Profile) -> Result<Vec<u8>> {
+    flamefleet_pprof::encode_gzip(profile).map_err(|e| Error::Io {
+        action: "compressing the merged profile".into(),
+        source: std::io::Error::other(e),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flamefleet_proto::pprof::ValueType;
 
     #[test]
     fn gzip_round_trip_and_garbage() {
         let profile = Profile {
             string_table: vec![String::new(), "cpu".into()],
+            sample_type: vec![ValueType { r#type: 1, unit: 1 }],
             ..Default::default()
         };
-        let bytes = encode_gzip(&profile);
+        let bytes = encode_gzip(&profile).unwrap();
         assert_eq!(decode(&bytes, "x").unwrap(), profile);
         let err = decode(&[0x1f, 0x8b, 1, 2, 3], "junk.pb.gz").unwrap_err();
         assert!(err.to_string().contains("junk.pb.gz"), "{err}");

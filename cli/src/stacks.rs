@@ -1,9 +1,9 @@
 //! Stacks of a pprof profile: which sample type to read, function names root→leaf,
 //! collapsed ("folded") stacks for flame graphs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use flamefleet_proto::pprof::{Location, Profile};
+use flamefleet_proto::pprof::Profile;
 
 use crate::profile_file::string;
 
@@ -78,58 +78,8 @@ pub fn total_text(profile: &Profile) -> String {
     )
 }
 
-/// Resolves location IDs to locations, and a location to its function names.
-pub struct Frames<'a> {
-    profile: &'a Profile,
-    locations: HashMap<u64, &'a Location>,
-    functions: HashMap<u64, &'a str>,
-}
-
-impl<'a> Frames<'a> {
-    /// Indexes the profile's locations and functions.
-    pub fn new(profile: &'a Profile) -> Self {
-        Self {
-            profile,
-            locations: profile.location.iter().map(|l| (l.id, l)).collect(),
-            functions: profile
-                .function
-                .iter()
-                .map(|f| (f.id, string(profile, f.name)))
-                .collect(),
-        }
-    }
-
-    /// The function names of one sample's stack, root first, leaf last (inlined frames
-    /// expanded; unsymbolized frames shown as their address).
-    pub fn root_to_leaf(&self, location_ids: &[u64]) -> Vec<String> {
-        let mut out = Vec::with_capacity(location_ids.len());
-        for id in location_ids.iter().rev() {
-            let Some(loc) = self.locations.get(id) else {
-                out.push(format!("<unknown location {id}>"));
-                continue;
-            };
-            if loc.line.is_empty() {
-                out.push(format!("{:#x}", loc.address));
-                continue;
-            }
-            // pprof lists a location's lines innermost (inlined) first.
-            for line in loc.line.iter().rev() {
-                let name = self.functions.get(&line.function_id).copied().unwrap_or("");
-                out.push(if name.is_empty() {
-                    format!("{:#x}", loc.address)
-                } else {
-                    name.to_string()
-                });
-            }
-        }
-        out
-    }
-
-    /// The profile these frames belong to.
-    pub fn profile(&self) -> &'a Profile {
-        self.profile
-    }
-}
+/// Resolves a sample's location IDs to function names (the pprof kit's reader).
+pub use flamefleet_pprof::Frames;
 
 /// Collapsed stacks (`root;...;leaf` → summed value of sample type `index`), sorted by stack,
 /// zero-valued stacks left out.

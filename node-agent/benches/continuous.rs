@@ -28,7 +28,8 @@ use anyhow::{Context as _, Result, bail};
 use flamefleet_agent::capture::cpu::CpuOptions;
 use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
 use flamefleet_agent::cgroup::{Cgroup, CgroupRoot};
-use flamefleet_agent::symbolize::{ProcessCatalog, StackSymbolizer};
+use flamefleet_agent::process::ProcessCatalog;
+use flamefleet_agent::symbolize::StackSymbolizer;
 use shared::named_share;
 
 mod shared;

@@ -405,7 +405,7 @@ pub fn write_profile(
         path: path.to_path_buf(),
         source,
     };
-    let bytes = pprof::encode_gzip(profile).map_err(out_err)?;
+    let bytes = pprof::encode_gzip(profile).map_err(|e| out_err(std::io::Error::other(e)))?;
     let mut file = std::fs::File::create(path).map_err(out_err)?;
     file.write_all(&bytes).map_err(out_err)
 }

@@ -3,9 +3,9 @@
 //! one shared sampler per profile type, symbolizes, and writes pprof.
 //!
 //! Layout: [`cgroup`] (targets → cgroups), [`capture`] (one engine per profile
-//! type and the shared sampler registry), [`symbolize`] (blazesym, process
-//! snapshots), [`pprof`] (the profile builder), [`unwind`] (CFI tables for the
-//! BPF stack walker), [`cli`] (the `capture`
+//! type and the shared sampler registry), [`process`] (process snapshots),
+//! [`symbolize`] (blazesym, kallsyms), [`pprof`] (the workspace's pprof kit),
+//! [`unwind`] (CFI tables for the BPF stack walker), [`cli`] (the `capture`
 //! subcommand), [`bpf`] (generated skeletons), [`service`] (the gRPC
 //! AgentService: capture table, upload, status write-back, mTLS).
 
@@ -14,7 +14,10 @@ pub mod capture;
 pub mod cgroup;
 pub mod cli;
 pub mod perf_map;
-pub mod pprof;
+pub mod process;
 pub mod service;
 pub mod symbolize;
 pub mod unwind;
+
+/// The pprof kit (`flamefleet-pprof`): builder, bounded decode, validation, merge, readers.
+pub use flamefleet_pprof as pprof;

@@ -16,8 +16,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use flamefleet_agent::capture::heap::ebpf::sampler;
 use flamefleet_agent::capture::heap::ebpf::{self, EbpfHeapOptions, EbpfHeapStats};
-use flamefleet_agent::capture::heap::sampler;
 use flamefleet_agent::capture::{CaptureTarget, TargetLabels};
 use flamefleet_proto::pprof::Profile;
 use support::{Decoded, TestCgroup, compile_c, require_root, serial};

@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::capture_progress::Stage;
-use flamefleet_proto::agent::{CancelRequest, CaptureProgress};
+use flamefleet_proto::agent::capture_summary::Kind;
+use flamefleet_proto::agent::{CancelRequest, CaptureProgress, HeapSourceUsed};
 use service_support::*;
 
 fn done(progress: &[CaptureProgress]) -> &CaptureProgress {
@@ -81,6 +82,13 @@ async fn cpu_capture_streams_stages_and_uploads_a_pprof_go_can_read() {
     // shared with other work, so only require clearly more than noise.
     assert!(a.samples >= 25, "samples {}", a.samples);
     assert_eq!(last.summary.get("samples"), Some(&a.samples.to_string()));
+    // The typed summary carries the same numbers as the text map.
+    let typed = last.capture_summary.as_deref().expect("a typed summary");
+    assert_eq!(typed.display(), last.summary);
+    assert!(
+        matches!(&typed.kind, Some(Kind::Cpu(c)) if c.samples == a.samples && c.frequency_hz == 99),
+        "{typed:?}"
+    );
     // Symbolization quality is reported with every CPU capture.
     let unsymbolized: f64 = last
         .summary
@@ -184,6 +192,12 @@ async fn runqlat_counts_each_wait_once_and_reports_its_histogram() {
         .expect("a runqlat DONE carries its histogram");
     assert_eq!(h.unit_ns, 1000);
     assert_eq!(h.count() as i64, waits);
+    let typed = last.capture_summary.as_deref().expect("a typed summary");
+    assert_eq!(typed.display(), last.summary);
+    assert!(
+        matches!(&typed.kind, Some(Kind::Runqlat(r)) if r.waits == h.count() && r.p50_us == h.quantile_us(0.5)),
+        "{typed:?}"
+    );
     // The summary's numbers are the histogram's.
     assert_eq!(
         format!("{:.1}", h.quantile_us(0.5).unwrap()),
@@ -510,6 +524,12 @@ async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
     assert_eq!(
         last.summary.get("heap_source").map(String::as_str),
         Some("ebpf")
+    );
+    let typed = last.capture_summary.as_deref().expect("a typed summary");
+    assert_eq!(typed.display(), last.summary);
+    assert!(
+        matches!(&typed.kind, Some(Kind::Heap(h)) if h.source() == HeapSourceUsed::Ebpf && h.ebpf.is_some()),
+        "{typed:?}"
     );
     let a = &last.artifacts[0];
     assert!(a.samples > 0, "{a:?}");

@@ -13,6 +13,28 @@ pub fn bucket_bounds(i: usize) -> (u64, u64) {
     }
 }
 
+/// The `q` quantile (0..=1) of log2 bucket counts (`buckets[i]` counts values in
+/// [`bucket_bounds`]`(i)`), in bucket units, interpolated linearly inside its bucket; `None`
+/// when every bucket is empty. The one definition every latency summary uses.
+pub fn quantile(buckets: &[u64], q: f64) -> Option<f64> {
+    let total = buckets.iter().fold(0u64, |a, &b| a.saturating_add(b));
+    if total == 0 {
+        return None;
+    }
+    let rank = q.clamp(0.0, 1.0) * total as f64;
+    let mut seen = 0.0;
+    for (i, &n) in buckets.iter().enumerate() {
+        let next = seen + n as f64;
+        if n > 0 && next >= rank {
+            let (lo, hi) = bucket_bounds(i);
+            let frac = ((rank - seen) / n as f64).clamp(0.0, 1.0);
+            return Some(lo as f64 + frac * (hi - lo) as f64);
+        }
+        seen = next;
+    }
+    None
+}
+
 /// Two histograms in different units cannot be merged exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnitMismatch {
@@ -54,22 +76,7 @@ impl LatencyHistogram {
     /// The `q` quantile (0..=1) in microseconds, interpolated linearly inside its bucket;
     /// `None` when the histogram is empty.
     pub fn quantile_us(&self, q: f64) -> Option<f64> {
-        let total = self.count();
-        if total == 0 {
-            return None;
-        }
-        let rank = q.clamp(0.0, 1.0) * total as f64;
-        let mut seen = 0.0;
-        for (i, &n) in self.buckets.iter().enumerate() {
-            let next = seen + n as f64;
-            if n > 0 && next >= rank {
-                let (lo, hi) = bucket_bounds(i);
-                let frac = ((rank - seen) / n as f64).clamp(0.0, 1.0);
-                return Some(self.units_to_us(lo as f64 + frac * (hi - lo) as f64));
-            }
-            seen = next;
-        }
-        None
+        quantile(&self.buckets, q).map(|units| self.units_to_us(units))
     }
 
     /// The upper bound (exclusive) of the highest non-empty bucket, in microseconds: no

@@ -2,6 +2,7 @@
 
 pub mod identity;
 pub mod latency;
+pub mod summary;
 pub mod tls_accept;
 
 /// The pprof `Profile` messages (package `perftools.profiles`), as read by

@@ -1,14 +1,13 @@
 //! CPU samples as gzipped pprof (the workspace's own `perftools.profiles` types) and as
 //! flame graph SVGs.
 
-use std::io::Write as _;
 use std::time::UNIX_EPOCH;
 
+use flamefleet_pprof::{Label, ProfileBuilder};
 use flamefleet_proto::pprof as pb;
-use prost::Message as _;
 
 use crate::sampler::Samples;
-use crate::symbols::{Locations, Strings};
+use crate::symbols::Locations;
 use crate::{Error, Result};
 
 /// The report as a pprof `Profile`: sample types `samples/count` and `cpu/nanoseconds`
@@ -16,65 +15,38 @@ use crate::{Error, Result};
 /// one location per code address, named from the symbol tables ([`crate::symbols`]), a
 /// `thread` label per sample.
 pub fn pprof(report: &Samples) -> pb::Profile {
-    let mut strings = Strings::new();
     // CPU per sample: the process's measured CPU time shared among the samples (the timer
     // may deliver fewer signals than asked, see `sampler`); the nominal period when there
     // were none.
     let total: i64 = report.stacks.values().sum();
     let period = match i64::try_from(report.cpu_time.as_nanos()) {
         Ok(cpu) if total > 0 && cpu > 0 => cpu / total,
-        _ => 1_000_000_000 / i64::from(report.frequency.max(1)),
+        _ => flamefleet_pprof::nanos_per_sample(u64::from(report.frequency)),
     };
-    let sample_type = vec![
-        pb::ValueType {
-            r#type: strings.get("samples"),
-            unit: strings.get("count"),
-        },
-        pb::ValueType {
-            r#type: strings.get("cpu"),
-            unit: strings.get("nanoseconds"),
-        },
-    ];
-    let period_type = Some(pb::ValueType {
-        r#type: strings.get("cpu"),
-        unit: strings.get("nanoseconds"),
-    });
-    let thread_key = strings.get("thread");
-    let mut locations = Locations::new(&all_addresses(report), &mut strings);
-    let mut samples = Vec::new();
+    let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")]);
+    b.period("cpu", "nanoseconds", period).time(
+        report
+            .start
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+        i64::try_from(report.duration.as_nanos()).unwrap_or(i64::MAX),
+    );
+    let mut locations = Locations::new(&all_addresses(report));
+    locations.add_mappings(&mut b);
     for ((tid, stack), &count) in &report.stacks {
         // Leaf first, as pprof wants them.
         let location_id = stack
             .iter()
-            .map(|&addr| locations.id(addr, &mut strings))
+            .map(|&addr| locations.id(addr, &mut b))
             .collect();
         let count = count.max(0);
-        samples.push(pb::Sample {
+        b.add_sample_at(
             location_id,
-            value: vec![count, count * period],
-            label: vec![pb::Label {
-                key: thread_key,
-                str: strings.get(&report.thread(*tid)),
-                ..Default::default()
-            }],
-        });
+            &[count, count * period],
+            &[Label::Str("thread".into(), report.thread(*tid))],
+        );
     }
-    pb::Profile {
-        sample_type,
-        sample: samples,
-        mapping: locations.mappings,
-        location: locations.locations,
-        function: locations.functions,
-        string_table: strings.into_table(),
-        time_nanos: report
-            .start
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
-        duration_nanos: i64::try_from(report.duration.as_nanos()).unwrap_or(i64::MAX),
-        period_type,
-        period,
-        ..Default::default()
-    }
+    b.build()
 }
 
 /// Every code address of the report's stacks.
@@ -99,11 +71,7 @@ pub fn pprof_gzip(report: &Samples) -> Result<Vec<u8>> {
 /// # Errors
 /// [`Error::Render`] when compression fails.
 pub fn gzip(profile: &pb::Profile) -> Result<Vec<u8>> {
-    let raw = profile.encode_to_vec();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    gz.write_all(&raw)
-        .and_then(|()| gz.finish())
-        .map_err(|e| Error::Render(e.to_string()))
+    flamefleet_pprof::encode_gzip(profile).map_err(|e| Error::Render(e.to_string()))
 }
 
 /// Keeps the separators of the folded format (`;` between frames, the last space before
@@ -117,8 +85,7 @@ fn folded_name(name: &str) -> String {
 /// # Errors
 /// [`Error::Render`] when there is nothing to draw or inferno fails.
 pub fn svg(report: &Samples) -> Result<Vec<u8>> {
-    let mut strings = Strings::new();
-    let locations = Locations::new(&all_addresses(report), &mut strings);
+    let locations = Locations::new(&all_addresses(report));
     let lines: Vec<String> = report
         .stacks
         .iter()

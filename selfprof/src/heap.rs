@@ -8,7 +8,9 @@
 
 use flamefleet_proto::pprof as pb;
 
-use crate::symbols::{Locations, Strings};
+use flamefleet_pprof::ProfileBuilder;
+
+use crate::symbols::Locations;
 use crate::{Error, Result};
 
 /// jemalloc's start-up configuration for the binaries: profiling on and active, one sample
@@ -80,50 +82,36 @@ pub fn in_use_pprof() -> Result<Vec<u8>> {
 /// jemalloc's parsed dump as a pprof `Profile`: one sample per stack, its estimated bytes
 /// in use; the period is jemalloc's mean bytes between samples (`2^lg_sample`).
 fn pprof(dump: &jemalloc_pprof::StackProfile, lg_sample: usize) -> pb::Profile {
-    let mut strings = Strings::new();
-    let sample_type = vec![pb::ValueType {
-        r#type: strings.get("inuse_space"),
-        unit: strings.get("bytes"),
-    }];
-    let period_type = Some(pb::ValueType {
-        r#type: strings.get("space"),
-        unit: strings.get("bytes"),
-    });
+    let mut b = ProfileBuilder::new(&[("inuse_space", "bytes")]);
+    b.period(
+        "space",
+        "bytes",
+        1_i64
+            .checked_shl(u32::try_from(lg_sample).unwrap_or(0))
+            .unwrap_or(0),
+    )
+    .time(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+        0,
+    );
     let addrs: Vec<u64> = dump
         .stacks
         .iter()
         .flat_map(|(stack, _)| stack.addrs.iter().map(|&a| a as u64))
         .collect();
-    let mut locations = Locations::new(&addrs, &mut strings);
-    let sample = dump
-        .stacks
-        .iter()
-        .map(|(stack, _)| pb::Sample {
-            // jemalloc_pprof keeps the stack root first; pprof wants the leaf first.
-            location_id: stack
-                .addrs
-                .iter()
-                .rev()
-                .map(|&a| locations.id(a as u64, &mut strings))
-                .collect(),
-            value: vec![stack.weight.trunc() as i64],
-            ..Default::default()
-        })
-        .collect();
-    pb::Profile {
-        sample_type,
-        sample,
-        mapping: locations.mappings,
-        location: locations.locations,
-        function: locations.functions,
-        string_table: strings.into_table(),
-        time_nanos: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
-        period_type,
-        period: 1_i64
-            .checked_shl(u32::try_from(lg_sample).unwrap_or(0))
-            .unwrap_or(0),
-        ..Default::default()
+    let mut locations = Locations::new(&addrs);
+    locations.add_mappings(&mut b);
+    for (stack, _) in &dump.stacks {
+        // jemalloc_pprof keeps the stack root first; pprof wants the leaf first.
+        let location_id = stack
+            .addrs
+            .iter()
+            .rev()
+            .map(|&a| locations.id(a as u64, &mut b))
+            .collect();
+        b.add_sample_at(location_id, &[stack.weight.trunc() as i64], &[]);
     }
+    b.build()
 }

@@ -19,7 +19,7 @@ use blazesym::Pid;
 use blazesym::symbolize::source::{Process, Source};
 use blazesym::symbolize::{Input, Symbolizer};
 
-use flamefleet_proto::pprof as pb;
+use flamefleet_pprof::{Frame, FrameLine, MappingInfo, ProfileBuilder};
 
 /// The function name of each address (`None` when no symbol covers it).
 pub(crate) fn names(addrs: &[u64]) -> HashMap<u64, Option<String>> {
@@ -75,35 +75,6 @@ fn readable(name: &str) -> String {
     name.to_owned()
 }
 
-/// A `perftools.profiles` string table with `""` at index 0.
-#[derive(Default)]
-pub(crate) struct Strings {
-    table: Vec<String>,
-    index: HashMap<String, i64>,
-}
-
-impl Strings {
-    pub(crate) fn new() -> Self {
-        let mut s = Self::default();
-        s.get("");
-        s
-    }
-
-    pub(crate) fn get(&mut self, v: &str) -> i64 {
-        if let Some(&i) = self.index.get(v) {
-            return i;
-        }
-        let i = self.table.len() as i64;
-        self.table.push(v.to_owned());
-        self.index.insert(v.to_owned(), i);
-        i
-    }
-
-    pub(crate) fn into_table(self) -> Vec<String> {
-        self.table
-    }
-}
-
 /// One loaded object of this process, as a pprof mapping.
 pub(crate) struct Object {
     pub start: u64,
@@ -130,93 +101,68 @@ pub(crate) fn objects() -> Vec<Object> {
         .collect()
 }
 
-/// Builds a profile's locations and functions from address stacks: one location per
-/// address, carrying its mapping and its function name.
+/// Frames for this process's code addresses: each address's mapping and function name,
+/// added to a [`ProfileBuilder`] once per address.
 pub(crate) struct Locations {
     objects: Vec<Object>,
+    /// The builder's mapping ID of each object, once [`Locations::add_mappings`] ran.
+    mapping_ids: Vec<u64>,
     names: HashMap<u64, Option<String>>,
-    pub mappings: Vec<pb::Mapping>,
-    pub locations: Vec<pb::Location>,
-    pub functions: Vec<pb::Function>,
     location_ids: HashMap<u64, u64>,
-    function_ids: HashMap<String, u64>,
 }
 
 impl Locations {
     /// For stacks made of `addrs` (code addresses as recorded: return addresses, one past
     /// the call; see [`Locations::id`]).
-    pub(crate) fn new(addrs: &[u64], strings: &mut Strings) -> Self {
-        let objects = objects();
+    pub(crate) fn new(addrs: &[u64]) -> Self {
         let lookups: Vec<u64> = addrs.iter().map(|&a| a.saturating_sub(1)).collect();
-        let mappings = objects
-            .iter()
-            .zip(1..)
-            .map(|(o, id)| pb::Mapping {
-                id,
-                memory_start: o.start,
-                memory_limit: o.end,
-                file_offset: o.file_offset,
-                filename: strings.get(&o.path),
-                build_id: o.build_id.as_deref().map_or(0, |b| strings.get(b)),
-                has_functions: true,
-                ..Default::default()
-            })
-            .collect();
         Self {
             names: names(&lookups),
-            objects,
-            mappings,
-            locations: Vec::new(),
-            functions: Vec::new(),
+            objects: objects(),
+            mapping_ids: Vec::new(),
             location_ids: HashMap::new(),
-            function_ids: HashMap::new(),
         }
     }
 
-    /// The location of `addr`. Stack addresses are return addresses, one past the call
-    /// instruction, so the address looked up is one less (what `backtrace` and pprof do):
-    /// a call that ends a function would otherwise be named after the next function.
-    pub(crate) fn id(&mut self, addr: u64, strings: &mut Strings) -> u64 {
+    /// Adds this process's objects to `b` as its mappings, in load order.
+    pub(crate) fn add_mappings(&mut self, b: &mut ProfileBuilder) {
+        self.mapping_ids = self
+            .objects
+            .iter()
+            .map(|o| {
+                b.add_mapping(&MappingInfo {
+                    start: o.start,
+                    limit: o.end,
+                    file_offset: o.file_offset,
+                    file: o.path.clone(),
+                    build_id: o.build_id.clone().unwrap_or_default(),
+                    has_functions: true,
+                })
+            })
+            .collect();
+    }
+
+    /// The location of `addr` in `b`. Stack addresses are return addresses, one past the
+    /// call instruction, so the address looked up is one less (what `backtrace` and pprof
+    /// do): a call that ends a function would otherwise be named after the next function.
+    pub(crate) fn id(&mut self, addr: u64, b: &mut ProfileBuilder) -> u64 {
         let addr = addr.saturating_sub(1);
         if let Some(&id) = self.location_ids.get(&addr) {
             return id;
         }
-        let id = self.locations.len() as u64 + 1;
-        let mapping_id = self
+        let mapping = self
             .objects
             .iter()
             .position(|o| o.start <= addr && addr < o.end)
-            .map_or(0, |i| i as u64 + 1);
-        let name = self
-            .names
-            .get(&addr)
-            .cloned()
-            .flatten()
-            .unwrap_or_else(|| format!("{addr:#x}"));
-        let next_function = self.functions.len() as u64 + 1;
-        let function_id = *self
-            .function_ids
-            .entry(name.clone())
-            .or_insert(next_function);
-        if function_id == next_function {
-            let name = strings.get(&name);
-            self.functions.push(pb::Function {
-                id: function_id,
-                name,
-                system_name: name,
-                ..Default::default()
-            });
-        }
-        self.locations.push(pb::Location {
-            id,
-            mapping_id,
+            .and_then(|i| self.mapping_ids.get(i).copied());
+        let id = b.location(&Frame {
             address: addr,
-            line: vec![pb::Line {
-                function_id,
+            mapping,
+            lines: vec![FrameLine {
+                function: self.name_at(addr),
+                file: String::new(),
                 line: 0,
-                ..Default::default()
             }],
-            ..Default::default()
         });
         self.location_ids.insert(addr, id);
         id
@@ -224,12 +170,15 @@ impl Locations {
 
     /// The function name shown for `addr` (as [`Locations::id`] names it).
     pub(crate) fn name(&self, addr: u64) -> String {
-        let addr = addr.saturating_sub(1);
+        self.name_at(addr.saturating_sub(1))
+    }
+
+    fn name_at(&self, lookup: u64) -> String {
         self.names
-            .get(&addr)
+            .get(&lookup)
             .cloned()
             .flatten()
-            .unwrap_or_else(|| format!("{addr:#x}"))
+            .unwrap_or_else(|| format!("{lookup:#x}"))
     }
 }
 

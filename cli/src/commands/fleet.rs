@@ -212,8 +212,7 @@ pub async fn get(
         unfinished,
         by_namespace.len()
     );
-    let mut by_type: BTreeMap<String, Vec<(String, flamefleet_proto::pprof::Profile)>> =
-        BTreeMap::new();
+    let mut by_type: BTreeMap<String, Vec<merge::Input>> = BTreeMap::new();
     let mut artifacts = 0;
     for (namespace, requests) in &by_namespace {
         let scoped = Cluster {
@@ -239,12 +238,15 @@ pub async fn get(
             .collect();
         for (run, d) in fetch_all(&scoped, &from, |a| is_pprof(&a.name)).await? {
             let source = format!("{namespace}/{run}/{}", d.name);
-            let mut profile = profile_file::decode(&d.bytes, &source)?;
-            merge::add_label(&mut profile, "run", &run);
+            let profile = profile_file::decode(&d.bytes, &source)?;
             by_type
                 .entry(artifact_type(&d.name).to_owned())
                 .or_default()
-                .push((source, profile));
+                .push(merge::Input {
+                    source,
+                    profile,
+                    labels: vec![flamefleet_pprof::Label::Str("run".into(), run)],
+                });
             artifacts += 1;
         }
     }
@@ -259,16 +261,16 @@ pub async fn get(
         .collect();
     let mut files = Vec::new();
     let mut text = String::new();
-    for (ty, profiles) in &by_type {
+    for (ty, profiles) in by_type {
+        let count = profiles.len();
         let merged = merge::merge(profiles)?;
         let _ = writeln!(
             out,
-            "{ty}: merged {} profiles ({})",
-            profiles.len(),
+            "{ty}: merged {count} profiles ({})",
             stacks::total_text(&merged)
         );
         let name = format!("{}-{ty}.pb.gz", policy.name());
-        let bytes = profile_file::encode_gzip(&merged);
+        let bytes = profile_file::encode_gzip(&merged)?;
         files.extend(render(&name, &bytes, format, &mut text)?);
         if format == Format::Svg {
             files.extend(latency_over_time(policy, &merged, &scheduled)?);

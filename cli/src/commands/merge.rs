@@ -23,7 +23,10 @@ pub async fn run(
         let path = Path::new(input);
         if path.is_file() {
             let bytes = std::fs::read(path).map_err(Error::io(format!("reading {input}")))?;
-            profiles.push((input.clone(), profile_file::decode(&bytes, input)?));
+            profiles.push(merge::Input::new(
+                input.clone(),
+                profile_file::decode(&bytes, input)?,
+            ));
             continue;
         }
         let cluster = cluster
@@ -52,10 +55,12 @@ pub async fn run(
         };
         for (_, d) in fetch_all(cluster, &[from], is_pprof).await? {
             let source = format!("{input}/{}", d.name);
-            profiles.push((source.clone(), profile_file::decode(&d.bytes, &source)?));
+            let profile = profile_file::decode(&d.bytes, &source)?;
+            profiles.push(merge::Input::new(source, profile));
         }
     }
-    let merged = merge::merge(&profiles)?;
+    let count = profiles.len();
+    let merged = merge::merge(profiles)?;
     let dir = match output.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -66,13 +71,12 @@ pub async fn run(
         .ok_or_else(|| Error::Usage(format!("{} is not a file path", output.display())))?;
     let file = OutputFile {
         name: name.to_owned(),
-        bytes: profile_file::encode_gzip(&merged),
+        bytes: profile_file::encode_gzip(&merged)?,
     };
     let written = output::write_all(dir, &[file], force, &mut std::io::sink())?;
     let _ = writeln!(
         out,
-        "merged {} profiles ({}) into {}",
-        profiles.len(),
+        "merged {count} profiles ({}) into {}",
         stacks::total_text(&merged),
         written
             .first()

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use std::io::Write as _;
 use std::time::Duration;
 
-use flamefleet_proto::agent::{LatencyHistogram, ProfileType};
+use flamefleet_proto::agent::capture_summary::Kind;
+use flamefleet_proto::agent::{
+    CaptureSummary, CpuSummary, HeapSummary, LatencyHistogram, ProfileType, RunqlatSummary,
+};
 use flamefleet_proto::pprof as pb;
 use prost::Message as _;
 
@@ -29,7 +32,7 @@ pub struct Built {
     /// The artifacts, in slot order.
     pub artifacts: Vec<BuiltArtifact>,
     /// The DONE summary.
-    pub summary: HashMap<String, String>,
+    pub summary: CaptureSummary,
     /// runqlat: the node's histogram.
     pub runqlat_histogram: Option<LatencyHistogram>,
 }
@@ -176,7 +179,6 @@ pub fn build(
     names: &[String],
 ) -> std::io::Result<Built> {
     let seconds = duration.as_secs_f64().max(0.001);
-    let mut summary = HashMap::new();
     let name = |i: usize| names.get(i).cloned().unwrap_or_default();
     let label_sets: Vec<Vec<(&str, &str)>> = if pods.is_empty() {
         vec![vec![("node", node)]]
@@ -212,10 +214,15 @@ pub fn build(
             }
             let profile = b.finish();
             let total = u64::try_from(total).unwrap_or(0);
-            summary.insert("samples".into(), total.to_string());
-            summary.insert("unsymbolized_frames_pct".into(), "0.00".into());
-            summary.insert("dropped_samples".into(), "0".into());
-            summary.insert("frequency_hz".into(), hz.to_string());
+            let summary = CaptureSummary {
+                kind: Some(Kind::Cpu(CpuSummary {
+                    samples: total,
+                    dropped_samples: 0,
+                    unsymbolized_frames_pct: 0.0,
+                    frequency_hz: hz,
+                    requested_frequency_hz: hz,
+                })),
+            };
             Ok(Built {
                 artifacts: vec![BuiltArtifact {
                     name: name(0),
@@ -247,12 +254,13 @@ pub fn build(
                 allocations += 64;
             }
             let profile = b.finish();
-            summary.insert("samples".into(), allocations.to_string());
-            summary.insert("heap_source".into(), "hollow".into());
-            summary.insert(
-                "heap_reason".into(),
-                "hollow agent: a synthetic profile, nothing was captured".into(),
-            );
+            let summary = CaptureSummary {
+                kind: Some(Kind::Heap(HeapSummary {
+                    allocations,
+                    reason: "hollow agent: a synthetic profile, nothing was captured".into(),
+                    ..Default::default()
+                })),
+            };
             Ok(Built {
                 artifacts: vec![BuiltArtifact {
                     name: name(0),
@@ -291,17 +299,16 @@ pub fn build(
                     (1u64 << (i + 1)) - 1
                 ));
             }
-            summary.insert("samples".into(), waits.to_string());
-            summary.insert("events".into(), waits.to_string());
-            for (key, q) in [("p50_us", 0.50), ("p90_us", 0.90), ("p99_us", 0.99)] {
-                if let Some(v) = histogram.quantile_us(q) {
-                    summary.insert(key.into(), format!("{v:.1}"));
-                }
-            }
-            if let Some(max) = histogram.max_us() {
-                summary.insert("max_us".into(), format!("{max:.0}"));
-            }
-            summary.insert("dropped_samples".into(), "0".into());
+            let summary = CaptureSummary {
+                kind: Some(Kind::Runqlat(RunqlatSummary {
+                    waits,
+                    dropped_samples: 0,
+                    p50_us: histogram.quantile_us(0.50),
+                    p90_us: histogram.quantile_us(0.90),
+                    p99_us: histogram.quantile_us(0.99),
+                    max_us: histogram.max_us(),
+                })),
+            };
             Ok(Built {
                 artifacts: vec![
                     BuiltArtifact {
@@ -358,7 +365,7 @@ mod tests {
         assert_eq!(p.string_table[0], "");
         let samples: i64 = p.sample.iter().map(|s| s.value[0]).sum();
         assert_eq!(u64::try_from(samples).unwrap(), a.samples);
-        assert_eq!(built.summary["samples"], a.samples.to_string());
+        assert_eq!(built.summary.display()["samples"], a.samples.to_string());
         // Every location and function a sample names exists.
         for s in &p.sample {
             for id in &s.location_id {

@@ -309,8 +309,9 @@ impl HollowAgent {
             stage: Stage::Done as i32,
             message: format!("uploaded {} artifact(s)", artifacts.len()),
             artifacts,
-            summary: built.summary,
+            summary: built.summary.display(),
             runqlat_histogram: built.runqlat_histogram,
+            capture_summary: Some(Box::new(built.summary)),
             ..Default::default()
         })
     }

@@ -24,7 +24,7 @@ use std::time::Duration;
 use super::cpu::{CpuCapture, CpuOptions, CpuSampler};
 use super::runqlat::{RunqlatCapture, RunqlatOptions, RunqlatSampler};
 use super::{CaptureError, CaptureTarget, Result, SamplerConfig};
-use crate::symbolize::ProcessCatalog;
+use crate::process::ProcessCatalog;
 
 /// The node's samplers. Thread-safe; share it behind an `Arc`.
 #[derive(Debug, Default)]
@@ -185,8 +185,8 @@ impl Samplers {
             .upgrade()
             .map(|s| s.is_alive());
         dead(runqlat, "runqlat")?;
-        // The heap sampler lives in its own process-wide slot (capture::heap::sampler).
-        let heap = super::heap::sampler::running().map(|s| s.is_alive());
+        // The heap sampler lives in its own process-wide slot (capture::heap::ebpf::sampler).
+        let heap = super::heap::ebpf::sampler::running().map(|s| s.is_alive());
         dead(heap, "eBPF heap")
     }
 

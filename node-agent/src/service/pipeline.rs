@@ -2,15 +2,15 @@
 //! through the node's shared samplers while publishing progress, build the
 //! artifacts, upload them, and write this node's status entry.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::capture_progress::Stage;
+use flamefleet_proto::agent::capture_summary::Kind;
 use flamefleet_proto::agent::{
-    Artifact, CaptureProgress, CaptureRequest, LatencyHistogram, ProfileType, UploadSlot,
-    artifact_names,
+    self as pb, Artifact, CaptureProgress, CaptureRequest, CaptureSummary, LatencyHistogram,
+    ProfileType, UploadSlot, artifact_names,
 };
 use flamefleet_proto::pprof::Profile;
 
@@ -83,40 +83,8 @@ struct Built {
 /// What an engine produced.
 struct Output {
     artifacts: Vec<Built>,
-    summary: HashMap<String, String>,
+    summary: CaptureSummary,
     runqlat_histogram: Option<LatencyHistogram>,
-}
-
-/// The summary of a CPU capture. `samples` is the number of CPU samples taken in the
-/// targets (the sum of the profile's `samples/count`); `frequency_hz` is the frequency the
-/// samples were really taken at: a capture that joins a running sampler gets the sampler's,
-/// and then `requested_frequency_hz` and `frequency_note` say so.
-fn cpu_summary(
-    samples: u64,
-    dropped: u64,
-    unsymbolized_pct: f64,
-    requested_hz: u64,
-    effective_hz: u64,
-) -> HashMap<String, String> {
-    let mut summary = HashMap::from([
-        ("samples".to_string(), samples.to_string()),
-        (
-            "unsymbolized_frames_pct".to_string(),
-            format!("{unsymbolized_pct:.2}"),
-        ),
-        ("dropped_samples".to_string(), dropped.to_string()),
-        ("frequency_hz".to_string(), effective_hz.to_string()),
-    ]);
-    if requested_hz != effective_hz {
-        summary.insert("requested_frequency_hz".into(), requested_hz.to_string());
-        summary.insert(
-            "frequency_note".into(),
-            format!(
-                "joined a sampler already running at {effective_hz} Hz; {requested_hz} Hz was requested"
-            ),
-        );
-    }
-    summary
 }
 
 /// Every wait of the capture's targets in one histogram (per-process histograms add up to
@@ -137,24 +105,18 @@ fn node_histogram(result: &RunqlatResult) -> LatencyHistogram {
     all
 }
 
-/// The summary of a runqlat capture: `samples` and `events` are the number of run-queue
-/// waits measured (the histogram's total, the sum of the pprof's `count/count`);
-/// percentiles and `max_us` come from the histogram the operator merges too.
-fn runqlat_summary(histogram: &LatencyHistogram) -> HashMap<String, String> {
-    let waits = histogram.count().to_string();
-    let mut summary = HashMap::from([
-        ("samples".to_string(), waits.clone()),
-        ("events".to_string(), waits),
-    ]);
-    for (key, q) in [("p50_us", 0.50), ("p90_us", 0.90), ("p99_us", 0.99)] {
-        if let Some(v) = histogram.quantile_us(q) {
-            summary.insert(key.into(), format!("{v:.1}"));
-        }
+/// The summary of a runqlat capture: the waits measured (the histogram's total, the sum
+/// of the pprof's `count/count`); percentiles and `max_us` come from the histogram the
+/// operator merges too.
+fn runqlat_summary(histogram: &LatencyHistogram, dropped: u64) -> pb::RunqlatSummary {
+    pb::RunqlatSummary {
+        waits: histogram.count(),
+        dropped_samples: dropped,
+        p50_us: histogram.quantile_us(0.50),
+        p90_us: histogram.quantile_us(0.90),
+        p99_us: histogram.quantile_us(0.99),
+        max_us: histogram.max_us(),
     }
-    if let Some(max) = histogram.max_us() {
-        summary.insert("max_us".into(), format!("{max:.0}"));
-    }
-    summary
 }
 
 /// The `type` label of a profile type in the agent's metrics.
@@ -252,7 +214,7 @@ async fn blocking<T: Send + 'static>(
 /// show up in both halves of a window) than it saved.
 async fn symbolize_during_window(
     running: Arc<crate::capture::cpu::CpuCapture>,
-    catalog: crate::symbolize::ProcessCatalog,
+    catalog: crate::process::ProcessCatalog,
     metrics: Arc<super::metrics::AgentMetrics>,
     duration: Duration,
 ) {
@@ -341,7 +303,6 @@ async fn capture(
     let targets: Vec<CaptureTarget> = resolved.iter().map(|t| t.capture.clone()).collect();
     let started = Instant::now();
     let samplers = Arc::clone(&ctx.samplers);
-    let mut summary = HashMap::new();
     match ty {
         ProfileType::Cpu => {
             let options = CpuOptions {
@@ -394,13 +355,17 @@ async fn capture(
                     ))
                 })
                 .await??;
-            summary.extend(cpu_summary(
-                total,
-                drops,
-                unsymbolized,
-                requested,
-                effective,
-            ));
+            // `frequency_hz` is the frequency the samples were really taken at: a capture
+            // that joins a running sampler gets the sampler's.
+            let summary = CaptureSummary {
+                kind: Some(Kind::Cpu(pb::CpuSummary {
+                    samples: total,
+                    dropped_samples: drops,
+                    unsymbolized_frames_pct: unsymbolized,
+                    frequency_hz: effective,
+                    requested_frequency_hz: requested,
+                })),
+            };
             Ok(Output {
                 artifacts: vec![Built {
                     name: names[0].clone(),
@@ -416,12 +381,13 @@ async fn capture(
             let opts = req.runqlat.clone().unwrap_or_default();
             let options = RunqlatOptions {
                 per_process: opts.per_process,
-                unit: match opts.unit.as_str() {
-                    "" | "us" => LatencyUnit::Micros,
-                    "ms" => LatencyUnit::Millis,
-                    other => {
+                unit: match pb::LatencyUnit::requested(opts.latency_unit, &opts.unit) {
+                    Some(pb::LatencyUnit::Milliseconds) => LatencyUnit::Millis,
+                    Some(_) => LatencyUnit::Micros,
+                    None => {
                         return Err(PipelineError::Invalid(format!(
-                            "runqlat unit must be \"us\" or \"ms\", found {other:?}"
+                            "runqlat unit must be \"us\" or \"ms\", found {:?} (latency_unit {})",
+                            opts.unit, opts.latency_unit
                         )));
                     }
                 },
@@ -441,11 +407,12 @@ async fn capture(
             let profile = result.to_profile(&node);
             let histogram = node_histogram(&result);
             let waits = histogram.count();
-            summary.extend(runqlat_summary(&histogram));
-            summary.insert(
-                "dropped_samples".into(),
-                (result.drops.hists_full + result.drops.start_full).to_string(),
-            );
+            let summary = CaptureSummary {
+                kind: Some(Kind::Runqlat(runqlat_summary(
+                    &histogram,
+                    result.drops.hists_full + result.drops.start_full,
+                ))),
+            };
             Ok(Output {
                 artifacts: vec![
                     Built {
@@ -469,12 +436,15 @@ async fn capture(
         }
         ProfileType::Heap => {
             let opts = req.heap.clone().unwrap_or_default();
-            let source = HeapSource::parse(&opts.source).ok_or_else(|| {
-                PipelineError::Invalid(format!(
-                    "heap source must be auto, endpoint, ebpf or goruntime, found {:?}",
-                    opts.source
-                ))
-            })?;
+            let source = pb::HeapSource::requested(opts.source_kind, &opts.source)
+                .map(HeapSource::from)
+                .ok_or_else(|| {
+                    PipelineError::Invalid(format!(
+                        "heap source must be auto, endpoint, ebpf or goruntime, found {:?} \
+                         (source_kind {})",
+                        opts.source, opts.source_kind
+                    ))
+                })?;
             let mut request: HeapRequest = heap::cli_request(
                 source,
                 &[],
@@ -497,32 +467,10 @@ async fn capture(
             // finishes its window (at most the requested duration) unobserved.
             let work = blocking("heap", move || heap::capture(&request));
             let result = run_with_progress(handle, started, duration, work).await???;
-            let samples = pprof::allocation_count(&result.profile);
-            summary.insert("samples".into(), samples.to_string());
-            summary.insert("heap_source".into(), result.source.to_string());
-            summary.insert("heap_reason".into(), result.reason.clone());
-            if let Some(stats) = &result.ebpf_stats {
-                summary.insert("heap_ebpf".into(), format!("{stats:?}"));
-            }
-            if !result.processes.is_empty() {
-                let per_process: Vec<String> = result
-                    .processes
-                    .iter()
-                    .map(|n| {
-                        format!(
-                            "pid {} ({}): {}: {}",
-                            n.pid,
-                            n.comm,
-                            n.source.map_or("not seen".to_owned(), |s| s.to_string()),
-                            n.detail
-                        )
-                    })
-                    .collect();
-                summary.insert("heap_processes".into(), per_process.join("; "));
-            }
-            if !result.warnings.is_empty() {
-                summary.insert("warnings".into(), result.warnings.join("; "));
-            }
+            let summary = CaptureSummary {
+                kind: Some(Kind::Heap(result.summary())),
+            };
+            let samples = summary.samples();
             Ok(Output {
                 artifacts: vec![Built {
                     name: names[0].clone(),
@@ -612,8 +560,9 @@ pub async fn run(ctx: Arc<Context>, handle: CaptureHandle, req: CaptureRequest) 
             message: format!("uploaded {} artifact(s)", artifacts.len()),
             elapsed_ms: millis(started.elapsed()),
             artifacts: artifacts.clone(),
-            summary: output.summary.clone(),
+            summary: output.summary.display(),
             runqlat_histogram: output.runqlat_histogram.clone(),
+            capture_summary: Some(Box::new(output.summary.clone())),
             ..Default::default()
         },
         Err(e) => CaptureProgress {
@@ -629,12 +578,9 @@ pub async fn run(ctx: Arc<Context>, handle: CaptureHandle, req: CaptureRequest) 
     }
     let ty = type_label(req.r#type());
     if let Ok((_, output)) = &outcome
-        && let Some(n) = output
-            .summary
-            .get("dropped_samples")
-            .and_then(|v| v.parse::<u64>().ok())
+        && matches!(output.summary.kind, Some(Kind::Cpu(_) | Kind::Runqlat(_)))
     {
-        ctx.metrics.dropped(ty, n);
+        ctx.metrics.dropped(ty, output.summary.dropped_samples());
     }
     ctx.metrics.capture_finished(
         ty,

@@ -186,7 +186,7 @@ async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
 
 /// (probed binaries, uprobes, captures) of the node's eBPF heap sampler; zeros when none runs.
 fn heap_sampler_gauges() -> (usize, usize, usize) {
-    crate::capture::heap::sampler::running().map_or((0, 0, 0), |s| {
+    crate::capture::heap::ebpf::sampler::running().map_or((0, 0, 0), |s| {
         let attached = s.attachments();
         (
             attached.len(),

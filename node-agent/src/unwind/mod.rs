@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use libbpf_rs::libbpf_sys as sys;
 use libbpf_rs::{MapCore as _, MapFlags, MapHandle, MapType};
 
-use crate::symbolize::{Binary, ProcessMaps};
+use crate::process::{Binary, ProcessMaps};
 use table::{BinaryTable, Row};
 
 /// Rows per page (`FF_UNWIND_PAGE_ROWS`).

@@ -802,6 +802,7 @@ pub fn capture_request(
             max_overhead_percent: options
                 .max_overhead_percent
                 .and_then(|p| u32::try_from(p).ok()),
+            ..Default::default()
         }
     });
     let runqlat = (spec.profile_type == ProfileType::Runqlat).then(|| {
@@ -813,6 +814,7 @@ pub fn capture_request(
                 RunqlatUnit::Ms => "ms",
             }
             .into(),
+            ..Default::default()
         }
     });
     let cpu = (spec.profile_type == ProfileType::Cpu).then(|| pb::CpuOptions {

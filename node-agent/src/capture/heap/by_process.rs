@@ -17,7 +17,8 @@ use super::merge::{self, LabelledProfile};
 use super::{HeapError, HeapProfile, HeapRequest, HeapSourceUsed, ProcessNote, ebpf};
 use crate::capture::{CaptureTarget, target_labels};
 use crate::pprof::Label;
-use crate::symbolize::{ProcessCatalog, StackSymbolizer};
+use crate::process::ProcessCatalog;
+use crate::symbolize::StackSymbolizer;
 
 /// Which sources per-process selection may use.
 #[derive(Debug, Clone, Copy)]

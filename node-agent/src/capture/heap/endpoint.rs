@@ -8,16 +8,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Read;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
+use flamefleet_pprof::DecodeLimits;
 use flamefleet_proto::pprof::Profile;
 use http_body_util::BodyExt;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use prost::Message;
 
 /// Pod annotation naming the port of the pod's pprof HTTP server.
 pub const ANNOTATION_PORT: &str = "flamefleet.dev/pprof-port";
@@ -74,6 +73,21 @@ pub enum EndpointError {
     TooLargeDecompressed {
         /// The endpoint tried.
         endpoint: String,
+        /// The cap in bytes.
+        limit: u64,
+    },
+    /// Decoding the profile would keep more memory than the cap (a profile built to expand
+    /// in memory, or one far larger than real heap profiles).
+    #[error(
+        "the profile from {endpoint} would keep at least {needed} bytes in memory once decoded, \
+         more than the cap of {limit} bytes; refusing it before decoding it (a real heap \
+         profile decodes into a few MiB)"
+    )]
+    TooLargeDecoded {
+        /// The endpoint tried.
+        endpoint: String,
+        /// Bytes decoding would keep (at least).
+        needed: u64,
         /// The cap in bytes.
         limit: u64,
     },
@@ -282,7 +296,7 @@ pub fn parse_path(raw: &str, what: &str) -> Result<String, EndpointError> {
 }
 
 /// Bounds on one fetch. Every remote step has a deadline, and memory is capped
-/// while the body streams in and again while it decompresses.
+/// while the body streams in, again while it decompresses, and on what decoding keeps.
 #[derive(Debug, Clone)]
 pub struct FetchLimits {
     /// Deadline to establish the TCP connection.
@@ -295,6 +309,10 @@ pub struct FetchLimits {
     pub max_body_bytes: u64,
     /// Largest decompressed profile accepted, in bytes.
     pub max_profile_bytes: u64,
+    /// Most memory decoding one profile may keep, in bytes: the inflated protobuf plus the
+    /// structures it decodes into, judged before they are allocated
+    /// ([`flamefleet_pprof::DecodeLimits::max_kept_bytes`]).
+    pub max_kept_bytes: u64,
 }
 
 impl Default for FetchLimits {
@@ -307,6 +325,9 @@ impl Default for FetchLimits {
             total_timeout: Duration::from_secs(30),
             max_body_bytes: 64 << 20,
             max_profile_bytes: 256 << 20,
+            // With the body (64 MiB at most) this keeps one fetch under 192 MiB of the
+            // chart's 512 MiB agent limit; real profiles decode into a few MiB.
+            max_kept_bytes: 128 << 20,
         }
     }
 }
@@ -328,9 +349,12 @@ pub async fn fetch_profile(
             });
         }
     };
-    let max = limits.max_profile_bytes;
+    let decode = DecodeLimits {
+        max_decompressed_bytes: limits.max_profile_bytes,
+        max_kept_bytes: limits.max_kept_bytes,
+    };
     // Decompressing and decoding up to hundreds of MiB is CPU work: keep it off the reactor.
-    tokio::task::spawn_blocking(move || decode_profile(&body, max, &name))
+    tokio::task::spawn_blocking(move || decode_profile(&body, &decode, &name))
         .await
         .map_err(|e| EndpointError::Http {
             endpoint: endpoint.to_string(),
@@ -508,124 +532,36 @@ fn dial_in_netns(
     })
 }
 
-/// Decompresses (if gzipped, under `max_bytes`), decodes and validates a profile.
+/// Decompresses (if gzipped, under `limits.max_decompressed_bytes`), decodes (keeping at
+/// most `limits.max_kept_bytes`) and validates a profile, with the kit's bounded decoder.
 pub fn decode_profile(
     body: &[u8],
-    max_bytes: u64,
+    limits: &DecodeLimits,
     endpoint: &str,
 ) -> Result<Profile, EndpointError> {
-    let not_pprof = |reason: String| EndpointError::NotPprof {
-        endpoint: endpoint.to_string(),
-        reason,
-        preview: preview(body),
-    };
-    if body.is_empty() {
-        return Err(not_pprof("the body is empty".into()));
-    }
-    let raw: std::borrow::Cow<'_, [u8]> = if body.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(body)
-            .take(max_bytes + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| not_pprof(format!("gzip stream is corrupt: {e}")))?;
-        if out.len() as u64 > max_bytes {
-            return Err(EndpointError::TooLargeDecompressed {
-                endpoint: endpoint.to_string(),
-                limit: max_bytes,
-            });
+    flamefleet_pprof::decode_with(body, limits).map_err(|e| {
+        let endpoint = endpoint.to_string();
+        match e {
+            flamefleet_pprof::Error::TooLargeDecompressed { limit } => {
+                EndpointError::TooLargeDecompressed { endpoint, limit }
+            }
+            flamefleet_pprof::Error::TooLargeDecoded { needed, limit, .. } => {
+                EndpointError::TooLargeDecoded {
+                    endpoint,
+                    needed,
+                    limit,
+                }
+            }
+            other => EndpointError::NotPprof {
+                endpoint,
+                reason: match other {
+                    flamefleet_pprof::Error::Empty => "the body is empty".into(),
+                    other => other.to_string(),
+                },
+                preview: preview(body),
+            },
         }
-        out.into()
-    } else {
-        if body.len() as u64 > max_bytes {
-            return Err(EndpointError::TooLargeDecompressed {
-                endpoint: endpoint.to_string(),
-                limit: max_bytes,
-            });
-        }
-        body.into()
-    };
-    let profile = Profile::decode(raw.as_ref())
-        .map_err(|e| not_pprof(format!("protobuf decoding failed: {e}")))?;
-    validate_profile(&profile).map_err(not_pprof)?;
-    Ok(profile)
-}
-
-/// Checks the invariants pprof readers rely on (and our merge indexes by), so
-/// a decodable but inconsistent message is refused instead of panicking later.
-pub fn validate_profile(p: &Profile) -> Result<(), String> {
-    let strings = p.string_table.len() as i64;
-    if p.string_table.first().map(String::as_str) != Some("") {
-        return Err("string_table[0] must be the empty string".into());
-    }
-    let string_ok = |i: i64| (0..strings).contains(&i);
-    if p.sample_type.is_empty() {
-        return Err("no sample types".into());
-    }
-    for vt in p.sample_type.iter().chain(p.period_type.iter()) {
-        if !string_ok(vt.r#type) || !string_ok(vt.unit) {
-            return Err("a value type names a string out of range".into());
-        }
-    }
-    let mappings: std::collections::HashSet<u64> = p.mapping.iter().map(|m| m.id).collect();
-    let functions: std::collections::HashSet<u64> = p.function.iter().map(|f| f.id).collect();
-    let locations: std::collections::HashSet<u64> = p.location.iter().map(|l| l.id).collect();
-    if mappings.contains(&0) || functions.contains(&0) || locations.contains(&0) {
-        return Err("id 0 is reserved for mappings, functions and locations".into());
-    }
-    for m in &p.mapping {
-        if !string_ok(m.filename) || !string_ok(m.build_id) {
-            return Err(format!("mapping {} names a string out of range", m.id));
-        }
-    }
-    for f in &p.function {
-        if !string_ok(f.name) || !string_ok(f.system_name) || !string_ok(f.filename) {
-            return Err(format!("function {} names a string out of range", f.id));
-        }
-    }
-    for l in &p.location {
-        if l.mapping_id != 0 && !mappings.contains(&l.mapping_id) {
-            return Err(format!(
-                "location {} names unknown mapping {}",
-                l.id, l.mapping_id
-            ));
-        }
-        if let Some(line) = l
-            .line
-            .iter()
-            .find(|ln| !functions.contains(&ln.function_id))
-        {
-            return Err(format!(
-                "location {} names unknown function {}",
-                l.id, line.function_id
-            ));
-        }
-    }
-    for (i, s) in p.sample.iter().enumerate() {
-        if s.value.len() != p.sample_type.len() {
-            return Err(format!(
-                "sample {i} has {} values for {} sample types",
-                s.value.len(),
-                p.sample_type.len()
-            ));
-        }
-        if let Some(id) = s.location_id.iter().find(|id| !locations.contains(id)) {
-            return Err(format!("sample {i} names unknown location {id}"));
-        }
-        if s.label
-            .iter()
-            .any(|l| !string_ok(l.key) || !string_ok(l.str) || !string_ok(l.num_unit))
-        {
-            return Err(format!(
-                "sample {i} has a label naming a string out of range"
-            ));
-        }
-    }
-    let default_ok = p.default_sample_type == 0 || string_ok(p.default_sample_type);
-    let comments_ok = p.comment.iter().all(|&c| string_ok(c));
-    if !default_ok || !comments_ok {
-        return Err("default_sample_type or a comment names a string out of range".into());
-    }
-    Ok(())
+    })
 }
 
 /// A printable excerpt of a body, for error messages.
@@ -727,41 +663,6 @@ mod tests {
     }
 
     #[test]
-    fn validation_refuses_inconsistent_profiles() {
-        use flamefleet_proto::pprof::{Sample, ValueType};
-        let mut p = Profile {
-            string_table: vec!["".into(), "space".into(), "bytes".into()],
-            sample_type: vec![ValueType { r#type: 1, unit: 2 }],
-            sample: vec![Sample {
-                location_id: vec![],
-                value: vec![1],
-                label: vec![],
-            }],
-            ..Default::default()
-        };
-        assert_eq!(validate_profile(&p), Ok(()));
-        p.sample[0].location_id.push(9);
-        assert!(
-            validate_profile(&p)
-                .unwrap_err()
-                .contains("unknown location 9")
-        );
-        p.sample[0].location_id.clear();
-        p.sample[0].value.push(2);
-        assert!(
-            validate_profile(&p)
-                .unwrap_err()
-                .contains("2 values for 1 sample types")
-        );
-        p.sample[0].value.pop();
-        p.sample_type[0].unit = 7;
-        assert!(validate_profile(&p).is_err());
-        p.sample_type[0].unit = 2;
-        p.string_table[0] = "x".into();
-        assert!(validate_profile(&p).is_err());
-    }
-
-    #[test]
     fn zip_bombs_are_refused_before_they_grow() {
         use std::io::Write;
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -770,12 +671,16 @@ mod tests {
             gz.write_all(&zeros).unwrap();
         }
         let bomb = gz.finish().unwrap();
-        let e = decode_profile(&bomb, 8 << 20, "test").unwrap_err();
+        let limits = DecodeLimits {
+            max_decompressed_bytes: 8 << 20,
+            ..DecodeLimits::default()
+        };
+        let e = decode_profile(&bomb, &limits, "test").unwrap_err();
         assert!(
             matches!(e, EndpointError::TooLargeDecompressed { .. }),
             "{e}"
         );
-        let e = decode_profile(b"<html>nope</html>", 1 << 20, "test").unwrap_err();
+        let e = decode_profile(b"<html>nope</html>", &limits, "test").unwrap_err();
         assert!(e.to_string().contains("<html>nope"), "{e}");
     }
 }

@@ -20,12 +20,12 @@ pub mod endpoint;
 pub mod goruntime;
 pub mod merge;
 pub mod overhead;
-pub mod sampler;
 pub mod sampling;
 
 use std::fmt;
 use std::time::Duration;
 
+use flamefleet_proto::agent as pb;
 use flamefleet_proto::pprof::Profile;
 
 use self::ebpf::{EbpfHeapOptions, EbpfHeapStats};
@@ -51,15 +51,20 @@ pub enum HeapSource {
 }
 
 impl HeapSource {
-    /// Parses the API's `heap.source` (`""` is `auto`).
+    /// Parses the API's text `heap.source` (`""` is `auto`).
     pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "" | "auto" => HeapSource::Auto,
-            "endpoint" => HeapSource::Endpoint,
-            "ebpf" => HeapSource::Ebpf,
-            "goruntime" | "go" => HeapSource::GoRuntime,
-            _ => return None,
-        })
+        pb::HeapSource::requested(0, text).map(Self::from)
+    }
+}
+
+impl From<pb::HeapSource> for HeapSource {
+    fn from(source: pb::HeapSource) -> Self {
+        match source {
+            pb::HeapSource::Unspecified | pb::HeapSource::Auto => Self::Auto,
+            pb::HeapSource::Endpoint => Self::Endpoint,
+            pb::HeapSource::Ebpf => Self::Ebpf,
+            pb::HeapSource::Goruntime => Self::GoRuntime,
+        }
     }
 }
 
@@ -76,14 +81,20 @@ pub enum HeapSourceUsed {
     Mixed,
 }
 
+impl From<HeapSourceUsed> for pb::HeapSourceUsed {
+    fn from(source: HeapSourceUsed) -> Self {
+        match source {
+            HeapSourceUsed::Endpoint => Self::Endpoint,
+            HeapSourceUsed::Ebpf => Self::Ebpf,
+            HeapSourceUsed::GoRuntime => Self::Goruntime,
+            HeapSourceUsed::Mixed => Self::Mixed,
+        }
+    }
+}
+
 impl fmt::Display for HeapSourceUsed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            HeapSourceUsed::Endpoint => "endpoint",
-            HeapSourceUsed::Ebpf => "ebpf",
-            HeapSourceUsed::GoRuntime => "goruntime",
-            HeapSourceUsed::Mixed => "goruntime+ebpf",
-        })
+        f.write_str(pb::HeapSourceUsed::from(*self).name())
     }
 }
 
@@ -226,6 +237,29 @@ pub fn cli_request(
 }
 
 impl HeapProfile {
+    /// The capture summary: allocations the profile accounts for, the source and why, the
+    /// eBPF counters and what happened to each process.
+    pub fn summary(&self) -> pb::HeapSummary {
+        pb::HeapSummary {
+            allocations: crate::pprof::allocation_count(&self.profile),
+            source: pb::HeapSourceUsed::from(self.source) as i32,
+            reason: self.reason.clone(),
+            ebpf: self.ebpf_stats.as_ref().map(EbpfHeapStats::summary),
+            processes: self
+                .processes
+                .iter()
+                .map(|n| pb::HeapProcess {
+                    pid: n.pid,
+                    comm: n.comm.clone(),
+                    target: n.target.clone(),
+                    source: n.source.map_or(pb::HeapSourceUsed::Unspecified, From::from) as i32,
+                    detail: n.detail.clone(),
+                })
+                .collect(),
+            warnings: self.warnings.clone(),
+        }
+    }
+
     /// A short report: source and why, totals per sample type, eBPF counters.
     pub fn text(&self) -> String {
         let p = &self.profile;

@@ -1,13 +1,17 @@
 //! A pprof `Profile` builder: string table (index 0 is `""`), deduplicated
-//! mappings, functions and locations, labels, sample types, gzip encoding.
+//! mappings, functions and locations, labels, sample types.
 //!
-//! Capture engines feed it symbolized frames; it knows nothing about BPF.
+//! Producers (the agent's capture engines, selfprof) feed it symbolized frames; it knows
+//! nothing about where they came from.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 
-use flamefleet_proto::pprof as pb;
-use prost::Message as _;
+use crate::pb;
+
+/// Nanoseconds of CPU one sample stands for at `frequency_hz` (0 Hz is taken as 1 Hz).
+pub fn nanos_per_sample(frequency_hz: u64) -> i64 {
+    i64::try_from(1_000_000_000 / frequency_hz.max(1)).unwrap_or(i64::MAX)
+}
 
 /// One frame of a symbolized stack, leaf first in a [`ProfileBuilder::add_sample`] call.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -111,6 +115,12 @@ impl ProfileBuilder {
         self
     }
 
+    /// Sets the period of a CPU profile sampled at `frequency_hz`: `cpu/nanoseconds`, one
+    /// sample standing for 1e9/Hz nanoseconds of CPU (0 Hz is taken as 1 Hz).
+    pub fn cpu_period(&mut self, frequency_hz: u64) -> &mut Self {
+        self.period("cpu", "nanoseconds", nanos_per_sample(frequency_hz))
+    }
+
     /// Sets the start time (ns since the epoch) and the duration (ns).
     pub fn time(&mut self, time_nanos: i64, duration_nanos: i64) -> &mut Self {
         self.profile.time_nanos = time_nanos;
@@ -201,6 +211,12 @@ impl ProfileBuilder {
     /// Adds a sample: `stack` leaf first, one value per sample type.
     pub fn add_sample(&mut self, stack: &[Frame], values: &[i64], labels: &[Label]) {
         let location_id = stack.iter().map(|f| self.location(f)).collect();
+        self.add_sample_at(location_id, values, labels);
+    }
+
+    /// Adds a sample over locations already added with [`ProfileBuilder::location`], leaf
+    /// first (for producers that cache a location per address).
+    pub fn add_sample_at(&mut self, location_id: Vec<u64>, values: &[i64], labels: &[Label]) {
         let label = labels
             .iter()
             .map(|l| match l {
@@ -229,58 +245,6 @@ impl ProfileBuilder {
     pub fn build(self) -> pb::Profile {
         self.profile
     }
-}
-
-/// The total of sample type `kind` (with unit `unit`) over the profile's samples; `None`
-/// when the profile has no such sample type.
-pub fn value_total(profile: &pb::Profile, kind: &str, unit: &str) -> Option<u64> {
-    let name = |i: i64| {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| profile.string_table.get(i))
-            .map_or("", String::as_str)
-    };
-    let index = profile
-        .sample_type
-        .iter()
-        .position(|st| name(st.r#type) == kind && name(st.unit) == unit)?;
-    Some(
-        profile
-            .sample
-            .iter()
-            .filter_map(|s| s.value.get(index))
-            .map(|&v| u64::try_from(v).unwrap_or(0))
-            .fold(0u64, u64::saturating_add),
-    )
-}
-
-/// The `samples` of a heap profile: the allocations it accounts for, i.e. its
-/// `alloc_objects/count` total (`inuse_objects/count` where it has no alloc types); 0 when
-/// it counts no objects. (Not the number of pprof rows: one row is one stack.)
-pub fn allocation_count(profile: &pb::Profile) -> u64 {
-    value_total(profile, "alloc_objects", "count")
-        .or_else(|| value_total(profile, "inuse_objects", "count"))
-        .unwrap_or(0)
-}
-
-/// Serializes and gzips a profile, the on-disk pprof format.
-pub fn encode_gzip(profile: &pb::Profile) -> std::io::Result<Vec<u8>> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    gz.write_all(&profile.encode_to_vec())?;
-    gz.finish()
-}
-
-/// Reads a gzipped (or plain) pprof file back; used by tests and tools.
-pub fn decode(bytes: &[u8]) -> std::io::Result<pb::Profile> {
-    use std::io::Read as _;
-    let mut raw = Vec::new();
-    let plain = if bytes.starts_with(&[0x1f, 0x8b]) {
-        flate2::read::GzDecoder::new(bytes).read_to_end(&mut raw)?;
-        raw.as_slice()
-    } else {
-        bytes
-    };
-    pb::Profile::decode(plain).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 #[cfg(test)]
@@ -336,7 +300,7 @@ mod tests {
             p.string_table.len(),
             "string table has duplicates"
         );
-        let bytes = encode_gzip(&p).unwrap();
-        assert_eq!(decode(&bytes).unwrap(), p);
+        let bytes = crate::encode_gzip(&p).unwrap();
+        assert_eq!(crate::decode(&bytes).unwrap(), p);
     }
 }

@@ -37,16 +37,16 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
 use libbpf_rs::{Link, MapCore as _, MapFlags, MapHandle, RingBufferBuilder};
 
-use super::allocators::{AllocatorBinary, EntryKind};
-use super::ebpf::EbpfHeapOptions;
-use super::sampling;
+use super::EbpfHeapOptions;
 use crate::bpf::from_bytes;
 use crate::bpf::heap::types;
 use crate::bpf::heap::{HeapSkel, HeapSkelBuilder};
+use crate::capture::heap::allocators::{AllocatorBinary, EntryKind};
+use crate::capture::heap::sampling;
 use crate::capture::sampler_thread::{self, OwnerThread};
 use crate::capture::target_table::{TargetCgroup, TargetMaps, TargetTable};
 use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig, stack_maps};
-use crate::symbolize::ProcessCatalog;
+use crate::process::ProcessCatalog;
 use crate::unwind::Unwinder;
 
 /// Number of entries in the exponential gap table (`HEAP_GAP_TABLE_SIZE`).

@@ -1,6 +1,5 @@
-//! CPU profiles: the shared CPU sampler (one perf event per online CPU, a BPF
-//! program counting stacks of target cgroups in the kernel), captures on top
-//! of it, and their pprof output.
+//! The node's CPU sampler: the loaded program, attached to one perf event per online CPU
+//! while captures run, shared by every CPU capture.
 
 use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
@@ -11,111 +10,35 @@ use std::time::{Duration, Instant, SystemTime};
 use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
 use libbpf_rs::{MapCore as _, MapFlags, MapHandle, RingBufferBuilder};
 
-use flamefleet_proto::pprof::Profile;
-
-pub use super::perf_event::PerfEventKind;
-use super::sampler_thread::{self, OwnerThread, Woken};
-use super::target_table::{TargetMaps, TargetTable, delete_target_entries};
-use super::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event, stack_maps};
+use super::{CpuCapture, CpuDrops, CpuMapFill, CpuOptions};
 use crate::bpf::cpu_sampler::types::{cpu_drops, cpu_sample_key, ff_proc_event, ff_target};
 use crate::bpf::cpu_sampler::{CpuSamplerSkel, CpuSamplerSkelBuilder};
 use crate::bpf::from_bytes;
-use crate::pprof::{Label, ProfileBuilder};
-use crate::symbolize::{ProcessCatalog, StackSymbolizer};
-use crate::unwind::{Unwinder, UnwinderStats, WalkStats};
+use crate::capture::sampler_thread::{self, OwnerThread, Woken};
+use crate::capture::target_table::{TargetMaps, TargetTable};
+use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event, stack_maps};
+use crate::process::ProcessCatalog;
+use crate::unwind::{Unwinder, WalkStats};
 
-/// Highest sampling frequency accepted. perf's default
-/// `kernel.perf_event_max_sample_rate` is higher, but beyond a few kHz the
-/// sampler's own overhead stops being "bounded" in any useful sense.
-pub const MAX_FREQUENCY: u64 = 10_000;
-
-/// Options of the CPU sampler.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CpuOptions {
-    /// Samples per second per CPU.
-    pub frequency: u64,
-    /// The perf event driving the samples.
-    pub event: PerfEventKind,
-    /// Whether to record kernel stacks too.
-    pub kernel_stacks: bool,
-    /// Walk user stacks with CFI tables (code without frame pointers, frameless
-    /// leaves); `false` keeps the kernel's frame-pointer walk.
-    pub cfi_unwind: bool,
+pub(super) struct Maps {
+    pub(super) targets: MapHandle,
+    pub(super) generation: MapHandle,
+    pub(super) counts: MapHandle,
+    pub(super) kernel_stacks: MapHandle,
+    pub(super) drops: MapHandle,
+    pub(super) user_stacks: MapHandle,
+    pub(super) unwind_stats: MapHandle,
 }
 
-impl Default for CpuOptions {
-    fn default() -> Self {
-        Self {
-            frequency: 99,
-            event: PerfEventKind::CpuClock,
-            kernel_stacks: true,
-            cfi_unwind: true,
-        }
-    }
-}
-
-impl CpuOptions {
-    /// Checks ranges; errors say what is accepted.
-    pub fn validate(&self) -> Result<()> {
-        if self.frequency == 0 || self.frequency > MAX_FREQUENCY {
-            return Err(CaptureError::InvalidOptions(format!(
-                "frequency must be between 1 and {MAX_FREQUENCY} Hz, found {}",
-                self.frequency
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Loss counters of the CPU sampler over a capture's window (all targets of
-/// the node: maps are shared).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CpuDrops {
-    /// Samples lost because the count map was full.
-    pub counts_full: u64,
-    /// User stacks lost (stack map full).
-    pub user_stack: u64,
-    /// Kernel stacks lost (stack map full).
-    pub kernel_stack: u64,
-    /// New processes not announced to the symbolizer (ring buffer full).
-    pub notify: u64,
-}
-
-impl CpuDrops {
-    fn since(self, before: Self) -> Self {
-        Self {
-            counts_full: self.counts_full.saturating_sub(before.counts_full),
-            user_stack: self.user_stack.saturating_sub(before.user_stack),
-            kernel_stack: self.kernel_stack.saturating_sub(before.kernel_stack),
-            notify: self.notify.saturating_sub(before.notify),
-        }
-    }
-
-    /// Total of all counters.
-    pub fn total(&self) -> u64 {
-        self.counts_full + self.user_stack + self.kernel_stack + self.notify
-    }
-}
-
-struct Maps {
-    targets: MapHandle,
-    generation: MapHandle,
-    counts: MapHandle,
-    kernel_stacks: MapHandle,
-    drops: MapHandle,
-    user_stacks: MapHandle,
-    unwind_stats: MapHandle,
-}
-
-struct Shared {
-    maps: Maps,
-    table: TargetTable,
+pub(super) struct Shared {
+    pub(super) maps: Maps,
+    pub(super) table: TargetTable,
     /// Captures running on the sampler.
-    active: usize,
+    pub(super) active: usize,
     /// One perf event per online CPU with the program attached, while `active > 0`.
-    perf: Vec<OwnedFd>,
+    pub(super) perf: Vec<OwnedFd>,
     /// When `active` last dropped to 0 (or the sampler was loaded).
-    idle_since: Instant,
+    pub(super) idle_since: Instant,
 }
 
 /// `PERF_EVENT_IOC_SET_BPF` of linux/perf_event.h (`_IOW('$', 8, __u32)`); libc does not
@@ -123,7 +46,7 @@ struct Shared {
 const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 
 impl Maps {
-    fn target_maps(&self) -> TargetMaps<'_> {
+    pub(super) fn target_maps(&self) -> TargetMaps<'_> {
         TargetMaps {
             targets: &self.targets,
             generation: &self.generation,
@@ -132,18 +55,18 @@ impl Maps {
 }
 
 /// The node's CPU sampler: the loaded program, attached to one perf event per
-/// online CPU while at least one capture runs. Shared (through [`super::Samplers`]) by
+/// online CPU while at least one capture runs. Shared (through [`crate::capture::Samplers`]) by
 /// every CPU capture. Between captures the perf events are closed (nothing samples) but
 /// the program stays loaded, so the registry can keep an idle sampler for a while and
 /// spare the next capture the load (the verifier's fraction of a second).
 pub struct CpuSampler {
     shared: Mutex<Shared>,
-    options: CpuOptions,
+    pub(super) options: CpuOptions,
     cpus: Vec<u32>,
     /// The sampling program (a duplicate of the owner thread's fd).
     program: OwnedFd,
     catalog: ProcessCatalog,
-    unwinder: Option<Arc<Unwinder>>,
+    pub(super) unwinder: Option<Arc<Unwinder>>,
     owner: OwnerThread,
 }
 
@@ -154,20 +77,6 @@ impl std::fmt::Debug for CpuSampler {
             .field("perf_events", &self.cpus.len())
             .finish()
     }
-}
-
-/// How full a CPU sampler's maps are (entries in use), for leak checks, the soak benchmark
-/// and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CpuMapFill {
-    /// Target cgroups in the target map.
-    pub targets: usize,
-    /// (target, thread, stacks) counters.
-    pub counts: usize,
-    /// Kernel stacks.
-    pub kernel_stacks: usize,
-    /// User stacks.
-    pub user_stacks: usize,
 }
 
 impl CpuSampler {
@@ -197,7 +106,7 @@ impl CpuSampler {
         catalog: ProcessCatalog,
     ) -> Result<Self> {
         options.validate()?;
-        super::check_btf()?;
+        crate::capture::check_btf()?;
         let began = Instant::now();
         let cpus = perf_event::online_cpus()?;
         let (max_targets, max_indices) = (config.max_targets, config.max_target_indices);
@@ -302,7 +211,7 @@ impl CpuSampler {
     }
 
     /// A capture ended: the last one closes the perf events (nothing samples then).
-    fn end_capture(shared: &mut Shared) {
+    pub(super) fn end_capture(shared: &mut Shared) {
         shared.active = shared.active.saturating_sub(1);
         if shared.active == 0 {
             shared.perf.clear();
@@ -321,7 +230,7 @@ impl CpuSampler {
         self.lock().table.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -340,7 +249,7 @@ impl CpuSampler {
             ));
         }
         // A target covers its cgroup and, live, everything below it.
-        let (cgroups, owner_of) = super::expand_targets(targets);
+        let (cgroups, owner_of) = crate::capture::expand_targets(targets);
         // Processes running already will not announce themselves by exec.
         // Their tables are loaded before their cgroups become targets, so
         // that even their first samples unwind fully.
@@ -421,7 +330,7 @@ fn load<'obj>(
     let mut open = CpuSamplerSkelBuilder::default()
         .open(object)
         .map_err(|e| CaptureError::bpf("opening the CPU sampler BPF object", e))?;
-    let cache = super::target_cache_enabled(config);
+    let cache = crate::capture::target_cache_enabled(config);
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
         ro.capture_kernel_stacks = options.kernel_stacks;
         ro.ff_cgrp_cache = cache;
@@ -507,48 +416,9 @@ fn load<'obj>(
     })
 }
 
-/// A running CPU capture; [`CpuCapture::finish`] returns its samples.
-/// Dropping it without finishing releases its targets.
-pub struct CpuCapture {
-    sampler: Arc<CpuSampler>,
-    targets: Vec<CaptureTarget>,
-    /// The target cgroups, deduplicated; `owner_of[i]` is the position in
-    /// `targets` of `cgroup_ids[i]`.
-    cgroup_ids: Vec<u64>,
-    owner_of: Vec<usize>,
-    baseline: HashMap<Vec<u8>, u64>,
-    drops_before: CpuDrops,
-    walk_before: WalkStats,
-    started: SystemTime,
-    started_at: Instant,
-    opens_spell: bool,
-}
-
-impl std::fmt::Debug for CpuCapture {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuCapture")
-            .field("targets", &self.targets)
-            .finish()
-    }
-}
-
-impl Drop for CpuCapture {
-    fn drop(&mut self) {
-        let mut shared = self.sampler.lock();
-        let Shared { maps, table, .. } = &mut *shared;
-        let removed = table.release(&maps.target_maps(), &self.cgroup_ids);
-        delete_target_entries::<cpu_sample_key>(&maps.counts, &removed, |k| k.target);
-        if !removed.is_empty() {
-            let freed = drop_unreferenced_stacks(maps);
-            tracing::debug!(?freed, "cpu sampler: stacks no count refers to removed");
-        }
-        CpuSampler::end_capture(&mut shared);
-    }
-}
-
 /// Stacks removed by [`drop_unreferenced_stacks`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct FreedStacks {
+pub(super) struct FreedStacks {
     /// Entries removed from `kernel_stacks`.
     kernel_stacks: usize,
     /// Entries removed from `user_stacks`.
@@ -564,7 +434,7 @@ struct FreedStacks {
 /// and the removal, if that same stack was until then referred to only by released counts;
 /// the next sample of that stack stores it again under the same key (the key is a hash of
 /// the frames), so only a stack seen exactly once in that instant can read back empty.
-fn drop_unreferenced_stacks(maps: &Maps) -> FreedStacks {
+pub(super) fn drop_unreferenced_stacks(maps: &Maps) -> FreedStacks {
     let mut kernel_keys: HashSet<u64> = HashSet::new();
     let mut user_keys: HashSet<u64> = HashSet::new();
     for raw in maps.counts.keys() {
@@ -579,210 +449,11 @@ fn drop_unreferenced_stacks(maps: &Maps) -> FreedStacks {
     }
 }
 
-impl CpuCapture {
-    /// The sampler this capture runs on.
-    pub fn sampler(&self) -> &Arc<CpuSampler> {
-        &self.sampler
-    }
-
-    /// Stops the capture and reads its samples (only this capture's: counts
-    /// from before it started, or of other captures' targets, are excluded).
-    pub fn finish(self) -> Result<CpuSamples> {
-        self.read()
-    }
-
-    /// Whether this capture found the sampler idle (no capture running on it): the
-    /// first of a busy spell, as opposed to one that joined running captures, as
-    /// back-to-back captures of a continuous profile do.
-    pub fn opened_busy_spell(&self) -> bool {
-        self.opens_spell
-    }
-
-    /// The samples so far, as [`Self::finish`] would read them now, without
-    /// stopping the capture.
-    pub fn peek(&self) -> Result<CpuSamples> {
-        self.read()
-    }
-
-    fn read(&self) -> Result<CpuSamples> {
-        let duration = self.started_at.elapsed();
-        let shared = self.sampler.lock();
-        // Indices nested below a target (another capture's) count for it too.
-        let target_of_index: HashMap<u32, usize> = shared
-            .table
-            .covered(&self.cgroup_ids)
-            .into_iter()
-            .map(|(index, pos)| (index, self.owner_of[pos]))
-            .collect();
-        let own: HashSet<u32> = target_of_index.keys().copied().collect();
-        let now = read_counts(&shared.maps.counts, &own)?;
-        let mut drops = read_drops(&shared.maps.drops).since(self.drops_before);
-        let walk = WalkStats::read(&shared.maps.unwind_stats).since(self.walk_before);
-        drops.user_stack += walk.stack_lost;
-        let mut kernel_cache: HashMap<u64, Vec<u64>> = HashMap::new();
-        let mut user_cache: HashMap<u64, Vec<u64>> = HashMap::new();
-        let mut samples = Vec::new();
-        for (raw, count) in now {
-            let count = count.saturating_sub(self.baseline.get(&raw).copied().unwrap_or(0));
-            let Some(key) = from_bytes::<cpu_sample_key>(&raw) else {
-                continue;
-            };
-            if count == 0 {
-                continue;
-            }
-            let stack = |cache: &mut HashMap<u64, Vec<u64>>, map: &MapHandle, key: u64| {
-                cache
-                    .entry(key)
-                    .or_insert_with(|| stack_maps::read(map, key))
-                    .clone()
-            };
-            samples.push(CpuSample {
-                target: target_of_index.get(&key.target).copied().unwrap_or(0),
-                tgid: key.tgid,
-                pid: key.pid,
-                comm: super::comm_string(&key.comm),
-                user_stack: stack(&mut user_cache, &shared.maps.user_stacks, key.user_stack),
-                kernel_stack: stack(
-                    &mut kernel_cache,
-                    &shared.maps.kernel_stacks,
-                    key.kernel_stack,
-                ),
-                count,
-            });
-        }
-        drop(shared);
-        let options = self.sampler.options;
-        Ok(CpuSamples {
-            targets: self.targets.clone(),
-            samples,
-            drops,
-            walk,
-            unwinder: self.sampler.unwinder.as_ref().map(|u| u.stats()),
-            options,
-            started: self.started,
-            duration,
-        })
-    }
-}
-
-/// One aggregated CPU sample: a thread, its stacks, and how often it was seen.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CpuSample {
-    /// Index into [`CpuSamples::targets`].
-    pub target: usize,
-    /// Process ID.
-    pub tgid: u32,
-    /// Thread ID.
-    pub pid: u32,
-    /// Thread name at sampling time.
-    pub comm: String,
-    /// User stack, leaf first (empty for kernel threads).
-    pub user_stack: Vec<u64>,
-    /// Kernel stack, leaf first (empty when not captured).
-    pub kernel_stack: Vec<u64>,
-    /// Number of samples.
-    pub count: u64,
-}
-
-/// The result of a CPU capture, before symbolization.
-#[derive(Debug, Clone)]
-pub struct CpuSamples {
-    /// The capture's targets.
-    pub targets: Vec<CaptureTarget>,
-    /// Aggregated samples.
-    pub samples: Vec<CpuSample>,
-    /// Losses during the capture window.
-    pub drops: CpuDrops,
-    /// How user stacks were walked during the window (all targets of the node).
-    pub walk: WalkStats,
-    /// The unwind tables' state at the end (`None` without CFI unwinding).
-    pub unwinder: Option<UnwinderStats>,
-    /// The sampler's effective options (frequency, event).
-    pub options: CpuOptions,
-    /// Wall-clock start.
-    pub started: SystemTime,
-    /// Capture length.
-    pub duration: Duration,
-}
-
-impl CpuSamples {
-    /// Total number of samples.
-    pub fn total(&self) -> u64 {
-        self.samples.iter().map(|s| s.count).sum()
-    }
-
-    /// Symbolizes the frames of these samples that no capture has symbolized yet and
-    /// keeps them in the symbolizer's caches, building no profile; a frame already
-    /// cached costs a lookup. Returns the frames it symbolized. Run during a capture's
-    /// window on [`CpuCapture::peek`]'s samples, so that [`Self::to_profile`] after the
-    /// window finds them cached.
-    pub fn warm_symbols(&self, symbolizer: &mut StackSymbolizer) -> usize {
-        let mut kernel: HashSet<&[u64]> = HashSet::new();
-        let mut done = 0;
-        for s in &self.samples {
-            done += symbolizer.warm_user(s.tgid, &s.user_stack);
-            if !s.kernel_stack.is_empty() && kernel.insert(&s.kernel_stack) {
-                done += symbolizer.warm_kernel(&s.kernel_stack);
-            }
-        }
-        done
-    }
-
-    /// Symbolizes and builds the pprof profile: sample types `samples/count`
-    /// and `cpu/nanoseconds`, labels namespace/pod/container/node/pid/comm/thread.
-    pub fn to_profile(&self, symbolizer: &mut StackSymbolizer, node: &str) -> Profile {
-        let period = 1_000_000_000 / self.options.frequency.max(1) as i64;
-        let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")]);
-        b.period("cpu", "nanoseconds", period);
-        b.default_sample_type("cpu");
-        let start = self
-            .started
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64);
-        b.time(start, self.duration.as_nanos() as i64);
-        b.comment(&format!(
-            "event {} at {} Hz; drops: counts_full={} user_stack={} kernel_stack={} notify={}",
-            self.options.event.name(),
-            self.options.frequency,
-            self.drops.counts_full,
-            self.drops.user_stack,
-            self.drops.kernel_stack,
-            self.drops.notify
-        ));
-        for s in &self.samples {
-            // User frames first: pprof takes mapping 1 as the main binary.
-            let user = symbolizer.user_frames(&mut b, s.tgid, &s.user_stack);
-            let mut frames = symbolizer.kernel_frames(&mut b, &s.kernel_stack);
-            frames.extend(user);
-            let mut labels = super::target_labels(self.targets.get(s.target), node);
-            labels.push(Label::Num("pid".into(), i64::from(s.tgid), String::new()));
-            labels.push(Label::Num("thread".into(), i64::from(s.pid), String::new()));
-            labels.push(Label::Str("comm".into(), s.comm.clone()));
-            let n = s.count as i64;
-            symbolizer.account(&frames, s.count);
-            b.add_sample(&frames, &[n, n * period], &labels);
-        }
-        b.comment(&symbolizer.stats.quality_comment("samples"));
-        b.comment(&self.walk.comment());
-        if let Some(u) = &self.unwinder {
-            b.comment(&format!(
-                "unwind tables: {} binaries, {} KiB; build+load {:.1} ms per binary (max {:.1} ms); \
-                 {} without usable CFI; {} over budget; {} evicted",
-                u.tables,
-                u.table_bytes / 1024,
-                u.build_micros as f64 / 1e3 / u.tables_loaded.max(1) as f64,
-                u.max_build_micros as f64 / 1e3,
-                u.binaries_without_cfi,
-                u.over_budget,
-                u.tables_evicted
-            ));
-        }
-        b.build()
-    }
-}
-
 /// Counts of the given target indices, keyed by raw key bytes.
-fn read_counts(counts: &MapHandle, targets: &HashSet<u32>) -> Result<HashMap<Vec<u8>, u64>> {
+pub(super) fn read_counts(
+    counts: &MapHandle,
+    targets: &HashSet<u32>,
+) -> Result<HashMap<Vec<u8>, u64>> {
     let mut out = HashMap::new();
     for key in counts.keys() {
         let Some(k) = from_bytes::<cpu_sample_key>(&key) else {
@@ -801,7 +472,7 @@ fn read_counts(counts: &MapHandle, targets: &HashSet<u32>) -> Result<HashMap<Vec
     Ok(out)
 }
 
-fn read_drops(drops: &MapHandle) -> CpuDrops {
+pub(super) fn read_drops(drops: &MapHandle) -> CpuDrops {
     let per_cpu = drops
         .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
         .ok()

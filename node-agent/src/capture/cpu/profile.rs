@@ -1,0 +1,128 @@
+//! What a CPU capture produced: aggregated samples, symbolized into a pprof profile.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use flamefleet_proto::pprof::Profile;
+
+use super::{CpuDrops, CpuOptions};
+use crate::capture::CaptureTarget;
+use crate::pprof::{Label, ProfileBuilder};
+use crate::symbolize::StackSymbolizer;
+use crate::unwind::{UnwinderStats, WalkStats};
+
+/// One aggregated CPU sample: a thread, its stacks, and how often it was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuSample {
+    /// Index into [`CpuSamples::targets`].
+    pub target: usize,
+    /// Process ID.
+    pub tgid: u32,
+    /// Thread ID.
+    pub pid: u32,
+    /// Thread name at sampling time.
+    pub comm: String,
+    /// User stack, leaf first (empty for kernel threads).
+    pub user_stack: Vec<u64>,
+    /// Kernel stack, leaf first (empty when not captured).
+    pub kernel_stack: Vec<u64>,
+    /// Number of samples.
+    pub count: u64,
+}
+
+/// The result of a CPU capture, before symbolization.
+#[derive(Debug, Clone)]
+pub struct CpuSamples {
+    /// The capture's targets.
+    pub targets: Vec<CaptureTarget>,
+    /// Aggregated samples.
+    pub samples: Vec<CpuSample>,
+    /// Losses during the capture window.
+    pub drops: CpuDrops,
+    /// How user stacks were walked during the window (all targets of the node).
+    pub walk: WalkStats,
+    /// The unwind tables' state at the end (`None` without CFI unwinding).
+    pub unwinder: Option<UnwinderStats>,
+    /// The sampler's effective options (frequency, event).
+    pub options: CpuOptions,
+    /// Wall-clock start.
+    pub started: SystemTime,
+    /// Capture length.
+    pub duration: Duration,
+}
+
+impl CpuSamples {
+    /// Total number of samples.
+    pub fn total(&self) -> u64 {
+        self.samples.iter().map(|s| s.count).sum()
+    }
+
+    /// Symbolizes the frames of these samples that no capture has symbolized yet and
+    /// keeps them in the symbolizer's caches, building no profile; a frame already
+    /// cached costs a lookup. Returns the frames it symbolized. Run during a capture's
+    /// window on [`super::CpuCapture::peek`]'s samples, so that [`Self::to_profile`] after the
+    /// window finds them cached.
+    pub fn warm_symbols(&self, symbolizer: &mut StackSymbolizer) -> usize {
+        let mut kernel: HashSet<&[u64]> = HashSet::new();
+        let mut done = 0;
+        for s in &self.samples {
+            done += symbolizer.warm_user(s.tgid, &s.user_stack);
+            if !s.kernel_stack.is_empty() && kernel.insert(&s.kernel_stack) {
+                done += symbolizer.warm_kernel(&s.kernel_stack);
+            }
+        }
+        done
+    }
+
+    /// Symbolizes and builds the pprof profile: sample types `samples/count`
+    /// and `cpu/nanoseconds`, labels namespace/pod/container/node/pid/comm/thread.
+    pub fn to_profile(&self, symbolizer: &mut StackSymbolizer, node: &str) -> Profile {
+        let period = crate::pprof::nanos_per_sample(self.options.frequency);
+        let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")]);
+        b.cpu_period(self.options.frequency);
+        b.default_sample_type("cpu");
+        let start = self
+            .started
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        b.time(start, self.duration.as_nanos() as i64);
+        b.comment(&format!(
+            "event {} at {} Hz; drops: counts_full={} user_stack={} kernel_stack={} notify={}",
+            self.options.event.name(),
+            self.options.frequency,
+            self.drops.counts_full,
+            self.drops.user_stack,
+            self.drops.kernel_stack,
+            self.drops.notify
+        ));
+        for s in &self.samples {
+            // User frames first: pprof takes mapping 1 as the main binary.
+            let user = symbolizer.user_frames(&mut b, s.tgid, &s.user_stack);
+            let mut frames = symbolizer.kernel_frames(&mut b, &s.kernel_stack);
+            frames.extend(user);
+            let mut labels = crate::capture::target_labels(self.targets.get(s.target), node);
+            labels.push(Label::Num("pid".into(), i64::from(s.tgid), String::new()));
+            labels.push(Label::Num("thread".into(), i64::from(s.pid), String::new()));
+            labels.push(Label::Str("comm".into(), s.comm.clone()));
+            let n = s.count as i64;
+            symbolizer.account(&frames, s.count);
+            b.add_sample(&frames, &[n, n * period], &labels);
+        }
+        b.comment(&symbolizer.stats.quality_comment("samples"));
+        b.comment(&self.walk.comment());
+        if let Some(u) = &self.unwinder {
+            b.comment(&format!(
+                "unwind tables: {} binaries, {} KiB; build+load {:.1} ms per binary (max {:.1} ms); \
+                 {} without usable CFI; {} over budget; {} evicted",
+                u.tables,
+                u.table_bytes / 1024,
+                u.build_micros as f64 / 1e3 / u.tables_loaded.max(1) as f64,
+                u.max_build_micros as f64 / 1e3,
+                u.binaries_without_cfi,
+                u.over_budget,
+                u.tables_evicted
+            ));
+        }
+        b.build()
+    }
+}
