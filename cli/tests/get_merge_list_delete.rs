@@ -443,3 +443,62 @@ async fn get_downloads_a_subset_of_nodes_and_says_when_slices_are_missing() {
     );
     assert_eq!(files(out.path()), Vec::<String>::new());
 }
+
+/// A frame without a symbol is named by its module and its offset in the file, as `go tool
+/// pprof` names it by module (`[libc.so.6]`), in the flame graph, the top list and the
+/// folded stacks alike, never by the process's virtual address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsymbolized_frames_are_named_by_module_and_offset() {
+    let ns = namespace("cli-unsym").await;
+    let kc = support::admin_kubeconfig(&ns);
+    let store = Store::start_for(&ns).await;
+    let req = create_request(&ns, "stripped").await;
+    let a = store
+        .upload(&req, "cpu-node-a.pb.gz", &support::unsymbolized_profile())
+        .await;
+    write_status(
+        &ns,
+        "stripped",
+        RequestPhase::Succeeded,
+        vec![node("node-a", NodePhase::Succeeded, None, vec![a])],
+    )
+    .await;
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let frame = "[libc.so.6+0xd11f5]";
+    for format in ["svg", "folded", "text"] {
+        let r = cli(
+            &kc,
+            ns.name(),
+            &["get", "stripped", "-o", dir, "--format", format],
+        )
+        .await;
+        assert_eq!(r.code, 0, "{r:?}");
+        assert!(!r.stdout.contains("0x7fed097a91f5"), "{}", r.stdout);
+        if format == "text" {
+            let first = r
+                .stdout
+                .lines()
+                .skip_while(|l| !l.trim_start().starts_with("flat"))
+                .nth(1)
+                .unwrap_or_default();
+            assert!(first.ends_with(frame), "{}", r.stdout);
+        }
+    }
+    let folded = std::fs::read_to_string(out.path().join("stripped-node-a.folded")).unwrap();
+    assert!(folded.contains(&format!("main;{frame} 90\n")), "{folded}");
+    let svg = std::fs::read_to_string(out.path().join("stripped-node-a.svg")).unwrap();
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&svg, options).unwrap();
+    assert!(
+        doc.descendants()
+            .filter(|n| n.tag_name().name() == "title")
+            .filter_map(|n| n.text())
+            .any(|t| t.starts_with(frame)),
+        "no frame titled {frame}"
+    );
+    assert!(!svg.contains("0x7fed097a91f5"));
+}

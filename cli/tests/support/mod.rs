@@ -251,6 +251,70 @@ pub fn runqlat_pprof(buckets: &[(usize, i64)]) -> Vec<u8> {
     enc.finish().unwrap()
 }
 
+/// A CPU profile whose hot frame has no symbol: a location in `libc.so.6` (mapped at
+/// 0x7fed09700000 from file offset 0x28000) at 0x7fed097a91f5, called from `main`.
+pub fn unsymbolized_profile() -> Vec<u8> {
+    use flamefleet_proto::pprof::Mapping;
+    let p = Profile {
+        string_table: [
+            "",
+            "samples",
+            "count",
+            "main",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .map(String::from)
+        .to_vec(),
+        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+        mapping: vec![Mapping {
+            id: 1,
+            memory_start: 0x7fed_0970_0000,
+            memory_limit: 0x7fed_09a0_0000,
+            file_offset: 0x2_8000,
+            filename: 4,
+            ..Default::default()
+        }],
+        function: vec![Function {
+            id: 1,
+            name: 3,
+            ..Default::default()
+        }],
+        location: vec![
+            Location {
+                id: 1,
+                address: 0x40_1000,
+                line: vec![Line {
+                    function_id: 1,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            Location {
+                id: 2,
+                mapping_id: 1,
+                address: 0x7fed_097a_91f5,
+                ..Default::default()
+            },
+        ],
+        sample: vec![
+            Sample {
+                location_id: vec![2, 1],
+                value: vec![90],
+                label: vec![],
+            },
+            Sample {
+                location_id: vec![1],
+                value: vec![10],
+                label: vec![],
+            },
+        ],
+        ..Default::default()
+    };
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, &p.encode_to_vec()).unwrap();
+    enc.finish().unwrap()
+}
+
 /// A CPU profile where `hot_function` dominates.
 pub fn cpu_profile(hot_function: &str) -> Vec<u8> {
     pprof(
