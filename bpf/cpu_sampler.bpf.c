@@ -16,6 +16,7 @@
 #include <bpf/bpf_core_read.h>
 #include "compat.bpf.h"
 #include "targets.bpf.h"
+#include "proc_events.bpf.h"
 #include "unwind.bpf.h"
 #include "cpu_sampler.h"
 
@@ -50,14 +51,6 @@ struct {
 	__type(value, struct cpu_drops);
 } drops SEC(".maps");
 
-/* Processes already announced to user space; LRU so it never fills up. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);
-	__type(value, __u8);
-} seen_tgids SEC(".maps");
-
 static __always_inline struct cpu_drops *drop_counters(void)
 {
 	__u32 zero = 0;
@@ -72,20 +65,9 @@ static __always_inline struct cpu_drops *drop_counters(void)
 			d__->field += 1;                   \
 	} while (0)
 
-static __always_inline void announce(__u32 tgid, __u32 target, __u32 kind)
+static __always_inline void ff_proc_event_lost(void)
 {
-	struct ff_proc_event *e;
-
-	e = bpf_ringbuf_reserve(&proc_events, sizeof(*e), 0);
-	if (!e) {
-		count_drop(notify);
-		return;
-	}
-	e->tgid = tgid;
-	e->kind = kind;
-	e->target = target;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
-	bpf_ringbuf_submit(e, 0);
+	count_drop(notify);
 }
 
 /*
@@ -158,7 +140,6 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	struct cpu_sample_key key = {};
 	struct ff_target t;
 	__u64 id, one = 1, *n;
-	__u8 yes = 1;
 	bool lost = false, user_mode;
 
 	if (!ff_current_target(&t))
@@ -196,25 +177,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 			count_drop(counts_full);
 	}
 
-	if (bpf_map_update_elem(&seen_tgids, &key.tgid, &yes, BPF_NOEXIST) == 0)
-		announce(key.tgid, key.target, FF_PROC_FIRST_SEEN);
-	return 0;
-}
-
-/* A process in a target cgroup replaced its image: announce the new one. */
-SEC("tp_btf/sched_process_exec")
-int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
-{
-	struct ff_target t;
-	__u32 tgid;
-
-	if (!ff_current_target(&t))
-		return 0;
-	tgid = bpf_get_current_pid_tgid() >> 32;
-	/* Shared libraries are not mapped yet: forget the process so that its
-	 * first sample announces it again, with its libraries. */
-	bpf_map_delete_elem(&seen_tgids, &tgid);
-	announce(tgid, t.index, FF_PROC_EXEC);
+	ff_announce_first(key.tgid, key.target);
 	return 0;
 }
 

@@ -28,6 +28,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "targets.bpf.h"
+#include "proc_events.bpf.h"
 #include "unwind.bpf.h"
 #include "heap.h"
 
@@ -85,14 +86,6 @@ struct {
 	__type(value, struct heap_live_val);
 } heap_live SEC(".maps");
 
-/* Processes already announced to user space (for symbolization); LRU so it never fills up. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);
-	__type(value, __u8);
-} heap_seen_tgids SEC(".maps");
-
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, HEAP_STAT_MAX);
@@ -146,20 +139,9 @@ static __always_inline __u32 target_of_current(void)
 	return ff_current_target(&t) ? t.index : 0;
 }
 
-/* Ask user space to snapshot the process's mappings while it is alive. */
-static __always_inline void announce(__u32 tgid, __u32 target, __u32 kind)
+static __always_inline void ff_proc_event_lost(void)
 {
-	struct ff_proc_event *e = bpf_ringbuf_reserve(&proc_events, sizeof(*e), 0);
-
-	if (!e) {
-		count(HEAP_DROP_NOTIFY);
-		return;
-	}
-	e->tgid = tgid;
-	e->kind = kind;
-	e->target = target;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
-	bpf_ringbuf_submit(e, 0);
+	count(HEAP_DROP_NOTIFY);
 }
 
 /* Start of an allocator call: the thread state if this is a target's outermost call.
@@ -245,7 +227,6 @@ static __always_inline void record(struct pt_regs *ctx, struct heap_thread *ts, 
 	struct heap_live_key lk = { .tgid = tgid, .addr = addr };
 	struct heap_live_val lv = {};
 	struct ff_unwind_scratch *scratch;
-	__u8 yes = 1;
 	long bytes;
 
 	lv.size = ts->size;
@@ -295,8 +276,7 @@ static __always_inline void record(struct pt_regs *ctx, struct heap_thread *ts, 
 	__sync_fetch_and_add(&av->inuse_count, 1);
 	__sync_fetch_and_add(&av->inuse_bytes, lv.size);
 
-	if (bpf_map_update_elem(&heap_seen_tgids, &tgid, &yes, BPF_NOEXIST) == 0)
-		announce(tgid, ts->target, FF_PROC_FIRST_SEEN);
+	ff_announce_first(tgid, ts->target);
 }
 
 SEC("uprobe")
@@ -424,19 +404,5 @@ int BPF_KPROBE(free_enter, __u64 ptr)
 	if (!ptr || !target_of_current())
 		return 0;
 	release(bpf_get_current_pid_tgid() >> 32, ptr);
-	return 0;
-}
-
-/* A process in a target cgroup replaced its image: forget it, so that its first sample
- * announces it again once its libraries are mapped. */
-SEC("tp_btf/sched_process_exec")
-int BPF_PROG(heap_on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
-{
-	__u32 tgid;
-
-	if (!target_of_current())
-		return 0;
-	tgid = bpf_get_current_pid_tgid() >> 32;
-	bpf_map_delete_elem(&heap_seen_tgids, &tgid);
 	return 0;
 }

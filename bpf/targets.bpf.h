@@ -58,16 +58,6 @@ struct {
 	__type(value, struct ff_target_cache);
 } target_cache SEC(".maps");
 
-/* Process notifications for the symbolizer (struct ff_proc_event records). */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 256 * 1024);
-} proc_events SEC(".maps");
-
-/* Never written: only makes the record type part of the BTF, so the
- * skeleton generates it for user space. */
-struct ff_proc_event ff_proc_event_layout SEC(".bss");
-
 /* The deepest target among `cgrp` and its ancestors, or NULL. */
 static __always_inline struct ff_target *ff_walk_ancestors(struct cgroup *cgrp)
 {

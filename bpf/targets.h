@@ -22,21 +22,4 @@ struct ff_target {
 /* runqlat: histogram unit is milliseconds instead of microseconds. */
 #define FF_TARGET_UNIT_MS 2u
 
-/* Why a process notification was sent. */
-enum ff_proc_event_kind {
-	FF_PROC_FIRST_SEEN = 1,
-	FF_PROC_EXEC = 2,
-};
-
-/*
- * Ring-buffer record asking user space to snapshot /proc/<tgid>/maps while the
- * process is still alive, so that short-lived processes can be symbolized.
- */
-struct ff_proc_event {
-	__u32 tgid;
-	__u32 kind;
-	__u32 target;
-	char comm[FF_COMM_LEN];
-};
-
 #endif

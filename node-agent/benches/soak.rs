@@ -250,7 +250,7 @@ fn run_one(samplers: &Samplers, index: usize, target: &CaptureTarget) -> Outcome
                     0,
                     "soak",
                 )?;
-                let r = heap::capture(&req)?;
+                let r = heap::capture(samplers, &req)?;
                 out.count = flamefleet_agent::pprof::allocation_count(&r.profile);
             }
         }

@@ -9,21 +9,20 @@
 //!     [--endpoint URL | --port P [--pid PID] [--path /debug/pprof/heap]] -o out.pb.gz
 //! ```
 
-use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::capture::cpu::{CpuOptions, CpuSamples, PerfEventKind};
+use crate::capture::cpu::{CpuOptions, PerfEventKind};
 use crate::capture::heap::{self, HeapError, HeapSource};
+use crate::capture::lifecycle::{self, CaptureSpec, EngineError};
 use crate::capture::runqlat::{LatencyUnit, RunqlatOptions};
+use crate::capture::window::Stop;
 use crate::capture::{CaptureError, CaptureTarget, SamplerConfig, Samplers, TargetLabels};
 use crate::cgroup::{CgroupError, CgroupRoot};
 use crate::pprof;
-use crate::symbolize::StackSymbolizer;
 
 /// Top-level command line.
 #[derive(Debug, Parser)]
@@ -284,6 +283,15 @@ pub struct CaptureReport {
     pub text: String,
 }
 
+impl From<EngineError> for CliError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Capture(e) => Self::Capture(e),
+            EngineError::Heap(e) => Self::Heap(e),
+        }
+    }
+}
+
 /// Runs `capture`: validates, resolves targets, captures, writes the file.
 pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
     if args.duration.is_zero() {
@@ -307,11 +315,11 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
     if let Some(node) = &args.node {
         config.node = node.clone();
     }
-    let node = config.node.clone();
     let samplers = Samplers::new(config);
-    let (profile, samples, text) = match args.profile_type {
-        ProfileType::Cpu => {
-            let options = CpuOptions {
+    let spec = match args.profile_type {
+        ProfileType::Cpu => CaptureSpec::Cpu {
+            targets,
+            options: CpuOptions {
                 frequency: args.frequency,
                 event: match args.event {
                     EventArg::CpuClock => PerfEventKind::CpuClock,
@@ -319,31 +327,20 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
                 },
                 kernel_stacks: !args.no_kernel_stacks,
                 cfi_unwind: !args.frame_pointers_only,
-            };
-            let capture = samplers.start_cpu(&targets, &options)?;
-            announce("cpu", targets.len(), args.duration);
-            std::thread::sleep(args.duration);
-            let result = capture.finish()?;
-            let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
-            let profile = result.to_profile(&mut symbolizer, &node);
-            let text = cpu_text(&result, &profile);
-            (profile, result.total(), text)
-        }
-        ProfileType::Runqlat => {
-            let options = RunqlatOptions {
+            },
+            duration: args.duration,
+        },
+        ProfileType::Runqlat => CaptureSpec::Runqlat {
+            targets,
+            options: RunqlatOptions {
                 per_process: args.per_process,
                 unit: match args.unit {
                     UnitArg::Us => LatencyUnit::Micros,
                     UnitArg::Ms => LatencyUnit::Millis,
                 },
-            };
-            let capture = samplers.start_runqlat(&targets, &options)?;
-            announce("runqlat", targets.len(), args.duration);
-            std::thread::sleep(args.duration);
-            let result = capture.finish()?;
-            let waits = result.histograms.iter().map(|h| h.count()).sum();
-            (result.to_profile(&node), waits, result.text())
-        }
+            },
+            duration: args.duration,
+        },
         ProfileType::Heap => {
             let mut request = heap::cli_request(
                 args.heap_source,
@@ -352,17 +349,30 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
                 args.duration,
                 args.sample_bytes,
                 args.delta_seconds,
-                &node,
+                &samplers.config().node,
             )?;
             request.ebpf.cfi_unwind = !args.frame_pointers_only;
             request.ebpf.max_overhead_percent = args.max_overhead_percent;
             request.ebpf.force = args.force;
-            let result = heap::capture(&request)?;
-            let samples = crate::pprof::allocation_count(&result.profile);
-            let text = result.text();
-            (result.profile, samples, text)
+            CaptureSpec::Heap(request)
         }
     };
+    let announced = match &spec {
+        CaptureSpec::Cpu { targets, .. } => Some(("cpu", targets.len())),
+        CaptureSpec::Runqlat { targets, .. } => Some(("runqlat", targets.len())),
+        CaptureSpec::Heap(_) => None,
+    };
+    let mut running = lifecycle::start(&samplers, spec)?;
+    if let Some((kind, targets)) = announced {
+        announce(kind, targets, args.duration);
+    }
+    running.run_window(&Stop::new())?;
+    let finished = running.finish()?;
+    let (profile, samples, text) = (
+        finished.profile,
+        finished.summary.samples(),
+        finished.report,
+    );
     write_profile(&args.output, &profile)?;
     Ok(CaptureReport {
         output: args.output.clone(),
@@ -408,48 +418,6 @@ pub fn write_profile(
     let bytes = pprof::encode_gzip(profile).map_err(|e| out_err(std::io::Error::other(e)))?;
     let mut file = std::fs::File::create(path).map_err(out_err)?;
     file.write_all(&bytes).map_err(out_err)
-}
-
-/// A short "top" by leaf function, for `--text`.
-fn cpu_text(result: &CpuSamples, profile: &flamefleet_proto::pprof::Profile) -> String {
-    let name_of_location: HashMap<u64, String> = profile
-        .location
-        .iter()
-        .map(|l| {
-            let name = l
-                .line
-                .first()
-                .and_then(|line| profile.function.iter().find(|f| f.id == line.function_id))
-                .and_then(|f| profile.string_table.get(f.name as usize).cloned())
-                .unwrap_or_else(|| format!("{:#x}", l.address));
-            (l.id, name)
-        })
-        .collect();
-    let mut flat: HashMap<&str, i64> = HashMap::new();
-    for s in &profile.sample {
-        let leaf = s
-            .location_id
-            .first()
-            .and_then(|id| name_of_location.get(id));
-        *flat
-            .entry(leaf.map_or("[unknown]", String::as_str))
-            .or_default() += s.value[0];
-    }
-    let mut rows: Vec<_> = flat.into_iter().collect();
-    rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let total = result.total().max(1) as f64;
-    let mut out = format!(
-        "{} samples at {} Hz ({}) in {:.1?}; drops: {}\n",
-        result.total(),
-        result.options.frequency,
-        result.options.event.name(),
-        result.duration,
-        result.drops.total()
-    );
-    for (name, n) in rows.into_iter().take(20) {
-        let _ = writeln!(out, "{:>8} {:>6.2}%  {name}", n, n as f64 * 100.0 / total);
-    }
-    out
 }
 
 /// Labels for targets resolved from pods (used by the gRPC server later).

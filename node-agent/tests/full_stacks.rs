@@ -755,6 +755,9 @@ fn capture_heap(
     cfi_unwind: bool,
 ) -> (PathBuf, heap_ebpf::EbpfHeapStats) {
     let (profile, stats) = heap_ebpf::capture(
+        &flamefleet_agent::capture::Samplers::new(
+            flamefleet_agent::capture::SamplerConfig::default(),
+        ),
         &[CaptureTarget::raw(cg.cgroup.clone())],
         &EbpfHeapOptions {
             duration: Duration::from_secs(3),

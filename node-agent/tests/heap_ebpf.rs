@@ -109,7 +109,14 @@ fn check_inuse_and_call_sites(force_classic_uprobes: bool, cfi_unwind: bool) {
         fetch: FetchLimits::default(),
         delta_seconds: 0,
     };
-    let capture = std::thread::spawn(move || heap::capture(&request));
+    let capture = std::thread::spawn(move || {
+        heap::capture(
+            &flamefleet_agent::capture::Samplers::new(
+                flamefleet_agent::capture::SamplerConfig::default(),
+            ),
+            &request,
+        )
+    });
     // Let the workloads allocate once the probes are attached.
     if attached.recv_timeout(Duration::from_secs(60)).is_err() {
         panic!(
@@ -283,7 +290,13 @@ fn allocation_storm_is_refused_with_its_projected_overhead_unless_forced() {
         fetch: FetchLimits::default(),
         delta_seconds: 0,
     };
-    let err = heap::capture(&request(false)).expect_err("an allocation storm must be refused");
+    let err = heap::capture(
+        &flamefleet_agent::capture::Samplers::new(
+            flamefleet_agent::capture::SamplerConfig::default(),
+        ),
+        &request(false),
+    )
+    .expect_err("an allocation storm must be refused");
     let msg = err.to_string();
     eprintln!("{msg}");
     assert!(
@@ -297,7 +310,13 @@ fn allocation_storm_is_refused_with_its_projected_overhead_unless_forced() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no projected figure in {msg}"));
     assert!(projected > 3.0, "{msg}");
-    let forced = heap::capture(&request(true)).expect("a forced capture runs");
+    let forced = heap::capture(
+        &flamefleet_agent::capture::Samplers::new(
+            flamefleet_agent::capture::SamplerConfig::default(),
+        ),
+        &request(true),
+    )
+    .expect("a forced capture runs");
     eprintln!("{}", forced.text());
     let stats = forced.ebpf_stats.expect("eBPF stats");
     assert!(stats.calls > 1000, "{stats:?}");

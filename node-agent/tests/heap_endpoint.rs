@@ -131,7 +131,13 @@ fn go_endpoint_is_fetched_merged_labelled_and_readable_by_pprof() {
         fetch: FetchLimits::default(),
         delta_seconds: 0,
     };
-    let result = heap::capture(&request).expect("fetching the Go heap profile");
+    let result = heap::capture(
+        &flamefleet_agent::capture::Samplers::new(
+            flamefleet_agent::capture::SamplerConfig::default(),
+        ),
+        &request,
+    )
+    .expect("fetching the Go heap profile");
     assert_eq!(result.source, HeapSourceUsed::Endpoint, "{}", result.reason);
     assert!(result.warnings.is_empty(), "{:?}", result.warnings);
     let d = Decoded {

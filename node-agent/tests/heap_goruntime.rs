@@ -194,8 +194,13 @@ fn check_version(dir: &Path, toolchain: Option<&str>, pie: bool) {
     let port: u16 = port.parse().unwrap();
 
     let started = Instant::now();
-    let result: HeapProfile = heap::capture(&request(HeapSource::Auto, &cg, "go-live"))
-        .unwrap_or_else(|e| panic!("{label}: Go runtime heap capture: {e}"));
+    let result: HeapProfile = heap::capture(
+        &flamefleet_agent::capture::Samplers::new(
+            flamefleet_agent::capture::SamplerConfig::default(),
+        ),
+        &request(HeapSource::Auto, &cg, "go-live"),
+    )
+    .unwrap_or_else(|e| panic!("{label}: Go runtime heap capture: {e}"));
     let took = started.elapsed();
     let own = fetch_endpoint(port);
     eprintln!("{label}: capture took {took:?}\n{}", result.text());
@@ -352,7 +357,12 @@ fn stripped_go_binary_fails_with_a_clear_reason() {
     let (pid, stdout) = cg.spawn_piped(&mut Command::new(&bin));
     let (_port, _keep) = ready_line(stdout, "ready ");
     for source in [HeapSource::Auto, HeapSource::GoRuntime] {
-        let msg = unseen_message(heap::capture(&request(source, &cg, "stripped")));
+        let msg = unseen_message(heap::capture(
+            &flamefleet_agent::capture::Samplers::new(
+                flamefleet_agent::capture::SamplerConfig::default(),
+            ),
+            &request(source, &cg, "stripped"),
+        ));
         eprintln!("{source:?}: {msg}");
         assert!(
             msg.contains(&format!("pid {pid}")) && msg.contains("stripped"),
@@ -374,7 +384,12 @@ fn go_program_without_memory_profiling_is_named_with_the_reason() {
     let (pid, stdout) = cg.spawn_piped(&mut cmd);
     let _stdin = cg.take_stdin(pid);
     let (_, _keep) = ready_line(stdout, "ready");
-    let msg = unseen_message(heap::capture(&request(HeapSource::Auto, &cg, "nopprof")));
+    let msg = unseen_message(heap::capture(
+        &flamefleet_agent::capture::Samplers::new(
+            flamefleet_agent::capture::SamplerConfig::default(),
+        ),
+        &request(HeapSource::Auto, &cg, "nopprof"),
+    ));
     eprintln!("{msg}");
     assert!(msg.contains(&format!("pid {pid}")), "{msg}");
     assert!(
@@ -383,7 +398,13 @@ fn go_program_without_memory_profiling_is_named_with_the_reason() {
     );
     // eBPF alone sees nothing of a Go heap, and says why rather than
     // returning 0 samples silently.
-    let r = heap::capture(&request(HeapSource::Ebpf, &cg, "nopprof")).expect("eBPF capture");
+    let r = heap::capture(
+        &flamefleet_agent::capture::Samplers::new(
+            flamefleet_agent::capture::SamplerConfig::default(),
+        ),
+        &request(HeapSource::Ebpf, &cg, "nopprof"),
+    )
+    .expect("eBPF capture");
     let text = r.text();
     eprintln!("{text}");
     assert!(r.profile.sample.is_empty(), "{text}");
@@ -508,7 +529,14 @@ fn cgo_program_gets_its_go_heap_from_the_runtime_and_its_c_heap_from_ebpf() {
     req.ebpf.duration = Duration::from_secs(8);
     req.ebpf.sample_bytes = 64 * 1024;
     req.ebpf.ready = Some(attached_tx);
-    let capture = std::thread::spawn(move || heap::capture(&req));
+    let capture = std::thread::spawn(move || {
+        heap::capture(
+            &flamefleet_agent::capture::Samplers::new(
+                flamefleet_agent::capture::SamplerConfig::default(),
+            ),
+            &req,
+        )
+    });
     if attached.recv_timeout(Duration::from_secs(60)).is_err() {
         panic!(
             "the heap capture never attached its probes: {:?}",

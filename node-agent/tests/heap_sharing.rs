@@ -12,13 +12,13 @@ mod support;
 use std::io::{BufRead as _, BufReader, Lines, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use flamefleet_agent::capture::heap::ebpf::sampler;
 use flamefleet_agent::capture::heap::ebpf::{self, EbpfHeapOptions, EbpfHeapStats};
-use flamefleet_agent::capture::{CaptureTarget, TargetLabels};
+use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers, TargetLabels};
 use flamefleet_proto::pprof::Profile;
 use support::{Decoded, TestCgroup, compile_c, require_root, serial};
 
@@ -50,7 +50,14 @@ impl Workload {
 type Running = JoinHandle<Result<(Profile, EbpfHeapStats), String>>;
 
 /// Starts a capture of `cg` on its own thread and returns once its probes are attached.
-fn start_capture(cg: &TestCgroup, pod: &str, duration: Duration, sample_bytes: u64) -> Running {
+fn start_capture(
+    node: &Arc<Samplers>,
+    cg: &TestCgroup,
+    pod: &str,
+    duration: Duration,
+    sample_bytes: u64,
+) -> Running {
+    let node = Arc::clone(node);
     let (ready, attached) = mpsc::sync_channel(1);
     let target = CaptureTarget {
         cgroup: cg.cgroup.clone(),
@@ -68,7 +75,7 @@ fn start_capture(cg: &TestCgroup, pod: &str, duration: Duration, sample_bytes: u
         ..Default::default()
     };
     let worker = std::thread::spawn(move || {
-        ebpf::capture(std::slice::from_ref(&target), &opts).map_err(|e| e.to_string())
+        ebpf::capture(&node, std::slice::from_ref(&target), &opts).map_err(|e| e.to_string())
     });
     if attached.recv_timeout(Duration::from_secs(60)).is_err() {
         panic!(
@@ -100,9 +107,10 @@ fn bytes_of(p: &Profile, function: &str) -> (i64, i64) {
 }
 
 /// The agent's probe server (`/metrics`) on a runtime of its own.
-fn probe_server() -> (tokio::runtime::Runtime, SocketAddr) {
+fn probe_server(node: &Arc<Samplers>) -> (tokio::runtime::Runtime, SocketAddr) {
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let state = flamefleet_agent::service::probes::ProbeState::new("test");
+    state.set_metrics(Arc::default(), Arc::clone(node));
     let addr = rt
         .block_on(flamefleet_agent::service::probes::spawn(
             "127.0.0.1:0".parse().expect("address"),
@@ -123,8 +131,8 @@ fn gauge(addr: SocketAddr, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
 }
 
-fn libc_attachments() -> Vec<sampler::AllocatorAttachment> {
-    sampler::running()
+fn libc_attachments(node: &Samplers) -> Vec<sampler::AllocatorAttachment> {
+    node.heap()
         .expect("a heap sampler runs while captures do")
         .attachments()
         .into_iter()
@@ -146,19 +154,20 @@ fn overlapping_heap_captures_share_one_sampler_and_see_only_their_own() {
     let mut cg_b = TestCgroup::new("heap-pair-b");
     let mut a = Workload::start(&mut cg_a, &bin);
     let mut b = Workload::start(&mut cg_b, &bin);
-    assert!(sampler::running().is_none(), "no heap capture runs yet");
-    let (_rt, metrics) = probe_server();
+    let node = Arc::new(Samplers::new(SamplerConfig::default()));
+    assert!(node.heap().is_none(), "no heap capture runs yet");
+    let (_rt, metrics) = probe_server(&node);
     assert_eq!(gauge(metrics, "flamefleet_agent_heap_probed_binaries"), 0);
 
     // A: from the start, long enough to outlive every step below.
     let sample_bytes = 64 * 1024;
-    let cap_a = start_capture(&cg_a, "a", Duration::from_secs(14), sample_bytes);
+    let cap_a = start_capture(&node, &cg_a, "a", Duration::from_secs(14), sample_bytes);
     a.run("alpha");
     // B and C join the running sampler; C (of the same process as A) after `alpha`, and
     // asking for another rate, which the shared sampler does not change.
-    let cap_b = start_capture(&cg_b, "b", Duration::from_secs(4), sample_bytes);
-    let cap_c = start_capture(&cg_a, "c", Duration::from_secs(9), 4 * sample_bytes);
-    let libc = libc_attachments();
+    let cap_b = start_capture(&node, &cg_b, "b", Duration::from_secs(4), sample_bytes);
+    let cap_c = start_capture(&node, &cg_a, "c", Duration::from_secs(9), 4 * sample_bytes);
+    let libc = libc_attachments(&node);
     assert_eq!(
         libc.len(),
         1,
@@ -166,7 +175,7 @@ fn overlapping_heap_captures_share_one_sampler_and_see_only_their_own() {
     );
     assert_eq!(libc[0].captures, 3, "{libc:?}");
     // The same on /metrics: one entry per binary, three captures on one sampler.
-    let attached = sampler::running().expect("running").attachments();
+    let attached = node.heap().expect("running").attachments();
     assert_eq!(
         gauge(metrics, "flamefleet_agent_heap_probed_binaries"),
         attached.len() as u64
@@ -180,7 +189,7 @@ fn overlapping_heap_captures_share_one_sampler_and_see_only_their_own() {
 
     let (profile_b, stats_b) = cap_b.join().unwrap().expect("capture B");
     // B ended: A's and C's probes on the same libc stay attached.
-    let libc = libc_attachments();
+    let libc = libc_attachments(&node);
     assert_eq!(libc.len(), 1, "{libc:?}");
     assert_eq!(libc[0].captures, 2, "{libc:?}");
     let probes = libc[0].probes;
@@ -192,7 +201,7 @@ fn overlapping_heap_captures_share_one_sampler_and_see_only_their_own() {
     let (profile_a, stats_a) = cap_a.join().unwrap().expect("capture A");
     eprintln!("A: {stats_a:?}\nB: {stats_b:?}\nC: {stats_c:?}");
     assert!(
-        sampler::running().is_none(),
+        node.heap().is_none(),
         "the sampler stops (and detaches) when its last capture ends"
     );
     assert_eq!(gauge(metrics, "flamefleet_agent_heap_uprobes"), 0);

@@ -268,7 +268,14 @@ fn ebpf_heap_sees_a_container_started_during_the_capture() {
         fetch: FetchLimits::default(),
         delta_seconds: 0,
     };
-    let worker = std::thread::spawn(move || heap::capture(&request));
+    let worker = std::thread::spawn(move || {
+        heap::capture(
+            &flamefleet_agent::capture::Samplers::new(
+                flamefleet_agent::capture::SamplerConfig::default(),
+            ),
+            &request,
+        )
+    });
     // The pod is empty when the capture starts; its container comes later.
     std::thread::sleep(Duration::from_millis(300));
     let mut late = child(&pod, "late");

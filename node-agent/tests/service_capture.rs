@@ -699,3 +699,89 @@ async fn the_agent_serves_its_own_cpu_profile_one_at_a_time() {
         "an agent that captured holds sampled memory"
     );
 }
+
+/// A heap request of `uid` sampling every `sample_bytes` bytes with eBPF for `duration_ms`.
+fn heap_request(
+    uid: &str,
+    node: &str,
+    tree: &PodTree,
+    upload: &UploadServer,
+    duration_ms: u32,
+    sample_bytes: u64,
+) -> flamefleet_proto::agent::CaptureRequest {
+    let mut req = cpu_request(uid, node, tree, upload, duration_ms);
+    req.r#type = flamefleet_proto::agent::ProfileType::Heap as i32;
+    req.cpu = None;
+    req.heap = Some(flamefleet_proto::agent::HeapOptions {
+        source_kind: flamefleet_proto::agent::HeapSource::Ebpf as i32,
+        sample_bytes,
+        ..Default::default()
+    });
+    req.uploads = upload.slots(uid, &[format!("heap-{node}.pb.gz")]);
+    req
+}
+
+/// A cancelled eBPF heap capture leaves the node's heap sampler at once, not at the end of
+/// its window: a capture right after it starts a sampler of its own, at its own rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_heap_capture_gives_up_the_heap_sampler_at_once() {
+    require_root();
+    let _serial = serial().await;
+    let node = "node-heap-cancel";
+    let Setup {
+        mut client,
+        agent: _agent,
+        upload,
+        tree,
+        pki: _pki,
+    } = Setup::new(node, allocator()).await;
+    let uid = unique("uid-heap-cancel");
+    let mut stream = client
+        .capture(heap_request(&uid, node, &tree, &upload, 60_000, 4096))
+        .await
+        .expect("Capture accepted")
+        .into_inner();
+    loop {
+        let p = stream
+            .message()
+            .await
+            .expect("progress")
+            .expect("not ended");
+        if p.stage() == Stage::Running {
+            break;
+        }
+    }
+    let cancelled = client
+        .cancel(CancelRequest {
+            request_uid: uid.clone(),
+        })
+        .await
+        .expect("Cancel")
+        .into_inner();
+    assert!(cancelled.found);
+    let mut last = None;
+    while let Some(p) = stream.message().await.expect("progress") {
+        last = Some(p);
+    }
+    let last = last.expect("a final message");
+    assert_eq!(last.stage(), Stage::Failed, "{last:?}");
+    assert!(last.message.contains("cancelled"), "{}", last.message);
+
+    let next_uid = unique("uid-heap-next");
+    let progress = collect(
+        &mut client,
+        heap_request(&next_uid, node, &tree, &upload, 1500, 8192),
+    )
+    .await;
+    let done = done(&progress);
+    let typed = done.capture_summary.as_deref().expect("a typed summary");
+    let Some(Kind::Heap(heap)) = &typed.kind else {
+        panic!("a heap summary: {typed:?}");
+    };
+    let stats = heap.ebpf.as_ref().expect("eBPF counters");
+    assert_eq!(
+        (stats.sample_bytes, stats.shared_with),
+        (8192, 0),
+        "the cancelled capture still held the heap sampler: {stats:?}"
+    );
+}

@@ -1,6 +1,8 @@
 //! Capture engines, one module per profile type, and what they share: the
-//! error type, capture targets and their labels, privilege/feature checks and
-//! the per-node sampler registry ([`Samplers`]).
+//! error type, capture targets and their labels, privilege/feature checks,
+//! the per-node sampler registry ([`Samplers`]), the process tracker that feeds
+//! symbolization, and the one lifecycle every engine follows ([`lifecycle`]:
+//! start, window, finish).
 //!
 //! Every engine follows the same shape: a long-lived *sampler* owns the
 //! loaded BPF object and its attachments (one per node and type, whatever the
@@ -10,12 +12,15 @@
 
 pub mod cpu;
 pub mod heap;
+pub mod lifecycle;
 mod perf_event;
+mod process_tracker;
 mod registry;
 pub mod runqlat;
 mod sampler_thread;
 mod stack_maps;
 mod target_table;
+pub mod window;
 
 use std::path::PathBuf;
 
@@ -180,6 +185,14 @@ pub struct SamplerConfig {
     pub max_histograms: u32,
     /// Capacity of runqlat's start map when task storage is unavailable.
     pub max_start_entries: u32,
+    /// Capacity of the eBPF heap sampler's live map (sampled allocations not freed yet; 64 Ki
+    /// stand for 32 GiB of live heap at the default 512 KiB per sample).
+    pub max_heap_live: u32,
+    /// Capacity of the eBPF heap sampler's aggregation map (targets × processes × stacks ×
+    /// size classes).
+    pub max_heap_rows: u32,
+    /// Capacity of the eBPF heap sampler's stack map (distinct allocation stacks).
+    pub max_heap_stacks: u32,
     /// Force runqlat's hash-map fallback even where task storage exists.
     pub force_start_hash: bool,
     /// Where runqlat's timestamps come from.
@@ -204,6 +217,9 @@ impl Default for SamplerConfig {
             max_stacks: 16384,
             max_histograms: 10240,
             max_start_entries: 16384,
+            max_heap_live: 65536,
+            max_heap_rows: 16384,
+            max_heap_stacks: 16384,
             force_start_hash: false,
             runqlat_clock: RunqlatClock::default(),
             node: std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -235,6 +251,16 @@ pub struct MapSizes {
     /// runqlat's start timestamps at once where task storage is missing (hash-map fallback).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
     pub max_start_entries: Option<u32>,
+    /// eBPF heap: sampled allocations tracked until freed, at once (beyond: counted as
+    /// drops, their frees unseen).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
+    pub max_heap_live: Option<u32>,
+    /// eBPF heap: distinct (target, process, stack, size class) rows at once.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
+    pub max_heap_rows: Option<u32>,
+    /// eBPF heap: distinct allocation stacks at once.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
+    pub max_heap_stacks: Option<u32>,
     /// Where runqlat's timestamps come from. `hybrid` (default): the scheduler's own queue
     /// stamps (`sched_info`, the run_delay of /proc/PID/schedstat), one BPF program on
     /// sched_switch, reading the clock only where the scheduler's run-queue clock is stale
@@ -284,6 +310,9 @@ impl MapSizes {
         set(&mut config.max_stacks, self.max_stacks);
         set(&mut config.max_histograms, self.max_histograms);
         set(&mut config.max_start_entries, self.max_start_entries);
+        set(&mut config.max_heap_live, self.max_heap_live);
+        set(&mut config.max_heap_rows, self.max_heap_rows);
+        set(&mut config.max_heap_stacks, self.max_heap_stacks);
         if let Some(clock) = self.runqlat_clock {
             config.runqlat_clock = clock;
         }

@@ -1,4 +1,5 @@
-//! One sampler per profile type per node, shared by concurrent captures.
+//! One sampler per profile type per node (CPU, runqlat, eBPF heap), shared by concurrent
+//! captures, all sized by the node's [`SamplerConfig`] and feeding one process catalog.
 //!
 //! The registry holds weak references: the first capture of a type starts
 //! the sampler, later ones join it, and when the last capture of a type
@@ -22,6 +23,8 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use super::cpu::{CpuCapture, CpuOptions, CpuSampler};
+use super::heap::ebpf::EbpfHeapOptions;
+use super::heap::ebpf::sampler::{HeapSampler, JoinedCapture};
 use super::runqlat::{RunqlatCapture, RunqlatOptions, RunqlatSampler};
 use super::{CaptureError, CaptureTarget, Result, SamplerConfig};
 use crate::process::ProcessCatalog;
@@ -33,6 +36,7 @@ pub struct Samplers {
     catalog: ProcessCatalog,
     cpu: Mutex<Weak<CpuSampler>>,
     runqlat: Mutex<Weak<RunqlatSampler>>,
+    heap: Mutex<Weak<HeapSampler>>,
     /// Keeps the last CPU sampler loaded for a while after its last capture.
     cpu_linger: LingerSlot,
 }
@@ -171,23 +175,9 @@ impl Samplers {
             )),
             _ => Ok(()),
         };
-        let lock = |m: &Mutex<Weak<CpuSampler>>| {
-            m.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .upgrade()
-                .map(|s| s.is_alive())
-        };
-        dead(lock(&self.cpu), "cpu")?;
-        let runqlat = self
-            .runqlat
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .upgrade()
-            .map(|s| s.is_alive());
-        dead(runqlat, "runqlat")?;
-        // The heap sampler lives in its own process-wide slot (capture::heap::ebpf::sampler).
-        let heap = super::heap::ebpf::sampler::running().map(|s| s.is_alive());
-        dead(heap, "eBPF heap")
+        dead(running(&self.cpu).map(|s| s.is_alive()), "cpu")?;
+        dead(running(&self.runqlat).map(|s| s.is_alive()), "runqlat")?;
+        dead(running(&self.heap).map(|s| s.is_alive()), "eBPF heap")
     }
 
     /// Process snapshots used to symbolize what the samplers saw.
@@ -216,12 +206,7 @@ impl Samplers {
             "# HELP flamefleet_agent_map_entries Entries in use in a running sampler's BPF map.\n\
              # TYPE flamefleet_agent_map_entries gauge\n",
         );
-        let cpu = self
-            .cpu
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .upgrade();
-        if let Some(fill) = cpu.map(|s| s.map_fill()) {
+        if let Some(fill) = running(&self.cpu).map(|s| s.map_fill()) {
             for (map, n) in [
                 ("targets", fill.targets),
                 ("counts", fill.counts),
@@ -234,12 +219,7 @@ impl Samplers {
                 );
             }
         }
-        let runqlat = self
-            .runqlat
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .upgrade();
-        if let Some(fill) = runqlat.map(|s| s.map_fill()) {
+        if let Some(fill) = running(&self.runqlat).map(|s| s.map_fill()) {
             for (map, n) in [
                 ("targets", Some(fill.targets)),
                 ("histograms", Some(fill.histograms)),
@@ -265,6 +245,29 @@ impl Samplers {
         let start = || RunqlatSampler::start(&self.config);
         with_sampler(&self.runqlat, start, |s| s.capture(targets, options))
     }
+
+    /// Adds `targets` to the node's eBPF heap sampler, starting it (with `opts`, the
+    /// node's map sizes and this registry's catalog) when none runs.
+    pub(crate) fn join_heap(
+        &self,
+        targets: &[CaptureTarget],
+        opts: &EbpfHeapOptions,
+    ) -> Result<JoinedCapture> {
+        let start = || HeapSampler::start(&self.config, opts, self.catalog.clone());
+        with_sampler(&self.heap, start, |s| s.register(targets))
+    }
+
+    /// The node's eBPF heap sampler, while a heap capture runs on it.
+    pub fn heap(&self) -> Option<Arc<HeapSampler>> {
+        running(&self.heap)
+    }
+}
+
+/// The sampler of `slot`, if one runs.
+fn running<S>(slot: &Mutex<Weak<S>>) -> Option<Arc<S>> {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .upgrade()
 }
 
 /// Runs `capture` on the running sampler of `slot` (starting one if none

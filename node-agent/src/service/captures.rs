@@ -52,27 +52,31 @@ pub fn is_terminal(p: &CaptureProgress) -> bool {
 
 /// What the progress channel holds: the first message of each stage the capture
 /// reached, in order (at most one per stage, so a handful), and the newest message, each
-/// with its sequence number.
+/// with its sequence number (from 1; none yet for a capture that has not answered).
 #[derive(Debug, Clone)]
 pub struct Published {
     stages: Vec<(u64, CaptureProgress)>,
-    latest: (u64, CaptureProgress),
+    latest: Option<(u64, CaptureProgress)>,
 }
 
 impl Published {
-    fn new(first: CaptureProgress) -> Self {
-        Self {
-            stages: vec![(1, first.clone())],
-            latest: (1, first),
+    fn new(first: Option<CaptureProgress>) -> Self {
+        let mut published = Self {
+            stages: Vec::new(),
+            latest: None,
+        };
+        if let Some(first) = first {
+            published.push(first);
         }
+        published
     }
 
     fn push(&mut self, p: CaptureProgress) {
-        let seq = self.latest.0 + 1;
-        if self.latest.1.stage != p.stage {
+        let seq = self.latest.as_ref().map_or(1, |(seq, _)| seq + 1);
+        if self.latest.as_ref().is_none_or(|(_, l)| l.stage != p.stage) {
             self.stages.push((seq, p.clone()));
         }
-        self.latest = (seq, p);
+        self.latest = Some((seq, p));
     }
 
     /// The messages a follower that has seen up to `seen` has not seen: the first
@@ -84,8 +88,11 @@ impl Published {
             .filter(|(seq, _)| *seq > seen)
             .cloned()
             .collect();
-        if self.latest.0 > seen && out.last().is_none_or(|(seq, _)| *seq != self.latest.0) {
-            out.push(self.latest.clone());
+        if let Some(latest) = &self.latest
+            && latest.0 > seen
+            && out.last().is_none_or(|(seq, _)| *seq != latest.0)
+        {
+            out.push(latest.clone());
         }
         out
     }
@@ -104,7 +111,10 @@ pub fn follow(
     let seen = if from_start {
         0
     } else {
-        rx.borrow().latest.0.saturating_sub(1)
+        rx.borrow()
+            .latest
+            .as_ref()
+            .map_or(0, |(seq, _)| seq.saturating_sub(1))
     };
     futures::StreamExt::flat_map(
         futures::stream::unfold(
@@ -113,7 +123,8 @@ pub fn follow(
                 if done {
                     return None;
                 }
-                // The sender only goes away after publishing the final message.
+                // The sender goes away after publishing the final message, or without one
+                // when the capture was forgotten ([`CaptureHandle::forget`]).
                 if !first && rx.changed().await.is_err() {
                     return None;
                 }
@@ -191,8 +202,9 @@ impl CaptureTable {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts, attaches to or replays the capture of `uid`.
-    pub fn join(self: &Arc<Self>, uid: &str, accepted: CaptureProgress) -> Joined {
+    /// Starts, attaches to or replays the capture of `uid`. A new capture's progress starts
+    /// with `accepted`; `None` publishes nothing until its engine answers.
+    pub fn join(self: &Arc<Self>, uid: &str, accepted: Option<CaptureProgress>) -> Joined {
         let mut inner = self.lock();
         self.evict(&mut inner, Instant::now());
         if let Some(r) = inner.running.get(uid) {
@@ -250,6 +262,10 @@ impl CaptureTable {
     /// Number of running captures.
     pub fn running(&self) -> usize {
         self.lock().running.len()
+    }
+
+    fn forget(&self, uid: &str) {
+        self.lock().running.remove(uid);
     }
 
     fn finish(&self, uid: &str, last: CaptureProgress) {
@@ -315,6 +331,14 @@ impl CaptureHandle {
         self.complete(last);
     }
 
+    /// Drops the capture without a final message, as an agent that restarted loses it: the
+    /// streams following it end, and the table no longer knows its UID (a `Collect` finds
+    /// nothing, a `Capture` starts it anew).
+    pub fn forget(mut self) {
+        self.finished = true;
+        self.table.forget(&self.uid);
+    }
+
     fn complete(&mut self, last: CaptureProgress) {
         if self.finished {
             return;
@@ -357,11 +381,11 @@ mod tests {
             max_entries: 2,
             ttl: Duration::from_secs(3600),
         }));
-        let Joined::New(handle, _) = table.join("a", stage(Stage::Accepted)) else {
+        let Joined::New(handle, _) = table.join("a", Some(stage(Stage::Accepted))) else {
             panic!("expected a new capture");
         };
         assert!(matches!(
-            table.join("a", stage(Stage::Accepted)),
+            table.join("a", Some(stage(Stage::Accepted))),
             Joined::Attached(_)
         ));
         assert!(table.cancel("a"));
@@ -369,22 +393,22 @@ mod tests {
         handle.finish(stage(Stage::Done));
         assert!(!table.cancel("a"));
         assert!(matches!(
-            table.join("a", stage(Stage::Accepted)),
+            table.join("a", Some(stage(Stage::Accepted))),
             Joined::Finished(p) if p.stage() == Stage::Done
         ));
         for uid in ["b", "c"] {
-            let Joined::New(h, _) = table.join(uid, stage(Stage::Accepted)) else {
+            let Joined::New(h, _) = table.join(uid, Some(stage(Stage::Accepted))) else {
                 panic!("expected a new capture");
             };
             drop(h); // finishes as FAILED
         }
         assert!(matches!(
-            table.join("c", stage(Stage::Accepted)),
+            table.join("c", Some(stage(Stage::Accepted))),
             Joined::Finished(p) if p.stage() == Stage::Failed
         ));
         // "a" was the oldest of three with room for two: a new capture.
         assert!(matches!(
-            table.join("a", stage(Stage::Accepted)),
+            table.join("a", Some(stage(Stage::Accepted))),
             Joined::New(..)
         ));
     }
@@ -395,7 +419,7 @@ mod tests {
         let table = Arc::new(CaptureTable::new(CacheLimits::default()));
         assert!(table.collect("unknown").is_none());
         assert_eq!(table.running(), 0, "collect started a capture");
-        let Joined::New(handle, _) = table.join("a", stage(Stage::Accepted)) else {
+        let Joined::New(handle, _) = table.join("a", Some(stage(Stage::Accepted))) else {
             panic!("expected a new capture");
         };
         handle.progress(stage(Stage::Running));
@@ -417,7 +441,7 @@ mod tests {
     async fn a_late_follower_of_a_new_capture_sees_every_stage_in_order() {
         use futures::StreamExt as _;
         let table = Arc::new(CaptureTable::new(CacheLimits::default()));
-        let Joined::New(handle, rx) = table.join("late", stage(Stage::Accepted)) else {
+        let Joined::New(handle, rx) = table.join("late", Some(stage(Stage::Accepted))) else {
             panic!("expected a new capture");
         };
         // Everything happens before the stream is first polled.
@@ -425,7 +449,7 @@ mod tests {
             handle.progress(stage(s));
         }
         // A caller attaching now starts from the newest message it finds.
-        let attached = match table.join("late", stage(Stage::Accepted)) {
+        let attached = match table.join("late", Some(stage(Stage::Accepted))) {
             Joined::Attached(rx) => follow(rx, false),
             other => panic!("expected to attach: {other:?}"),
         };
@@ -442,5 +466,44 @@ mod tests {
         );
         let seen: Vec<Stage> = attached.map(|p| p.stage()).collect().await;
         assert_eq!(seen, [Stage::Uploading, Stage::Done]);
+    }
+
+    #[tokio::test]
+    async fn a_capture_that_never_answers_publishes_nothing_until_it_ends() {
+        use futures::StreamExt as _;
+        let table = Arc::new(CaptureTable::new(CacheLimits::default()));
+        let Joined::New(handle, rx) = table.join("hung", None) else {
+            panic!("expected a new capture");
+        };
+        let attached = match table.join("hung", None) {
+            Joined::Attached(rx) => follow(rx, false),
+            other => panic!("expected to attach: {other:?}"),
+        };
+        assert!(table.cancel("hung"));
+        handle.finish(stage(Stage::Failed));
+        let seen: Vec<Stage> = follow(rx, true).map(|p| p.stage()).collect().await;
+        assert_eq!(seen, [Stage::Failed]);
+        let seen: Vec<Stage> = attached.map(|p| p.stage()).collect().await;
+        assert_eq!(seen, [Stage::Failed]);
+    }
+
+    #[tokio::test]
+    async fn a_forgotten_capture_ends_its_streams_without_a_result_and_is_unknown() {
+        use futures::StreamExt as _;
+        let table = Arc::new(CaptureTable::new(CacheLimits::default()));
+        let Joined::New(handle, rx) = table.join("lost", Some(stage(Stage::Accepted))) else {
+            panic!("expected a new capture");
+        };
+        handle.progress(stage(Stage::Running));
+        handle.forget();
+        let seen: Vec<Stage> = follow(rx, true).map(|p| p.stage()).collect().await;
+        assert_eq!(seen, [Stage::Accepted, Stage::Running]);
+        assert!(table.collect("lost").is_none());
+        assert!(!table.cancel("lost"));
+        assert_eq!(table.running(), 0);
+        assert!(matches!(
+            table.join("lost", Some(stage(Stage::Accepted))),
+            Joined::New(..)
+        ));
     }
 }

@@ -10,6 +10,12 @@ use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use flamefleet_proto::agent::CaptureSummary;
+use flamefleet_proto::agent::capture_summary::Kind;
+
+use super::reporter::Reporter;
+use crate::capture::lifecycle::Symbolized;
+
 /// How a capture ended, as the `outcome` label says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Outcome {
@@ -140,6 +146,36 @@ impl AgentMetrics {
             self.uploads.load(Ordering::Relaxed)
         );
         out
+    }
+}
+
+impl Reporter for AgentMetrics {
+    fn uploaded(&self, bytes: usize) {
+        AgentMetrics::uploaded(self, bytes);
+    }
+
+    fn symbolized(&self, profile_type: &'static str, symbolized: Symbolized) {
+        if let Some(took) = symbolized.during_window {
+            self.symbolized_during_window(profile_type, took);
+        }
+        if let Some(took) = symbolized.after_window {
+            AgentMetrics::symbolized(self, profile_type, took);
+        }
+    }
+
+    fn capture_finished(
+        &self,
+        profile_type: &'static str,
+        outcome: Outcome,
+        summary: Option<&CaptureSummary>,
+    ) {
+        // Heap captures report their losses in their eBPF counters, not as dropped samples.
+        if let Some(s) = summary
+            && matches!(s.kind, Some(Kind::Cpu(_) | Kind::Runqlat(_)))
+        {
+            self.dropped(profile_type, s.dropped_samples());
+        }
+        AgentMetrics::capture_finished(self, profile_type, outcome);
     }
 }
 

@@ -5,20 +5,23 @@
 //! Layout: [`tls`] (certificates, operator-only client auth), [`identity`] (this node's
 //! certificate from a Kubernetes CSR, renewed), [`probes`] (`/healthz`, `/readyz`,
 //! `/metrics`), [`captures`] (the UID table:
-//! start / attach / replay / cancel), [`targets`] (pods → cgroups and labels),
-//! [`pipeline`] (one capture: engine, artifacts, upload, report), [`upload`]
-//! (HTTP PUT with sha256 and retries), [`info`] (kernel release and features).
+//! start / attach / replay / cancel), [`engine`] (what captures: the node's samplers, or a
+//! load generator's stand-in), [`targets`] (pods → cgroups and labels), [`pipeline`] (one
+//! capture: engine, artifacts, upload, report), [`reporter`] (events for `/metrics`),
+//! [`upload`] (HTTP PUT with sha256 and retries), [`info`] (kernel release and features).
 //!
 //! The agent reports results only over the `Capture` stream; the operator alone writes
 //! ProfileRequest status, so agents need no access to ProfileRequests at all (a node
 //! cannot forge another node's result).
 
 pub mod captures;
+pub mod engine;
 pub mod identity;
 pub mod info;
 pub mod metrics;
 pub mod pipeline;
 pub mod probes;
+pub mod reporter;
 pub mod targets;
 pub mod tls;
 pub mod upload;
@@ -27,6 +30,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use flamefleet_proto::agent::agent_service_server::{AgentService, AgentServiceServer};
 use flamefleet_proto::agent::capture_progress::Stage;
@@ -38,9 +42,11 @@ use futures::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
 use self::captures::{CacheLimits, CaptureTable, Collected, Joined, follow};
+use self::engine::{Admission, CaptureEngine, NodeEngine};
 use self::pipeline::{Context, progress};
 use self::probes::ProbeState;
-pub use self::tls::{ServingIdentity, TlsFiles};
+use self::reporter::{CallOutcome, Reporter, Rpc};
+pub use self::tls::{ServingIdentity, TlsFiles, TlsMaterial};
 use self::upload::{UploadPolicy, Uploader};
 use crate::capture::{SamplerConfig, Samplers};
 use crate::cgroup::{CgroupError, CgroupRoot};
@@ -143,7 +149,8 @@ pub struct AgentConfig {
     pub cgroup_root: Option<PathBuf>,
 }
 
-/// The tonic service.
+/// The tonic service: the captures table, progress, uploads and reporting around a
+/// [`CaptureEngine`].
 #[derive(Clone)]
 pub struct Agent {
     ctx: Arc<Context>,
@@ -155,6 +162,32 @@ impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent")
             .field("node", &self.ctx.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a service around a capture engine is made of (see [`Agent::with_engine`]).
+pub struct AgentParts {
+    /// The node's name (artifact names, messages).
+    pub node: String,
+    /// What captures.
+    pub engine: Arc<dyn CaptureEngine>,
+    /// The uploader (cheap to clone: one connection pool).
+    pub uploader: Uploader,
+    /// Uploads in flight at once, when bounded.
+    pub upload_permits: Option<Arc<tokio::sync::Semaphore>>,
+    /// Where calls and captures are reported.
+    pub reporter: Arc<dyn Reporter>,
+    /// How often RUNNING progress is published (the agent: every second).
+    pub progress_period: Duration,
+    /// Cancelled when the service shuts down.
+    pub shutdown: tokio_util::sync::CancellationToken,
+}
+
+impl std::fmt::Debug for AgentParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentParts")
+            .field("node", &self.node)
             .finish_non_exhaustive()
     }
 }
@@ -187,12 +220,17 @@ async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
     kube::Client::try_from(cfg).map_err(|e| err(e.to_string()))
 }
 
-impl Agent {
-    /// Builds the service: checks the node name and cgroup root.
-    ///
-    /// # Errors
-    /// A bad node name or cgroup root.
-    pub async fn new(config: &AgentConfig) -> Result<Self> {
+/// The node's service and what `serve` also needs of it (health, metrics).
+struct NodeAgent {
+    agent: Agent,
+    samplers: Arc<Samplers>,
+    metrics: Arc<metrics::AgentMetrics>,
+}
+
+impl NodeAgent {
+    /// The node's service: checks the node name and cgroup root; captures with the node's
+    /// samplers, sized by the configured map sizes.
+    fn new(config: &AgentConfig) -> Result<Self> {
         if !valid_node_name(&config.node_name) {
             return Err(ServiceError::NodeName(config.node_name.clone()));
         }
@@ -206,17 +244,67 @@ impl Agent {
         };
         config.map_sizes.apply(&mut sampler_config);
         let samplers = Arc::new(Samplers::new(sampler_config));
-        Ok(Self {
-            ctx: Arc::new(Context {
-                node: config.node_name.clone(),
+        let metrics = Arc::new(metrics::AgentMetrics::default());
+        let agent = Agent::with_engine(AgentParts {
+            node: config.node_name.clone(),
+            engine: Arc::new(NodeEngine {
                 cgroup_root,
-                samplers,
-                uploader: Uploader::new(UploadPolicy::default())?,
-                metrics: Arc::new(metrics::AgentMetrics::default()),
+                samplers: Arc::clone(&samplers),
+            }),
+            uploader: Uploader::new(UploadPolicy::default())?,
+            upload_permits: None,
+            reporter: Arc::clone(&metrics) as Arc<dyn Reporter>,
+            progress_period: pipeline::PROGRESS_PERIOD,
+            shutdown: tokio_util::sync::CancellationToken::new(),
+        });
+        Ok(Self {
+            agent,
+            samplers,
+            metrics,
+        })
+    }
+}
+
+impl Agent {
+    /// A service capturing with `parts.engine`.
+    pub fn with_engine(parts: AgentParts) -> Self {
+        Self {
+            ctx: Arc::new(Context {
+                node: parts.node,
+                engine: parts.engine,
+                uploader: parts.uploader,
+                upload_permits: parts.upload_permits,
+                reporter: parts.reporter,
+                progress_period: parts.progress_period,
+                shutdown: parts.shutdown,
             }),
             table: Arc::new(CaptureTable::new(CacheLimits::default())),
             probes: ProbeState::new("starting"),
-        })
+        }
+    }
+
+    /// Serves this service on `listener` over mutual TLS (`tls`: the node's certificate,
+    /// the operator's client certificate required) until `shutdown` resolves; running
+    /// captures that wait for nothing else (see [`Admission`]) end then.
+    ///
+    /// # Errors
+    /// A failure of the gRPC server.
+    pub async fn serve_on(
+        self,
+        listener: tokio::net::TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<()> {
+        let token = self.ctx.shutdown.clone();
+        let shutdown = async move {
+            shutdown.await;
+            token.cancel();
+        };
+        tonic::transport::Server::builder()
+            .add_service(AgentServiceServer::new(self))
+            .serve_with_incoming_shutdown(tls::incoming(listener, tls, HANDSHAKE_TIMEOUT), shutdown)
+            .await?;
+        Ok(())
     }
 }
 
@@ -255,28 +343,35 @@ impl AgentService for Agent {
                 "request_uid is empty; expected the ProfileRequest's metadata.uid",
             ));
         }
-        let accepted = progress(
-            Stage::Accepted,
-            format!("accepted by node {}", self.ctx.node),
-        );
+        let admission = self.ctx.engine.admit(&req);
+        let accepted = (admission != Admission::Hang).then(|| {
+            progress(
+                Stage::Accepted,
+                format!("accepted by node {}", self.ctx.node),
+            )
+        });
+        let report = |outcome| self.ctx.reporter.call(Rpc::Capture, outcome);
         let stream = match self.table.join(&uid, accepted) {
             Joined::New(handle, rx) => {
                 tracing::info!(%uid, name = %req.request_name, "new capture");
+                report(CallOutcome::Started);
                 let ctx = Arc::clone(&self.ctx);
                 let probes = Arc::clone(&self.probes);
                 probes.capture_delta(true);
                 tokio::spawn(async move {
-                    pipeline::run(ctx, handle, req).await;
+                    pipeline::run(ctx, handle, req, admission).await;
                     probes.capture_delta(false);
                 });
                 Box::pin(follow(rx, true).map(Ok)) as ProgressStream
             }
             Joined::Attached(rx) => {
                 tracing::info!(%uid, "attaching to running capture");
+                report(CallOutcome::Attached);
                 Box::pin(follow(rx, false).map(Ok)) as ProgressStream
             }
             Joined::Finished(last) => {
                 tracing::info!(%uid, "replaying finished capture");
+                report(CallOutcome::Replayed);
                 Box::pin(futures::stream::iter([Ok(last)])) as ProgressStream
             }
         };
@@ -295,12 +390,18 @@ impl AgentService for Agent {
                 "request_uid is empty; expected the ProfileRequest's metadata.uid",
             ));
         }
+        let report = |outcome| self.ctx.reporter.call(Rpc::Collect, outcome);
         let stream = match self.table.collect(&uid) {
-            Some(Collected::Running(rx)) => Box::pin(follow(rx, false).map(Ok)) as ProgressStream,
+            Some(Collected::Running(rx)) => {
+                report(CallOutcome::Attached);
+                Box::pin(follow(rx, false).map(Ok)) as ProgressStream
+            }
             Some(Collected::Finished(last)) => {
+                report(CallOutcome::Replayed);
                 Box::pin(futures::stream::iter([Ok(last)])) as ProgressStream
             }
             None => {
+                report(CallOutcome::Unknown);
                 return Err(Status::not_found(format!(
                     "node {} has no capture for request {uid}: it never got the Capture call, \
                      the agent restarted since, or the result left its cache",
@@ -319,11 +420,12 @@ impl AgentService for Agent {
         let uid = request.into_inner().request_uid;
         let found = self.table.cancel(uid.trim());
         tracing::info!(%uid, found, "cancel");
+        self.ctx.reporter.cancel_called(found);
         Ok(Response::new(CancelResponse { found }))
     }
 
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
-        Ok(Response::new(info::info(&self.ctx.node)))
+        Ok(Response::new(self.ctx.engine.info(&self.ctx.node)))
     }
 }
 
@@ -338,7 +440,7 @@ const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10
 /// answer meanwhile: healthy, not ready), then renews it in the background.
 ///
 /// # Errors
-/// Configuration errors (see [`Agent::new`], [`TlsFiles::read`]),
+/// Configuration errors (a bad node name or cgroup root, [`TlsFiles::read`]),
 /// a port in use, or a failure of the server.
 pub async fn serve(
     config: AgentConfig,
@@ -351,14 +453,15 @@ pub async fn serve(
         TlsSource::Files(files) => Some(files.read()?),
         TlsSource::Csr => None,
     };
-    let mut agent = Agent::new(&config).await?;
+    let NodeAgent {
+        mut agent,
+        samplers,
+        metrics,
+    } = NodeAgent::new(&config)?;
     let probes = Arc::clone(&agent.probes);
-    let samplers = Arc::clone(&agent.ctx.samplers);
-    probes.set_health_check(Box::new(move || samplers.health()));
-    probes.set_metrics(
-        Arc::clone(&agent.ctx.metrics),
-        Arc::clone(&agent.ctx.samplers),
-    );
+    let health = Arc::clone(&samplers);
+    probes.set_health_check(Box::new(move || health.health()));
+    probes.set_metrics(metrics, samplers);
     if let Some(listen) = config.probe_listen {
         let bound = probes::spawn(listen, Arc::clone(&probes)).await?;
         println!("probes on {bound}");
@@ -402,14 +505,9 @@ pub async fn serve(
     println!("listening on {addr}");
     probes.set_waiting("");
     probes.set_serving(true);
-    let result = tonic::transport::Server::builder()
-        .add_service(AgentServiceServer::new(agent))
-        .serve_with_incoming_shutdown(
-            tls::incoming(listener, identity.server_config(), HANDSHAKE_TIMEOUT),
-            shutdown,
-        )
+    let result = agent
+        .serve_on(listener, identity.server_config(), shutdown)
         .await;
     probes.set_serving(false);
-    result?;
-    Ok(())
+    result
 }

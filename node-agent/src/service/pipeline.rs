@@ -1,30 +1,29 @@
-//! One capture from start to report: resolve the targets, run the engine
-//! through the node's shared samplers while publishing progress, build the
-//! artifacts, upload them, and write this node's status entry.
+//! One capture from start to report: start it on the service's engine, run its window
+//! while publishing progress (a Cancel stops it at once), build the artifacts, upload
+//! them, and report the result on the capture's stream.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::capture_progress::Stage;
-use flamefleet_proto::agent::capture_summary::Kind;
 use flamefleet_proto::agent::{
-    self as pb, Artifact, CaptureProgress, CaptureRequest, CaptureSummary, LatencyHistogram,
-    ProfileType, UploadSlot, artifact_names,
+    Artifact, CaptureProgress, CaptureRequest, CaptureSummary, LatencyHistogram, ProfileType,
+    UploadSlot, artifact_names,
 };
 use flamefleet_proto::pprof::Profile;
+use tokio_util::sync::CancellationToken;
 
 use super::captures::CaptureHandle;
+use super::engine::{Admission, CaptureEngine, EngineCapture};
 use super::metrics::Outcome;
-use super::targets::{self, ResolvedTarget};
+use super::reporter::Reporter;
 use super::upload::{UploadError, Uploader, sha256_hex};
-use crate::capture::cpu::CpuOptions;
-use crate::capture::heap::{self, HeapError, HeapRequest, HeapSource};
-use crate::capture::runqlat::{LatencyUnit, RunqlatOptions, RunqlatResult};
-use crate::capture::{CaptureError, CaptureTarget, Samplers};
-use crate::cgroup::CgroupRoot;
+use crate::capture::CaptureError;
+use crate::capture::heap::HeapError;
+use crate::capture::lifecycle::Finished;
+use crate::capture::window::{Stop, WindowEnd};
 use crate::pprof;
-use crate::symbolize::StackSymbolizer;
 
 /// Longest capture accepted (the CRD allows at most this much too).
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);
@@ -32,18 +31,29 @@ pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 pub const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
 
 /// What every capture of this agent shares.
-#[derive(Debug)]
 pub struct Context {
-    /// This node's name (labels, artifact names).
+    /// This node's name (artifact names, messages).
     pub node: String,
-    /// Where pod cgroups are looked up.
-    pub cgroup_root: CgroupRoot,
-    /// The node's shared samplers.
-    pub samplers: Arc<Samplers>,
+    /// What captures.
+    pub engine: Arc<dyn CaptureEngine>,
     /// The uploader.
     pub uploader: Uploader,
-    /// Counters for `/metrics`.
-    pub metrics: Arc<super::metrics::AgentMetrics>,
+    /// Uploads in flight at once, when bounded (one process serving many nodes).
+    pub upload_permits: Option<Arc<tokio::sync::Semaphore>>,
+    /// Where calls and captures are reported (`/metrics`).
+    pub reporter: Arc<dyn Reporter>,
+    /// How often RUNNING progress is published.
+    pub progress_period: Duration,
+    /// Cancelled when the service shuts down: captures that wait for nothing else end.
+    pub shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a capture failed; the Display text is the FAILED reason.
@@ -80,43 +90,11 @@ struct Built {
     sample_type: String,
 }
 
-/// What an engine produced.
+/// What a capture produced, ready to upload.
 struct Output {
     artifacts: Vec<Built>,
     summary: CaptureSummary,
     runqlat_histogram: Option<LatencyHistogram>,
-}
-
-/// Every wait of the capture's targets in one histogram (per-process histograms add up to
-/// their target's, so nothing is counted twice).
-fn node_histogram(result: &RunqlatResult) -> LatencyHistogram {
-    let mut all = LatencyHistogram {
-        unit_ns: result.unit.nanos(),
-        buckets: Vec::new(),
-    };
-    for h in &result.histograms {
-        let part = LatencyHistogram {
-            unit_ns: all.unit_ns,
-            buckets: h.slots.clone(),
-        };
-        // Same unit by construction.
-        let _ = all.merge(&part);
-    }
-    all
-}
-
-/// The summary of a runqlat capture: the waits measured (the histogram's total, the sum
-/// of the pprof's `count/count`); percentiles and `max_us` come from the histogram the
-/// operator merges too.
-fn runqlat_summary(histogram: &LatencyHistogram, dropped: u64) -> pb::RunqlatSummary {
-    pb::RunqlatSummary {
-        waits: histogram.count(),
-        dropped_samples: dropped,
-        p50_us: histogram.quantile_us(0.50),
-        p90_us: histogram.quantile_us(0.90),
-        p99_us: histogram.quantile_us(0.99),
-        max_us: histogram.max_us(),
-    }
 }
 
 /// The `type` label of a profile type in the agent's metrics.
@@ -198,58 +176,29 @@ async fn blocking<T: Send + 'static>(
         .map_err(|_| PipelineError::Internal(format!("the {what} thread panicked")))
 }
 
-/// The window of a CPU capture: `duration` long. Half-way through it, the frames
-/// sampled so far that no capture has symbolized yet are symbolized into the
-/// symbolizer's caches (each binary's frames by file offset, kept per binary, and the
-/// kernel's), building no profile; frames already cached cost a lookup. The
-/// symbolization after the window, which the request waits for, then finds most
-/// frames cached: the first capture of a binary pays for its parsing during its
-/// window instead of after it. A pass still running when the window ends is waited
-/// for.
-///
-/// Only a capture that opens a busy spell of the sampler (found it idle) makes the
-/// pass. Captures that join running ones, as the back-to-back windows of a continuous
-/// profile do, skip it: the captures before them keep the caches warm, and in the
-/// continuous bench the pass cost more (a second parse of a binary when new frames
-/// show up in both halves of a window) than it saved.
-async fn symbolize_during_window(
-    running: Arc<crate::capture::cpu::CpuCapture>,
-    catalog: crate::process::ProcessCatalog,
-    metrics: Arc<super::metrics::AgentMetrics>,
-    duration: Duration,
-) {
-    let end = tokio::time::Instant::now() + duration;
-    if !running.opened_busy_spell() {
-        tokio::time::sleep_until(end).await;
-        return;
-    }
-    tokio::time::sleep(duration / 2).await;
-    let _ = blocking("cpu-symbols", move || {
-        let began = Instant::now();
-        if let Ok(samples) = running.peek() {
-            samples.warm_symbols(&mut StackSymbolizer::new(catalog));
-        }
-        metrics.symbolized_during_window("cpu", began.elapsed());
-    })
-    .await;
-    tokio::time::sleep_until(end).await;
-}
-
-/// Awaits `work` while publishing RUNNING progress every second; `Err(Cancelled)`
-/// as soon as the capture is cancelled.
+/// Awaits `work`, publishing RUNNING progress every `period`; on Cancel, stops the
+/// capture's window (`stop`), waits for `work` to give the capture up, and fails with
+/// `Cancelled`.
 async fn run_with_progress<T>(
+    ctx: &Context,
     handle: &CaptureHandle,
     started: Instant,
     duration: Duration,
+    stop: &Stop,
     work: impl Future<Output = T>,
 ) -> Result<T, PipelineError> {
     tokio::pin!(work);
-    let mut tick = tokio::time::interval(PROGRESS_PERIOD);
+    let mut tick = tokio::time::interval(ctx.progress_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             out = &mut work => return Ok(out),
-            () = handle.cancelled() => return Err(PipelineError::Cancelled),
+            () = handle.cancelled() => {
+                stop.stop();
+                // The window ends at once; the capture gives its targets back on that thread.
+                let _ = work.await;
+                return Err(PipelineError::Cancelled);
+            }
             _ = tick.tick() => {
                 let elapsed = started.elapsed();
                 handle.progress(CaptureProgress {
@@ -289,201 +238,80 @@ fn gzip(profile: &Profile) -> Result<Vec<u8>, PipelineError> {
         .map_err(|e| PipelineError::Internal(format!("encoding the profile: {e}")))
 }
 
-/// Runs the engine of `ty` for `duration` over `targets`.
+/// The artifacts of `finished`, under the names of `ty` on `node`: the profile, and
+/// runqlat's text histograms (which count no samples of their own: the pprof artifact
+/// carries them, so the request's total is not doubled).
+fn build(finished: Finished, ty: ProfileType, node: &str) -> Result<Output, PipelineError> {
+    let names = artifact_names(ty, node);
+    let mut artifacts = Vec::with_capacity(names.len());
+    let mut names = names.into_iter();
+    let name = names
+        .next()
+        .ok_or_else(|| PipelineError::Internal(format!("no artifact name for {ty:?}")))?;
+    artifacts.push(Built {
+        name,
+        bytes: gzip(&finished.profile)?,
+        samples: finished.summary.samples(),
+        sample_type: sample_type_of(&finished.profile),
+    });
+    if let (Some(text), Some(name)) = (finished.histogram_text, names.next()) {
+        artifacts.push(Built {
+            name,
+            bytes: text.into_bytes(),
+            samples: 0,
+            sample_type: String::new(),
+        });
+    }
+    Ok(Output {
+        artifacts,
+        summary: finished.summary,
+        runqlat_histogram: finished.runqlat_histogram,
+    })
+}
+
+/// Starts the capture on the engine, runs its window and reads it out.
 async fn capture(
     ctx: &Context,
     handle: &CaptureHandle,
     req: &CaptureRequest,
     ty: ProfileType,
     duration: Duration,
-    resolved: &[ResolvedTarget],
 ) -> Result<Output, PipelineError> {
-    let node = ctx.node.clone();
-    let names = artifact_names(ty, &node);
-    let targets: Vec<CaptureTarget> = resolved.iter().map(|t| t.capture.clone()).collect();
     let started = Instant::now();
-    let samplers = Arc::clone(&ctx.samplers);
-    match ty {
-        ProfileType::Cpu => {
-            let options = CpuOptions {
-                frequency: match req.cpu.as_ref().map_or(0, |c| c.frequency_hz) {
-                    0 => CpuOptions::default().frequency,
-                    hz => u64::from(hz),
-                },
-                ..CpuOptions::default()
-            };
-            let s = Arc::clone(&samplers);
-            let running = blocking("cpu", move || s.start_cpu(&targets, &options)).await??;
-            // Concurrent captures share one sampler: its address tells them apart in the log.
-            tracing::info!(uid = %handle.uid(), sampler = ?Arc::as_ptr(running.sampler()), "cpu sampler attached");
-            handle.progress(progress(Stage::Running, "sampler attached"));
-            let running = Arc::new(running);
-            let window = symbolize_during_window(
-                Arc::clone(&running),
-                samplers.catalog().clone(),
-                Arc::clone(&ctx.metrics),
-                duration,
-            );
-            let waited = run_with_progress(handle, started, duration, window).await;
-            if let Err(e) = waited {
-                // Detaching the targets blocks briefly (map updates).
-                let _ = blocking("cpu", move || drop(running)).await;
-                return Err(e);
+    let engine = Arc::clone(&ctx.engine);
+    let request = req.clone();
+    let start = blocking("start", move || engine.start(&request, ty, duration));
+    let mut running: Box<dyn EngineCapture> = tokio::select! {
+        r = start => r??,
+        () = handle.cancelled() => return Err(PipelineError::Cancelled),
+    };
+    if let Some(sampler) = running.sampler() {
+        // Concurrent captures share one sampler: its address tells them apart in the log.
+        let sampler = format_args!("{sampler:#x}");
+        match ty {
+            ProfileType::Cpu => {
+                tracing::info!(uid = %handle.uid(), sampler, "cpu sampler attached")
             }
-            // The window's symbolization pass is over: this is the last reference.
-            let running = Arc::into_inner(running).ok_or_else(|| {
-                PipelineError::Internal("the CPU capture is still shared after its window".into())
-            })?;
-            let requested = options.frequency;
-            let metrics = Arc::clone(&ctx.metrics);
-            let (bytes, total, drops, sample_type, unsymbolized, effective) =
-                blocking("cpu", move || {
-                    let after_window = Instant::now();
-                    let result = running.finish()?;
-                    let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
-                    let profile = result.to_profile(&mut symbolizer, &node);
-                    metrics.symbolized("cpu", after_window.elapsed());
-                    let st = sample_type_of(&profile);
-                    let unsymbolized = symbolizer.stats.unsymbolized_pct();
-                    Ok::<_, PipelineError>((
-                        gzip(&profile)?,
-                        result.total(),
-                        result.drops.total(),
-                        st,
-                        unsymbolized,
-                        result.options.frequency,
-                    ))
-                })
-                .await??;
-            // `frequency_hz` is the frequency the samples were really taken at: a capture
-            // that joins a running sampler gets the sampler's.
-            let summary = CaptureSummary {
-                kind: Some(Kind::Cpu(pb::CpuSummary {
-                    samples: total,
-                    dropped_samples: drops,
-                    unsymbolized_frames_pct: unsymbolized,
-                    frequency_hz: effective,
-                    requested_frequency_hz: requested,
-                })),
-            };
-            Ok(Output {
-                artifacts: vec![Built {
-                    name: names[0].clone(),
-                    bytes,
-                    samples: total,
-                    sample_type,
-                }],
-                summary,
-                runqlat_histogram: None,
-            })
-        }
-        ProfileType::Runqlat => {
-            let opts = req.runqlat.clone().unwrap_or_default();
-            let options = RunqlatOptions {
-                per_process: opts.per_process,
-                unit: match pb::LatencyUnit::requested(opts.latency_unit, &opts.unit) {
-                    Some(pb::LatencyUnit::Milliseconds) => LatencyUnit::Millis,
-                    Some(_) => LatencyUnit::Micros,
-                    None => {
-                        return Err(PipelineError::Invalid(format!(
-                            "runqlat unit must be \"us\" or \"ms\", found {:?} (latency_unit {})",
-                            opts.unit, opts.latency_unit
-                        )));
-                    }
-                },
-            };
-            let s = Arc::clone(&samplers);
-            let running =
-                blocking("runqlat", move || s.start_runqlat(&targets, &options)).await??;
-            tracing::info!(uid = %handle.uid(), sampler = ?Arc::as_ptr(running.sampler()), "runqlat sampler attached");
-            handle.progress(progress(Stage::Running, "sampler attached"));
-            let waited =
-                run_with_progress(handle, started, duration, tokio::time::sleep(duration)).await;
-            if let Err(e) = waited {
-                let _ = blocking("runqlat", move || drop(running)).await;
-                return Err(e);
+            ProfileType::Runqlat => {
+                tracing::info!(uid = %handle.uid(), sampler, "runqlat sampler attached");
             }
-            let result = blocking("runqlat", move || running.finish()).await??;
-            let profile = result.to_profile(&node);
-            let histogram = node_histogram(&result);
-            let waits = histogram.count();
-            let summary = CaptureSummary {
-                kind: Some(Kind::Runqlat(runqlat_summary(
-                    &histogram,
-                    result.drops.hists_full + result.drops.start_full,
-                ))),
-            };
-            Ok(Output {
-                artifacts: vec![
-                    Built {
-                        name: names[0].clone(),
-                        bytes: gzip(&profile)?,
-                        samples: waits,
-                        sample_type: sample_type_of(&profile),
-                    },
-                    // The text rendering is not a profile: it counts no samples of its own
-                    // (the pprof artifact carries them), so the request's total is not doubled.
-                    Built {
-                        name: names[1].clone(),
-                        bytes: result.text().into_bytes(),
-                        samples: 0,
-                        sample_type: String::new(),
-                    },
-                ],
-                summary,
-                runqlat_histogram: Some(histogram),
-            })
+            _ => tracing::info!(uid = %handle.uid(), sampler, ?ty, "sampler attached"),
         }
-        ProfileType::Heap => {
-            let opts = req.heap.clone().unwrap_or_default();
-            let source = pb::HeapSource::requested(opts.source_kind, &opts.source)
-                .map(HeapSource::from)
-                .ok_or_else(|| {
-                    PipelineError::Invalid(format!(
-                        "heap source must be auto, endpoint, ebpf or goruntime, found {:?} \
-                         (source_kind {})",
-                        opts.source, opts.source_kind
-                    ))
-                })?;
-            let mut request: HeapRequest = heap::cli_request(
-                source,
-                &[],
-                None,
-                duration,
-                match opts.sample_bytes {
-                    0 => heap::sampling::DEFAULT_SAMPLE_BYTES,
-                    n => n,
-                },
-                0,
-                &node,
-            )?;
-            request.targets =
-                targets::heap_targets(resolved, opts.endpoint_port, &opts.endpoint_path);
-            if let Some(max) = opts.max_overhead_percent {
-                request.ebpf.max_overhead_percent = f64::from(max);
-            }
-            // The heap engine runs its whole window in one blocking call: on
-            // Cancel the caller is answered at once and the engine's thread
-            // finishes its window (at most the requested duration) unobserved.
-            let work = blocking("heap", move || heap::capture(&request));
-            let result = run_with_progress(handle, started, duration, work).await???;
-            let summary = CaptureSummary {
-                kind: Some(Kind::Heap(result.summary())),
-            };
-            let samples = summary.samples();
-            Ok(Output {
-                artifacts: vec![Built {
-                    name: names[0].clone(),
-                    bytes: gzip(&result.profile)?,
-                    samples,
-                    sample_type: sample_type_of(&result.profile),
-                }],
-                summary,
-                runqlat_histogram: None,
-            })
-        }
-        ProfileType::Unspecified => Err(PipelineError::Invalid("profile type missing".into())),
+        handle.progress(progress(Stage::Running, "sampler attached"));
     }
+    let stop = Stop::new();
+    let window_stop = stop.clone();
+    let node = ctx.node.clone();
+    let reporter = Arc::clone(&ctx.reporter);
+    let work = blocking("capture", move || {
+        if running.window().is_some() && running.run_window(&window_stop)? == WindowEnd::Stopped {
+            return Err(PipelineError::Cancelled);
+        }
+        let finished = running.finish()?;
+        reporter.symbolized(type_label(ty), finished.symbolized);
+        build(finished, ty, &node)
+    });
+    run_with_progress(ctx, handle, started, duration, &stop, work).await??
 }
 
 /// Uploads every artifact to its slot.
@@ -500,10 +328,24 @@ async fn upload(
                 built.name
             )));
         };
-        ctx.uploader
+        let _permit = match &ctx.upload_permits {
+            Some(permits) => Some(
+                permits
+                    .acquire()
+                    .await
+                    .map_err(|e| PipelineError::Internal(format!("upload permits: {e}")))?,
+            ),
+            None => None,
+        };
+        if let Err(e) = ctx
+            .uploader
             .put(&built.name, &slot.put_url, &built.bytes, slot.max_bytes)
-            .await?;
-        ctx.metrics.uploaded(built.bytes.len());
+            .await
+        {
+            ctx.reporter.upload_failed();
+            return Err(e.into());
+        }
+        ctx.reporter.uploaded(built.bytes.len());
         tracing::info!(artifact = %built.name, bytes = built.bytes.len(), "uploaded");
         done.push(Artifact {
             name: built.name.clone(),
@@ -517,7 +359,7 @@ async fn upload(
     Ok(done)
 }
 
-/// The whole pipeline up to (not including) the status write.
+/// The whole pipeline up to (not including) the final message.
 async fn execute(
     ctx: &Context,
     handle: &CaptureHandle,
@@ -530,15 +372,7 @@ async fn execute(
             req.request_name
         )));
     }
-    let root = ctx.cgroup_root.clone();
-    let wanted = req.targets.clone();
-    let resolved = blocking("resolve", move || targets::resolve(&root, &wanted))
-        .await?
-        .map_err(PipelineError::Targets)?;
-    tracing::info!(
-        uid = %req.request_uid, ?ty, ?duration, cgroups = resolved.len(), "capture starting"
-    );
-    let output = capture(ctx, handle, req, ty, duration, &resolved).await?;
+    let output = capture(ctx, handle, req, ty, duration).await?;
     if handle.is_cancelled() {
         return Err(PipelineError::Cancelled);
     }
@@ -550,10 +384,36 @@ async fn execute(
     Ok((artifacts, output))
 }
 
-/// Runs the capture of `req` to its end and publishes the final message.
-pub async fn run(ctx: Arc<Context>, handle: CaptureHandle, req: CaptureRequest) {
+/// Runs the capture of `req` as `admission` says, to its end, and publishes the final
+/// message.
+pub async fn run(
+    ctx: Arc<Context>,
+    handle: CaptureHandle,
+    req: CaptureRequest,
+    admission: Admission,
+) {
     let started = Instant::now();
-    let outcome = execute(&ctx, &handle, &req).await;
+    let outcome = match admission {
+        Admission::Run => execute(&ctx, &handle, &req).await,
+        Admission::Hang => {
+            tokio::select! {
+                () = handle.cancelled() => {}
+                () = ctx.shutdown.cancelled() => {}
+            }
+            Err(PipelineError::Cancelled)
+        }
+        Admission::Forget(after) => {
+            tokio::select! {
+                () = tokio::time::sleep(after) => {}
+                () = handle.cancelled() => {}
+                () = ctx.shutdown.cancelled() => {}
+            }
+            tracing::info!(uid = %req.request_uid, "capture forgotten without a result");
+            ctx.reporter.capture_forgotten();
+            handle.forget();
+            return;
+        }
+    };
     let last = match &outcome {
         Ok((artifacts, output)) => CaptureProgress {
             stage: Stage::Done as i32,
@@ -576,19 +436,14 @@ pub async fn run(ctx: Arc<Context>, handle: CaptureHandle, req: CaptureRequest) 
         Ok(_) => tracing::info!(uid = %req.request_uid, "capture done"),
         Err(e) => tracing::warn!(uid = %req.request_uid, error = %e, "capture failed"),
     }
-    let ty = type_label(req.r#type());
-    if let Ok((_, output)) = &outcome
-        && matches!(output.summary.kind, Some(Kind::Cpu(_) | Kind::Runqlat(_)))
-    {
-        ctx.metrics.dropped(ty, output.summary.dropped_samples());
-    }
-    ctx.metrics.capture_finished(
-        ty,
+    ctx.reporter.capture_finished(
+        type_label(req.r#type()),
         match &outcome {
             Ok(_) => Outcome::Succeeded,
             Err(PipelineError::Cancelled) => Outcome::Cancelled,
             Err(_) => Outcome::Failed,
         },
+        outcome.as_ref().ok().map(|(_, output)| &output.summary),
     );
     handle.finish(last);
 }

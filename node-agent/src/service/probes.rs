@@ -146,7 +146,10 @@ async fn readyz(State(state): State<Arc<ProbeState>>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
-    let heap = heap_sampler_gauges();
+    let heap = state
+        .counters
+        .get()
+        .map_or((0, 0, 0), |(_, samplers)| heap_sampler_gauges(samplers));
     let mut text = format!(
         "# HELP flamefleet_agent_ready Whether the agent serves gRPC with a node certificate.\n\
          # TYPE flamefleet_agent_ready gauge\n\
@@ -185,8 +188,8 @@ async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
 }
 
 /// (probed binaries, uprobes, captures) of the node's eBPF heap sampler; zeros when none runs.
-fn heap_sampler_gauges() -> (usize, usize, usize) {
-    crate::capture::heap::ebpf::sampler::running().map_or((0, 0, 0), |s| {
+fn heap_sampler_gauges(samplers: &Samplers) -> (usize, usize, usize) {
+    samplers.heap().map_or((0, 0, 0), |s| {
         let attached = s.attachments();
         (
             attached.len(),

@@ -132,7 +132,7 @@ impl CpuCapture {
             samples,
             drops,
             walk,
-            unwinder: self.sampler.unwinder.as_ref().map(|u| u.stats()),
+            unwinder: self.sampler.unwinder().map(|u| u.stats()),
             options,
             started: self.started,
             duration,

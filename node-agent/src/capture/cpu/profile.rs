@@ -1,6 +1,7 @@
 //! What a CPU capture produced: aggregated samples, symbolized into a pprof profile.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
 use flamefleet_proto::pprof::Profile;
@@ -124,5 +125,48 @@ impl CpuSamples {
             ));
         }
         b.build()
+    }
+
+    /// A short "top" of `profile` (built from these samples) by leaf function, for
+    /// `flamefleet-agent capture --text`.
+    pub fn top_text(&self, profile: &Profile) -> String {
+        let name_of_location: HashMap<u64, String> = profile
+            .location
+            .iter()
+            .map(|l| {
+                let name = l
+                    .line
+                    .first()
+                    .and_then(|line| profile.function.iter().find(|f| f.id == line.function_id))
+                    .and_then(|f| profile.string_table.get(f.name as usize).cloned())
+                    .unwrap_or_else(|| format!("{:#x}", l.address));
+                (l.id, name)
+            })
+            .collect();
+        let mut flat: HashMap<&str, i64> = HashMap::new();
+        for s in &profile.sample {
+            let leaf = s
+                .location_id
+                .first()
+                .and_then(|id| name_of_location.get(id));
+            *flat
+                .entry(leaf.map_or("[unknown]", String::as_str))
+                .or_default() += s.value[0];
+        }
+        let mut rows: Vec<_> = flat.into_iter().collect();
+        rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let total = self.total().max(1) as f64;
+        let mut out = format!(
+            "{} samples at {} Hz ({}) in {:.1?}; drops: {}\n",
+            self.total(),
+            self.options.frequency,
+            self.options.event.name(),
+            self.duration,
+            self.drops.total()
+        );
+        for (name, n) in rows.into_iter().take(20) {
+            let _ = writeln!(out, "{:>8} {:>6.2}%  {name}", n, n as f64 * 100.0 / total);
+        }
+        out
     }
 }

@@ -8,12 +8,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
-use libbpf_rs::{MapCore as _, MapFlags, MapHandle, RingBufferBuilder};
+use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 
 use super::{CpuCapture, CpuDrops, CpuMapFill, CpuOptions};
-use crate::bpf::cpu_sampler::types::{cpu_drops, cpu_sample_key, ff_proc_event, ff_target};
+use crate::bpf::cpu_sampler::types::{cpu_drops, cpu_sample_key, ff_target};
 use crate::bpf::cpu_sampler::{CpuSamplerSkel, CpuSamplerSkelBuilder};
 use crate::bpf::from_bytes;
+use crate::capture::process_tracker::ProcessTracker;
 use crate::capture::sampler_thread::{self, OwnerThread, Woken};
 use crate::capture::target_table::{TargetMaps, TargetTable};
 use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event, stack_maps};
@@ -65,8 +66,8 @@ pub struct CpuSampler {
     cpus: Vec<u32>,
     /// The sampling program (a duplicate of the owner thread's fd).
     program: OwnedFd,
-    catalog: ProcessCatalog,
-    pub(super) unwinder: Option<Arc<Unwinder>>,
+    /// Feeds the node's catalog and the unwinder with the targets' processes.
+    pub(super) tracker: ProcessTracker,
     owner: OwnerThread,
 }
 
@@ -111,22 +112,16 @@ impl CpuSampler {
         let cpus = perf_event::online_cpus()?;
         let (max_targets, max_indices) = (config.max_targets, config.max_target_indices);
         let config = config.clone();
-        let thread_catalog = catalog.clone();
         let unwinder = if options.cfi_unwind {
             Some(Unwinder::shared(&config.unwind)?)
         } else {
             None
         };
-        let thread_unwinder = unwinder.clone();
+        let tracker = ProcessTracker::new(catalog, unwinder);
+        let thread_tracker = tracker.clone();
         let (handles, owner) = sampler_thread::spawn("cpu", move |ready, stop| {
             let mut object = MaybeUninit::uninit();
-            let loaded = load(
-                &mut object,
-                &config,
-                options,
-                thread_catalog,
-                thread_unwinder,
-            );
+            let loaded = load(&mut object, &config, options, &thread_tracker);
             match loaded {
                 Ok(loaded) => {
                     if ready.send(Ok((loaded.maps, loaded.program))).is_err() {
@@ -163,8 +158,7 @@ impl CpuSampler {
             options,
             cpus,
             program,
-            catalog,
-            unwinder,
+            tracker,
             owner,
         })
     }
@@ -222,7 +216,7 @@ impl CpuSampler {
     /// The unwind tables the sampler walks user stacks with (`None` with
     /// `cfi_unwind: false`).
     pub fn unwinder(&self) -> Option<&Arc<Unwinder>> {
-        self.unwinder.as_ref()
+        self.tracker.unwinder()
     }
 
     /// Number of cgroups currently in the target map.
@@ -250,21 +244,11 @@ impl CpuSampler {
         }
         // A target covers its cgroup and, live, everything below it.
         let (cgroups, owner_of) = crate::capture::expand_targets(targets);
-        // Processes running already will not announce themselves by exec.
-        // Their tables are loaded before their cgroups become targets, so
-        // that even their first samples unwind fully.
-        let mut running = Vec::new();
-        for t in targets {
-            for pid in t.cgroup.procs_recursive().unwrap_or_default() {
-                self.catalog.snapshot(pid);
-                if let Some(maps) = self.catalog.lookup(pid) {
-                    running.push((pid, maps));
-                }
-            }
-        }
-        if let Some(u) = &self.unwinder {
-            u.register_now(running, Duration::from_millis(300));
-        }
+        // Processes running already will not announce themselves by exec. Their tables
+        // are loaded before their cgroups become targets, so that even their first
+        // samples unwind fully.
+        self.tracker
+            .track_running(targets, &mut HashSet::new(), true);
         let mut shared = self.lock();
         // The first capture of a busy spell opens the perf events (the last one of the
         // previous spell closed them).
@@ -324,9 +308,9 @@ fn load<'obj>(
     object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
     config: &SamplerConfig,
     options: CpuOptions,
-    catalog: ProcessCatalog,
-    unwinder: Option<Arc<Unwinder>>,
+    tracker: &ProcessTracker,
 ) -> Result<Loaded<'obj>> {
+    let unwinder = tracker.unwinder();
     let mut open = CpuSamplerSkelBuilder::default()
         .open(object)
         .map_err(|e| CaptureError::bpf("opening the CPU sampler BPF object", e))?;
@@ -341,7 +325,7 @@ fn load<'obj>(
         .target_cache
         .set_autocreate(cache)
         .map_err(|e| CaptureError::bpf("configuring the target cache", e))?;
-    if let Some(u) = &unwinder {
+    if let Some(u) = unwinder {
         u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
     }
     // Without kernel stacks their map keeps one entry.
@@ -376,7 +360,7 @@ fn load<'obj>(
         })?;
     let links = vec![
         skel.progs
-            .on_exec
+            .ff_proc_on_exec
             .attach()
             .map_err(|e| CaptureError::bpf("attaching to sched_process_exec", e))?,
     ];
@@ -392,21 +376,7 @@ fn load<'obj>(
         user_stacks: handle(&skel.maps.user_stacks, "user_stacks")?,
         unwind_stats: handle(&skel.maps.unwind_stats, "unwind_stats")?,
     };
-    let events = handle(&skel.maps.proc_events, "proc_events")?;
-    let mut rb = RingBufferBuilder::new();
-    rb.add(&events, move |data: &[u8]| {
-        if let Some(ev) = from_bytes::<ff_proc_event>(data) {
-            catalog.snapshot(ev.tgid);
-            if let (Some(u), Some(maps)) = (&unwinder, catalog.lookup(ev.tgid)) {
-                u.register(ev.tgid, maps);
-            }
-        }
-        0
-    })
-    .map_err(|e| CaptureError::bpf("reading the process ring buffer", e))?;
-    let ring = rb
-        .build()
-        .map_err(|e| CaptureError::bpf("reading the process ring buffer", e))?;
+    let ring = tracker.event_ring(&handle(&skel.maps.proc_events, "proc_events")?)?;
     Ok(Loaded {
         skel,
         links,

@@ -186,10 +186,11 @@ pub fn executable_files(pid: u32) -> Vec<(String, PathBuf, (u64, u64))> {
 }
 
 /// Caches, per inode, whether a binary is an allocator and where its entry
-/// points are, so rescans of the target cgroups cost one `maps` read each.
+/// points are, so rescans of the target cgroups cost one `maps` read each. Each binary is
+/// inspected once, so no blazesym inspector (and its file cache, which would tie the
+/// finder to one thread) is kept between binaries.
 #[derive(Default)]
 pub struct AllocatorFinder {
-    inspector: Inspector,
     known: HashMap<(u64, u64), Option<Vec<EntryPoint>>>,
 }
 
@@ -211,14 +212,13 @@ impl AllocatorFinder {
     pub fn allocators_of(&mut self, pid: u32) -> Vec<AllocatorBinary> {
         let mut out = Vec::new();
         for (name, path, key) in executable_files(pid) {
-            if !self.known.contains_key(&key) {
+            let found = self.known.entry(key).or_insert_with(|| {
                 // A binary we cannot parse is not an allocator we can probe.
-                let found = entry_points(&self.inspector, &path)
+                entry_points(&Inspector::new(), &path)
                     .ok()
-                    .filter(|e| !e.is_empty());
-                self.known.insert(key, found);
-            }
-            if let Some(Some(entry_points)) = self.known.get(&key) {
+                    .filter(|e| !e.is_empty())
+            });
+            if let Some(entry_points) = found {
                 out.push(AllocatorBinary {
                     path,
                     name,

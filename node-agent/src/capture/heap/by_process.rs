@@ -10,12 +10,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use flamefleet_proto::pprof::Profile;
 
 use super::allocators::AllocatorFinder;
+use super::ebpf::{EbpfCapture, EbpfHeapStats};
 use super::goruntime::buckets::WalkLimits;
 use super::goruntime::profile::{self as goprofile, ProcessBuckets};
 use super::goruntime::{self, GoProcess};
 use super::merge::{self, LabelledProfile};
-use super::{HeapError, HeapProfile, HeapRequest, HeapSourceUsed, ProcessNote, ebpf};
-use crate::capture::{CaptureTarget, target_labels};
+use super::{HeapError, HeapProfile, HeapRequest, HeapSourceUsed, ProcessNote};
+use crate::capture::window::{Stop, WindowEnd};
+use crate::capture::{CaptureTarget, Samplers, target_labels};
 use crate::pprof::Label;
 use crate::process::ProcessCatalog;
 use crate::symbolize::StackSymbolizer;
@@ -43,13 +45,28 @@ fn target_name(t: &CaptureTarget) -> String {
     }
 }
 
-/// Captures `targets` (all with a cgroup) choosing the source per process.
-pub fn capture(
+/// A heap capture of cgroup targets with the source chosen per process: the plan made at
+/// its start, and the eBPF capture of the processes that need it while its window runs.
+#[derive(Debug)]
+pub struct ByProcess {
+    targets: Vec<CaptureTarget>,
+    reason: String,
+    notes: Vec<ProcessNote>,
+    /// Go programs to read at the end of the window, by target position.
+    go: Vec<(usize, GoProcess)>,
+    ebpf: Option<EbpfCapture>,
+    catalog: ProcessCatalog,
+}
+
+/// Looks at every process of `targets` (all with a cgroup) once, picks its source, and
+/// starts the eBPF capture when a process needs it.
+pub fn start(
+    samplers: &Samplers,
     req: &HeapRequest,
     targets: &[CaptureTarget],
     allowed: Allowed,
     reason: String,
-) -> Result<HeapProfile, HeapError> {
+) -> Result<ByProcess, HeapError> {
     let mut notes: Vec<ProcessNote> = Vec::new();
     let mut go: Vec<(usize, GoProcess)> = Vec::new();
     let mut need_ebpf = false;
@@ -133,17 +150,65 @@ pub fn capture(
         need_ebpf = true;
     }
 
-    let ebpf_result = if need_ebpf {
-        Some(ebpf::capture(targets, &req.ebpf)?)
+    let ebpf = if need_ebpf {
+        Some(EbpfCapture::start(samplers, targets, &req.ebpf)?)
     } else {
         None
     };
+    Ok(ByProcess {
+        targets: targets.to_vec(),
+        reason,
+        notes,
+        go,
+        ebpf,
+        catalog: samplers.catalog().clone(),
+    })
+}
 
-    // The Go heaps are read at the end of the window, like an endpoint would be.
-    let catalog = ProcessCatalog::new();
+impl ByProcess {
+    /// How long the capture samples: the eBPF window when eBPF runs; none when only Go
+    /// heaps are read (a snapshot, read at once).
+    pub fn window(&self) -> Option<std::time::Duration> {
+        self.ebpf.as_ref().map(EbpfCapture::window)
+    }
+
+    /// Runs the eBPF window, if any, until its end or `stop`.
+    pub fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, HeapError> {
+        match &mut self.ebpf {
+            Some(e) => Ok(e.run_window(stop)?),
+            None => Ok(WindowEnd::Elapsed),
+        }
+    }
+
+    /// Reads the eBPF counts and the Go heaps and merges them into one profile.
+    pub fn finish(self, req: &HeapRequest) -> Result<HeapProfile, HeapError> {
+        let ebpf_result = self.ebpf.map(EbpfCapture::finish).transpose()?;
+        read_and_merge(
+            req,
+            &self.targets,
+            self.reason,
+            self.notes,
+            &self.go,
+            ebpf_result,
+            &self.catalog,
+        )
+    }
+}
+
+/// The Go heaps (read now, at the end of the window, like an endpoint would be) and the eBPF
+/// profile merged into one, each sample labelled with its source.
+fn read_and_merge(
+    req: &HeapRequest,
+    targets: &[CaptureTarget],
+    reason: String,
+    mut notes: Vec<ProcessNote>,
+    go: &[(usize, GoProcess)],
+    ebpf_result: Option<(Profile, EbpfHeapStats)>,
+    catalog: &ProcessCatalog,
+) -> Result<HeapProfile, HeapError> {
     let mut parts: Vec<ProcessBuckets> = Vec::new();
     let mut comments: Vec<String> = Vec::new();
-    for (i, p) in &go {
+    for (i, p) in go {
         let t = &targets[*i];
         let started = Instant::now();
         let result = p.read(goruntime::DEFAULT_READ_BUDGET, WalkLimits::default());
@@ -213,7 +278,7 @@ pub fn capture(
 
     let mut labelled = Vec::new();
     if !parts.is_empty() {
-        let mut symbolizer = StackSymbolizer::new(catalog);
+        let mut symbolizer = StackSymbolizer::new(catalog.clone());
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);

@@ -31,7 +31,8 @@ use flamefleet_proto::pprof::Profile;
 use self::ebpf::{EbpfHeapOptions, EbpfHeapStats};
 use self::endpoint::{EndpointError, FetchLimits, ResolvedEndpoint};
 use self::merge::{LabelledProfile, MergeError};
-use crate::capture::{CaptureError, CaptureTarget, TargetLabels};
+use crate::capture::window::{Stop, WindowEnd};
+use crate::capture::{CaptureError, CaptureTarget, Samplers, TargetLabels};
 use crate::cgroup::Cgroup;
 use crate::pprof::Label;
 
@@ -384,20 +385,36 @@ pub fn choose_source(
     }
 }
 
-/// Runs a heap capture. Blocking: call it from a thread that may block (the
-/// endpoint source runs its own small async runtime).
-pub fn capture(req: &HeapRequest) -> Result<HeapProfile, HeapError> {
+/// Runs a heap capture for its whole window. Blocking: call it from a thread that may
+/// block (the endpoint source runs its own small async runtime).
+pub fn capture(samplers: &Samplers, req: &HeapRequest) -> Result<HeapProfile, HeapError> {
+    let mut running = start(samplers, req)?;
+    running.run_window(&Stop::new())?;
+    running.finish()
+}
+
+/// A running heap capture: the source chosen, and what it holds until it is read.
+#[derive(Debug)]
+pub struct HeapCapture {
+    req: HeapRequest,
+    source: HeapSourceUsed,
+    reason: String,
+    /// `None` for the endpoint source, fetched when the capture finishes.
+    by_process: Option<by_process::ByProcess>,
+}
+
+/// Chooses the source of `req` and starts it: per-process sources look at every process
+/// of the targets and start eBPF sampling where they need it; endpoints are fetched when
+/// the capture finishes.
+pub fn start(samplers: &Samplers, req: &HeapRequest) -> Result<HeapCapture, HeapError> {
     let (source, reason) = choose_source(req.source, &req.targets)?;
     let allowed = match source {
         HeapSourceUsed::Endpoint => {
-            let (profile, warnings) = fetch_all(req)?;
-            return Ok(HeapProfile {
-                profile,
+            return Ok(HeapCapture {
+                req: req.clone(),
                 source,
                 reason,
-                ebpf_stats: None,
-                warnings,
-                processes: Vec::new(),
+                by_process: None,
             });
         }
         HeapSourceUsed::Ebpf => by_process::Allowed {
@@ -423,7 +440,50 @@ pub fn capture(req: &HeapRequest) -> Result<HeapProfile, HeapError> {
             })
         })
         .collect();
-    by_process::capture(req, &targets, allowed, reason)
+    let running = by_process::start(samplers, req, &targets, allowed, reason.clone())?;
+    Ok(HeapCapture {
+        req: req.clone(),
+        source,
+        reason,
+        by_process: Some(running),
+    })
+}
+
+impl HeapCapture {
+    /// How long the capture samples: the eBPF window when allocations are sampled; `None`
+    /// for sources that are read at once (endpoints, Go heaps), whose capture can finish as
+    /// soon as it started.
+    pub fn window(&self) -> Option<Duration> {
+        self.by_process
+            .as_ref()
+            .and_then(by_process::ByProcess::window)
+    }
+
+    /// Runs the window, if any, until its end or `stop`.
+    pub fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, HeapError> {
+        match &mut self.by_process {
+            Some(running) => running.run_window(stop),
+            None => Ok(WindowEnd::Elapsed),
+        }
+    }
+
+    /// Reads the sources (fetches the endpoints) and builds the profile.
+    pub fn finish(self) -> Result<HeapProfile, HeapError> {
+        match self.by_process {
+            Some(running) => running.finish(&self.req),
+            None => {
+                let (profile, warnings) = fetch_all(&self.req)?;
+                Ok(HeapProfile {
+                    profile,
+                    source: self.source,
+                    reason: self.reason,
+                    ebpf_stats: None,
+                    warnings,
+                    processes: Vec::new(),
+                })
+            }
+        }
+    }
 }
 
 /// Fetches every target's endpoint concurrently, keeps the successes and

@@ -125,6 +125,25 @@ impl RunqlatResult {
         out
     }
 
+    /// Every wait of the capture's targets in one histogram, in the wire form the operator
+    /// merges across nodes (per-process histograms add up to their target's, so nothing is
+    /// counted twice).
+    pub fn node_histogram(&self) -> flamefleet_proto::agent::LatencyHistogram {
+        let mut all = flamefleet_proto::agent::LatencyHistogram {
+            unit_ns: self.unit.nanos(),
+            buckets: Vec::new(),
+        };
+        for h in &self.histograms {
+            let part = flamefleet_proto::agent::LatencyHistogram {
+                unit_ns: all.unit_ns,
+                buckets: h.slots.clone(),
+            };
+            // Same unit by construction.
+            let _ = all.merge(&part);
+        }
+        all
+    }
+
     /// p50/p90/p99 per target (`None` for a target without waits).
     pub fn percentiles(&self) -> Vec<Option<Percentiles>> {
         let ns = self.unit.nanos() as f64;

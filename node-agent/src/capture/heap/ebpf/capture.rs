@@ -14,90 +14,173 @@ use crate::bpf::from_bytes;
 use crate::bpf::heap::types;
 use crate::capture::heap::allocators::AllocatorFinder;
 use crate::capture::heap::sampling;
-use crate::capture::{CaptureError, CaptureTarget, Result, stack_maps};
-use crate::process::ProcessCatalog;
-use crate::unwind::{Unwinder, WalkStats};
+use crate::capture::window::{Stop, WindowEnd};
+use crate::capture::{CaptureError, CaptureTarget, Result, Samplers, stack_maps};
+use crate::unwind::WalkStats;
 use flamefleet_proto::pprof::Profile;
 
-/// Runs one eBPF heap capture of `targets` on the node's heap sampler and returns the
-/// profile.
+/// Runs one eBPF heap capture of `targets` on the node's heap sampler, for its whole
+/// window, and returns the profile.
 pub fn capture(
+    samplers: &Samplers,
     targets: &[CaptureTarget],
     opts: &EbpfHeapOptions,
 ) -> Result<(Profile, EbpfHeapStats)> {
-    if targets.is_empty() {
-        return Err(CaptureError::InvalidOptions(
-            "no target cgroup given".into(),
-        ));
+    let mut running = EbpfCapture::start(samplers, targets, opts)?;
+    running.run_window(&Stop::new())?;
+    running.finish()
+}
+
+/// A running eBPF heap capture: its targets and the probes of their allocators held on
+/// the node's heap sampler until it finishes or is dropped.
+pub struct EbpfCapture {
+    capture: Capture,
+    sampler: Arc<HeapSampler>,
+    targets: Vec<CaptureTarget>,
+    opts: EbpfHeapOptions,
+    stats: EbpfHeapStats,
+    stats_before: [u64; 8],
+    walk_before: WalkStats,
+    /// Processes already snapshot and registered for this capture.
+    known: HashSet<u32>,
+    finder: AllocatorFinder,
+    started: SystemTime,
+    deadline: Instant,
+}
+
+impl std::fmt::Debug for EbpfCapture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EbpfCapture")
+            .field("targets", &self.targets)
+            .finish_non_exhaustive()
     }
-    if opts.duration.is_zero() {
-        return Err(CaptureError::InvalidOptions(
-            "duration must be positive, found 0".into(),
-        ));
+}
+
+impl EbpfCapture {
+    /// Joins the node's heap sampler (starting it with `opts` when none runs), holds the
+    /// probes of the allocators the targets' processes map, runs the overhead guard, and
+    /// tells `opts.ready`; the window of `opts.duration` starts then.
+    pub fn start(
+        samplers: &Samplers,
+        targets: &[CaptureTarget],
+        opts: &EbpfHeapOptions,
+    ) -> Result<Self> {
+        if targets.is_empty() {
+            return Err(CaptureError::InvalidOptions(
+                "no target cgroup given".into(),
+            ));
+        }
+        if opts.duration.is_zero() {
+            return Err(CaptureError::InvalidOptions(
+                "duration must be positive, found 0".into(),
+            ));
+        }
+        let started = SystemTime::now();
+        let capture = Capture(samplers.join_heap(targets, opts)?);
+        let sampler = Arc::clone(&capture.0.sampler);
+        let settings = sampler.settings();
+        let mut stats = EbpfHeapStats {
+            sample_bytes: settings.sample_bytes,
+            shared_with: sampler.captures().saturating_sub(1),
+            session_uprobes: settings.session_uprobes,
+            ..EbpfHeapStats::default()
+        };
+        let (stats_before, walk_before) = {
+            let shared = sampler.lock();
+            (
+                read_counters(&shared.maps.heap_stats)?,
+                WalkStats::read(&shared.maps.unwind_stats),
+            )
+        };
+        // Tables of the processes running now, before their first sample.
+        let mut known = HashSet::new();
+        sampler.tracker().track_running(targets, &mut known, true);
+        let mut finder = AllocatorFinder::default();
+        hold_allocators(&capture.0, &mut finder, targets, &mut stats)?;
+        guard_overhead(&sampler, targets, opts, &mut stats)?;
+        if let Some(ready) = &opts.ready {
+            // The receiver may have gone: nothing to tell then.
+            let _ = ready.try_send(());
+        }
+        Ok(Self {
+            capture,
+            sampler,
+            targets: targets.to_vec(),
+            opts: opts.clone(),
+            stats,
+            stats_before,
+            walk_before,
+            known,
+            finder,
+            started,
+            deadline: Instant::now() + opts.duration,
+        })
     }
-    let started = SystemTime::now();
-    let joined = sampler::join(targets, opts)?;
-    let capture = Capture(joined);
-    let s = Arc::clone(&capture.0.sampler);
-    let settings = s.settings();
-    let unwinder = s.unwinder().cloned();
-    let mut stats = EbpfHeapStats {
-        sample_bytes: settings.sample_bytes,
-        shared_with: s.captures().saturating_sub(1),
-        session_uprobes: settings.session_uprobes,
-        ..EbpfHeapStats::default()
-    };
-    let (stats_before, walk_before) = {
-        let shared = s.lock();
-        (
-            read_counters(&shared.maps.heap_stats)?,
-            WalkStats::read(&shared.maps.unwind_stats),
-        )
-    };
-    // Tables of the processes running now, before their first sample.
-    let mut known = HashSet::new();
-    register_new_processes(&unwinder, s.catalog(), targets, &mut known, true);
-    let mut finder = AllocatorFinder::default();
-    hold_allocators(&capture.0, &mut finder, targets, &mut stats)?;
-    guard_overhead(&s, targets, opts, &mut stats)?;
-    if let Some(ready) = &opts.ready {
-        // The receiver may have gone: nothing to tell then.
-        let _ = ready.try_send(());
+
+    /// How long the capture samples (from the end of [`Self::start`]).
+    pub fn window(&self) -> Duration {
+        self.opts.duration
     }
-    let deadline = Instant::now() + opts.duration;
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        std::thread::sleep(left.min(opts.rescan.max(Duration::from_millis(10))));
-        if Instant::now() < deadline {
-            hold_allocators(&capture.0, &mut finder, targets, &mut stats)?;
-            register_new_processes(&unwinder, s.catalog(), targets, &mut known, false);
+
+    /// Runs the window on this thread until its end, or until `stop`: every
+    /// `opts.rescan` it holds the allocators of processes started meanwhile (a new
+    /// container image, a `dlopen`ed jemalloc) and registers new processes for
+    /// symbolization.
+    pub fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd> {
+        let period = self.opts.rescan.max(Duration::from_millis(10));
+        loop {
+            let next = (Instant::now() + period).min(self.deadline);
+            if stop.sleep_until(next) == WindowEnd::Stopped {
+                return Ok(WindowEnd::Stopped);
+            }
+            if Instant::now() >= self.deadline {
+                return Ok(WindowEnd::Elapsed);
+            }
+            hold_allocators(
+                &self.capture.0,
+                &mut self.finder,
+                &self.targets,
+                &mut self.stats,
+            )?;
+            self.sampler
+                .tracker()
+                .track_running(&self.targets, &mut self.known, false);
         }
     }
-    // Read while every probe this capture holds is still attached: detaching is not
-    // atomic (each uprobe waits for an RCU grace period), and while `malloc`'s probe is
-    // gone but `free`'s is not, a process that frees and allocates in a loop would have
-    // all its live samples retired — an empty inuse_space, seen once in CI.
-    let read = {
-        let shared = s.lock();
-        let now = read_counters(&shared.maps.heap_stats)?;
-        apply_counters(&mut stats, now, stats_before);
-        if unwinder.is_some() {
-            stats.walk = Some(WalkStats::read(&shared.maps.unwind_stats).since(walk_before));
-        }
-        read_capture(&shared, &capture.0, settings.sample_bytes)?
-    };
-    drop(capture);
-    let duration = started.elapsed().unwrap_or(opts.duration);
-    let profile = build_profile(
-        read,
-        targets,
-        opts,
-        settings.sample_bytes,
-        s.catalog(),
-        started,
-        duration,
-        &stats,
-    );
-    Ok((profile, stats))
+
+    /// Reads the capture's counts, leaves the sampler (targets, probes) and builds the
+    /// profile.
+    pub fn finish(mut self) -> Result<(Profile, EbpfHeapStats)> {
+        let s = Arc::clone(&self.sampler);
+        let rate = s.settings().sample_bytes;
+        // Read while every probe this capture holds is still attached: detaching is not
+        // atomic (each uprobe waits for an RCU grace period), and while `malloc`'s probe is
+        // gone but `free`'s is not, a process that frees and allocates in a loop would have
+        // all its live samples retired — an empty inuse_space, seen once in CI.
+        let read = {
+            let shared = s.lock();
+            let now = read_counters(&shared.maps.heap_stats)?;
+            apply_counters(&mut self.stats, now, self.stats_before);
+            if s.tracker().unwinder().is_some() {
+                self.stats.walk =
+                    Some(WalkStats::read(&shared.maps.unwind_stats).since(self.walk_before));
+            }
+            read_capture(&shared, &self.capture.0, rate)?
+        };
+        drop(self.capture);
+        let duration = self.started.elapsed().unwrap_or(self.opts.duration);
+        let profile = build_profile(
+            read,
+            &self.targets,
+            &self.opts,
+            rate,
+            s.tracker().catalog(),
+            self.started,
+            duration,
+            &self.stats,
+        );
+        Ok((profile, self.stats))
+    }
 }
 
 /// A capture joined to the node's sampler; leaves it (targets, probes) when dropped,
@@ -195,36 +278,6 @@ fn guard_overhead(
         ));
     }
     Ok(())
-}
-
-/// Snapshots the maps of the targets' processes not seen yet (`known`) for symbolization
-/// and hands them to the unwinder, so their stacks unwind with CFI from their first
-/// samples: on the caller's thread for up to 300 ms when `now` (a capture's start), queued
-/// otherwise. Done per capture: the node's sampler announces a process only on its first
-/// sample ever, and a capture must not symbolize with a snapshot older than itself.
-fn register_new_processes(
-    unwinder: &Option<Arc<Unwinder>>,
-    catalog: &ProcessCatalog,
-    targets: &[CaptureTarget],
-    known: &mut HashSet<u32>,
-    now: bool,
-) {
-    let mut new = Vec::new();
-    for t in targets {
-        for pid in t.cgroup.procs_recursive().unwrap_or_default() {
-            if known.insert(pid) && catalog.snapshot(pid) {
-                new.extend(catalog.lookup(pid).map(|maps| (pid, maps)));
-            }
-        }
-    }
-    let Some(u) = unwinder else { return };
-    if now {
-        u.register_now(new, Duration::from_millis(300));
-    } else {
-        for (pid, maps) in new {
-            u.register(pid, maps);
-        }
-    }
 }
 
 /// The sampler's counters (`enum heap_stat`), summed over CPUs.

@@ -31,20 +31,16 @@ pub mod sampler;
 
 use std::time::Duration;
 
-pub use self::capture::capture;
+pub use self::capture::{EbpfCapture, capture};
 use super::sampling;
 use crate::bpf::Pod;
 use crate::bpf::heap::types;
-use crate::unwind::{UnwindConfig, WalkStats};
+use crate::unwind::WalkStats;
 
 // SAFETY: generated from BTF of plain C structs of integers and arrays.
 unsafe impl Pod for types::heap_agg_key {}
-
 unsafe impl Pod for types::heap_agg_val {}
-
 unsafe impl Pod for types::heap_live_val {}
-
-unsafe impl Pod for types::ff_proc_event {}
 
 /// Settings of one eBPF heap capture.
 #[derive(Debug, Clone)]
@@ -55,12 +51,6 @@ pub struct EbpfHeapOptions {
     /// The node's sampler runs at its first capture's rate: a capture joining it samples
     /// at that rate and says so ([`EbpfHeapStats::sample_bytes`]).
     pub sample_bytes: u64,
-    /// Live sampled allocations tracked at once (beyond: counted as drops).
-    pub max_live: u32,
-    /// Aggregation rows (targets × processes × stacks × size classes).
-    pub max_rows: u32,
-    /// Distinct stacks.
-    pub max_stacks: u32,
     /// How often to look for allocators not yet probed.
     pub rescan: Duration,
     /// The node name put in the `node` label.
@@ -68,15 +58,9 @@ pub struct EbpfHeapOptions {
     /// Use classic entry + return probes even where session uprobes exist
     /// (what kernels before 6.13 get; tests cover both paths with it).
     pub force_classic_uprobes: bool,
-    /// Walk the cgroup ancestry on every call instead of caching the result
-    /// (what kernels before 6.2 get).
-    pub no_target_cache: bool,
     /// Walk stacks with CFI tables (code without frame pointers); `false`
     /// keeps the kernel's frame-pointer walk.
     pub cfi_unwind: bool,
-    /// Limits of the unwind tables, when no sampler of the node has created
-    /// them yet (they are shared: the running ones are used as they are).
-    pub unwind: UnwindConfig,
     /// Told once the probes are attached to the allocators of the targets'
     /// processes running at the start (allocations from then on are seen).
     pub ready: Option<std::sync::mpsc::SyncSender<()>>,
@@ -94,16 +78,10 @@ impl Default for EbpfHeapOptions {
         Self {
             duration: Duration::from_secs(10),
             sample_bytes: sampling::DEFAULT_SAMPLE_BYTES,
-            // 64 Ki live samples stand for 32 GiB of live heap at 512 KiB.
-            max_live: 65536,
-            max_rows: 16384,
-            max_stacks: 16384,
             rescan: Duration::from_millis(500),
             node: String::new(),
             force_classic_uprobes: false,
-            no_target_cache: false,
             cfi_unwind: true,
-            unwind: UnwindConfig::default(),
             ready: None,
             max_overhead_percent: super::overhead::DEFAULT_MAX_OVERHEAD_PERCENT,
             force: false,

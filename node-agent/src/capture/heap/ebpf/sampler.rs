@@ -23,8 +23,8 @@
 //! per call cheap, and a capture's profile is still unbiased (it is scaled by the rate it
 //! was sampled at).
 //!
-//! The instance lives in a process-wide slot (one agent per node; the same pattern as
-//! [`Unwinder::shared`]): the first capture starts it, and it stops — detaching everything
+//! The node's registry ([`crate::capture::Samplers`]) holds it like the other samplers, with
+//! the node's map sizes: the first capture starts it, and it stops — detaching everything
 //! and freeing its maps — when the last capture holding it ends. Like the other samplers it
 //! has a bounded life: when its target indices run out, the next capture starts a fresh one.
 
@@ -32,10 +32,10 @@ use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
-use libbpf_rs::{Link, MapCore as _, MapFlags, MapHandle, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore as _, MapFlags, MapHandle};
 
 use super::EbpfHeapOptions;
 use crate::bpf::from_bytes;
@@ -43,6 +43,7 @@ use crate::bpf::heap::types;
 use crate::bpf::heap::{HeapSkel, HeapSkelBuilder};
 use crate::capture::heap::allocators::{AllocatorBinary, EntryKind};
 use crate::capture::heap::sampling;
+use crate::capture::process_tracker::ProcessTracker;
 use crate::capture::sampler_thread::{self, OwnerThread};
 use crate::capture::target_table::{TargetCgroup, TargetMaps, TargetTable};
 use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig, stack_maps};
@@ -149,8 +150,8 @@ pub struct HeapSampler {
     shared: Mutex<Shared>,
     requests: Mutex<mpsc::Sender<AttachRequest>>,
     settings: HeapSamplerSettings,
-    catalog: ProcessCatalog,
-    unwinder: Option<Arc<Unwinder>>,
+    /// Feeds the node's catalog and the unwinder with the targets' processes.
+    tracker: ProcessTracker,
     next_capture: AtomicU64,
     owner: OwnerThread,
 }
@@ -161,22 +162,6 @@ impl std::fmt::Debug for HeapSampler {
             .field("settings", &self.settings)
             .finish()
     }
-}
-
-static NODE: Mutex<Weak<HeapSampler>> = Mutex::new(Weak::new());
-
-/// The node's heap sampler if one runs (for the agent's metrics and tests).
-pub fn running() -> Option<Arc<HeapSampler>> {
-    NODE.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .upgrade()
-}
-
-/// Starts a capture of `targets` on the node's sampler, starting the sampler with `opts`
-/// when none runs (or when the running one has no target indices left).
-pub(crate) fn join(targets: &[CaptureTarget], opts: &EbpfHeapOptions) -> Result<JoinedCapture> {
-    let start = || HeapSampler::start(opts);
-    crate::capture::registry::with_sampler(&NODE, start, |s| s.register(targets))
 }
 
 /// What a capture got when it joined: its sampler, ID, cgroups and baseline.
@@ -205,29 +190,34 @@ fn monotonic_ns() -> u64 {
 
 impl HeapSampler {
     /// Loads the programs (session uprobes, else uprobe_multi, else perf-event uprobes) on
-    /// an owner thread and attaches the exec tracepoint; no uprobe is attached yet.
-    fn start(opts: &EbpfHeapOptions) -> Result<Self> {
+    /// an owner thread, sized by the node's `config`, and attaches the exec tracepoint; no
+    /// uprobe is attached yet. `opts` (the first capture's) sets the sampling rate, the probe
+    /// mode and the stack walk.
+    pub(crate) fn start(
+        config: &SamplerConfig,
+        opts: &EbpfHeapOptions,
+        catalog: ProcessCatalog,
+    ) -> Result<Self> {
         crate::capture::check_btf()?;
         let unwinder = if opts.cfi_unwind {
-            Some(Unwinder::shared(&opts.unwind)?)
+            Some(Unwinder::shared(&config.unwind)?)
         } else {
             None
         };
-        let catalog = ProcessCatalog::new();
-        let (thread_opts, thread_catalog, thread_unwinder) =
-            (opts.clone(), catalog.clone(), unwinder.clone());
+        let tracker = ProcessTracker::new(catalog, unwinder);
+        let (thread_opts, thread_config, thread_tracker) =
+            (opts.clone(), config.clone(), tracker.clone());
         let (tx, rx) = mpsc::channel::<AttachRequest>();
         let ((maps, mode), owner) = sampler_thread::spawn("heap", move |ready, stop| {
             run_owner(
                 &thread_opts,
-                &thread_catalog,
-                thread_unwinder,
+                &thread_config,
+                &thread_tracker,
                 &rx,
                 &ready,
                 &stop,
             );
         })?;
-        let config = SamplerConfig::default();
         Ok(Self {
             shared: Mutex::new(Shared {
                 maps,
@@ -238,11 +228,10 @@ impl HeapSampler {
             requests: Mutex::new(tx),
             settings: HeapSamplerSettings {
                 sample_bytes: opts.sample_bytes,
-                cfi_unwind: unwinder.is_some(),
+                cfi_unwind: tracker.unwinder().is_some(),
                 session_uprobes: mode == ProbeMode::Session,
             },
-            catalog,
-            unwinder,
+            tracker,
             next_capture: AtomicU64::new(1),
             owner,
         })
@@ -281,12 +270,8 @@ impl HeapSampler {
         self.lock().running.len()
     }
 
-    pub(crate) fn catalog(&self) -> &ProcessCatalog {
-        &self.catalog
-    }
-
-    pub(crate) fn unwinder(&self) -> Option<&Arc<Unwinder>> {
-        self.unwinder.as_ref()
+    pub(crate) fn tracker(&self) -> &ProcessTracker {
+        &self.tracker
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Shared> {
@@ -294,7 +279,7 @@ impl HeapSampler {
     }
 
     /// Adds `targets` to the target table and takes the capture's baseline.
-    fn register(self: &Arc<Self>, targets: &[CaptureTarget]) -> Result<JoinedCapture> {
+    pub(crate) fn register(self: &Arc<Self>, targets: &[CaptureTarget]) -> Result<JoinedCapture> {
         let (cgroups, owner_of): (Vec<TargetCgroup>, Vec<usize>) =
             crate::capture::expand_targets(targets);
         let id = self.next_capture.fetch_add(1, Ordering::Relaxed);
@@ -433,26 +418,26 @@ impl HeapSampler {
 /// handles, then answers attach requests and drains process notifications until stopped.
 fn run_owner(
     opts: &EbpfHeapOptions,
-    catalog: &ProcessCatalog,
-    unwinder: Option<Arc<Unwinder>>,
+    config: &SamplerConfig,
+    tracker: &ProcessTracker,
     requests: &mpsc::Receiver<AttachRequest>,
     ready: &sampler_thread::Ready<(Maps, ProbeMode)>,
     stop: &sampler_thread::Waker,
 ) {
     let mut objects: [MaybeUninit<libbpf_rs::OpenObject>; 3] = [const { MaybeUninit::uninit() }; 3];
     let [session_object, multi_object, classic_object] = &mut objects;
-    let u = unwinder.as_deref();
+    let u = tracker.unwinder().map(|u| &**u);
     // Best first: session uprobes (Linux 6.13+: no return trap for unsampled calls), then
     // uprobe_multi links (6.6+), then perf-event uprobes. The two link-based modes need only
     // CAP_BPF and CAP_PERFMON; perf-event uprobes need CAP_SYS_ADMIN on recent kernels.
     let loaded = if opts.force_classic_uprobes {
-        load(classic_object, opts, ProbeMode::Classic, u).map(|s| (s, ProbeMode::Classic))
-    } else if let Ok(skel) = load(session_object, opts, ProbeMode::Session, u) {
+        load(classic_object, opts, config, ProbeMode::Classic, u).map(|s| (s, ProbeMode::Classic))
+    } else if let Ok(skel) = load(session_object, opts, config, ProbeMode::Session, u) {
         Ok((skel, ProbeMode::Session))
-    } else if let Ok(skel) = load(multi_object, opts, ProbeMode::Multi, u) {
+    } else if let Ok(skel) = load(multi_object, opts, config, ProbeMode::Multi, u) {
         Ok((skel, ProbeMode::Multi))
     } else {
-        load(classic_object, opts, ProbeMode::Classic, u).map(|s| (s, ProbeMode::Classic))
+        load(classic_object, opts, config, ProbeMode::Classic, u).map(|s| (s, ProbeMode::Classic))
     };
     let (skel, mode) = match loaded {
         Ok(l) => l,
@@ -464,27 +449,13 @@ fn run_owner(
     let setup = || -> Result<(Link, Maps, libbpf_rs::RingBuffer<'static>)> {
         let exec = skel
             .progs
-            .heap_on_exec
+            .ff_proc_on_exec
             .attach()
             .map_err(|e| CaptureError::bpf("attaching the exec tracepoint", e))?;
         let maps = map_handles(&skel)?;
         let events = MapHandle::try_from(&skel.maps.proc_events)
             .map_err(|e| CaptureError::bpf("duplicating heap map proc_events", e))?;
-        let (catalog, unwinder) = (catalog.clone(), unwinder.clone());
-        let mut rb = RingBufferBuilder::new();
-        rb.add(&events, move |data: &[u8]| {
-            if let Some(ev) = from_bytes::<types::ff_proc_event>(data) {
-                catalog.snapshot(ev.tgid);
-                if let (Some(u), Some(maps)) = (&unwinder, catalog.lookup(ev.tgid)) {
-                    u.register(ev.tgid, maps);
-                }
-            }
-            0
-        })
-        .map_err(|e| CaptureError::bpf("opening the process ring buffer", e))?;
-        let rb = rb
-            .build()
-            .map_err(|e| CaptureError::bpf("opening the process ring buffer", e))?;
+        let rb = tracker.event_ring(&events)?;
         Ok((exec, maps, rb))
     };
     let (exec, maps, rb) = match setup() {
@@ -569,6 +540,7 @@ fn map_handles(skel: &HeapSkel<'_>) -> Result<Maps> {
 fn load<'obj>(
     open_object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
     opts: &EbpfHeapOptions,
+    config: &SamplerConfig,
     mode: ProbeMode,
     unwinder: Option<&Unwinder>,
 ) -> Result<HeapSkel<'obj>> {
@@ -605,7 +577,7 @@ fn load<'obj>(
     rodata.gap_table.copy_from_slice(&table);
     rodata.cfi_unwind = unwinder.is_some();
     rodata.ff_stack_seed = stack_maps::seed();
-    let cache = !opts.no_target_cache && crate::capture::target_cache_supported();
+    let cache = crate::capture::target_cache_enabled(config);
     rodata.ff_cgrp_cache = cache;
     open.maps
         .target_cache
@@ -621,9 +593,10 @@ fn load<'obj>(
         }
     }
     for (map, n) in [
-        (&mut open.maps.heap_live, opts.max_live),
-        (&mut open.maps.heap_agg, opts.max_rows),
-        (&mut open.maps.user_stacks, opts.max_stacks),
+        (&mut open.maps.targets, config.max_targets),
+        (&mut open.maps.heap_live, config.max_heap_live),
+        (&mut open.maps.heap_agg, config.max_heap_rows),
+        (&mut open.maps.user_stacks, config.max_heap_stacks),
     ] {
         map.set_max_entries(n.max(1))
             .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;

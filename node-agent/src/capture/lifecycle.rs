@@ -1,0 +1,310 @@
+//! One lifecycle for every capture engine, used by the gRPC service and the
+//! `flamefleet-agent capture` command alike:
+//!
+//! 1. [`start`] a [`CaptureSpec`] on the node's [`Samplers`]: the engine joins (or loads)
+//!    its sampler and puts its targets in it;
+//! 2. [`Running::run_window`] for [`Running::window`], on the caller's thread, doing what
+//!    the engine does during its window (the heap source's rescans, the CPU engine's early
+//!    symbolization); a [`Stop`] ends it at once. An engine that reads a snapshot (a pprof
+//!    endpoint, the Go runtime's own heap profile) has no window: it finishes as soon as
+//!    it started;
+//! 3. [`Running::finish`] into a [`Finished`]: the profile, runqlat's text histograms, a
+//!    report for the command line, and the typed summary. A capture dropped instead of
+//!    finished (cancelled, failed) gives its targets back all the same.
+
+use std::time::{Duration, Instant};
+
+use flamefleet_proto::agent::capture_summary::Kind;
+use flamefleet_proto::agent::{self as pb, CaptureSummary, LatencyHistogram};
+use flamefleet_proto::pprof::Profile;
+
+use super::cpu::{CpuCapture, CpuOptions};
+use super::heap::{self, HeapCapture, HeapError, HeapRequest};
+use super::runqlat::{RunqlatCapture, RunqlatOptions};
+use super::window::{Stop, WindowEnd};
+use super::{CaptureError, CaptureTarget, Samplers};
+use crate::process::ProcessCatalog;
+use crate::symbolize::StackSymbolizer;
+
+/// What to capture, per profile type.
+#[derive(Debug, Clone)]
+pub enum CaptureSpec {
+    /// On-CPU stacks of `targets`, sampled for `duration`.
+    Cpu {
+        /// The cgroups and their labels.
+        targets: Vec<CaptureTarget>,
+        /// Frequency, event, stack walk.
+        options: CpuOptions,
+        /// The window.
+        duration: Duration,
+    },
+    /// Run-queue latency of `targets` over `duration`.
+    Runqlat {
+        /// The cgroups and their labels.
+        targets: Vec<CaptureTarget>,
+        /// Per-process histograms, unit.
+        options: RunqlatOptions,
+        /// The window.
+        duration: Duration,
+    },
+    /// A heap profile (its targets carry their endpoints; its eBPF options the window).
+    Heap(HeapRequest),
+}
+
+/// Why a capture could not start, run or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The CPU or runqlat engine failed.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// The heap engine failed.
+    #[error(transparent)]
+    Heap(#[from] HeapError),
+}
+
+/// A started capture (see the module documentation).
+#[derive(Debug)]
+pub struct Running {
+    engine: Engine,
+}
+
+// One per running capture: the size of its largest variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Engine {
+    Cpu {
+        capture: CpuCapture,
+        requested_hz: u64,
+        catalog: ProcessCatalog,
+        node: String,
+        started: Instant,
+        duration: Duration,
+        /// Time the early symbolization pass took (see [`Running::run_window`]).
+        warmed: Option<Duration>,
+    },
+    Runqlat {
+        capture: RunqlatCapture,
+        node: String,
+        deadline: Instant,
+    },
+    Heap(HeapCapture),
+}
+
+/// What a finished capture produced.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The profile (pprof).
+    pub profile: Profile,
+    /// runqlat's classic text histograms, its second artifact.
+    pub histogram_text: Option<String>,
+    /// The text report `flamefleet-agent capture --text` prints.
+    pub report: String,
+    /// What the capture measured.
+    pub summary: CaptureSummary,
+    /// runqlat: every wait of the targets in one histogram (the operator merges nodes').
+    pub runqlat_histogram: Option<LatencyHistogram>,
+    /// How long symbolization took, during the window and after it (CPU).
+    pub symbolized: Symbolized,
+}
+
+/// Time spent symbolizing, for the agent's metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Symbolized {
+    /// The pass during the window, when one ran.
+    pub during_window: Option<Duration>,
+    /// Symbolization and profile building after the window.
+    pub after_window: Option<Duration>,
+}
+
+/// Starts `spec` on the node's samplers (blocking: BPF loads, `/proc` walks).
+///
+/// # Errors
+/// The engine's: options out of range, privileges, kernel features, targets.
+pub fn start(samplers: &Samplers, spec: CaptureSpec) -> Result<Running, EngineError> {
+    let node = samplers.config().node.clone();
+    let engine = match spec {
+        CaptureSpec::Cpu {
+            targets,
+            options,
+            duration,
+        } => Engine::Cpu {
+            capture: samplers.start_cpu(&targets, &options)?,
+            requested_hz: options.frequency,
+            catalog: samplers.catalog().clone(),
+            node,
+            started: Instant::now(),
+            duration,
+            warmed: None,
+        },
+        CaptureSpec::Runqlat {
+            targets,
+            options,
+            duration,
+        } => Engine::Runqlat {
+            capture: samplers.start_runqlat(&targets, &options)?,
+            node,
+            deadline: Instant::now() + duration,
+        },
+        CaptureSpec::Heap(request) => Engine::Heap(heap::start(samplers, &request)?),
+    };
+    Ok(Running { engine })
+}
+
+impl Running {
+    /// How long the capture samples from its start; `None` for an engine that reads a
+    /// snapshot, which can finish at once.
+    pub fn window(&self) -> Option<Duration> {
+        match &self.engine {
+            Engine::Cpu { duration, .. } => Some(*duration),
+            Engine::Runqlat { deadline, .. } => {
+                Some(deadline.saturating_duration_since(Instant::now()))
+            }
+            Engine::Heap(h) => h.window(),
+        }
+    }
+
+    /// The node sampler the capture runs on, for logs (concurrent captures share one);
+    /// `None` for engines whose sampler, if any, is their own business (heap).
+    pub fn sampler(&self) -> Option<usize> {
+        match &self.engine {
+            Engine::Cpu { capture, .. } => Some(std::sync::Arc::as_ptr(capture.sampler()) as usize),
+            Engine::Runqlat { capture, .. } => {
+                Some(std::sync::Arc::as_ptr(capture.sampler()) as usize)
+            }
+            Engine::Heap(_) => None,
+        }
+    }
+
+    /// Runs the window on this thread until it ends, or until `stop`.
+    ///
+    /// The CPU engine, when its capture found the sampler idle (the first of a busy
+    /// spell), symbolizes half-way through the frames sampled so far that no capture has
+    /// symbolized yet, into the symbolizer's caches, building no profile: the
+    /// symbolization after the window then finds most frames cached, and the first
+    /// capture of a binary pays for its parsing during its window instead of after it.
+    /// Captures that join running ones (the back-to-back windows of a continuous profile)
+    /// skip the pass: the captures before them keep the caches warm, and there the pass
+    /// cost more (a second parse of a binary when new frames show up in both halves of a
+    /// window) than it saved.
+    ///
+    /// # Errors
+    /// The heap engine's rescans (attaching a newly found allocator's probes).
+    pub fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, EngineError> {
+        match &mut self.engine {
+            Engine::Cpu {
+                capture,
+                catalog,
+                started,
+                duration,
+                warmed,
+                ..
+            } => {
+                let end = *started + *duration;
+                if capture.opened_busy_spell() {
+                    if stop.sleep_until(*started + *duration / 2) == WindowEnd::Stopped {
+                        return Ok(WindowEnd::Stopped);
+                    }
+                    let began = Instant::now();
+                    if let Ok(samples) = capture.peek() {
+                        samples.warm_symbols(&mut StackSymbolizer::new(catalog.clone()));
+                    }
+                    *warmed = Some(began.elapsed());
+                }
+                Ok(stop.sleep_until(end))
+            }
+            Engine::Runqlat { deadline, .. } => Ok(stop.sleep_until(*deadline)),
+            Engine::Heap(h) => Ok(h.run_window(stop)?),
+        }
+    }
+
+    /// Reads the capture out, gives its targets back and builds its outputs.
+    ///
+    /// # Errors
+    /// Reading the sampler's maps; the heap sources' reads.
+    pub fn finish(self) -> Result<Finished, EngineError> {
+        match self.engine {
+            Engine::Cpu {
+                capture,
+                requested_hz,
+                catalog,
+                node,
+                warmed,
+                ..
+            } => {
+                let after_window = Instant::now();
+                let result = capture.finish()?;
+                let mut symbolizer = StackSymbolizer::new(catalog);
+                let profile = result.to_profile(&mut symbolizer, &node);
+                let symbolized = Symbolized {
+                    during_window: warmed,
+                    after_window: Some(after_window.elapsed()),
+                };
+                // `frequency_hz` is the frequency the samples were really taken at: a
+                // capture that joins a running sampler gets the sampler's.
+                let summary = CaptureSummary {
+                    kind: Some(Kind::Cpu(pb::CpuSummary {
+                        samples: result.total(),
+                        dropped_samples: result.drops.total(),
+                        unsymbolized_frames_pct: symbolizer.stats.unsymbolized_pct(),
+                        frequency_hz: result.options.frequency,
+                        requested_frequency_hz: requested_hz,
+                    })),
+                };
+                Ok(Finished {
+                    report: result.top_text(&profile),
+                    profile,
+                    histogram_text: None,
+                    summary,
+                    runqlat_histogram: None,
+                    symbolized,
+                })
+            }
+            Engine::Runqlat { capture, node, .. } => {
+                let result = capture.finish()?;
+                let histogram = result.node_histogram();
+                let summary = CaptureSummary {
+                    kind: Some(Kind::Runqlat(pb::RunqlatSummary {
+                        waits: histogram.count(),
+                        dropped_samples: result.drops.hists_full + result.drops.start_full,
+                        p50_us: histogram.quantile_us(0.50),
+                        p90_us: histogram.quantile_us(0.90),
+                        p99_us: histogram.quantile_us(0.99),
+                        max_us: histogram.max_us(),
+                    })),
+                };
+                let text = result.text();
+                Ok(Finished {
+                    profile: result.to_profile(&node),
+                    histogram_text: Some(text.clone()),
+                    report: text,
+                    summary,
+                    runqlat_histogram: Some(histogram),
+                    symbolized: Symbolized::default(),
+                })
+            }
+            Engine::Heap(h) => {
+                let result = h.finish()?;
+                Ok(Finished {
+                    report: result.text(),
+                    summary: CaptureSummary {
+                        kind: Some(Kind::Heap(result.summary())),
+                    },
+                    profile: result.profile,
+                    histogram_text: None,
+                    runqlat_histogram: None,
+                    symbolized: Symbolized::default(),
+                })
+            }
+        }
+    }
+}
+
+/// Runs `spec` from start to finish on this thread, for its whole window.
+///
+/// # Errors
+/// See [`start`], [`Running::run_window`], [`Running::finish`].
+pub fn capture(samplers: &Samplers, spec: CaptureSpec) -> Result<Finished, EngineError> {
+    let mut running = start(samplers, spec)?;
+    running.run_window(&Stop::new())?;
+    running.finish()
+}

@@ -1,0 +1,212 @@
+//! The service's seam to what captures: a [`CaptureEngine`] turns a `CaptureRequest` into
+//! a running capture ([`EngineCapture`], the capture lifecycle: window, then finish). The
+//! node's engine ([`NodeEngine`]) resolves the request's pods to cgroups and runs the
+//! node's samplers; a load generator (the e2e crate's hollow agents) plugs its own engine
+//! into the same service shell (captures table, progress, upload, TLS).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flamefleet_proto::agent::{self as pb, CaptureRequest, InfoResponse, ProfileType};
+
+use super::pipeline::PipelineError;
+use super::targets;
+use crate::capture::cpu::CpuOptions;
+use crate::capture::heap::{self, HeapSource};
+use crate::capture::lifecycle::{self, CaptureSpec, EngineError, Finished, Running};
+use crate::capture::runqlat::{LatencyUnit, RunqlatOptions};
+use crate::capture::window::{Stop, WindowEnd};
+use crate::capture::{CaptureTarget, Samplers};
+use crate::cgroup::CgroupRoot;
+
+/// Starts captures for the service.
+pub trait CaptureEngine: Send + Sync + 'static {
+    /// Starts the capture of `request` (of `profile_type`, for `duration`; both checked).
+    /// Blocking (BPF loads, `/proc` walks): the service calls it on a thread of its own.
+    ///
+    /// # Errors
+    /// What the FAILED stage reports.
+    fn start(
+        &self,
+        request: &CaptureRequest,
+        profile_type: ProfileType,
+        duration: Duration,
+    ) -> Result<Box<dyn EngineCapture>, PipelineError>;
+
+    /// What happens to a new capture before it starts; every capture runs on the node's
+    /// engine.
+    fn admit(&self, _request: &CaptureRequest) -> Admission {
+        Admission::Run
+    }
+
+    /// What this agent is and can do (the `Info` call).
+    fn info(&self, node: &str) -> InfoResponse {
+        super::info::info(node)
+    }
+}
+
+/// What the service does with a new capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Accept it and run it.
+    Run,
+    /// Never answer, not even ACCEPTED, until it is cancelled: what a hung agent does
+    /// (load generators simulate it).
+    Hang,
+    /// Accept it, then lose it after this long without a result, as an agent that
+    /// restarted would (load generators simulate it).
+    Forget(Duration),
+}
+
+/// A running capture, as the service drives it (see [`crate::capture::lifecycle`]).
+pub trait EngineCapture: Send {
+    /// The node sampler it runs on, for logs; `None` when there is none to name.
+    fn sampler(&self) -> Option<usize>;
+
+    /// How long it samples; `None` when it reads a snapshot and can finish at once.
+    fn window(&self) -> Option<Duration>;
+
+    /// Runs the window on this thread until its end or `stop`.
+    ///
+    /// # Errors
+    /// What the FAILED stage reports.
+    fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, PipelineError>;
+
+    /// Reads the capture out.
+    ///
+    /// # Errors
+    /// What the FAILED stage reports.
+    fn finish(self: Box<Self>) -> Result<Finished, PipelineError>;
+}
+
+impl From<EngineError> for PipelineError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Capture(e) => Self::Capture(e),
+            EngineError::Heap(e) => Self::Heap(e),
+        }
+    }
+}
+
+impl EngineCapture for Running {
+    fn sampler(&self) -> Option<usize> {
+        Running::sampler(self)
+    }
+
+    fn window(&self) -> Option<Duration> {
+        Running::window(self)
+    }
+
+    fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, PipelineError> {
+        Ok(Running::run_window(self, stop)?)
+    }
+
+    fn finish(self: Box<Self>) -> Result<Finished, PipelineError> {
+        Ok(Running::finish(*self)?)
+    }
+}
+
+/// The node's engine: the request's pods resolved under the node's cgroup root, captured
+/// by the node's samplers.
+#[derive(Debug)]
+pub struct NodeEngine {
+    /// Where pod cgroups are looked up.
+    pub cgroup_root: CgroupRoot,
+    /// The node's samplers.
+    pub samplers: Arc<Samplers>,
+}
+
+impl CaptureEngine for NodeEngine {
+    fn start(
+        &self,
+        request: &CaptureRequest,
+        profile_type: ProfileType,
+        duration: Duration,
+    ) -> Result<Box<dyn EngineCapture>, PipelineError> {
+        let resolved = targets::resolve(&self.cgroup_root, &request.targets)
+            .map_err(PipelineError::Targets)?;
+        tracing::info!(
+            uid = %request.request_uid, ?profile_type, ?duration, cgroups = resolved.len(),
+            "capture starting"
+        );
+        let node = &self.samplers.config().node;
+        let spec = spec(request, profile_type, duration, &resolved, node)?;
+        Ok(Box::new(lifecycle::start(&self.samplers, spec)?))
+    }
+}
+
+/// The capture `request` asks for, on the `resolved` targets.
+fn spec(
+    request: &CaptureRequest,
+    profile_type: ProfileType,
+    duration: Duration,
+    resolved: &[targets::ResolvedTarget],
+    node: &str,
+) -> Result<CaptureSpec, PipelineError> {
+    let targets: Vec<CaptureTarget> = resolved.iter().map(|t| t.capture.clone()).collect();
+    match profile_type {
+        ProfileType::Cpu => Ok(CaptureSpec::Cpu {
+            targets,
+            options: CpuOptions {
+                frequency: match request.cpu.as_ref().map_or(0, |c| c.frequency_hz) {
+                    0 => CpuOptions::default().frequency,
+                    hz => u64::from(hz),
+                },
+                ..CpuOptions::default()
+            },
+            duration,
+        }),
+        ProfileType::Runqlat => {
+            let opts = request.runqlat.clone().unwrap_or_default();
+            let unit = match pb::LatencyUnit::requested(opts.latency_unit, &opts.unit) {
+                Some(pb::LatencyUnit::Milliseconds) => LatencyUnit::Millis,
+                Some(_) => LatencyUnit::Micros,
+                None => {
+                    return Err(PipelineError::Invalid(format!(
+                        "runqlat unit must be \"us\" or \"ms\", found {:?} (latency_unit {})",
+                        opts.unit, opts.latency_unit
+                    )));
+                }
+            };
+            Ok(CaptureSpec::Runqlat {
+                targets,
+                options: RunqlatOptions {
+                    per_process: opts.per_process,
+                    unit,
+                },
+                duration,
+            })
+        }
+        ProfileType::Heap => {
+            let opts = request.heap.clone().unwrap_or_default();
+            let source = pb::HeapSource::requested(opts.source_kind, &opts.source)
+                .map(HeapSource::from)
+                .ok_or_else(|| {
+                    PipelineError::Invalid(format!(
+                        "heap source must be auto, endpoint, ebpf or goruntime, found {:?} \
+                         (source_kind {})",
+                        opts.source, opts.source_kind
+                    ))
+                })?;
+            let mut heap_request = heap::cli_request(
+                source,
+                &[],
+                None,
+                duration,
+                match opts.sample_bytes {
+                    0 => heap::sampling::DEFAULT_SAMPLE_BYTES,
+                    n => n,
+                },
+                0,
+                node,
+            )?;
+            heap_request.targets =
+                targets::heap_targets(resolved, opts.endpoint_port, &opts.endpoint_path);
+            if let Some(max) = opts.max_overhead_percent {
+                heap_request.ebpf.max_overhead_percent = f64::from(max);
+            }
+            Ok(CaptureSpec::Heap(heap_request))
+        }
+        ProfileType::Unspecified => Err(PipelineError::Invalid("profile type missing".into())),
+    }
+}
