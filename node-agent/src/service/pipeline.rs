@@ -176,14 +176,19 @@ async fn blocking<T: Send + 'static>(
         .map_err(|_| PipelineError::Internal(format!("the {what} thread panicked")))
 }
 
-/// Awaits `work`, publishing RUNNING progress every `period`; on Cancel, stops the
-/// capture's window (`stop`), waits for `work` to give the capture up, and fails with
-/// `Cancelled`.
+/// Awaits `work`, publishing RUNNING progress every `period` while a window runs (`windowed`);
+/// on Cancel, stops the capture's window (`stop`), waits for `work` to give the capture up,
+/// and fails with `Cancelled`.
+///
+/// A capture without a window (a snapshot read) publishes no RUNNING: the operator takes a
+/// RUNNING with time left as its cue to hang up and come back at the window's end, while a
+/// snapshot is done as soon as it is read.
 async fn run_with_progress<T>(
     ctx: &Context,
     handle: &CaptureHandle,
     started: Instant,
     duration: Duration,
+    windowed: bool,
     stop: &Stop,
     work: impl Future<Output = T>,
 ) -> Result<T, PipelineError> {
@@ -199,7 +204,7 @@ async fn run_with_progress<T>(
                 let _ = work.await;
                 return Err(PipelineError::Cancelled);
             }
-            _ = tick.tick() => {
+            _ = tick.tick(), if windowed => {
                 let elapsed = started.elapsed();
                 handle.progress(CaptureProgress {
                     stage: Stage::Running as i32,
@@ -299,6 +304,7 @@ async fn capture(
         }
         handle.progress(progress(Stage::Running, "sampler attached"));
     }
+    let windowed = running.window().is_some();
     let stop = Stop::new();
     let window_stop = stop.clone();
     let node = ctx.node.clone();
@@ -311,7 +317,7 @@ async fn capture(
         reporter.symbolized(type_label(ty), finished.symbolized);
         build(finished, ty, &node)
     });
-    run_with_progress(ctx, handle, started, duration, &stop, work).await??
+    run_with_progress(ctx, handle, started, duration, windowed, &stop, work).await??
 }
 
 /// Uploads every artifact to its slot.
