@@ -41,6 +41,12 @@ APT_PACKAGES=(
   containernetworking-plugins
   iptables
   conntrack
+  # the guest kernel tier (node-agent/tests/kernels.rs): Debian's 5.10, 6.1 and 6.12 kernels
+  # booted under QEMU (TCG) with busybox as their init; kmod's modprobe/depmod list and index
+  # their modules (scripts/guest-kernels.sh downloads the kernels)
+  qemu-system-x86
+  busybox-static
+  kmod
   # plumbing
   openssl
   git
@@ -51,6 +57,7 @@ APT_PACKAGES=(
 # ---- other installers run after the packages, each idempotent ----
 EXTRA_INSTALLERS=(
   scripts/install-s3-test-server.sh
+  scripts/guest-kernels.sh
 )
 
 # shellcheck source=scripts/env.sh

@@ -16,6 +16,7 @@ pub mod binaries;
 pub mod cluster;
 pub mod control_plane;
 pub mod crds;
+pub mod guest;
 pub mod hollow;
 pub mod kubectl;
 pub mod pki;

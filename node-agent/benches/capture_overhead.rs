@@ -2,8 +2,12 @@
 //! measured in one run on one machine (not a test: it prints, never asserts).
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench capture_overhead -- [--rounds 5]
+//! sudo -E cargo bench -p flamefleet-agent --bench capture_overhead -- [--rounds 5] [--peer PATH]
 //! ```
+//!
+//! `--peer PATH` measures another build of `flamefleet-agent` (e.g. one built from an
+//! earlier commit) beside this one, in the same rounds: its rows say `peer`. It runs with
+//! the default runqlat clock only.
 //!
 //! 1. runqlat: `perf bench sched pipe` throughput with no tracer, with
 //!    libbpf-tools `runqlat` (all tasks, its default), with `runqlat -c <cg>`,
@@ -210,8 +214,8 @@ fn hist_waits(lines: &[String]) -> u64 {
         .sum()
 }
 
-fn start_agent(kind: &str, cg: &Path, extra: &[&str]) -> Result<Tracer> {
-    let mut c = Command::new(AGENT);
+fn start_agent(agent: &str, kind: &str, cg: &Path, extra: &[&str]) -> Result<Tracer> {
+    let mut c = Command::new(agent);
     c.args([
         "capture",
         "--type",
@@ -383,8 +387,8 @@ fn compile_spin(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Runs the agent to completion and returns (cpu time, peak RSS KiB, samples).
-fn agent_cost(kind: &str, cg: &Path, secs: u64) -> Result<(Duration, i64, u64)> {
-    let mut child = Command::new(AGENT)
+fn agent_cost(agent: &str, kind: &str, cg: &Path, secs: u64) -> Result<(Duration, i64, u64)> {
+    let mut child = Command::new(agent)
         .args([
             "capture",
             "--type",
@@ -421,6 +425,11 @@ fn main() -> Result<()> {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
+    let peer: Option<String> = args
+        .iter()
+        .position(|a| a == "--peer")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let dir = tempfile::tempdir()?;
     let spin = compile_spin(dir.path())?;
@@ -429,11 +438,15 @@ fn main() -> Result<()> {
         "flamefleet capture overhead, kernel {}, {cpus} CPUs, {rounds} rounds (median)",
         kernel.trim()
     );
+    if let Some(p) = &peer {
+        println!("peer: {p}");
+    }
 
     // 1. runqlat on perf bench sched pipe.
     let cg = BenchCgroup::new("pipe")?;
     let (mut none, mut theirs, mut theirs_cg) = (vec![], vec![], vec![]);
     let mut ours: Vec<Vec<f64>> = vec![vec![]; CLOCKS.len()];
+    let mut peer_pipe = vec![];
     for _ in 0..rounds {
         none.push(sched_pipe(&cg)?);
         let t = start_libbpf_runqlat(None)?;
@@ -443,8 +456,13 @@ fn main() -> Result<()> {
         theirs_cg.push(sched_pipe(&cg)?);
         t.stop();
         for (i, (_, args)) in CLOCKS.iter().enumerate() {
-            let t = start_agent("runqlat", cg.path(), args)?;
+            let t = start_agent(AGENT, "runqlat", cg.path(), args)?;
             ours[i].push(sched_pipe(&cg)?);
+            t.stop();
+        }
+        if let Some(p) = &peer {
+            let t = start_agent(p, "runqlat", cg.path(), &CLOCKS[0].1)?;
+            peer_pipe.push(sched_pipe(&cg)?);
             t.stop();
         }
     }
@@ -469,6 +487,15 @@ fn main() -> Result<()> {
             loss(n, o) / loss(n, b).max(f64::EPSILON)
         );
     }
+    if !peer_pipe.is_empty() {
+        let o = median(peer_pipe);
+        println!(
+            "peer runqlat, {:<22} {o:>8.0} ops/s  loss {:>5.1}%  (loss ratio vs -c {:.2})",
+            CLOCKS[0].0,
+            loss(n, o),
+            loss(n, o) / loss(n, b).max(f64::EPSILON)
+        );
+    }
 
     // 2. CPU sampler on a CPU-bound workload.
     let cg_name = cg
@@ -479,15 +506,20 @@ fn main() -> Result<()> {
         .to_owned();
     let perf_out = dir.path().join("perf.data");
     let millions = 400;
-    let (mut none, mut perf, mut ours) = (vec![], vec![], vec![]);
+    let (mut none, mut perf, mut ours, mut peer_spin) = (vec![], vec![], vec![], vec![]);
     for _ in 0..rounds {
         none.push(spin_throughput(&cg, &spin, millions, cpus)?);
         let t = start_perf_record(&format!("/{cg_name}"), &perf_out)?;
         perf.push(spin_throughput(&cg, &spin, millions, cpus)?);
         t.stop();
-        let t = start_agent("cpu", cg.path(), &["--frequency", "99"])?;
+        let t = start_agent(AGENT, "cpu", cg.path(), &["--frequency", "99"])?;
         ours.push(spin_throughput(&cg, &spin, millions, cpus)?);
         t.stop();
+        if let Some(p) = &peer {
+            let t = start_agent(p, "cpu", cg.path(), &["--frequency", "99"])?;
+            peer_spin.push(spin_throughput(&cg, &spin, millions, cpus)?);
+            t.stop();
+        }
     }
     let (n, p, o) = (median(none), median(perf), median(ours));
     println!(
@@ -504,6 +536,14 @@ fn main() -> Result<()> {
         o / 1e6,
         loss(n, o)
     );
+    if !peer_spin.is_empty() {
+        let o = median(peer_spin);
+        println!(
+            "peer capture --type cpu, 99 Hz       {:>8.1} M/s  loss {:>5.2}%",
+            o / 1e6,
+            loss(n, o)
+        );
+    }
 
     // 3. BPF cost per event.
     let stats = "/proc/sys/kernel/bpf_stats_enabled";
@@ -531,6 +571,7 @@ fn main() -> Result<()> {
         // ours included.
         let mut theirs: [(Vec<f64>, Vec<f64>); 2] = Default::default();
         let mut ours: Vec<Refs> = vec![Refs::default(); CLOCKS.len()];
+        let mut peer_refs = Refs::default();
         let mut events = 0;
         for _ in 0..rounds {
             let mut per_ref = [0.0; 2];
@@ -547,11 +588,18 @@ fn main() -> Result<()> {
                     events = tcnt;
                 }
             }
-            for (i, (_, args)) in CLOCKS.iter().enumerate() {
-                let t = start_agent("runqlat", cg.path(), args)?;
+            let runs = CLOCKS
+                .iter()
+                .map(|(_, args)| (AGENT, args))
+                .chain(peer.as_deref().map(|p| (p, &CLOCKS[0].1)));
+            for (i, (agent, args)) in runs.enumerate() {
+                let t = start_agent(agent, "runqlat", cg.path(), args)?;
                 let (ons, ocnt) = measure(&OUR_RQ_PROGS, workload)?;
                 t.stop();
-                let o = &mut ours[i];
+                let o = match ours.get_mut(i) {
+                    Some(o) => o,
+                    None => &mut peer_refs,
+                };
                 o.ns_event.push(per(ons, events));
                 o.ns_run.push(per(ons, ocnt));
                 o.ratio_c
@@ -560,18 +608,24 @@ fn main() -> Result<()> {
                     .push(per(ons, events) / per_ref[1].max(f64::MIN_POSITIVE));
             }
         }
-        bpf_rows.push((wname, theirs, events, ours));
+        bpf_rows.push((wname, theirs, events, ours, peer_refs));
     }
-    let t = start_agent("cpu", cg.path(), &["--frequency", "99"])?;
-    let sampler_before = bpf_cost(&["on_cpu_sample"])?;
-    spin_throughput(&cg, &spin, 200, cpus)?;
-    let (cpu_ns, cpu_runs) = bpf_delta(&sampler_before, &bpf_cost(&["on_cpu_sample"])?);
-    t.stop();
+    // (BPF ns, program runs) of the CPU sampler over one spin run, for `agent`.
+    let sampler_cost = |agent: &str| -> Result<(u64, u64)> {
+        let t = start_agent(agent, "cpu", cg.path(), &["--frequency", "99"])?;
+        let sampler_before = bpf_cost(&["on_cpu_sample"])?;
+        spin_throughput(&cg, &spin, 200, cpus)?;
+        let cost = bpf_delta(&sampler_before, &bpf_cost(&["on_cpu_sample"])?);
+        t.stop();
+        Ok(cost)
+    };
+    let (cpu_ns, cpu_runs) = sampler_cost(AGENT)?;
+    let peer_cpu = peer.as_deref().map(sampler_cost).transpose()?;
     std::fs::write(stats, before.trim())?;
     println!(
         "\n## BPF run time per scheduler event (bpf_stats, one run of each workload per round, median of {rounds})"
     );
-    for (wname, [(c_ns, c_waits), (all_ns, all_waits)], events, ours) in bpf_rows {
+    for (wname, [(c_ns, c_waits), (all_ns, all_waits)], events, ours, peer_refs) in bpf_rows {
         println!("{wname}:");
         println!(
             "  libbpf-tools runqlat -c          {:>7.1} ns/event (one program run per event; last round {events} events), {:.0} waits recorded",
@@ -592,30 +646,52 @@ fn main() -> Result<()> {
                 median(o.ratio_all)
             );
         }
+        if !peer_refs.ns_event.is_empty() {
+            let o = peer_refs;
+            println!(
+                "  peer, {:<16}           {:>7.1} ns/event ({:.1} ns per program run), ratio to runqlat -c {:.2}, to runqlat {:.2} (medians of per-round ratios)",
+                CLOCKS[0].0,
+                median(o.ns_event),
+                median(o.ns_run),
+                median(o.ratio_c),
+                median(o.ratio_all)
+            );
+        }
     }
     println!(
         "flamefleet CPU sampler            {:>7.0} ns/sample over {} samples",
         per(cpu_ns, cpu_runs),
         cpu_runs
     );
+    if let Some((ns, runs)) = peer_cpu {
+        println!(
+            "peer CPU sampler                  {:>7.0} ns/sample over {runs} samples",
+            per(ns, runs)
+        );
+    }
 
     // 4. The agent's own cost.
     let hogs: Vec<Child> = (0..cpus)
         .map(|_| cg.command(&spin).arg("100000").spawn())
         .collect::<std::io::Result<_>>()?;
-    let (cpu_time, rss, samples) = agent_cost("cpu", cg.path(), 10)?;
+    println!(
+        "\n## Agent cost: flamefleet-agent capture --type cpu, 10 s at 99 Hz, {cpus} busy CPUs"
+    );
+    let agents = [("flamefleet", AGENT)]
+        .into_iter()
+        .chain(peer.as_deref().map(|p| ("peer", p)));
+    for (name, agent) in agents {
+        let (cpu_time, rss, samples) = agent_cost(agent, "cpu", cg.path(), 10)?;
+        println!(
+            "{name}: {samples} samples, agent CPU {:.1} ms total = {:.1} ms per 1,000 samples, peak RSS {:.1} MiB",
+            cpu_time.as_secs_f64() * 1e3,
+            cpu_time.as_secs_f64() * 1e6 / samples.max(1) as f64,
+            rss as f64 / 1024.0
+        );
+    }
     for mut h in hogs {
         let _ = h.kill();
         let _ = h.wait();
     }
-    println!(
-        "\n## Agent cost: flamefleet-agent capture --type cpu, 10 s at 99 Hz, {cpus} busy CPUs"
-    );
-    println!(
-        "{samples} samples, agent CPU {:.1} ms total = {:.1} ms per 1,000 samples, peak RSS {:.1} MiB",
-        cpu_time.as_secs_f64() * 1e3,
-        cpu_time.as_secs_f64() * 1e6 / samples.max(1) as f64,
-        rss as f64 / 1024.0
-    );
     Ok(())
 }

@@ -25,14 +25,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use flamefleet_api::{ProfileRequest, ProfileResultSlice, RotationState, SamplingLimits};
-use flamefleet_operator::controller::agents::AGENT_LABEL;
-use flamefleet_operator::sampling::budget::{Budget, Ledger};
-use flamefleet_operator::sampling::fleet::{Fleet, Scope, slim_slice};
-use flamefleet_operator::sampling::rotation::{self, Limits};
-use flamefleet_operator::sampling::run_name::{
+use flamefleet_operator::controllers::sampling::budget::{Budget, Ledger};
+use flamefleet_operator::controllers::sampling::fleet::{Fleet, Scope, slim_slice};
+use flamefleet_operator::controllers::sampling::rotation::{self, Limits};
+use flamefleet_operator::controllers::sampling::run_name::{
     POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL,
 };
-use flamefleet_operator::slim_pod::SlimPod;
+use flamefleet_operator::pods::agents::AGENT_LABEL;
+use flamefleet_operator::pods::slim::SlimPod;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::Selector;
 use kube::runtime::reflector::{self, store::Writer};

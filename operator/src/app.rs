@@ -10,12 +10,13 @@ use clap::{Parser, ValueEnum};
 use futures::FutureExt as _;
 use kube::runtime::events::{Recorder, Reporter};
 
-use crate::controller::agent_client::{AgentConnector, Backoff};
-use crate::controller::dispatch::{DispatchSettings, Dispatcher};
-use crate::controller::limits::TenantLimits;
-use crate::controller::uploads::UrlPolicy;
-use crate::controller::{self, Context};
-use crate::downloads::{self, DownloadContext};
+use crate::controllers::download::{self, DownloadContext};
+use crate::controllers::profile_request::limits::TenantLimits;
+use crate::controllers::profile_request::{self, Context};
+use crate::controllers::sampling::{self, SamplingContext, budget::Ledger, fleet::Fleet};
+use crate::dispatch::connector::{AgentConnector, Backoff};
+use crate::dispatch::uploads::UrlPolicy;
+use crate::dispatch::{DispatchSettings, Dispatcher};
 use crate::identity::ca::OperatorCa;
 use crate::identity::csr_signer::{AgentIdentityPolicy, CsrSigner};
 use crate::identity::store_cert;
@@ -23,7 +24,6 @@ use crate::leader::{Election, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::owned_secret;
 use crate::probes::{self, ProbeState};
-use crate::sampling::{self, SamplingContext, budget::Ledger, fleet::Fleet};
 use crate::store::builtin::{BuiltinConfig, server};
 use crate::store::remote::{RemoteConfig, RemoteStore};
 use crate::store::s3::{S3Config, S3Store};
@@ -183,7 +183,7 @@ pub struct Options {
     /// costs 60-90 KiB; a capture holds its node's connection only while it is started and
     /// while its result is collected, so this (with --max-concurrent-dispatch), not the
     /// fleet's size, bounds the operator's connection memory.
-    #[arg(long, default_value_t = crate::controller::agent_client::DEFAULT_CHANNEL_CAPACITY)]
+    #[arg(long, default_value_t = crate::dispatch::connector::DEFAULT_CHANNEL_CAPACITY)]
     pub max_idle_agent_connections: usize,
     /// Attempts to reach an agent before its node fails as unreachable; retries wait with
     /// exponential backoff and full jitter.
@@ -510,7 +510,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             sampling::run(sampling, selector, shutdown).await;
         }
     };
-    let downloads = downloads::run(
+    let downloads = download::run(
         Arc::new(DownloadContext {
             client: context.client.clone(),
             store: context.store.clone(),
@@ -523,7 +523,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     );
     futures::join!(
         downloads,
-        controller::run(
+        profile_request::run(
             context,
             triggers,
             options.request_selector.as_deref(),

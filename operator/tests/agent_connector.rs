@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use flamefleet_e2e::agent_pki::AgentPki;
 use flamefleet_e2e::hollow::{HollowConfig, HollowFleet};
-use flamefleet_operator::controller::agent_client::AgentConnector;
-use flamefleet_operator::controller::agents::AgentEndpoint;
+use flamefleet_operator::dispatch::connector::AgentConnector;
+use flamefleet_operator::pods::agents::AgentEndpoint;
 use flamefleet_proto::agent::InfoRequest;
 
 fn endpoint(node: &str, address: String) -> AgentEndpoint {

@@ -65,15 +65,17 @@ impl Store {
             .await
             .unwrap(),
         );
-        tokio::spawn(flamefleet_operator::downloads::run(
-            Arc::new(flamefleet_operator::downloads::DownloadContext {
-                client: ns.client(),
-                store: store.clone(),
-                url_ttl: Duration::from_secs(120),
-                request_selector: None,
-                ca_bundle: None,
-                namespace: Some(ns.name().to_owned()),
-            }),
+        tokio::spawn(flamefleet_operator::controllers::download::run(
+            Arc::new(
+                flamefleet_operator::controllers::download::DownloadContext {
+                    client: ns.client(),
+                    store: store.clone(),
+                    url_ttl: Duration::from_secs(120),
+                    request_selector: None,
+                    ca_bundle: None,
+                    namespace: Some(ns.name().to_owned()),
+                },
+            ),
             std::future::pending::<()>(),
         ));
         Self { store, _root: root }

@@ -1,5 +1,7 @@
-//! Hollow agents: thousands of Flamefleet agents in one process, each speaking the real
-//! `AgentService` over the real mutual TLS, none capturing anything.
+//! Hollow agents: thousands of Flamefleet agents in one process, each the real agent's
+//! service shell (`flamefleet_agent::service`: the `AgentService`, its captures table and
+//! progress, its uploads, its mutual TLS) around an engine that captures nothing
+//! ([`engine`]).
 //!
 //! **A load generator for the operator and the API server, never a substitute for the real
 //! agent in functional tests.** A hollow capture measures nothing: it waits the requested
@@ -9,9 +11,9 @@
 //! the CA the operator trusts, naming the node with `agent_dns_name` (so the operator's
 //! per-node identity check runs for real); only the operator's client certificate is
 //! accepted; `Capture` streams the real agent's stages and is idempotent per request UID;
-//! artifacts go to the signed upload URL with a PUT carrying their sha256, as the real agent
-//! sends them; DONE carries the artifacts (name, size, sha256, samples, sample type) and
-//! the summary keys of the real agent. See [`service`] for the stages.
+//! artifacts go to the signed upload URL with a PUT carrying their sha256, by the real
+//! agent's uploader; DONE carries the artifacts (name, size, sha256, samples, sample type)
+//! and the summary of the real agent.
 //!
 //! A failure mix is configurable: a fraction of the nodes fails every capture (FAILED with
 //! a reason, right after ACCEPTED) and a fraction never answers (the stream stays open,
@@ -24,22 +26,24 @@
 //! would otherwise open 5,000 connections to the store).
 
 pub mod cluster;
+mod engine;
 pub mod profile;
-pub mod service;
-pub mod tls;
-pub mod upload;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use flamefleet_proto::agent::agent_service_server::AgentServiceServer;
+use flamefleet_agent::service::metrics::Outcome;
+use flamefleet_agent::service::reporter::{CallOutcome, Reporter, Rpc};
+use flamefleet_agent::service::upload::{UploadPolicy, Uploader};
+use flamefleet_agent::service::{Agent, AgentParts, ServingIdentity, TlsMaterial};
+use flamefleet_proto::agent::CaptureSummary;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent_pki::AgentPki;
-use service::HollowAgent;
+use engine::HollowEngine;
 
 /// Errors of starting a hollow fleet.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +89,7 @@ pub enum HollowError {
     },
     /// The upload client could not be built.
     #[error("building the upload client: {0}")]
-    Client(reqwest::Error),
+    Client(flamefleet_agent::service::upload::UploadError),
     /// A fraction is outside 0..=1 or they add up to more than 1.
     #[error(
         "failure fractions must be within 0..=1 and add up to at most 1, found fail {fail} and silent {silent}"
@@ -273,14 +277,48 @@ impl Stats {
     }
 }
 
-/// What every node of a fleet shares.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) uploader: upload::Uploader,
-    pub(crate) uploads: tokio::sync::Semaphore,
-    pub(crate) stats: Stats,
-    pub(crate) progress_period: Duration,
-    pub(crate) shutdown: CancellationToken,
+/// The fleet's counters, from the events of every node's service.
+impl Reporter for Stats {
+    fn call(&self, rpc: Rpc, outcome: CallOutcome) {
+        let add = |c: &AtomicU64| c.fetch_add(1, Ordering::Relaxed);
+        if rpc == Rpc::Collect {
+            add(&self.collects);
+        }
+        match outcome {
+            CallOutcome::Started => add(&self.captures),
+            CallOutcome::Attached => add(&self.attached),
+            CallOutcome::Replayed => add(&self.replayed),
+            CallOutcome::Unknown => add(&self.collects_unknown),
+        };
+    }
+
+    fn cancel_called(&self, _found: bool) {
+        self.cancel_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn uploaded(&self, _bytes: usize) {
+        self.uploads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn upload_failed(&self) {
+        self.upload_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn capture_finished(&self, _type: &'static str, outcome: Outcome, _: Option<&CaptureSummary>) {
+        match outcome {
+            Outcome::Succeeded => self.done.fetch_add(1, Ordering::Relaxed),
+            Outcome::Failed => self.failed.fetch_add(1, Ordering::Relaxed),
+            // A cancelled capture ends FAILED ("cancelled by the client").
+            Outcome::Cancelled => {
+                self.cancelled.fetch_add(1, Ordering::Relaxed);
+                self.failed.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    }
+
+    fn capture_forgotten(&self) {
+        self.forgotten.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// One hollow node.
@@ -310,13 +348,14 @@ impl std::fmt::Debug for NodeEntry {
 #[derive(Debug)]
 pub struct HollowFleet {
     nodes: Vec<NodeEntry>,
-    shared: Arc<Shared>,
+    stats: Arc<Stats>,
+    shutdown: CancellationToken,
     servers: Vec<JoinHandle<()>>,
 }
 
 impl Drop for HollowFleet {
     fn drop(&mut self) {
-        self.shared.shutdown.cancel();
+        self.shutdown.cancel();
         for s in &self.servers {
             s.abort();
         }
@@ -395,20 +434,24 @@ impl HollowFleet {
             path: pki.files.ca_cert.clone(),
             source,
         })?;
-        let verifier = tls::operator_verifier(&ca_pem)?;
-        let shared = Arc::new(Shared {
-            uploader: upload::Uploader::new(
-                config.store_ca_pem.as_deref(),
-                config.max_concurrent_uploads,
-            )?,
-            uploads: tokio::sync::Semaphore::new(config.max_concurrent_uploads.max(1)),
-            stats: Stats::default(),
-            progress_period: config.progress_period.max(Duration::from_millis(10)),
-            shutdown: CancellationToken::new(),
-        });
+        // One connection pool and one bound on uploads in flight for the whole fleet (real
+        // agents, one per node, need no bound: one process uploading for 5,000 nodes at once
+        // would otherwise open 5,000 connections to the store).
+        let uploader = Uploader::trusting(
+            UploadPolicy {
+                idle_connections_per_host: Some(config.max_concurrent_uploads),
+                ..UploadPolicy::default()
+            },
+            config.store_ca_pem.as_deref(),
+        )
+        .map_err(HollowError::Client)?;
+        let upload_permits = Arc::new(tokio::sync::Semaphore::new(
+            config.max_concurrent_uploads.max(1),
+        ));
         let mut fleet = Self {
             nodes: Vec::with_capacity(config.nodes),
-            shared,
+            stats: Arc::new(Stats::default()),
+            shutdown: CancellationToken::new(),
             servers: Vec::with_capacity(config.nodes),
         };
         for (i, (ip, behaviour)) in addresses.into_iter().zip(behaviours).enumerate() {
@@ -425,7 +468,12 @@ impl HollowFleet {
                     source,
                 })
             };
-            let server_tls = tls::server_config(&read(&cert)?, &read(&key)?, verifier.clone())?;
+            let identity = ServingIdentity::new(&TlsMaterial {
+                chain_pem: read(&cert)?,
+                key_pem: read(&key)?,
+                ca_pem: ca_pem.clone(),
+            })
+            .map_err(|e| HollowError::Tls(e.to_string()))?;
             // The PEM files are no longer needed: the fleet holds the keys in memory.
             let _ = std::fs::remove_file(&cert);
             let _ = std::fs::remove_file(&key);
@@ -438,22 +486,23 @@ impl HollowFleet {
                     source,
                 })?;
             let behaviour = Arc::new(BehaviourCell::new(behaviour));
-            let agent = HollowAgent::new(&name, behaviour.clone(), fleet.shared.clone());
-            let accepted = flamefleet_proto::tls_accept::accept_tls(
-                listener,
-                server_tls,
-                Duration::from_secs(10),
-            );
-            let incoming = futures::stream::unfold(accepted, |mut rx| async move {
-                rx.recv()
-                    .await
-                    .map(|(tls, _peer)| (Ok::<_, std::io::Error>(tls), rx))
+            let agent = Agent::with_engine(AgentParts {
+                node: name.clone(),
+                engine: Arc::new(HollowEngine::new(&name, behaviour.clone())),
+                uploader: uploader.clone(),
+                upload_permits: Some(Arc::clone(&upload_permits)),
+                reporter: fleet.stats.clone(),
+                progress_period: config.progress_period.max(Duration::from_millis(10)),
+                shutdown: fleet.shutdown.clone(),
             });
-            let shutdown = fleet.shared.shutdown.clone();
+            let shutdown = fleet.shutdown.clone();
             fleet.servers.push(tokio::spawn(async move {
-                let _ = tonic::transport::Server::builder()
-                    .add_service(AgentServiceServer::new(agent))
-                    .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                let _ = agent
+                    .serve_on(
+                        listener,
+                        identity.server_config(),
+                        shutdown.cancelled_owned(),
+                    )
                     .await;
             }));
             fleet.nodes.push(NodeEntry {
@@ -526,7 +575,7 @@ impl HollowFleet {
 
     /// The fleet's counters now.
     pub fn stats(&self) -> StatsSnapshot {
-        self.shared.stats.snapshot()
+        self.stats.snapshot()
     }
 }
 

@@ -1,276 +1,129 @@
-//! The synthetic but valid artifacts of a hollow capture: a small gzipped pprof (what `go
-//! tool pprof` reads) per profile type, runqlat's text histogram, and the summary keys the
-//! real agent reports (docs/capture.md, "Capture summary").
+//! What a hollow capture "finishes" with: a small but valid profile per profile type (what
+//! `go tool pprof` reads), runqlat's text histogram, and a summary of the numbers the
+//! profile holds (docs/capture.md, "Capture summary"). The agent's service shell turns it
+//! into artifacts, uploads them and reports them, as for a real capture.
 
-use std::collections::HashMap;
-use std::io::Write as _;
 use std::time::Duration;
 
+use flamefleet_agent::capture::lifecycle::{Finished, Symbolized};
+use flamefleet_pprof::{Frame, FrameLine, Label, ProfileBuilder};
 use flamefleet_proto::agent::capture_summary::Kind;
 use flamefleet_proto::agent::{
     CaptureSummary, CpuSummary, HeapSummary, LatencyHistogram, ProfileType, RunqlatSummary,
 };
-use flamefleet_proto::pprof as pb;
-use prost::Message as _;
 
-/// One artifact to upload.
-#[derive(Debug, Clone)]
-pub struct BuiltArtifact {
-    /// Artifact name (the slot's name).
-    pub name: String,
-    /// Its bytes.
-    pub bytes: Vec<u8>,
-    /// Samples it counts (0 for a text artifact).
-    pub samples: u64,
-    /// `type/unit` of its default sample type (empty for a text artifact).
-    pub sample_type: String,
-}
-
-/// What a hollow capture produced.
-#[derive(Debug, Clone)]
-pub struct Built {
-    /// The artifacts, in slot order.
-    pub artifacts: Vec<BuiltArtifact>,
-    /// The DONE summary.
-    pub summary: CaptureSummary,
-    /// runqlat: the node's histogram.
-    pub runqlat_histogram: Option<LatencyHistogram>,
-}
-
-/// A tiny pprof string table and sample builder.
-struct Builder {
-    profile: pb::Profile,
-    strings: HashMap<String, i64>,
-}
-
-impl Builder {
-    fn new(sample_types: &[(&str, &str)], default: &str) -> Self {
-        let mut b = Self {
-            profile: pb::Profile::default(),
-            strings: HashMap::new(),
-        };
-        b.string("");
-        for (t, u) in sample_types {
-            let vt = pb::ValueType {
-                r#type: b.string(t),
-                unit: b.string(u),
-            };
-            b.profile.sample_type.push(vt);
-        }
-        b.profile.default_sample_type = b.string(default);
-        b
-    }
-
-    fn string(&mut self, s: &str) -> i64 {
-        if let Some(i) = self.strings.get(s) {
-            return *i;
-        }
-        let i = i64::try_from(self.profile.string_table.len()).unwrap_or(i64::MAX);
-        self.profile.string_table.push(s.to_owned());
-        self.strings.insert(s.to_owned(), i);
-        i
-    }
-
-    /// A stack of functions, leaf first; one location per function.
-    fn stack(&mut self, functions: &[&str]) -> Vec<u64> {
-        functions
-            .iter()
-            .map(|f| {
-                let name = self.string(f);
-                let file = self.string("hollow.rs");
-                let existing = self
-                    .profile
-                    .function
-                    .iter()
-                    .find(|func| func.name == name)
-                    .map(|func| func.id);
-                let function_id = existing.unwrap_or_else(|| {
-                    let id = self.profile.function.len() as u64 + 1;
-                    self.profile.function.push(pb::Function {
-                        id,
-                        name,
-                        system_name: name,
-                        filename: file,
-                        start_line: 0,
-                    });
-                    id
-                });
-                let existing = self
-                    .profile
-                    .location
-                    .iter()
-                    .find(|l| l.line.first().is_some_and(|l| l.function_id == function_id))
-                    .map(|l| l.id);
-                existing.unwrap_or_else(|| {
-                    let id = self.profile.location.len() as u64 + 1;
-                    self.profile.location.push(pb::Location {
-                        id,
-                        mapping_id: 0,
-                        address: 0x1000 * id,
-                        line: vec![pb::Line {
-                            function_id,
-                            line: i64::try_from(id).unwrap_or(0),
-                            column: 0,
-                        }],
-                        is_folded: false,
-                    });
-                    id
-                })
-            })
-            .collect()
-    }
-
-    fn sample(&mut self, functions: &[&str], values: Vec<i64>, labels: &[(&str, &str)]) {
-        let location_id = self.stack(functions);
-        let label = labels
-            .iter()
-            .map(|(k, v)| pb::Label {
-                key: self.string(k),
-                str: self.string(v),
-                ..Default::default()
-            })
-            .collect();
-        self.profile.sample.push(pb::Sample {
-            location_id,
-            value: values,
-            label,
-        });
-    }
-
-    fn finish(self) -> pb::Profile {
-        self.profile
-    }
-}
-
-fn gzip(profile: &pb::Profile) -> std::io::Result<Vec<u8>> {
-    let mut out = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    out.write_all(&profile.encode_to_vec())?;
-    out.finish()
-}
-
-fn sample_type_of(p: &pb::Profile) -> String {
-    let s = |i: i64| {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| p.string_table.get(i))
-            .cloned()
-            .unwrap_or_default()
-    };
-    p.sample_type
+/// A synthetic stack of `functions`, leaf first.
+fn stack(functions: &[&str]) -> Vec<Frame> {
+    functions
         .iter()
-        .find(|st| st.r#type == p.default_sample_type)
-        .or_else(|| p.sample_type.last())
-        .map(|st| format!("{}/{}", s(st.r#type), s(st.unit)))
-        .unwrap_or_default()
+        .map(|f| Frame {
+            // A made-up address per function, within a small text segment.
+            address: 0x1000
+                + 0x10
+                    * (f.bytes()
+                        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+                        % 0x10000),
+            mapping: None,
+            lines: vec![FrameLine {
+                function: (*f).to_owned(),
+                file: "hollow.rs".into(),
+                line: 1,
+            }],
+        })
+        .collect()
 }
 
-/// The artifacts of a `ty` capture of `duration` on `node` for `pods`, under `names`
-/// (`artifact_names(ty, node)`). Sizes are a few hundred bytes: what is measured is the
-/// operator and the API server, not the store's bandwidth.
-///
-/// # Errors
-/// Only when gzip encoding fails (it does not, into memory).
+/// What a `ty` capture of `duration` on `node` of `pods` (namespace, name) finishes with.
+/// Profiles are a few hundred bytes: what is measured is the operator and the API server,
+/// not the store's bandwidth.
 pub fn build(
     ty: ProfileType,
     node: &str,
     pods: &[(String, String)],
     duration: Duration,
     frequency_hz: u64,
-    names: &[String],
-) -> std::io::Result<Built> {
+) -> Finished {
     let seconds = duration.as_secs_f64().max(0.001);
-    let name = |i: usize| names.get(i).cloned().unwrap_or_default();
-    let label_sets: Vec<Vec<(&str, &str)>> = if pods.is_empty() {
-        vec![vec![("node", node)]]
+    let label_sets: Vec<Vec<Label>> = if pods.is_empty() {
+        vec![vec![Label::Str("node".into(), node.into())]]
     } else {
         pods.iter()
-            .map(|(ns, pod)| vec![("node", node), ("namespace", ns.as_str()), ("pod", pod)])
+            .map(|(ns, pod)| {
+                vec![
+                    Label::Str("node".into(), node.into()),
+                    Label::Str("namespace".into(), ns.clone()),
+                    Label::Str("pod".into(), pod.clone()),
+                ]
+            })
             .collect()
+    };
+    let finished = |profile, summary, histogram_text, runqlat_histogram| Finished {
+        profile,
+        histogram_text,
+        report: String::new(),
+        summary: CaptureSummary {
+            kind: Some(summary),
+        },
+        runqlat_histogram,
+        symbolized: Symbolized::default(),
     };
     match ty {
         ProfileType::Cpu | ProfileType::Unspecified => {
             let hz = frequency_hz.max(1);
-            let period = 1_000_000_000 / i64::try_from(hz).unwrap_or(99);
-            let mut b = Builder::new(&[("samples", "count"), ("cpu", "nanoseconds")], "");
-            b.profile.period_type = Some(pb::ValueType {
-                r#type: b.string("cpu"),
-                unit: b.string("nanoseconds"),
-            });
-            b.profile.period = period;
-            b.profile.duration_nanos = i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX);
+            let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")]);
+            b.cpu_period(hz)
+                .time(0, i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX));
+            let period = flamefleet_pprof::nanos_per_sample(hz);
             // Half a CPU busy in two stacks per pod.
             let per_pod = ((seconds * hz as f64) / 2.0).ceil() as i64;
             let mut total = 0;
             for labels in &label_sets {
                 let hot = per_pod * 3 / 4;
                 let cold = per_pod - hot;
-                b.sample(
-                    &["hollow::spin", "hollow::work", "main"],
-                    vec![hot, hot * period],
+                b.add_sample(
+                    &stack(&["hollow::spin", "hollow::work", "main"]),
+                    &[hot, hot * period],
                     labels,
                 );
-                b.sample(&["hollow::idle", "main"], vec![cold, cold * period], labels);
+                b.add_sample(
+                    &stack(&["hollow::idle", "main"]),
+                    &[cold, cold * period],
+                    labels,
+                );
                 total += per_pod;
             }
-            let profile = b.finish();
-            let total = u64::try_from(total).unwrap_or(0);
-            let summary = CaptureSummary {
-                kind: Some(Kind::Cpu(CpuSummary {
-                    samples: total,
-                    dropped_samples: 0,
-                    unsymbolized_frames_pct: 0.0,
-                    frequency_hz: hz,
-                    requested_frequency_hz: hz,
-                })),
-            };
-            Ok(Built {
-                artifacts: vec![BuiltArtifact {
-                    name: name(0),
-                    bytes: gzip(&profile)?,
-                    samples: total,
-                    sample_type: sample_type_of(&profile),
-                }],
-                summary,
-                runqlat_histogram: None,
-            })
+            let summary = Kind::Cpu(CpuSummary {
+                samples: u64::try_from(total).unwrap_or(0),
+                dropped_samples: 0,
+                unsymbolized_frames_pct: 0.0,
+                frequency_hz: hz,
+                requested_frequency_hz: hz,
+            });
+            finished(b.build(), summary, None, None)
         }
         ProfileType::Heap => {
-            let mut b = Builder::new(
-                &[
-                    ("alloc_objects", "count"),
-                    ("alloc_space", "bytes"),
-                    ("inuse_objects", "count"),
-                    ("inuse_space", "bytes"),
-                ],
-                "inuse_space",
-            );
+            let mut b = ProfileBuilder::new(&[
+                ("alloc_objects", "count"),
+                ("alloc_space", "bytes"),
+                ("inuse_objects", "count"),
+                ("inuse_space", "bytes"),
+            ]);
+            b.default_sample_type("inuse_space");
             let mut allocations = 0;
             for labels in &label_sets {
-                b.sample(
-                    &["hollow::alloc", "hollow::work", "main"],
-                    vec![64, 64 * 4096, 16, 16 * 4096],
+                b.add_sample(
+                    &stack(&["hollow::alloc", "hollow::work", "main"]),
+                    &[64, 64 * 4096, 16, 16 * 4096],
                     labels,
                 );
                 allocations += 64;
             }
-            let profile = b.finish();
-            let summary = CaptureSummary {
-                kind: Some(Kind::Heap(HeapSummary {
-                    allocations,
-                    reason: "hollow agent: a synthetic profile, nothing was captured".into(),
-                    ..Default::default()
-                })),
-            };
-            Ok(Built {
-                artifacts: vec![BuiltArtifact {
-                    name: name(0),
-                    bytes: gzip(&profile)?,
-                    samples: allocations,
-                    sample_type: sample_type_of(&profile),
-                }],
-                summary,
-                runqlat_histogram: None,
-            })
+            let summary = Kind::Heap(HeapSummary {
+                allocations,
+                reason: "hollow agent: a synthetic profile, nothing was captured".into(),
+                ..Default::default()
+            });
+            finished(b.build(), summary, None, None)
         }
         ProfileType::Runqlat => {
             // Waits of 2-4 us mostly, a tail to 64 us.
@@ -279,17 +132,21 @@ pub fn build(
                 unit_ns: 1000,
                 buckets: buckets.clone(),
             };
-            let mut b = Builder::new(&[("count", "count"), ("latency", "nanoseconds")], "count");
+            let mut b = ProfileBuilder::new(&[("count", "count"), ("latency", "nanoseconds")]);
+            b.default_sample_type("count");
             for labels in &label_sets {
                 for (i, n) in buckets.iter().enumerate() {
                     let n = i64::try_from(*n).unwrap_or(0);
                     if n > 0 {
                         let bucket = format!("hollow::wait_{}us", 1u64 << i);
-                        b.sample(&[bucket.as_str(), "main"], vec![n, n * (1000 << i)], labels);
+                        b.add_sample(
+                            &stack(&[bucket.as_str(), "main"]),
+                            &[n, n * (1000 << i)],
+                            labels,
+                        );
                     }
                 }
             }
-            let profile = b.finish();
             let waits = histogram.count() * label_sets.len() as u64;
             let mut text = String::from("     usecs               : count\n");
             for (i, n) in buckets.iter().enumerate() {
@@ -299,34 +156,15 @@ pub fn build(
                     (1u64 << (i + 1)) - 1
                 ));
             }
-            let summary = CaptureSummary {
-                kind: Some(Kind::Runqlat(RunqlatSummary {
-                    waits,
-                    dropped_samples: 0,
-                    p50_us: histogram.quantile_us(0.50),
-                    p90_us: histogram.quantile_us(0.90),
-                    p99_us: histogram.quantile_us(0.99),
-                    max_us: histogram.max_us(),
-                })),
-            };
-            Ok(Built {
-                artifacts: vec![
-                    BuiltArtifact {
-                        name: name(0),
-                        bytes: gzip(&profile)?,
-                        samples: waits,
-                        sample_type: sample_type_of(&profile),
-                    },
-                    BuiltArtifact {
-                        name: name(1),
-                        bytes: text.into_bytes(),
-                        samples: 0,
-                        sample_type: String::new(),
-                    },
-                ],
-                summary,
-                runqlat_histogram: Some(histogram),
-            })
+            let summary = Kind::Runqlat(RunqlatSummary {
+                waits,
+                dropped_samples: 0,
+                p50_us: histogram.quantile_us(0.50),
+                p90_us: histogram.quantile_us(0.90),
+                p99_us: histogram.quantile_us(0.99),
+                max_us: histogram.max_us(),
+            });
+            finished(b.build(), summary, Some(text), Some(histogram))
         }
     }
 }
@@ -334,38 +172,23 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flamefleet_proto::agent::artifact_names;
-    use std::io::Read as _;
-
-    fn decode(bytes: &[u8]) -> pb::Profile {
-        let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(bytes)
-            .read_to_end(&mut raw)
-            .unwrap();
-        pb::Profile::decode(raw.as_slice()).unwrap()
-    }
 
     #[test]
     fn cpu_profile_is_valid_pprof_with_the_reported_samples() {
-        let names = artifact_names(ProfileType::Cpu, "n1");
         let pods = vec![("ns".to_string(), "web-1".to_string())];
-        let built = build(
-            ProfileType::Cpu,
-            "n1",
-            &pods,
-            Duration::from_secs(2),
-            99,
-            &names,
-        )
-        .unwrap();
-        let a = &built.artifacts[0];
-        assert_eq!(a.name, "cpu-n1.pb.gz");
-        assert_eq!(a.sample_type, "cpu/nanoseconds");
-        let p = decode(&a.bytes);
+        let built = build(ProfileType::Cpu, "n1", &pods, Duration::from_secs(2), 99);
+        let p = &built.profile;
         assert_eq!(p.string_table[0], "");
+        assert_eq!(
+            flamefleet_pprof::sample_types(p).last().map(String::as_str),
+            Some("cpu/nanoseconds")
+        );
         let samples: i64 = p.sample.iter().map(|s| s.value[0]).sum();
-        assert_eq!(u64::try_from(samples).unwrap(), a.samples);
-        assert_eq!(built.summary.display()["samples"], a.samples.to_string());
+        assert_eq!(u64::try_from(samples).unwrap(), built.summary.samples());
+        assert_eq!(
+            built.summary.display()["samples"],
+            built.summary.samples().to_string()
+        );
         // Every location and function a sample names exists.
         for s in &p.sample {
             for id in &s.location_id {
@@ -373,24 +196,15 @@ mod tests {
                 assert!(p.function.iter().any(|f| f.id == loc.line[0].function_id));
             }
         }
+        flamefleet_pprof::validate(p).expect("a valid profile");
     }
 
     #[test]
-    fn runqlat_has_a_text_artifact_and_a_histogram() {
-        let names = artifact_names(ProfileType::Runqlat, "n2");
-        let built = build(
-            ProfileType::Runqlat,
-            "n2",
-            &[],
-            Duration::from_secs(1),
-            0,
-            &names,
-        )
-        .unwrap();
-        assert_eq!(built.artifacts.len(), 2);
-        assert_eq!(built.artifacts[1].name, "runqlat-n2.txt");
-        assert_eq!(built.artifacts[1].samples, 0);
+    fn runqlat_has_a_text_histogram_and_a_histogram() {
+        let built = build(ProfileType::Runqlat, "n2", &[], Duration::from_secs(1), 0);
+        assert!(built.histogram_text.is_some());
         assert!(built.runqlat_histogram.is_some());
-        assert_eq!(built.artifacts[0].sample_type, "count/count");
+        let p = &built.profile;
+        assert_eq!(p.string_table[p.default_sample_type as usize], "count");
     }
 }

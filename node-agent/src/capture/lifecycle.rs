@@ -3,11 +3,12 @@
 //!
 //! 1. [`start`] a [`CaptureSpec`] on the node's [`Samplers`]: the engine joins (or loads)
 //!    its sampler and puts its targets in it;
-//! 2. [`Running::run_window`] for [`Running::window`], on the caller's thread, doing what
-//!    the engine does during its window (the heap source's rescans, the CPU engine's early
-//!    symbolization); a [`Stop`] ends it at once. An engine that reads a snapshot (a pprof
-//!    endpoint, the Go runtime's own heap profile) has no window: it finishes as soon as
-//!    it started;
+//! 2. its window ([`Window`]: a deadline, and the work the engine does during it, the heap
+//!    source's rescans, the CPU engine's early symbolization), run by the front door: on
+//!    its own thread ([`Running::run_window`], which a [`Stop`] ends at once), or waited
+//!    for asynchronously with each work on a thread (the service). An engine that reads a
+//!    snapshot (a pprof endpoint, the Go runtime's own heap profile) has no window: it
+//!    finishes as soon as it started;
 //! 3. [`Running::finish`] into a [`Finished`]: the profile, runqlat's text histograms, a
 //!    report for the command line, and the typed summary. A capture dropped instead of
 //!    finished (cancelled, failed) gives its targets back all the same.
@@ -21,7 +22,7 @@ use flamefleet_proto::pprof::Profile;
 use super::cpu::{CpuCapture, CpuOptions};
 use super::heap::{self, HeapCapture, HeapError, HeapRequest};
 use super::runqlat::{RunqlatCapture, RunqlatOptions};
-use super::window::{Stop, WindowEnd};
+use super::window::{self, Stop, Window, WindowEnd};
 use super::{CaptureError, CaptureTarget, Samplers};
 use crate::process::ProcessCatalog;
 use crate::symbolize::StackSymbolizer;
@@ -79,7 +80,7 @@ enum Engine {
         node: String,
         started: Instant,
         duration: Duration,
-        /// Time the early symbolization pass took (see [`Running::run_window`]).
+        /// Time the early symbolization pass took (see the [`Window`] of [`Running`]).
         warmed: Option<Duration>,
     },
     Runqlat {
@@ -151,18 +152,6 @@ pub fn start(samplers: &Samplers, spec: CaptureSpec) -> Result<Running, EngineEr
 }
 
 impl Running {
-    /// How long the capture samples from its start; `None` for an engine that reads a
-    /// snapshot, which can finish at once.
-    pub fn window(&self) -> Option<Duration> {
-        match &self.engine {
-            Engine::Cpu { duration, .. } => Some(*duration),
-            Engine::Runqlat { deadline, .. } => {
-                Some(deadline.saturating_duration_since(Instant::now()))
-            }
-            Engine::Heap(h) => h.window(),
-        }
-    }
-
     /// The node sampler the capture runs on, for logs (concurrent captures share one);
     /// `None` for engines whose sampler, if any, is their own business (heap).
     pub fn sampler(&self) -> Option<usize> {
@@ -177,44 +166,10 @@ impl Running {
 
     /// Runs the window on this thread until it ends, or until `stop`.
     ///
-    /// The CPU engine, when its capture found the sampler idle (the first of a busy
-    /// spell), symbolizes half-way through the frames sampled so far that no capture has
-    /// symbolized yet, into the symbolizer's caches, building no profile: the
-    /// symbolization after the window then finds most frames cached, and the first
-    /// capture of a binary pays for its parsing during its window instead of after it.
-    /// Captures that join running ones (the back-to-back windows of a continuous profile)
-    /// skip the pass: the captures before them keep the caches warm, and there the pass
-    /// cost more (a second parse of a binary when new frames show up in both halves of a
-    /// window) than it saved.
-    ///
     /// # Errors
-    /// The heap engine's rescans (attaching a newly found allocator's probes).
+    /// See [`Window::work`].
     pub fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, EngineError> {
-        match &mut self.engine {
-            Engine::Cpu {
-                capture,
-                catalog,
-                started,
-                duration,
-                warmed,
-                ..
-            } => {
-                let end = *started + *duration;
-                if capture.opened_busy_spell() {
-                    if stop.sleep_until(*started + *duration / 2) == WindowEnd::Stopped {
-                        return Ok(WindowEnd::Stopped);
-                    }
-                    let began = Instant::now();
-                    if let Ok(samples) = capture.peek() {
-                        samples.warm_symbols(&mut StackSymbolizer::new(catalog.clone()));
-                    }
-                    *warmed = Some(began.elapsed());
-                }
-                Ok(stop.sleep_until(end))
-            }
-            Engine::Runqlat { deadline, .. } => Ok(stop.sleep_until(*deadline)),
-            Engine::Heap(h) => Ok(h.run_window(stop)?),
-        }
+        window::run(self, stop)
     }
 
     /// Reads the capture out, gives its targets back and builds its outputs.
@@ -295,6 +250,64 @@ impl Running {
                     symbolized: Symbolized::default(),
                 })
             }
+        }
+    }
+}
+
+/// The window of each engine. The CPU engine, when its capture found the sampler idle (the
+/// first of a busy spell), symbolizes half-way through the frames sampled so far that no
+/// capture has symbolized yet, into the symbolizer's caches, building no profile: the
+/// symbolization after the window then finds most frames cached, and the first capture of
+/// a binary pays for its parsing during its window instead of after it. Captures that join
+/// running ones (the back-to-back windows of a continuous profile) skip the pass: the
+/// captures before them keep the caches warm, and there the pass cost more (a second parse
+/// of a binary when new frames show up in both halves of a window) than it saved.
+impl Window for Running {
+    type Error = EngineError;
+
+    fn deadline(&self) -> Option<Instant> {
+        match &self.engine {
+            Engine::Cpu {
+                started, duration, ..
+            } => Some(*started + *duration),
+            Engine::Runqlat { deadline, .. } => Some(*deadline),
+            Engine::Heap(h) => h.deadline(),
+        }
+    }
+
+    fn next_work(&self) -> Option<Instant> {
+        match &self.engine {
+            Engine::Cpu {
+                capture,
+                started,
+                duration,
+                warmed,
+                ..
+            } => {
+                (capture.opened_busy_spell() && warmed.is_none()).then(|| *started + *duration / 2)
+            }
+            Engine::Runqlat { .. } => None,
+            Engine::Heap(h) => h.next_work(),
+        }
+    }
+
+    fn work(&mut self) -> Result<(), EngineError> {
+        match &mut self.engine {
+            Engine::Cpu {
+                capture,
+                catalog,
+                warmed,
+                ..
+            } => {
+                let began = Instant::now();
+                if let Ok(samples) = capture.peek() {
+                    samples.warm_symbols(&mut StackSymbolizer::new(catalog.clone()));
+                }
+                *warmed = Some(began.elapsed());
+                Ok(())
+            }
+            Engine::Runqlat { .. } => Ok(()),
+            Engine::Heap(h) => Ok(h.work()?),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! into the same service shell (captures table, progress, upload, TLS).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::{self as pb, CaptureRequest, InfoResponse, ProfileType};
 
@@ -15,7 +15,7 @@ use crate::capture::cpu::CpuOptions;
 use crate::capture::heap::{self, HeapSource};
 use crate::capture::lifecycle::{self, CaptureSpec, EngineError, Finished, Running};
 use crate::capture::runqlat::{LatencyUnit, RunqlatOptions};
-use crate::capture::window::{Stop, WindowEnd};
+use crate::capture::window::Window;
 use crate::capture::{CaptureTarget, Samplers};
 use crate::cgroup::CgroupRoot;
 
@@ -58,19 +58,12 @@ pub enum Admission {
     Forget(Duration),
 }
 
-/// A running capture, as the service drives it (see [`crate::capture::lifecycle`]).
-pub trait EngineCapture: Send {
+/// A running capture, as the service drives it (see [`crate::capture::lifecycle`]): the
+/// service waits for its window asynchronously and runs each of its works, and its finish,
+/// on a thread.
+pub trait EngineCapture: Window<Error = PipelineError> + Send {
     /// The node sampler it runs on, for logs; `None` when there is none to name.
     fn sampler(&self) -> Option<usize>;
-
-    /// How long it samples; `None` when it reads a snapshot and can finish at once.
-    fn window(&self) -> Option<Duration>;
-
-    /// Runs the window on this thread until its end or `stop`.
-    ///
-    /// # Errors
-    /// What the FAILED stage reports.
-    fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, PipelineError>;
 
     /// Reads the capture out.
     ///
@@ -88,21 +81,32 @@ impl From<EngineError> for PipelineError {
     }
 }
 
-impl EngineCapture for Running {
+/// The node's captures, as the service sees them.
+struct NodeCapture(Running);
+
+impl Window for NodeCapture {
+    type Error = PipelineError;
+
+    fn deadline(&self) -> Option<Instant> {
+        self.0.deadline()
+    }
+
+    fn next_work(&self) -> Option<Instant> {
+        self.0.next_work()
+    }
+
+    fn work(&mut self) -> Result<(), PipelineError> {
+        Ok(self.0.work()?)
+    }
+}
+
+impl EngineCapture for NodeCapture {
     fn sampler(&self) -> Option<usize> {
-        Running::sampler(self)
-    }
-
-    fn window(&self) -> Option<Duration> {
-        Running::window(self)
-    }
-
-    fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, PipelineError> {
-        Ok(Running::run_window(self, stop)?)
+        self.0.sampler()
     }
 
     fn finish(self: Box<Self>) -> Result<Finished, PipelineError> {
-        Ok(Running::finish(*self)?)
+        Ok(self.0.finish()?)
     }
 }
 
@@ -131,7 +135,18 @@ impl CaptureEngine for NodeEngine {
         );
         let node = &self.samplers.config().node;
         let spec = spec(request, profile_type, duration, &resolved, node)?;
-        Ok(Box::new(lifecycle::start(&self.samplers, spec)?))
+        Ok(Box::new(NodeCapture(lifecycle::start(
+            &self.samplers,
+            spec,
+        )?)))
+    }
+}
+
+/// The CPU sampling frequency `request` asks for (unset: the agent's default).
+pub fn requested_frequency(request: &CaptureRequest) -> u64 {
+    match request.cpu.as_ref().map_or(0, |c| c.frequency_hz) {
+        0 => CpuOptions::default().frequency,
+        hz => u64::from(hz),
     }
 }
 
@@ -148,10 +163,7 @@ fn spec(
         ProfileType::Cpu => Ok(CaptureSpec::Cpu {
             targets,
             options: CpuOptions {
-                frequency: match request.cpu.as_ref().map_or(0, |c| c.frequency_hz) {
-                    0 => CpuOptions::default().frequency,
-                    hz => u64::from(hz),
-                },
+                frequency: requested_frequency(request),
                 ..CpuOptions::default()
             },
             duration,

@@ -22,7 +22,7 @@ use super::upload::{UploadError, Uploader, sha256_hex};
 use crate::capture::CaptureError;
 use crate::capture::heap::HeapError;
 use crate::capture::lifecycle::Finished;
-use crate::capture::window::{Stop, WindowEnd};
+
 use crate::pprof;
 
 /// Longest capture accepted (the CRD allows at most this much too).
@@ -176,44 +176,94 @@ async fn blocking<T: Send + 'static>(
         .map_err(|_| PipelineError::Internal(format!("the {what} thread panicked")))
 }
 
-/// Awaits `work`, publishing RUNNING progress every `period` while a window runs (`windowed`);
-/// on Cancel, stops the capture's window (`stop`), waits for `work` to give the capture up,
-/// and fails with `Cancelled`.
+/// Publishes RUNNING progress of a capture started at `started` for `duration`.
 ///
-/// A capture without a window (a snapshot read) publishes no RUNNING: the operator takes a
-/// RUNNING with time left as its cue to hang up and come back at the window's end, while a
-/// snapshot is done as soon as it is read.
-async fn run_with_progress<T>(
-    ctx: &Context,
-    handle: &CaptureHandle,
+/// Only a capture with a window publishes: the operator takes a RUNNING with time left as its
+/// cue to hang up and come back at the window's end, while a capture without one (a snapshot
+/// read: a pprof endpoint, a Go heap) is done as soon as it is read.
+struct Ticker {
+    tick: tokio::time::Interval,
     started: Instant,
     duration: Duration,
     windowed: bool,
-    stop: &Stop,
+}
+
+impl Ticker {
+    fn new(period: Duration, started: Instant, duration: Duration, windowed: bool) -> Self {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self {
+            tick,
+            started,
+            duration,
+            windowed,
+        }
+    }
+
+    /// Resolves at the next tick (the first at once).
+    async fn next(&mut self) {
+        self.tick.tick().await;
+    }
+
+    fn publish(&self, handle: &CaptureHandle) {
+        if !self.windowed {
+            return;
+        }
+        let elapsed = self.started.elapsed();
+        handle.progress(CaptureProgress {
+            stage: Stage::Running as i32,
+            message: "capturing".into(),
+            elapsed_ms: millis(elapsed),
+            remaining_ms: millis(self.duration.saturating_sub(elapsed)),
+            ..Default::default()
+        });
+    }
+}
+
+/// Waits out the capture's window (if it has one), publishing progress and running its
+/// works on a thread when they are due; on Cancel, gives the capture up at once (on a
+/// thread: giving targets back updates maps, detaching probes waits for RCU).
+async fn run_window(
+    handle: &CaptureHandle,
+    ticker: &mut Ticker,
+    mut running: Box<dyn EngineCapture>,
+) -> Result<Box<dyn EngineCapture>, PipelineError> {
+    let Some(deadline) = running.deadline() else {
+        return Ok(running);
+    };
+    loop {
+        let wake = running.next_work().map_or(deadline, |t| t.min(deadline));
+        tokio::select! {
+            () = tokio::time::sleep_until(wake.into()) => {}
+            () = handle.cancelled() => {
+                let _ = blocking("capture", move || drop(running)).await;
+                return Err(PipelineError::Cancelled);
+            }
+            () = ticker.next() => {
+                ticker.publish(handle);
+                continue;
+            }
+        }
+        if Instant::now() >= deadline {
+            return Ok(running);
+        }
+        running = blocking("capture", move || running.work().map(|()| running)).await??;
+    }
+}
+
+/// Awaits `work` (the capture's finish), publishing progress; `Err(Cancelled)` at once on
+/// Cancel (the thread finishes in the background and drops what it built).
+async fn with_progress<T>(
+    handle: &CaptureHandle,
+    ticker: &mut Ticker,
     work: impl Future<Output = T>,
 ) -> Result<T, PipelineError> {
     tokio::pin!(work);
-    let mut tick = tokio::time::interval(ctx.progress_period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             out = &mut work => return Ok(out),
-            () = handle.cancelled() => {
-                stop.stop();
-                // The window ends at once; the capture gives its targets back on that thread.
-                let _ = work.await;
-                return Err(PipelineError::Cancelled);
-            }
-            _ = tick.tick(), if windowed => {
-                let elapsed = started.elapsed();
-                handle.progress(CaptureProgress {
-                    stage: Stage::Running as i32,
-                    message: "capturing".into(),
-                    elapsed_ms: millis(elapsed),
-                    remaining_ms: millis(duration.saturating_sub(elapsed)),
-                    ..Default::default()
-                });
-            }
+            () = handle.cancelled() => return Err(PipelineError::Cancelled),
+            () = ticker.next() => ticker.publish(handle),
         }
     }
 }
@@ -286,7 +336,7 @@ async fn capture(
     let engine = Arc::clone(&ctx.engine);
     let request = req.clone();
     let start = blocking("start", move || engine.start(&request, ty, duration));
-    let mut running: Box<dyn EngineCapture> = tokio::select! {
+    let running: Box<dyn EngineCapture> = tokio::select! {
         r = start => r??,
         () = handle.cancelled() => return Err(PipelineError::Cancelled),
     };
@@ -304,20 +354,17 @@ async fn capture(
         }
         handle.progress(progress(Stage::Running, "sampler attached"));
     }
-    let windowed = running.window().is_some();
-    let stop = Stop::new();
-    let window_stop = stop.clone();
+    let windowed = running.deadline().is_some();
+    let mut ticker = Ticker::new(ctx.progress_period, started, duration, windowed);
+    let running = run_window(handle, &mut ticker, running).await?;
     let node = ctx.node.clone();
     let reporter = Arc::clone(&ctx.reporter);
     let work = blocking("capture", move || {
-        if running.window().is_some() && running.run_window(&window_stop)? == WindowEnd::Stopped {
-            return Err(PipelineError::Cancelled);
-        }
         let finished = running.finish()?;
         reporter.symbolized(type_label(ty), finished.symbolized);
         build(finished, ty, &node)
     });
-    run_with_progress(ctx, handle, started, duration, windowed, &stop, work).await??
+    with_progress(handle, &mut ticker, work).await??
 }
 
 /// Uploads every artifact to its slot.

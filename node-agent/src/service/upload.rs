@@ -78,6 +78,8 @@ pub struct UploadPolicy {
     pub retries: usize,
     /// First backoff delay (doubled each retry, with jitter).
     pub first_backoff: Duration,
+    /// Idle connections kept per store host (`None`: the HTTP client's default, no bound).
+    pub idle_connections_per_host: Option<usize>,
 }
 
 impl Default for UploadPolicy {
@@ -87,6 +89,7 @@ impl Default for UploadPolicy {
             connect_timeout: Duration::from_secs(5),
             retries: 4,
             first_backoff: Duration::from_millis(200),
+            idle_connections_per_host: None,
         }
     }
 }
@@ -129,6 +132,9 @@ impl Uploader {
             .timeout(policy.attempt_timeout)
             .connect_timeout(policy.connect_timeout)
             .user_agent(concat!("flamefleet-agent/", env!("CARGO_PKG_VERSION")));
+        if let Some(idle) = policy.idle_connections_per_host {
+            builder = builder.pool_max_idle_per_host(idle);
+        }
         if let Some(pem) = ca_pem {
             for root in reqwest::Certificate::from_pem_bundle(pem).map_err(UploadError::Client)? {
                 builder = builder.add_root_certificate(root);

@@ -16,7 +16,7 @@ use super::goruntime::profile::{self as goprofile, ProcessBuckets};
 use super::goruntime::{self, GoProcess};
 use super::merge::{self, LabelledProfile};
 use super::{HeapError, HeapProfile, HeapRequest, HeapSourceUsed, ProcessNote};
-use crate::capture::window::{Stop, WindowEnd};
+use crate::capture::window::Window;
 use crate::capture::{CaptureTarget, Samplers, target_labels};
 use crate::pprof::Label;
 use crate::process::ProcessCatalog;
@@ -166,20 +166,6 @@ pub fn start(
 }
 
 impl ByProcess {
-    /// How long the capture samples: the eBPF window when eBPF runs; none when only Go
-    /// heaps are read (a snapshot, read at once).
-    pub fn window(&self) -> Option<std::time::Duration> {
-        self.ebpf.as_ref().map(EbpfCapture::window)
-    }
-
-    /// Runs the eBPF window, if any, until its end or `stop`.
-    pub fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, HeapError> {
-        match &mut self.ebpf {
-            Some(e) => Ok(e.run_window(stop)?),
-            None => Ok(WindowEnd::Elapsed),
-        }
-    }
-
     /// Reads the eBPF counts and the Go heaps and merges them into one profile.
     pub fn finish(self, req: &HeapRequest) -> Result<HeapProfile, HeapError> {
         let ebpf_result = self.ebpf.map(EbpfCapture::finish).transpose()?;
@@ -192,6 +178,27 @@ impl ByProcess {
             ebpf_result,
             &self.catalog,
         )
+    }
+}
+
+/// The eBPF window when eBPF runs; none when only Go heaps are read (a snapshot, read at
+/// once).
+impl Window for ByProcess {
+    type Error = HeapError;
+
+    fn deadline(&self) -> Option<Instant> {
+        self.ebpf.as_ref().and_then(Window::deadline)
+    }
+
+    fn next_work(&self) -> Option<Instant> {
+        self.ebpf.as_ref().and_then(Window::next_work)
+    }
+
+    fn work(&mut self) -> Result<(), HeapError> {
+        match &mut self.ebpf {
+            Some(e) => Ok(e.work()?),
+            None => Ok(()),
+        }
     }
 }
 

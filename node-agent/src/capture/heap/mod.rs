@@ -31,7 +31,7 @@ use flamefleet_proto::pprof::Profile;
 use self::ebpf::{EbpfHeapOptions, EbpfHeapStats};
 use self::endpoint::{EndpointError, FetchLimits, ResolvedEndpoint};
 use self::merge::{LabelledProfile, MergeError};
-use crate::capture::window::{Stop, WindowEnd};
+use crate::capture::window::{self, Stop, Window};
 use crate::capture::{CaptureError, CaptureTarget, Samplers, TargetLabels};
 use crate::cgroup::Cgroup;
 use crate::pprof::Label;
@@ -389,7 +389,7 @@ pub fn choose_source(
 /// block (the endpoint source runs its own small async runtime).
 pub fn capture(samplers: &Samplers, req: &HeapRequest) -> Result<HeapProfile, HeapError> {
     let mut running = start(samplers, req)?;
-    running.run_window(&Stop::new())?;
+    window::run(&mut running, &Stop::new())?;
     running.finish()
 }
 
@@ -450,23 +450,6 @@ pub fn start(samplers: &Samplers, req: &HeapRequest) -> Result<HeapCapture, Heap
 }
 
 impl HeapCapture {
-    /// How long the capture samples: the eBPF window when allocations are sampled; `None`
-    /// for sources that are read at once (endpoints, Go heaps), whose capture can finish as
-    /// soon as it started.
-    pub fn window(&self) -> Option<Duration> {
-        self.by_process
-            .as_ref()
-            .and_then(by_process::ByProcess::window)
-    }
-
-    /// Runs the window, if any, until its end or `stop`.
-    pub fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd, HeapError> {
-        match &mut self.by_process {
-            Some(running) => running.run_window(stop),
-            None => Ok(WindowEnd::Elapsed),
-        }
-    }
-
     /// Reads the sources (fetches the endpoints) and builds the profile.
     pub fn finish(self) -> Result<HeapProfile, HeapError> {
         match self.by_process {
@@ -482,6 +465,27 @@ impl HeapCapture {
                     processes: Vec::new(),
                 })
             }
+        }
+    }
+}
+
+/// The eBPF window when allocations are sampled; none for sources read at once (endpoints,
+/// Go heaps), whose capture can finish as soon as it started.
+impl Window for HeapCapture {
+    type Error = HeapError;
+
+    fn deadline(&self) -> Option<std::time::Instant> {
+        self.by_process.as_ref().and_then(Window::deadline)
+    }
+
+    fn next_work(&self) -> Option<std::time::Instant> {
+        self.by_process.as_ref().and_then(Window::next_work)
+    }
+
+    fn work(&mut self) -> Result<(), HeapError> {
+        match &mut self.by_process {
+            Some(running) => running.work(),
+            None => Ok(()),
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::bpf::from_bytes;
 use crate::bpf::heap::types;
 use crate::capture::heap::allocators::AllocatorFinder;
 use crate::capture::heap::sampling;
-use crate::capture::window::{Stop, WindowEnd};
+use crate::capture::window::{self, Stop, Window};
 use crate::capture::{CaptureError, CaptureTarget, Result, Samplers, stack_maps};
 use crate::unwind::WalkStats;
 use flamefleet_proto::pprof::Profile;
@@ -27,7 +27,7 @@ pub fn capture(
     opts: &EbpfHeapOptions,
 ) -> Result<(Profile, EbpfHeapStats)> {
     let mut running = EbpfCapture::start(samplers, targets, opts)?;
-    running.run_window(&Stop::new())?;
+    window::run(&mut running, &Stop::new())?;
     running.finish()
 }
 
@@ -46,6 +46,8 @@ pub struct EbpfCapture {
     finder: AllocatorFinder,
     started: SystemTime,
     deadline: Instant,
+    /// When the targets are next rescanned.
+    next_scan: Instant,
 }
 
 impl std::fmt::Debug for EbpfCapture {
@@ -114,38 +116,8 @@ impl EbpfCapture {
             finder,
             started,
             deadline: Instant::now() + opts.duration,
+            next_scan: Instant::now() + rescan_period(opts),
         })
-    }
-
-    /// How long the capture samples (from the end of [`Self::start`]).
-    pub fn window(&self) -> Duration {
-        self.opts.duration
-    }
-
-    /// Runs the window on this thread until its end, or until `stop`: every
-    /// `opts.rescan` it holds the allocators of processes started meanwhile (a new
-    /// container image, a `dlopen`ed jemalloc) and registers new processes for
-    /// symbolization.
-    pub fn run_window(&mut self, stop: &Stop) -> Result<WindowEnd> {
-        let period = self.opts.rescan.max(Duration::from_millis(10));
-        loop {
-            let next = (Instant::now() + period).min(self.deadline);
-            if stop.sleep_until(next) == WindowEnd::Stopped {
-                return Ok(WindowEnd::Stopped);
-            }
-            if Instant::now() >= self.deadline {
-                return Ok(WindowEnd::Elapsed);
-            }
-            hold_allocators(
-                &self.capture.0,
-                &mut self.finder,
-                &self.targets,
-                &mut self.stats,
-            )?;
-            self.sampler
-                .tracker()
-                .track_running(&self.targets, &mut self.known, false);
-        }
     }
 
     /// Reads the capture's counts, leaves the sampler (targets, probes) and builds the
@@ -180,6 +152,40 @@ impl EbpfCapture {
             &self.stats,
         );
         Ok((profile, self.stats))
+    }
+}
+
+/// How often a capture looks for allocators not probed yet.
+fn rescan_period(opts: &EbpfHeapOptions) -> Duration {
+    opts.rescan.max(Duration::from_millis(10))
+}
+
+/// The window of `opts.duration` from the end of [`EbpfCapture::start`]: every
+/// `opts.rescan` it holds the allocators of processes started meanwhile (a new container
+/// image, a `dlopen`ed jemalloc) and registers new processes for symbolization.
+impl Window for EbpfCapture {
+    type Error = CaptureError;
+
+    fn deadline(&self) -> Option<Instant> {
+        Some(self.deadline)
+    }
+
+    fn next_work(&self) -> Option<Instant> {
+        (self.next_scan < self.deadline).then_some(self.next_scan)
+    }
+
+    fn work(&mut self) -> Result<()> {
+        hold_allocators(
+            &self.capture.0,
+            &mut self.finder,
+            &self.targets,
+            &mut self.stats,
+        )?;
+        self.sampler
+            .tracker()
+            .track_running(&self.targets, &mut self.known, false);
+        self.next_scan = Instant::now() + rescan_period(&self.opts);
+        Ok(())
     }
 }
 

@@ -17,15 +17,20 @@ use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::AbortHandle;
 
-use super::agent_client::{AgentConnector, Backoff};
-use super::agents::AgentEndpoint;
-use super::node_outcome::{NodeFailure, NodeOutcome};
-use super::resolve::TargetPod;
-use super::result_table::ResultTable;
-use super::uploads::{UrlPolicy, upload_slots};
+pub mod connector;
+pub mod outcome;
+pub mod tls_sessions;
+pub mod uploads;
+
+use crate::controllers::profile_request::resolve::TargetPod;
+use crate::controllers::profile_request::result_table::ResultTable;
 use crate::metrics::Metrics;
+use crate::pods::agents::AgentEndpoint;
 use crate::store::{ArtifactStore, RequestRef, Sha256Digest};
+use connector::{AgentConnector, Backoff};
 use flamefleet_api::ProfileRequest;
+use outcome::{NodeFailure, NodeOutcome};
+use uploads::{UrlPolicy, upload_slots};
 
 /// How long an agent may take to answer a `Capture` call with its response headers (the
 /// agent answers at once and streams progress after): a hung agent must not keep a dispatch
@@ -766,7 +771,7 @@ fn status_text(status: &tonic::Status) -> String {
     let mut text = format!("{:?}: {}", status.code(), status.message());
     if let Some(source) = std::error::Error::source(status) {
         text.push_str(": ");
-        text.push_str(&super::agent_client::describe(source));
+        text.push_str(&connector::describe(source));
     }
     text
 }
@@ -860,8 +865,8 @@ pub fn capture_request(
 
 #[cfg(test)]
 mod tests {
-    use super::super::resolve::TargetContainer;
     use super::*;
+    use crate::controllers::profile_request::resolve::TargetContainer;
 
     #[test]
     fn capture_request_carries_targets_options_and_slots() {

@@ -12,7 +12,7 @@ use flamefleet_api::{
 };
 use flamefleet_proto::agent::LatencyHistogram;
 
-use super::node_outcome::NodeOutcome;
+use crate::dispatch::outcome::NodeOutcome;
 use crate::events::truncated;
 
 /// Most failed nodes the completion message names.
@@ -201,9 +201,9 @@ pub fn outcome_message(counts: NodeCounts, failures: &[NodeFailureEntry]) -> Str
 
 #[cfg(test)]
 mod tests {
-    use super::super::node_outcome::NodeFailure;
     use super::super::result_table::ResultTable;
     use super::*;
+    use crate::dispatch::outcome::NodeFailure;
     use flamefleet_api::Artifact;
     use flamefleet_api::{NodePhase, RequestPhase};
 

@@ -102,7 +102,10 @@ impl std::fmt::Display for NodeFailure {
             Self::NoAgent {
                 node,
                 agent_namespace,
-            } => f.write_str(&super::agents::no_agent_message(node, agent_namespace)),
+            } => f.write_str(&crate::pods::agents::no_agent_message(
+                node,
+                agent_namespace,
+            )),
             Self::Unreachable {
                 agent,
                 address,

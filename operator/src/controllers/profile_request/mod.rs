@@ -1,21 +1,14 @@
 //! The ProfileRequest controller: resolve targets, dispatch captures to agents, aggregate
 //! their results into the request's status, clean up artifacts, expire finished requests.
 
-pub mod agent_client;
-pub mod agents;
 pub mod aggregate;
-pub mod dispatch;
-pub mod lean_pods;
 pub mod limits;
-pub mod node_outcome;
-pub mod profile_request;
+pub mod reconcile;
 pub mod resolve;
 pub mod result_slices;
 pub mod result_table;
 pub mod status;
-pub mod tls_sessions;
 pub mod ttl;
-pub mod uploads;
 
 use std::sync::Arc;
 
@@ -28,9 +21,9 @@ use kube::runtime::{Controller, watcher};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use crate::dispatch::Dispatcher;
 use crate::metrics::Metrics;
 use crate::store::ArtifactStore;
-use dispatch::Dispatcher;
 
 /// What every reconcile shares.
 pub struct Context {
@@ -48,7 +41,7 @@ pub struct Context {
     pub agent_namespace: String,
     /// The operator's cluster-wide pod cache (`sampling::fleet`), where agent discovery
     /// finds each node's agent without listing every agent pod per request; `None` lists.
-    pub pods: Option<Store<crate::slim_pod::SlimPod>>,
+    pub pods: Option<Store<crate::pods::slim::SlimPod>>,
     /// Per-tenant cost limits.
     pub limits: limits::TenantLimits,
     /// The operator's `--request-selector` (limits count only this shard's requests).
@@ -93,11 +86,7 @@ pub async fn run(
     controller
         .reconcile_on(UnboundedReceiverStream::new(triggers))
         .graceful_shutdown_on(shutdown)
-        .run(
-            profile_request::reconcile,
-            profile_request::error_policy,
-            context,
-        )
+        .run(reconcile::reconcile, reconcile::error_policy, context)
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!("controller: {e}");

@@ -3,7 +3,7 @@
 //! The operator is the only writer of slices: it applies each with server-side apply, field
 //! manager `flamefleet-operator`, forced (no one else owns a field of them). Agents never
 //! write results; the operator records a node's outcome only from the mTLS `Capture` stream
-//! of the agent whose certificate names that node (see `agent_client`), so a node's entry
+//! of the agent whose certificate names that node (see `dispatch::connector`), so a node's entry
 //! always comes from that node.
 
 use flamefleet_api::result_slice::{selector_for, slice_index};

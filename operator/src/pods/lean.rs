@@ -2,7 +2,7 @@
 //! rest of the metadata besides name, namespace, uid, labels, annotations, owners and the
 //! deletion timestamp).
 //!
-//! Every request lists its target pods (agents come from the pod cache, `slim_pod`).
+//! Every request lists its target pods (agents come from the pod cache, `pods::slim`).
 //! Deserializing full `Pod`s spent most of the operator's CPU per request in a
 //! 5,000-node fleet (perf, issue 13: `ManagedFieldsEntry`/`FieldsV1` and their timestamps
 //! alone ~20%, pods ~35% with a dev build) and held every pod's managed fields in memory

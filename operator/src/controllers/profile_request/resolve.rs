@@ -180,7 +180,7 @@ pub async fn resolve(
         .map_err(|e| Error::Selector(e.to_string()))?;
     let mut pods = Vec::new();
     if let Some(selector) = &selector {
-        let list = super::lean_pods::list(
+        let list = crate::pods::lean::list(
             client,
             namespace,
             &ListParams::default().labels_from(selector),

@@ -24,11 +24,12 @@ use kube::{Resource, ResourceExt};
 use tracing::instrument;
 
 use super::aggregate::{failure_reason, outcome_message, summarize};
-use super::dispatch::{CapturePlan, NodePlan, Session};
-use super::node_outcome::{NodeFailure, NodeOutcome};
 use super::result_table::ResultTable;
 use super::ttl::{TtlAction, ttl_action};
-use super::{Context, agents, limits, resolve, result_slices, status};
+use super::{Context, limits, resolve, result_slices, status};
+use crate::dispatch::outcome::{NodeFailure, NodeOutcome};
+use crate::dispatch::{CapturePlan, NodePlan, Session};
+use crate::pods::agents;
 use crate::store::RequestRef;
 use crate::{Error, Result};
 

@@ -7,7 +7,7 @@
 //!
 //! Pods are cached cluster-wide as [`SlimPod`]s (name, namespace, UID, labels, node, phase,
 //! IP, readiness and gRPC port), read straight from the watch's JSON. The same cache serves
-//! agent discovery (`controller::agents`). Heap per pod: `cargo bench -p
+//! agent discovery (`pods::agents`). Heap per pod: `cargo bench -p
 //! flamefleet-operator --bench fleet_selection` (docs/benchmarks.md).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,8 +24,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::rotation::{Candidate, position, sort};
 use super::run_name::POLICY_UID_LABEL;
-use crate::controller::agents;
-use crate::slim_pod::SlimPod;
+use crate::pods::agents;
+use crate::pods::slim::SlimPod;
 use crate::{Error, Result};
 
 /// Which namespaces a policy samples.

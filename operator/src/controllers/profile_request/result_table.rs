@@ -18,7 +18,7 @@ use flamefleet_api::{
     NodeCounts, NodeFailureEntry, NodePhase, NodeStatus, ProfileResultSlice, RequestPhase,
 };
 
-use super::node_outcome::NodeOutcome;
+use crate::dispatch::outcome::NodeOutcome;
 use crate::events::truncated;
 
 /// Longest failure message copied into the request's status (the slice keeps more).
@@ -268,8 +268,8 @@ impl ResultTable {
 
 #[cfg(test)]
 mod tests {
-    use super::super::node_outcome::NodeFailure;
     use super::*;
+    use crate::dispatch::outcome::NodeFailure;
     use flamefleet_api::{Artifact, ProfileRequest};
 
     fn pending(node: &str) -> NodeStatus {

@@ -36,10 +36,10 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint};
 
-use super::agents::AgentEndpoint;
 use super::tls_sessions::AgentSessions;
 use crate::identity::ca::OperatorCa;
 use crate::metrics::Metrics;
+use crate::pods::agents::AgentEndpoint;
 use crate::{Error, Result};
 
 /// Lifetime of the operator's client certificates issued by its CA.

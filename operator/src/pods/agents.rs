@@ -9,8 +9,8 @@ use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::reflector::Store;
 
-use super::lean_pods::PAGE_SIZE;
-use crate::slim_pod::SlimPod;
+use super::lean::PAGE_SIZE;
+use super::slim::SlimPod;
 use crate::{Error, Result};
 
 /// Label carried by every agent pod.
@@ -104,7 +104,7 @@ const MAX_NODE_LOOKUPS: usize = 16;
 
 /// The agents serving `nodes` (the request's nodes), mapped by node.
 ///
-/// With `cache` (the operator's watch-fed pod cache, `slim_pod`) holding its first full
+/// With `cache` (the operator's watch-fed pod cache, `pods::slim`) holding its first full
 /// list, the agents come from memory: no request to the API server. A node the cache has
 /// no agent for (an agent pod created moments ago, whose watch event has not arrived) is
 /// looked up with a LIST of that node's agent pods (`spec.nodeName` field selector), or,

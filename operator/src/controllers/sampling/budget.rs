@@ -32,7 +32,7 @@ use kube::core::{Selector, SelectorExt};
 
 use super::rotation::{NodeGate, SkipReason};
 use super::run_name::{PLANNED_NODES_ANNOTATION, POLICY_UID_LABEL};
-use crate::slim_pod::SlimPod;
+use crate::pods::slim::SlimPod;
 
 /// Default `maxConcurrentCapturesPerNode`: one capture at a time per node.
 pub const DEFAULT_MAX_CONCURRENT: usize = 1;
