@@ -441,8 +441,8 @@ async fn a_scheduled_run_yields_a_node_busy_with_an_ad_hoc_capture_and_says_why(
         })
         .await;
     suspend(&ns, "solo-cpu").await;
-    let coverage = status.coverage.unwrap_or_default();
-    assert_eq!(coverage.summary, "1/1 (100%)", "{coverage:#?}");
+    let coverage = status.coverage.clone().unwrap_or_default();
+    assert_eq!(coverage.summary, "1/1 (100%)", "{status:#?}");
     assert_eq!(coverage.last_rotation_pods, Some(1), "{coverage:#?}");
     let metrics = pipeline.operator_metrics().await;
     assert!(

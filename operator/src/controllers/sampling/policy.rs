@@ -434,6 +434,13 @@ async fn run_at<P: Policy>(
             .collect(),
     };
     status.pending_run = Some(pending.clone());
+    // The planned pods count as covered from the first write of the run on (a pending run is
+    // always created, by this reconcile or the next): a rotation this run completes is never
+    // written beside a coverage that misses the pods completing it.
+    for r in &pending.requests {
+        remember_profiled(ctx, uid, &r.namespace, &r.pods, t.as_second());
+    }
+    status.coverage = Some(self::coverage(ctx, uid, &eligibility, status));
     let mut current = write_status(api, &current, status).await?;
     create_requests(ctx, &current, &spec, &pending).await?;
     for r in &pending.requests {
@@ -444,7 +451,6 @@ async fn run_at<P: Policy>(
             start: now.as_second(),
             duration: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
         });
-        remember_profiled(ctx, uid, &r.namespace, &r.pods, t.as_second());
     }
     status.pending_run = None;
     status.last_schedule_time = Some(Time(t));
