@@ -4,7 +4,7 @@
  * target cgroup is announced to user space the first time the sampler records it, and
  * again when it execs (its mappings change). User space snapshots /proc/<tgid>/maps while
  * the process lives, so that a short-lived process can still be symbolized, and loads its
- * unwind tables before most of its stacks are walked (capture/process_events.rs consumes
+ * unwind tables before most of its stacks are walked (capture/process_tracker.rs consumes
  * the records).
  *
  * A program including this header defines ff_proc_event_lost(), which counts a record lost

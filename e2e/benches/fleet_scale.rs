@@ -1,4 +1,4 @@
-//! Fleet scale benchmark (issue 13): prints figures, asserts nothing.
+//! Fleet scale benchmark: prints figures, asserts nothing.
 //!
 //! One hollow fleet (`flamefleet_e2e::hollow`) of the largest size with its agent and target
 //! pods on the local control plane, one operator; then for 500, 2,000 and 5,000 nodes

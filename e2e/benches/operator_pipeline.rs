@@ -1,4 +1,4 @@
-//! Operator benchmark (issue 5, section 5): prints figures, asserts nothing.
+//! Operator benchmark: prints figures, asserts nothing.
 //!
 //! - apply → Succeeded minus the capture duration, p50/p99 over 50 cpu requests on 2 nodes;
 //!   peer: a bare create + status write round trip on the same API server;

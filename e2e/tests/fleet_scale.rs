@@ -1,4 +1,4 @@
-//! Fleet scale (issue 13): one request across a fleet of hollow agents
+//! Fleet scale: one request across a fleet of hollow agents
 //! (`flamefleet_e2e::hollow`) on the real control plane (etcd + kube-apiserver, no kubelet).
 //!
 //! One hollow fleet, its agent pods and target pods, one operator; then
@@ -16,16 +16,14 @@
 //! the operator and the API server; they are not the real agent (see the pipeline tests for
 //! that).
 //!
-//! **Size.** The node count is FLAMEFLEET_SCALE_NODES, default **5,000** (issue 13's
-//! size). On the 2-core dev VM with dev builds (2026-11-26): 5,000 nodes Succeeded 20.4 s
-//! after apply, `kubectl profile get` downloaded the 5,000 artifacts in 143 s, the failure
-//! mix ended PartiallySucceeded after 69.6 s, the whole test 257 s. Until then the default
-//! was 1,000, because 5,000 nodes timed out here (4,158 TimedOut in an earlier run, with a
-//! 15 s grace). What changed since: the operator's 60 s default grace; the store in its own
-//! process; TLS session resumption that works past 1,024 agents (the operator's ticket
-//! cache held only that many, so no collection of a 5,000-node request resumed); agent
-//! discovery from the pod cache. With FLAMEFLEET_SCALE_STORE_DIR the store keeps its files
-//! under that directory.
+//! **Size.** The node count is FLAMEFLEET_SCALE_NODES, default **5,000** (the fleet the
+//! operator is sized for). On the 2-core dev VM with dev builds: 5,000 nodes Succeeded
+//! 20.4 s after apply, `kubectl profile get` downloaded the 5,000 artifacts in 143 s, the
+//! failure mix ended PartiallySucceeded after 69.6 s, the whole test 257 s. At this size the
+//! test depends on the operator's 60 s default grace, the store in its own process, TLS
+//! session resumption past 1,024 agents (the operator's ticket cache) and agent discovery
+//! from the pod cache. With FLAMEFLEET_SCALE_STORE_DIR the store keeps its files under that
+//! directory.
 
 #[path = "pipeline_support/mod.rs"]
 mod pipeline_support;
@@ -44,11 +42,11 @@ use kube::runtime::wait::{await_condition, conditions};
 
 const CAPTURE: Duration = Duration::from_secs(2);
 /// The operator's default `--capture-grace`: a node's result may arrive this long after the
-/// window. (With 15 s, 1,000 nodes passed here twice but with an unproven margin: each node's
-/// upload and DONE wait behind the other nodes' handshakes on 2 cores.)
+/// window: on 2 cores each node's upload and DONE wait behind the other nodes' handshakes, and
+/// 15 s leaves no proven margin even at 1,000 nodes.
 const GRACE: Duration = Duration::from_secs(60);
 const MAX_OBJECT_BYTES: usize = 256 * 1024;
-/// Issue 13's fleet (see the module comment for what it takes on 2 cores).
+/// The fleet the operator is sized for (see the module comment for what it takes on 2 cores).
 const DEFAULT_NODES: usize = 5000;
 
 fn node_count() -> usize {
@@ -58,7 +56,7 @@ fn node_count() -> usize {
         .unwrap_or(DEFAULT_NODES)
 }
 
-/// The request's per-node results, wherever they live (result slices since issue 13).
+/// The request's per-node results, read from its result slices.
 async fn results(
     client: &kube::Client,
     request: &ProfileRequest,

@@ -8,6 +8,14 @@
 //! [`unwind`] (CFI tables for the BPF stack walker), [`cli`] (the `capture`
 //! subcommand), [`bpf`] (generated skeletons), [`service`] (the gRPC
 //! AgentService: capture table, upload, status write-back, mTLS).
+//!
+//! What profiled processes own is read through [`process`], because a
+//! workload may be hostile: [`process::files`] (their files: inside their
+//! root, non-blocking, regular files only, bounded), [`process::maps`] (their
+//! `/proc/<pid>/maps`, bounded) and [`process::handle`] (a process held by
+//! identity, so a reused PID never mixes another process's data in); and
+//! [`sigbus`] keeps a workload that truncates a file the agent has mapped
+//! from killing it.
 
 pub mod bpf;
 pub mod capture;
@@ -16,6 +24,7 @@ pub mod cli;
 pub mod perf_map;
 pub mod process;
 pub mod service;
+pub mod sigbus;
 pub mod symbolize;
 pub mod unwind;
 

@@ -14,6 +14,8 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     flamefleet_agent::capture::route_libbpf_logs();
+    // Before any capture maps a workload's file (see the module's docs).
+    flamefleet_agent::sigbus::install();
     let cli = Cli::parse();
     match cli.command {
         Command::Capture(args) => match run_capture(&args) {

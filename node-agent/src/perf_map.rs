@@ -3,21 +3,24 @@
 //! LuaJIT write: one `START SIZE NAME` line (hex) per code object.
 //!
 //! The file belongs to the profiled process, which may be hostile:
-//! * it is opened inside the process's own root (`/proc/<pid>/root`) with
-//!   `openat2(RESOLVE_IN_ROOT)`, so a symlink planted at that path cannot
-//!   point the agent at the node's files (whose lines would then appear as
-//!   function names in a profile the tenant downloads);
-//! * only a regular file is read (a FIFO would block the agent), non-blocking,
-//!   at most [`MAX_BYTES`];
-//! * lines are parsed defensively: malformed ones are skipped, names are cut
-//!   at [`MAX_NAME`] bytes, at most [`MAX_ENTRIES`] entries are kept.
+//! * it is opened with [`crate::process::files`]: inside the process's own root
+//!   (`openat2(RESOLVE_IN_ROOT)`, so a symlink planted at that path cannot
+//!   point the agent at the node's files, whose lines would then appear as
+//!   function names in a profile the tenant downloads), only if it is a
+//!   regular file (a FIFO would block the agent), non-blocking;
+//! * at most [`MAX_BYTES`] are read, streamed line by line (lines longer than
+//!   a name can be are cut), malformed lines are skipped, names are cut at
+//!   [`MAX_NAME`] bytes, at most [`MAX_ENTRIES`] entries are kept;
+//! * what the maps of all processes keep is bounded by a [`PerfMapBudget`]
+//!   per symbolizer, since each process's map is kept until the profile is
+//!   built;
+//! * it is read by PID, so it counts only if that PID still names the process
+//!   the samples came from afterwards (its start time, see [`PerfMap::read`]).
 //!
 //! The pid in the file name is the process's pid in its own PID namespace
 //! (the last `NSpid` field of `/proc/<pid>/status`).
 
-use std::fs::File;
-use std::io::Read as _;
-use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::io::BufRead as _;
 
 /// Largest perf map read (a long-running V8 process writes a few MiB).
 pub const MAX_BYTES: u64 = 64 << 20;
@@ -25,70 +28,148 @@ pub const MAX_BYTES: u64 = 64 << 20;
 pub const MAX_ENTRIES: usize = 1 << 20;
 /// Longest name kept, in bytes.
 pub const MAX_NAME: usize = 512;
+/// Memory the perf maps of one symbolizer may keep, all processes together.
+pub const DEFAULT_BUDGET: u64 = 64 << 20;
+/// Longest line read whole: two hex numbers and a name.
+const MAX_LINE: usize = MAX_NAME + 64;
+
+/// Memory perf maps may still keep (see the module docs).
+#[derive(Debug)]
+pub struct PerfMapBudget {
+    left: u64,
+    /// Maps cut short because the budget ran out.
+    pub cut: u64,
+}
+
+impl PerfMapBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: u64) -> Self {
+        Self {
+            left: bytes,
+            cut: 0,
+        }
+    }
+
+    /// Bytes left.
+    pub fn left(&self) -> u64 {
+        self.left
+    }
+}
+
+impl Default for PerfMapBudget {
+    fn default() -> Self {
+        Self::new(DEFAULT_BUDGET)
+    }
+}
+
+/// One code object: its address range and where its name is in [`PerfMap::names`].
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    start: u64,
+    end: u64,
+    name_at: u32,
+    name_len: u16,
+}
+
+/// Bytes one entry keeps besides its name.
+const ENTRY_BYTES: u64 = std::mem::size_of::<Entry>() as u64;
 
 /// One process's JIT symbols, sorted by start address.
 #[derive(Debug, Clone, Default)]
 pub struct PerfMap {
-    entries: Vec<(u64, u64, String)>,
+    entries: Vec<Entry>,
+    /// Every name, one after the other.
+    names: String,
+    /// The budget ran out before the end of the file.
+    pub truncated: bool,
 }
 
 impl PerfMap {
     /// Parses perf-map text; malformed lines are skipped.
     pub fn parse(text: &str) -> Self {
-        let mut entries = Vec::new();
-        for line in text.lines() {
-            if entries.len() >= MAX_ENTRIES {
-                break;
-            }
-            let line = line.trim_start();
-            let mut parts = line.splitn(3, [' ', '\t']);
-            let (Some(start), Some(size), Some(name)) = (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-            let (Some(start), Some(size)) = (hex(start), hex(size)) else {
-                continue;
-            };
-            let name = name.trim();
-            if size == 0 || name.is_empty() {
-                continue;
-            }
-            let mut cut = name.len().min(MAX_NAME);
-            while !name.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            entries.push((start, start.saturating_add(size), name[..cut].to_owned()));
-        }
-        // Stable: of two entries at one address, the later line (newer code) wins below.
-        entries.sort_by_key(|e| e.0);
-        Self { entries }
+        Self::parse_lines(text.as_bytes(), &mut PerfMapBudget::new(u64::MAX))
     }
 
-    /// Reads the perf map of process `tgid`, if it has one.
-    pub fn read(tgid: u32) -> Option<Self> {
+    /// Parses perf-map lines from `reader` within `budget`.
+    fn parse_lines(mut reader: impl std::io::BufRead, budget: &mut PerfMapBudget) -> Self {
+        let mut map = Self::default();
+        let mut line = Vec::with_capacity(MAX_LINE);
+        loop {
+            line.clear();
+            let Ok(n) =
+                std::io::Read::take(&mut reader, MAX_LINE as u64).read_until(b'\n', &mut line)
+            else {
+                break;
+            };
+            if n == 0 {
+                break;
+            }
+            if line.last() != Some(&b'\n') && n == MAX_LINE && skip_line(&mut reader).is_err() {
+                break;
+            }
+            if map.entries.len() >= MAX_ENTRIES {
+                break;
+            }
+            let Some((start, size, name)) = parse_line(&line) else {
+                continue;
+            };
+            let cost = ENTRY_BYTES + name.len() as u64;
+            if cost > budget.left {
+                map.truncated = true;
+                budget.cut += 1;
+                break;
+            }
+            budget.left -= cost;
+            let Ok(name_at) = u32::try_from(map.names.len()) else {
+                break;
+            };
+            map.names.push_str(name);
+            map.entries.push(Entry {
+                start,
+                end: start.saturating_add(size),
+                name_at,
+                name_len: name.len() as u16,
+            });
+        }
+        // Stable: of two entries at one address, the later line (newer code) wins below.
+        map.entries.sort_by_key(|e| e.start);
+        map.entries.shrink_to_fit();
+        map.names.shrink_to_fit();
+        map
+    }
+
+    /// Reads the perf map of process `tgid` within `budget`, if it has one. With
+    /// `start_time` (the process's, as [`crate::process::handle::start_time`] reads it when
+    /// its samples' process was known), the map is kept only if the process that has PID
+    /// `tgid` after the read started then: a reused PID's map is not another's names.
+    pub fn read(tgid: u32, start_time: Option<u64>, budget: &mut PerfMapBudget) -> Option<Self> {
         let nspid = ns_pid(tgid).unwrap_or(tgid);
-        let file = open_in_root(tgid, &format!("tmp/perf-{nspid}.map"))?;
-        let meta = file.metadata().ok()?;
-        if !meta.file_type().is_file() {
+        let file =
+            crate::process::files::open_in_root(tgid, &format!("/tmp/perf-{nspid}.map")).ok()?;
+        let reader = std::io::BufReader::new(std::io::Read::take(&file.file, MAX_BYTES));
+        let map = Self::parse_lines(reader, budget);
+        if let Some(expected) = start_time
+            && crate::process::handle::start_time(tgid).ok() != Some(expected)
+        {
             return None;
         }
-        let mut bytes = Vec::new();
-        file.take(MAX_BYTES).read_to_end(&mut bytes).ok()?;
-        Some(Self::parse(&String::from_utf8_lossy(&bytes)))
+        Some(map)
     }
 
     /// The name of the code object containing `addr`.
     pub fn lookup(&self, addr: u64) -> Option<&str> {
-        let i = self.entries.partition_point(|e| e.0 <= addr);
+        let i = self.entries.partition_point(|e| e.start <= addr);
         // Code is replaced in place: the nearest start may be a small stub
         // inside an older, larger object; look a few entries back.
         self.entries[..i]
             .iter()
             .rev()
             .take(8)
-            .find(|e| addr < e.1)
-            .map(|e| e.2.as_str())
+            .find(|e| addr < e.end)
+            .and_then(|e| {
+                let at = e.name_at as usize;
+                self.names.get(at..at + usize::from(e.name_len))
+            })
     }
 
     /// Number of entries.
@@ -100,6 +181,48 @@ impl PerfMap {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+
+    /// Bytes the map keeps.
+    pub fn heap_bytes(&self) -> u64 {
+        self.entries.capacity() as u64 * ENTRY_BYTES + self.names.capacity() as u64
+    }
+}
+
+/// Skips to the next line.
+fn skip_line(reader: &mut impl std::io::BufRead) -> std::io::Result<()> {
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            reader.consume(i + 1);
+            return Ok(());
+        }
+        let n = buf.len();
+        reader.consume(n);
+    }
+}
+
+/// `START SIZE NAME` (hex, optional `0x`), the name cut at [`MAX_NAME`] bytes.
+fn parse_line(line: &[u8]) -> Option<(u64, u64, &str)> {
+    let line = std::str::from_utf8(line)
+        .or_else(|e| std::str::from_utf8(&line[..e.valid_up_to()]))
+        .ok()?;
+    let line = line.trim_start();
+    let mut parts = line.splitn(3, [' ', '\t']);
+    let (start, size, name) = (parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let (start, size) = (hex(start)?, hex(size)?);
+    let name = name.trim();
+    if size == 0 || name.is_empty() {
+        return None;
+    }
+    let mut cut = name.len().min(MAX_NAME);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Some((start, size, &name[..cut]))
 }
 
 /// The pid of `tgid` in its innermost PID namespace.
@@ -107,32 +230,6 @@ fn ns_pid(tgid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tgid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
     line.split_whitespace().last()?.parse().ok()
-}
-
-/// Opens `rel` relative to the root directory of process `tgid`, resolving
-/// every component (symlinks included) inside that root.
-fn open_in_root(tgid: u32, rel: &str) -> Option<File> {
-    let root = File::open(format!("/proc/{tgid}/root")).ok()?;
-    let path = std::ffi::CString::new(rel).ok()?;
-    // SAFETY: open_how is plain data; all-zero is its documented default.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY) as u64;
-    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: valid dirfd, NUL-terminated path, open_how of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            std::os::fd::AsRawFd::as_raw_fd(&root),
-            path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the syscall returned a new descriptor we own.
-    Some(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
 }
 
 #[cfg(test)]
@@ -165,17 +262,22 @@ mod tests {
     }
 
     #[test]
-    fn symlinks_cannot_escape_the_process_root() {
-        // Our own root is "/", so resolution in root still finds /tmp files;
-        // what matters is that a dangling absolute symlink resolves inside
-        // the root and a FIFO is refused without blocking.
-        let dir = tempfile::tempdir_in("/tmp").unwrap();
-        let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: valid path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let rel = fifo.strip_prefix("/").unwrap().to_str().unwrap();
-        let f = open_in_root(std::process::id(), rel).expect("opens non-blocking");
-        assert!(!f.metadata().unwrap().file_type().is_file());
+    fn what_maps_keep_is_bounded_across_processes() {
+        let text: String = (0..1000)
+            .map(|i| format!("{:x} 10 JS:fn{i:04}\n", 0x1000 + i * 0x10))
+            .collect();
+        let mut budget = PerfMapBudget::new(300 * (ENTRY_BYTES + 9));
+        let first = PerfMap::parse_lines(text.as_bytes(), &mut budget);
+        assert!(first.truncated);
+        assert_eq!(first.len(), 300);
+        assert_eq!(first.lookup(0x1005), Some("JS:fn0000"));
+        // Nothing left for the next process's map.
+        let second = PerfMap::parse_lines(text.as_bytes(), &mut budget);
+        assert!(second.is_empty() && second.truncated);
+        assert_eq!(budget.cut, 2);
+        // A line far longer than a name is cut; the next line still parses.
+        let long = format!("100 10 {}\n200 10 next\n", "x".repeat(1 << 20));
+        let m = PerfMap::parse_lines(long.as_bytes(), &mut PerfMapBudget::default());
+        assert_eq!(m.lookup(0x205), Some("next"));
     }
 }

@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 use flamefleet_agent::capture::TargetLabels;
 use flamefleet_agent::capture::heap::ebpf::EbpfHeapOptions;
 use flamefleet_agent::capture::heap::endpoint::{FetchLimits, HeapEndpoint, fetch_profile};
-use flamefleet_agent::capture::heap::goruntime::{self, buckets::WalkLimits};
+use flamefleet_agent::capture::heap::goruntime::{
+    self,
+    buckets::{DEFAULT_HELD_BYTES, HeldBudget, WalkLimits},
+};
 use flamefleet_agent::capture::heap::{
     self, HeapError, HeapProfile, HeapRequest, HeapSource, HeapSourceUsed, HeapTarget,
 };
@@ -475,7 +478,11 @@ fn target_keeps_running_at_full_speed_while_read() {
             while Instant::now() < end {
                 let t = Instant::now();
                 let (walk, n) = process
-                    .read(goruntime::DEFAULT_READ_BUDGET, WalkLimits::default())
+                    .read(
+                        goruntime::DEFAULT_READ_BUDGET,
+                        WalkLimits::default(),
+                        &mut HeldBudget::new(DEFAULT_HELD_BYTES),
+                    )
                     .expect("reading the heap profile");
                 read_time += t.elapsed();
                 reads += 1;

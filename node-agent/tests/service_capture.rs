@@ -545,9 +545,9 @@ async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
     assert_eq!(last.summary.get("samples"), Some(&a.samples.to_string()));
     // The allocation site holds the live blocks at the end of the window
     // (inuse_space, the default) and made the allocations during it (alloc_space).
-    // inuse_space once came back empty in CI: the probes were detached one by one
-    // before reading, and `free`'s probe outlived `malloc`'s long enough to retire
-    // every sampled block of this free-then-allocate loop. The engine now reads first.
+    // The engine reads before it detaches its probes: detached one by one, `free`'s
+    // probe could outlive `malloc`'s long enough to retire every sampled block of this
+    // free-then-allocate loop, leaving inuse_space empty.
     for index in ["inuse_space", "alloc_space"] {
         let top = pprof_top_with(&body, &[&format!("-sample_index={index}")]);
         assert!(

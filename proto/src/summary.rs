@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use crate::agent::capture_summary::Kind;
 use crate::agent::{
-    CaptureSummary, CpuSummary, HeapSource, HeapSourceUsed, HeapSummary, LatencyUnit,
-    RunqlatSummary,
+    CaptureSummary, CpuSummary, HeapEbpfStats, HeapSource, HeapSourceUsed, HeapSummary,
+    LatencyUnit, RunqlatSummary,
 };
 
 impl HeapSourceUsed {
@@ -141,7 +141,7 @@ fn heap_display(h: &HeapSummary) -> HashMap<String, String> {
         ("heap_reason".to_owned(), h.reason.clone()),
     ]);
     if let Some(stats) = &h.ebpf {
-        out.insert("heap_ebpf".into(), format!("{stats:?}"));
+        out.insert("heap_ebpf".into(), ebpf_display(stats));
     }
     if !h.processes.is_empty() {
         let per_process: Vec<String> = h
@@ -159,6 +159,41 @@ fn heap_display(h: &HeapSummary) -> HashMap<String, String> {
     }
     if !h.warnings.is_empty() {
         out.insert("warnings".into(), h.warnings.join("; "));
+    }
+    out
+}
+
+/// The eBPF heap sampler's counters on one line: what was sampled, what was lost and why,
+/// what was probed.
+fn ebpf_display(s: &HeapEbpfStats) -> String {
+    let mut out = format!(
+        "sample_bytes {}, shared_with {}, calls {}, sampled {}, freed {}, dropped: \
+         live_full {}, rows_full {}, stacks {}, thread_state {}, notifications {}; probes {}",
+        s.sample_bytes,
+        s.shared_with,
+        s.calls,
+        s.sampled,
+        s.freed,
+        s.dropped_live_full,
+        s.dropped_rows_full,
+        s.dropped_stacks,
+        s.dropped_thread_state,
+        s.dropped_notifications,
+        s.probes,
+    );
+    if s.session_uprobes {
+        out.push_str(" (session uprobes)");
+    }
+    if !s.allocators.is_empty() {
+        out.push_str(" on ");
+        out.push_str(&s.allocators.join(", "));
+    }
+    if let Some(bp) = s.projected_overhead_basis_points {
+        out.push_str(&format!(
+            "; projected overhead {}.{:02}%",
+            bp / 100,
+            bp % 100
+        ));
     }
     out
 }
@@ -256,5 +291,32 @@ mod tests {
             Some(LatencyUnit::Microseconds)
         );
         assert_eq!(LatencyUnit::requested(0, "s"), None);
+    }
+
+    #[test]
+    fn heap_ebpf_counters_read_as_one_line_of_names_and_numbers() {
+        let h = CaptureSummary {
+            kind: Some(Kind::Heap(HeapSummary {
+                source: HeapSourceUsed::Ebpf as i32,
+                ebpf: Some(HeapEbpfStats {
+                    sample_bytes: 524_288,
+                    calls: 1000,
+                    sampled: 12,
+                    dropped_stacks: 2,
+                    probes: 4,
+                    allocators: vec!["/lib/libc.so.6".into()],
+                    projected_overhead_basis_points: Some(107),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })),
+        };
+        let line = &h.display()["heap_ebpf"];
+        assert_eq!(
+            line,
+            "sample_bytes 524288, shared_with 0, calls 1000, sampled 12, freed 0, dropped: \
+             live_full 0, rows_full 0, stacks 2, thread_state 0, notifications 0; probes 4 \
+             on /lib/libc.so.6; projected overhead 1.07%"
+        );
     }
 }

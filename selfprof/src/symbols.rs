@@ -1,10 +1,10 @@
 //! Function names for this process's own code addresses, from the ELF symbol tables only.
 //!
-//! Both profiles used to be symbolized by the `backtrace` crate, which parses the binary's
-//! DWARF with gimli and keeps what it parsed in a process-wide cache for good. For a
-//! release binary with line tables that cost 100-400 MiB of resident memory during and
-//! after every dump: a diagnostic that could push the operator over its memory limit, and
-//! that made the operator's own heap profiles mostly about themselves. blazesym reads the
+//! Not the `backtrace` crate: it parses the binary's DWARF with gimli and keeps what it
+//! parsed in a process-wide cache for good. For a release binary with line tables that
+//! costs 100-400 MiB of resident memory during and after every dump: a diagnostic that
+//! could push the operator over its memory limit, and that would make the operator's own
+//! heap profiles mostly about themselves. blazesym reads the
 //! symbol tables of the mapped objects (`/proc/self/maps`), and everything it loaded is
 //! freed when the dump is done.
 //!

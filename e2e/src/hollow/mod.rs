@@ -34,10 +34,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use flamefleet_agent::service::metrics::Outcome;
-use flamefleet_agent::service::reporter::{CallOutcome, Reporter, Rpc};
+use flamefleet_agent::service::reporter::{CallOutcome, Outcome, Reporter, Rpc};
 use flamefleet_agent::service::upload::{UploadPolicy, Uploader};
-use flamefleet_agent::service::{Agent, AgentParts, ServingIdentity, TlsMaterial};
+use flamefleet_agent::service::{Agent, Context, ServingIdentity, TlsMaterial};
 use flamefleet_proto::agent::CaptureSummary;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -486,7 +485,7 @@ impl HollowFleet {
                     source,
                 })?;
             let behaviour = Arc::new(BehaviourCell::new(behaviour));
-            let agent = Agent::with_engine(AgentParts {
+            let agent = Agent::with_engine(Context {
                 node: name.clone(),
                 engine: Arc::new(HollowEngine::new(&name, behaviour.clone())),
                 uploader: uploader.clone(),

@@ -233,6 +233,15 @@ impl TargetTable {
         removed
     }
 
+    /// [`Self::covered`], each index with the capture's target it counts for:
+    /// `owner_of[i]` is the position in the capture's targets of `cgroup_ids[i]`.
+    pub(crate) fn owners(&self, cgroup_ids: &[u64], owner_of: &[usize]) -> HashMap<u32, usize> {
+        self.covered(cgroup_ids)
+            .into_iter()
+            .filter_map(|(index, pos)| Some((index, *owner_of.get(pos)?)))
+            .collect()
+    }
+
     /// The indices whose counts belong to a capture of `cgroup_ids` (in that
     /// order): each target's own index and those of the entries nested below
     /// it, with the position in `cgroup_ids` of the target they count for.

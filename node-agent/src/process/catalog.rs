@@ -5,22 +5,31 @@
 //! from its ELF/DWARF symbols, by file offset.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::{self, File};
-use std::os::fd::AsRawFd as _;
+use std::fs::File;
 use std::os::unix::fs::MetadataExt as _;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::files::{self, TargetFileError};
+use super::maps::{self, Mapping};
+use crate::cgroup::Cgroup;
 use crate::pprof::FrameLine;
+use crate::symbolize::elf_check;
 
 /// How many process snapshots the catalog keeps. A snapshot is a few KiB; the
 /// oldest is evicted first, which only matters for processes that exited
 /// long before the capture that sampled them was symbolized.
 pub const MAX_PROCESSES: usize = 8192;
+/// Memory the snapshots may hold together (paths, mostly). A workload decides how many
+/// mappings its processes have and how long their paths are, so the count alone bounds
+/// nothing; beyond this the oldest snapshots are evicted.
+pub const MAX_SNAPSHOT_BYTES: usize = 64 << 20;
 /// How many executables the catalog keeps open (one fd each). Binaries are
 /// shared by every process mapping them, so this is rarely reached; beyond it
-/// new binaries are symbolized by path only (fine unless they are deleted).
+/// new binaries are opened again, inside their process's root, each time they are read.
 pub const MAX_OPEN_BINARIES: usize = 512;
+/// Notes kept per snapshot (files that could not be read, and why).
+const MAX_NOTES: usize = 8;
 
 /// Most symbolized file offsets one binary remembers (see [`Binary::cached_lines`]).
 pub const MAX_CACHED_OFFSETS_PER_BINARY: usize = 16_384;
@@ -39,6 +48,9 @@ pub struct Binary {
     pub path: String,
     /// GNU build ID, hex, or empty.
     pub build_id: String,
+    /// What [`elf_check::check`] found: whether blazesym may read its DWARF, and what
+    /// holding it costs.
+    pub elf: elf_check::ElfCheck,
     /// Open file keeping the inode alive; `None` when the open-file cap was hit.
     file: Option<File>,
     /// Frames already symbolized in this file, by file offset, shared by every
@@ -84,11 +96,33 @@ impl Binary {
         }
     }
 
-    /// A path that opens this very file now, even if the original was deleted.
-    pub fn open_path(&self, tgid: u32) -> PathBuf {
+    /// Calls `f` with a path that reaches this very file: the one kept open
+    /// ([`files::fd_path`]: the same path every time, so parsers can cache by it), or, past
+    /// the open-file cap, the file opened again inside the root of `tgid` for the call.
+    pub fn with_path<R>(
+        &self,
+        tgid: u32,
+        f: impl FnOnce(&Path) -> R,
+    ) -> Result<R, TargetFileError> {
         match &self.file {
-            Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
-            None => PathBuf::from(format!("/proc/{tgid}/root{}", self.path)),
+            Some(file) => Ok(f(&files::fd_path(file))),
+            None => {
+                let opened = files::open_in_root(tgid, &self.path)?;
+                Ok(f(&files::fd_path(&opened.file)))
+            }
+        }
+    }
+
+    /// This file, opened again (the kept one duplicated, or opened inside the root of
+    /// `tgid`).
+    pub fn open(&self, tgid: u32) -> Result<File, TargetFileError> {
+        match &self.file {
+            Some(file) => file.try_clone().map_err(|source| TargetFileError::Open {
+                pid: tgid,
+                path: self.path.clone(),
+                source,
+            }),
+            None => files::open_in_root(tgid, &self.path).map(|f| f.file),
         }
     }
 }
@@ -113,9 +147,22 @@ pub struct MappedRange {
 pub struct ProcessMaps {
     /// Executable mappings, sorted by address.
     pub ranges: Vec<MappedRange>,
+    /// The process's start time ([`super::handle::start_time`]): with its PID, who it was.
+    pub start_time: Option<u64>,
+    /// What could not be read, and why (files refused, maps cut), for the profile.
+    pub notes: Vec<String>,
 }
 
 impl ProcessMaps {
+    /// Bytes the snapshot holds, roughly.
+    fn bytes(&self) -> usize {
+        self.ranges
+            .iter()
+            .map(|r| std::mem::size_of::<MappedRange>() + r.name.len())
+            .sum::<usize>()
+            + self.notes.iter().map(String::len).sum::<usize>()
+    }
+
     /// The mapping containing `addr`.
     pub fn find(&self, addr: u64) -> Option<&MappedRange> {
         let i = self.ranges.partition_point(|r| r.start <= addr);
@@ -127,6 +174,8 @@ impl ProcessMaps {
 struct CatalogState {
     procs: HashMap<u32, Arc<ProcessMaps>>,
     order: VecDeque<u32>,
+    /// [`ProcessMaps::bytes`] of `procs`, together.
+    bytes: usize,
     binaries: HashMap<(u64, u64), Arc<Binary>>,
 }
 
@@ -145,29 +194,52 @@ impl ProcessCatalog {
 
     /// Snapshots `/proc/<tgid>/maps` now, replacing an older snapshot (an
     /// exec changes the maps). Returns false when the process is already gone.
+    ///
+    /// Everything is read by PID, so the snapshot is kept only if the process has the same
+    /// start time after the reads as before: a PID reused meanwhile is not mixed in.
     pub fn snapshot(&self, tgid: u32) -> bool {
-        let Ok(text) = fs::read_to_string(format!("/proc/{tgid}/maps")) else {
+        let Ok(started) = super::handle::start_time(tgid) else {
             return false;
         };
-        let mut ranges = Vec::new();
-        for line in text.lines() {
-            let Some(r) = self.parse_line(tgid, line) else {
-                continue;
-            };
-            ranges.push(r);
+        let Ok(mapped) = maps::executable_mappings(tgid) else {
+            return false;
+        };
+        let mut notes = Vec::new();
+        if mapped.truncated {
+            notes.push(format!(
+                "/proc/{tgid}/maps holds more than {} executable mappings or {} bytes: \
+                 mappings past those are not symbolized",
+                maps::MAX_EXECUTABLE_MAPPINGS,
+                maps::MAX_READ_BYTES
+            ));
+        }
+        let mut ranges: Vec<MappedRange> = mapped
+            .mappings
+            .into_iter()
+            .map(|m| self.range(tgid, m, &mut notes))
+            .collect();
+        if super::handle::start_time(tgid).ok() != Some(started) {
+            return false;
         }
         ranges.sort_by_key(|r| r.start);
+        let snapshot = Arc::new(ProcessMaps {
+            ranges,
+            start_time: Some(started),
+            notes,
+        });
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if st
-            .procs
-            .insert(tgid, Arc::new(ProcessMaps { ranges }))
-            .is_none()
-        {
-            st.order.push_back(tgid);
+        st.bytes += snapshot.bytes();
+        match st.procs.insert(tgid, snapshot) {
+            Some(old) => st.bytes -= old.bytes(),
+            None => st.order.push_back(tgid),
         }
-        while st.order.len() > MAX_PROCESSES {
-            if let Some(old) = st.order.pop_front() {
-                st.procs.remove(&old);
+        while st.order.len() > MAX_PROCESSES
+            || (st.bytes > MAX_SNAPSHOT_BYTES && st.order.len() > 1)
+        {
+            if let Some(old) = st.order.pop_front()
+                && let Some(gone) = st.procs.remove(&old)
+            {
+                st.bytes -= gone.bytes();
             }
         }
         true
@@ -180,6 +252,24 @@ impl ProcessCatalog {
         }
         self.snapshot(tgid);
         self.lookup(tgid)
+    }
+
+    /// Like [`Self::get`], but a snapshot taken now only of a process in one of `cgroups`
+    /// (or below): `tgid` was sampled in one of them, but may have exited and its PID gone
+    /// to another process since, whose binaries must not name its frames.
+    pub fn get_in(&self, tgid: u32, cgroups: &[Cgroup]) -> Option<Arc<ProcessMaps>> {
+        if let Some(p) = self.lookup(tgid) {
+            return Some(p);
+        }
+        let Ok(handle) = super::handle::ProcessHandle::open(tgid) else {
+            return None;
+        };
+        if !cgroups.iter().any(|c| handle.in_cgroup(c)) {
+            return None;
+        }
+        self.snapshot(tgid);
+        self.lookup(tgid)
+            .filter(|p| p.start_time == Some(handle.start_time()))
     }
 
     /// The latest snapshot of `tgid`, if any (never reads /proc).
@@ -202,64 +292,71 @@ impl ProcessCatalog {
         self.len() == 0
     }
 
-    fn parse_line(&self, tgid: u32, line: &str) -> Option<MappedRange> {
-        // start-end perms offset dev inode [path]
-        let mut f = line.split_whitespace();
-        let (range, perms, offset) = (f.next()?, f.next()?, f.next()?);
-        let (_dev, inode) = (f.next()?, f.next()?);
-        let name = f.collect::<Vec<_>>().join(" ");
-        if !perms.contains('x') {
-            return None;
-        }
-        let (start, end) = range.split_once('-')?;
-        let start = u64::from_str_radix(start, 16).ok()?;
-        let end = u64::from_str_radix(end, 16).ok()?;
-        let offset = u64::from_str_radix(offset, 16).ok()?;
-        let binary = (inode != "0" && name.starts_with('/'))
-            .then(|| self.binary(tgid, range, &name))
-            .flatten();
-        Some(MappedRange {
-            start,
-            end,
-            offset,
-            name: if name.is_empty() {
+    /// The range of mapping `m`, with its binary when it is a file the agent may read
+    /// (otherwise a note says why not).
+    fn range(&self, tgid: u32, m: Mapping, notes: &mut Vec<String>) -> MappedRange {
+        let binary = if m.is_file() {
+            match self.binary(tgid, &m) {
+                Ok(b) => Some(b),
+                Err(why) => {
+                    if notes.len() < MAX_NOTES {
+                        notes.push(why);
+                    }
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        MappedRange {
+            start: m.start,
+            end: m.end,
+            offset: m.offset,
+            name: if m.name.is_empty() {
                 "[anon]".into()
             } else {
-                name
+                m.name
             },
             binary,
-        })
+        }
     }
 
-    fn binary(&self, tgid: u32, range: &str, name: &str) -> Option<Arc<Binary>> {
-        // map_files reaches the very inode mapped, across mount namespaces and
-        // after deletion; the root/ path is the fallback without CAP_SYS_ADMIN.
-        let path = name.trim_end_matches(" (deleted)");
-        let file = File::open(format!("/proc/{tgid}/map_files/{range}"))
-            .or_else(|_| File::open(format!("/proc/{tgid}/root{path}")))
-            .ok()?;
-        let meta = file.metadata().ok()?;
+    /// The binary mapped at `m`, opened with [`files::open_mapping`] (never a path the
+    /// workload could have redirected) and checked with [`elf_check::check`].
+    fn binary(&self, tgid: u32, m: &Mapping) -> Result<Arc<Binary>, String> {
+        let path = m.name.trim_end_matches(" (deleted)");
+        let opened = files::open_mapping(tgid, &m.range, &m.name).map_err(|e| e.to_string())?;
+        let meta = opened
+            .file
+            .metadata()
+            .map_err(|e| format!("{path} of process {tgid}: {e}"))?;
         let key = (meta.dev(), meta.ino());
+        if let Some(b) = self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .binaries
+            .get(&key)
+        {
+            return Ok(b.clone());
+        }
+        let elf =
+            elf_check::check(&opened.file).map_err(|e| format!("{path} of process {tgid}: {e}"))?;
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(b) = st.binaries.get(&key) {
-            return Some(b.clone());
+            return Ok(b.clone());
         }
-        let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let build_id = blazesym::helper::read_elf_build_id(&fd_path)
-            .ok()
-            .flatten()
-            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
-            .unwrap_or_default();
         let keep = st.binaries.len() < MAX_OPEN_BINARIES;
         let b = Arc::new(Binary {
             path: path.to_owned(),
-            build_id,
-            file: keep.then_some(file),
+            build_id: elf.build_id.clone(),
+            elf,
+            file: keep.then_some(opened.file),
             lines: Mutex::new(HashMap::new()),
         });
         if keep {
             st.binaries.insert(key, b.clone());
         }
-        Some(b)
+        Ok(b)
     }
 }

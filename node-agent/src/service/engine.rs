@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::{self as pb, CaptureRequest, InfoResponse, ProfileType};
 
-use super::pipeline::PipelineError;
+use super::error::PipelineError;
 use super::targets;
 use crate::capture::cpu::CpuOptions;
 use crate::capture::heap::{self, HeapSource};

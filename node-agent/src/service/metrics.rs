@@ -13,29 +13,8 @@ use std::time::Duration;
 use flamefleet_proto::agent::CaptureSummary;
 use flamefleet_proto::agent::capture_summary::Kind;
 
-use super::reporter::Reporter;
+use super::reporter::{Outcome, Reporter};
 use crate::capture::lifecycle::Symbolized;
-
-/// How a capture ended, as the `outcome` label says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Outcome {
-    /// Artifacts uploaded, DONE sent.
-    Succeeded,
-    /// FAILED sent.
-    Failed,
-    /// Cancelled by the operator.
-    Cancelled,
-}
-
-impl Outcome {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-        }
-    }
-}
 
 /// Counters of the agent's captures. Labels are fixed sets (profile type, outcome), so
 /// the series are bounded.

@@ -16,6 +16,7 @@
 
 pub mod captures;
 pub mod engine;
+mod error;
 pub mod identity;
 pub mod info;
 pub mod metrics;
@@ -30,7 +31,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use flamefleet_proto::agent::agent_service_server::{AgentService, AgentServiceServer};
 use flamefleet_proto::agent::capture_progress::Stage;
@@ -42,8 +42,9 @@ use futures::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
 use self::captures::{CacheLimits, CaptureTable, Collected, Joined, follow};
-use self::engine::{Admission, CaptureEngine, NodeEngine};
-use self::pipeline::{Context, progress};
+use self::engine::{Admission, NodeEngine};
+pub use self::pipeline::Context;
+use self::pipeline::progress;
 use self::probes::ProbeState;
 use self::reporter::{CallOutcome, Reporter, Rpc};
 pub use self::tls::{ServingIdentity, TlsFiles, TlsMaterial};
@@ -150,7 +151,7 @@ pub struct AgentConfig {
 }
 
 /// The tonic service: the captures table, progress, uploads and reporting around a
-/// [`CaptureEngine`].
+/// [`engine::CaptureEngine`].
 #[derive(Clone)]
 pub struct Agent {
     ctx: Arc<Context>,
@@ -162,32 +163,6 @@ impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent")
             .field("node", &self.ctx.node)
-            .finish_non_exhaustive()
-    }
-}
-
-/// What a service around a capture engine is made of (see [`Agent::with_engine`]).
-pub struct AgentParts {
-    /// The node's name (artifact names, messages).
-    pub node: String,
-    /// What captures.
-    pub engine: Arc<dyn CaptureEngine>,
-    /// The uploader (cheap to clone: one connection pool).
-    pub uploader: Uploader,
-    /// Uploads in flight at once, when bounded.
-    pub upload_permits: Option<Arc<tokio::sync::Semaphore>>,
-    /// Where calls and captures are reported.
-    pub reporter: Arc<dyn Reporter>,
-    /// How often RUNNING progress is published (the agent: every second).
-    pub progress_period: Duration,
-    /// Cancelled when the service shuts down.
-    pub shutdown: tokio_util::sync::CancellationToken,
-}
-
-impl std::fmt::Debug for AgentParts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentParts")
-            .field("node", &self.node)
             .finish_non_exhaustive()
     }
 }
@@ -245,7 +220,7 @@ impl NodeAgent {
         config.map_sizes.apply(&mut sampler_config);
         let samplers = Arc::new(Samplers::new(sampler_config));
         let metrics = Arc::new(metrics::AgentMetrics::default());
-        let agent = Agent::with_engine(AgentParts {
+        let agent = Agent::with_engine(Context {
             node: config.node_name.clone(),
             engine: Arc::new(NodeEngine {
                 cgroup_root,
@@ -266,18 +241,10 @@ impl NodeAgent {
 }
 
 impl Agent {
-    /// A service capturing with `parts.engine`.
-    pub fn with_engine(parts: AgentParts) -> Self {
+    /// A service capturing with `ctx.engine`.
+    pub fn with_engine(ctx: Context) -> Self {
         Self {
-            ctx: Arc::new(Context {
-                node: parts.node,
-                engine: parts.engine,
-                uploader: parts.uploader,
-                upload_permits: parts.upload_permits,
-                reporter: parts.reporter,
-                progress_period: parts.progress_period,
-                shutdown: parts.shutdown,
-            }),
+            ctx: Arc::new(ctx),
             table: Arc::new(CaptureTable::new(CacheLimits::default())),
             probes: ProbeState::new("starting"),
         }

@@ -16,11 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::captures::CaptureHandle;
 use super::engine::{Admission, CaptureEngine, EngineCapture};
-use super::metrics::Outcome;
-use super::reporter::Reporter;
-use super::upload::{UploadError, Uploader, sha256_hex};
-use crate::capture::CaptureError;
-use crate::capture::heap::HeapError;
+pub use super::error::PipelineError;
+use super::reporter::{Outcome, Reporter};
+use super::upload::{Uploader, sha256_hex};
 use crate::capture::lifecycle::Finished;
 
 use crate::pprof;
@@ -30,13 +28,14 @@ pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 /// How often RUNNING progress is published.
 pub const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
 
-/// What every capture of this agent shares.
+/// What every capture of a service shares: what captures, and what the service does with
+/// the results (see [`super::Agent::with_engine`]).
 pub struct Context {
     /// This node's name (artifact names, messages).
     pub node: String,
     /// What captures.
     pub engine: Arc<dyn CaptureEngine>,
-    /// The uploader.
+    /// The uploader (cheap to clone: one connection pool).
     pub uploader: Uploader,
     /// Uploads in flight at once, when bounded (one process serving many nodes).
     pub upload_permits: Option<Arc<tokio::sync::Semaphore>>,
@@ -54,32 +53,6 @@ impl std::fmt::Debug for Context {
             .field("node", &self.node)
             .finish_non_exhaustive()
     }
-}
-
-/// Why a capture failed; the Display text is the FAILED reason.
-#[derive(Debug, thiserror::Error)]
-pub enum PipelineError {
-    /// The request itself is wrong.
-    #[error("invalid request: {0}")]
-    Invalid(String),
-    /// Targets did not resolve to cgroups.
-    #[error("target resolution failed: {0}")]
-    Targets(String),
-    /// A CPU or runqlat engine failed.
-    #[error("capture failed: {0}")]
-    Capture(#[from] CaptureError),
-    /// The heap engine failed.
-    #[error("heap capture failed: {0}")]
-    Heap(#[from] HeapError),
-    /// An upload failed.
-    #[error(transparent)]
-    Upload(#[from] UploadError),
-    /// `Cancel` was called.
-    #[error("cancelled by the client")]
-    Cancelled,
-    /// Something that should not happen (a worker thread died).
-    #[error("internal error: {0}")]
-    Internal(String),
 }
 
 /// An artifact ready to upload.

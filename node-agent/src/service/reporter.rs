@@ -4,8 +4,28 @@
 
 use flamefleet_proto::agent::CaptureSummary;
 
-use super::metrics::Outcome;
 use crate::capture::lifecycle::Symbolized;
+
+/// How a capture ended, as the `outcome` label says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    /// Artifacts uploaded, DONE sent.
+    Succeeded,
+    /// FAILED sent.
+    Failed,
+    /// Cancelled by the operator.
+    Cancelled,
+}
+
+impl Outcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
 
 /// Which call asked for a capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,9 +16,9 @@ pub(super) static KERNEL_LINES: std::sync::LazyLock<Mutex<HashMap<u64, Arc<[Fram
     std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The kernel's text symbols from `/proc/kallsyms`, parsed once and kept between
-/// captures. Each capture used to hand new kernel addresses to a fresh blazesym
-/// symbolizer, which parsed the whole file (120,000+ lines) again: 20-60 ms of agent CPU
-/// per capture, the largest share of a continuous profile's cost. blazesym's symbolizer
+/// captures: a fresh blazesym symbolizer per capture would parse the whole file (120,000+
+/// lines) again, 20-60 ms of agent CPU per capture, the largest share of a continuous
+/// profile's cost. blazesym's symbolizer
 /// cannot be kept across the captures' threads (it is not `Send`), and for the kernel it
 /// only reads kallsyms (no vmlinux, so names without lines), which this does in a few
 /// lines; kept, the table costs a few MiB. It is read again when it cannot name an

@@ -1,11 +1,13 @@
 //! Symbolization of captured stacks with blazesym.
 //!
 //! User frames are resolved in the binaries the [`ProcessCatalog`] keeps reachable, by
-//! file offset; kernel frames come from kallsyms ([`kernel`]).
+//! file offset; kernel frames come from kallsyms (`kernel.rs`).
 
+pub mod elf_check;
 mod kernel;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 
 use blazesym::symbolize::source::{Elf, Source};
@@ -16,8 +18,33 @@ use self::kernel::{
     KERNEL_LINES, KERNEL_SYMBOLS, KernelSymbols, kernel_frame_lines, kernel_frames_uncached,
     kernel_lines,
 };
+use crate::cgroup::Cgroup;
+use crate::perf_map::{PerfMap, PerfMapBudget};
 use crate::pprof::{Frame, FrameLine, MappingInfo, ProfileBuilder};
-use crate::process::{Binary, MappedRange, ProcessCatalog};
+use crate::process::{Binary, MappedRange, ProcessCatalog, ProcessMaps};
+
+/// Memory blazesym may hold for parsed binaries, all symbolizers of the agent together
+/// (estimated by [`elf_check::ElfCheck::cost`]). Binaries are the workloads' and
+/// symbolizers run side by side (one per capture being built), so without a total a few
+/// large binaries in a few captures would exhaust the agent. Past it a binary is
+/// symbolized from its symbol tables alone, and past that not at all (and the profile
+/// says so).
+pub const MAX_PARSE_BYTES: u64 = 192 << 20;
+/// What the live symbolizers hold of [`MAX_PARSE_BYTES`].
+static PARSE_BYTES: AtomicU64 = AtomicU64::new(0);
+/// Notes one profile carries at most.
+const MAX_NOTES: usize = 64;
+
+/// How a symbolizer reads a binary, decided once per symbolizer within [`MAX_PARSE_BYTES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parse {
+    /// Symbols and DWARF (lines, inlined functions).
+    Full,
+    /// Symbol tables only.
+    SymbolsOnly,
+    /// Not at all (the budget is spent).
+    Refused,
+}
 
 /// The file offset to symbolize the frame at `depth` (0: the leaf) of a stack at, in
 /// `range`: return addresses point after their call, so the call itself is looked up
@@ -56,6 +83,9 @@ pub struct SymbolizeStats {
     pub cache_hits: u64,
     /// Kernel frames answered from the kernel cache, without kallsyms.
     pub kernel_cache_hits: u64,
+    /// Reads of workload files that were truncated while mapped, answered with zeros
+    /// ([`crate::sigbus`]) while this symbolizer lived.
+    pub truncated_file_faults: u64,
 }
 
 impl SymbolizeStats {
@@ -86,9 +116,28 @@ pub struct StackSymbolizer {
     blaze: Symbolizer,
     kernel_mapping: Option<u64>,
     missing: std::collections::HashSet<u32>,
-    jit: HashMap<u32, Option<Arc<crate::perf_map::PerfMap>>>,
+    jit: HashMap<u32, Option<Arc<PerfMap>>>,
+    jit_budget: PerfMapBudget,
+    /// Where the samples come from: a process sampled there but without a snapshot is
+    /// snapshotted now only if it is (still) there (see [`ProcessCatalog::get_in`]).
+    confined_to: Option<Vec<Cgroup>>,
+    /// How each binary is parsed, by address of its [`Binary`] (kept alive here).
+    parse: HashMap<usize, (Arc<Binary>, Parse)>,
+    /// Bytes of [`PARSE_BYTES`] this symbolizer holds.
+    parse_bytes: u64,
+    /// [`crate::sigbus::faults`] when it was made.
+    faults_at_start: u64,
+    /// Processes whose notes were taken, and the notes (what could not be read, and why).
+    noted: std::collections::HashSet<u32>,
+    notes: Vec<String>,
     /// Running totals.
     pub stats: SymbolizeStats,
+}
+
+impl Drop for StackSymbolizer {
+    fn drop(&mut self) {
+        PARSE_BYTES.fetch_sub(self.parse_bytes, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for StackSymbolizer {
@@ -105,6 +154,8 @@ pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 impl StackSymbolizer {
     /// A symbolizer reading process snapshots from `catalog`.
     pub fn new(catalog: ProcessCatalog) -> Self {
+        // blazesym maps the binaries it reads: see crate::sigbus.
+        crate::sigbus::install();
         Self {
             catalog,
             blaze: Symbolizer::builder()
@@ -114,8 +165,112 @@ impl StackSymbolizer {
             kernel_mapping: None,
             missing: Default::default(),
             jit: HashMap::new(),
+            jit_budget: PerfMapBudget::default(),
+            confined_to: None,
+            parse: HashMap::new(),
+            parse_bytes: 0,
+            faults_at_start: crate::sigbus::faults(),
+            noted: Default::default(),
+            notes: Vec::new(),
             stats: SymbolizeStats::default(),
         }
+    }
+
+    /// Confines the processes snapshotted on demand to those in `cgroups` (the targets the
+    /// samples come from): see [`ProcessCatalog::get_in`].
+    pub fn confine_to(&mut self, cgroups: impl IntoIterator<Item = Cgroup>) {
+        self.confined_to = Some(cgroups.into_iter().collect());
+    }
+
+    /// The snapshot of `tgid` (taken now if needed, within the confinement), its notes
+    /// taken into the profile's.
+    fn maps_of(&mut self, tgid: u32) -> Option<Arc<ProcessMaps>> {
+        let maps = match &self.confined_to {
+            Some(cgroups) => self.catalog.get_in(tgid, cgroups),
+            None => self.catalog.get(tgid),
+        };
+        if let Some(m) = &maps
+            && !m.notes.is_empty()
+            && self.noted.insert(tgid)
+        {
+            for n in &m.notes {
+                self.note(format!("pid {tgid}: {n}"));
+            }
+        }
+        maps
+    }
+
+    fn note(&mut self, note: String) {
+        if self.notes.len() < MAX_NOTES && !self.notes.contains(&note) {
+            self.notes.push(note);
+        }
+    }
+
+    /// The profile comments on symbolization: its quality ([`SymbolizeStats::quality_comment`],
+    /// `weight` naming what [`Self::account`] was given), truncated files read, and what could
+    /// not be read, per process.
+    pub fn comments(&mut self, weight: &str) -> Vec<String> {
+        self.stats.truncated_file_faults =
+            crate::sigbus::faults().saturating_sub(self.faults_at_start);
+        let mut out = vec![self.stats.quality_comment(weight)];
+        if self.stats.truncated_file_faults > 0 {
+            out.push(format!(
+                "symbolization: {} reads of workload files truncated while mapped were answered \
+                 with zeros (their frames may be unnamed)",
+                self.stats.truncated_file_faults
+            ));
+        }
+        if self.jit_budget.cut > 0 {
+            out.push(format!(
+                "symbolization: {} perf maps cut short: the perf maps of one profile keep at most \
+                 {} bytes",
+                self.jit_budget.cut,
+                crate::perf_map::DEFAULT_BUDGET
+            ));
+        }
+        out.extend(self.notes.iter().map(|n| format!("not symbolized: {n}")));
+        out
+    }
+
+    /// How this symbolizer parses `bin`: decided at first use, within [`MAX_PARSE_BYTES`].
+    fn parse_of(&mut self, bin: &Arc<Binary>, tgid: u32) -> Parse {
+        let key = Arc::as_ptr(bin) as usize;
+        if let Some((_, p)) = self.parse.get(&key) {
+            return *p;
+        }
+        let reserve = |bytes: u64| {
+            PARSE_BYTES
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                    (used.saturating_add(bytes) <= MAX_PARSE_BYTES).then_some(used + bytes)
+                })
+                .is_ok()
+        };
+        let elf = &bin.elf;
+        let parse = if elf.debug_syms && reserve(elf.cost) {
+            self.parse_bytes += elf.cost;
+            Parse::Full
+        } else if reserve(elf.symbols_cost) {
+            self.parse_bytes += elf.symbols_cost;
+            if let Some(why) = &elf.no_debug_reason {
+                self.note(format!("pid {tgid}: {}: {why}", bin.path));
+            } else if elf.debug_syms {
+                self.note(format!(
+                    "pid {tgid}: {}: symbols only: the agent's symbolization memory \
+                     ({MAX_PARSE_BYTES} bytes, all captures) is taken",
+                    bin.path
+                ));
+            }
+            Parse::SymbolsOnly
+        } else {
+            self.note(format!(
+                "pid {tgid}: {}: the agent's symbolization memory ({MAX_PARSE_BYTES} bytes, all \
+                 captures) is taken",
+                bin.path
+            ));
+            Parse::Refused
+        };
+        self.parse.insert(key, (bin.clone(), parse));
+        parse
     }
 
     /// Symbolizes a user stack of process `tgid` (leaf first) into frames,
@@ -148,16 +303,20 @@ impl StackSymbolizer {
         stack: &[u64],
         leaf_is_return_address: bool,
     ) -> Vec<Frame> {
-        let maps = self.catalog.get(tgid);
+        let maps = self.maps_of(tgid);
         if maps.is_none() && self.missing.insert(tgid) {
             self.stats.processes_without_maps += 1;
         }
+        // Who the process was: its perf map is read by PID, and counts only while the PID
+        // still names that process.
+        let started = maps.as_ref().and_then(|m| m.start_time);
         let mut frames = Vec::with_capacity(stack.len());
         for (depth, &addr) in stack.iter().enumerate() {
             let range = maps.as_ref().and_then(|m| m.find(addr));
             // Code outside any file (JIT): named by the process's perf map.
             if range.is_none_or(|r| r.binary.is_none())
-                && let Some(name) = self.jit_name(tgid, addr)
+                && started.is_some()
+                && let Some(name) = self.jit_name(tgid, started, addr)
             {
                 self.stats.user_symbolized += 1;
                 frames.push(Frame {
@@ -230,7 +389,7 @@ impl StackSymbolizer {
     /// Frames outside any file (JIT) are left to [`Self::user_frames`]. Returns the
     /// frames symbolized.
     pub fn warm_user(&mut self, tgid: u32, stack: &[u64]) -> usize {
-        let Some(maps) = self.catalog.get(tgid) else {
+        let Some(maps) = self.maps_of(tgid) else {
             return 0;
         };
         let mut done = 0;
@@ -283,12 +442,14 @@ impl StackSymbolizer {
         done
     }
 
-    /// The JIT symbol of `addr` from the perf map of `tgid`, read once per
-    /// symbolizer.
-    fn jit_name(&mut self, tgid: u32, addr: u64) -> Option<String> {
+    /// The JIT symbol of `addr` from the perf map of `tgid`, read once per symbolizer
+    /// (within its perf-map budget), and only while `tgid` is still the process sampled
+    /// (`start_time`, from its snapshot).
+    fn jit_name(&mut self, tgid: u32, start_time: Option<u64>, addr: u64) -> Option<String> {
+        let budget = &mut self.jit_budget;
         self.jit
             .entry(tgid)
-            .or_insert_with(|| crate::perf_map::PerfMap::read(tgid).map(Arc::new))
+            .or_insert_with(|| PerfMap::read(tgid, start_time, budget).map(Arc::new))
             .as_ref()?
             .lookup(addr)
             .map(str::to_owned)
@@ -349,25 +510,62 @@ impl StackSymbolizer {
 
     /// The frames of `file_offset` in `bin`: from the binary's cache, or symbolized now
     /// and cached.
-    fn binary_lines(&mut self, bin: &Binary, tgid: u32, file_offset: u64) -> Vec<FrameLine> {
+    fn binary_lines(&mut self, bin: &Arc<Binary>, tgid: u32, file_offset: u64) -> Vec<FrameLine> {
         if let Some(lines) = bin.cached_lines(file_offset) {
             self.stats.cache_hits += 1;
             return lines.to_vec();
         }
-        let lines = self.elf_lines(&bin.open_path(tgid), file_offset);
-        bin.remember(file_offset, Arc::from(lines.as_slice()));
+        let parse = self.parse_of(bin, tgid);
+        if parse == Parse::Refused {
+            return Vec::new();
+        }
+        let blaze = &self.blaze;
+        let debug_file = bin
+            .elf
+            .debug_file
+            .as_deref()
+            .filter(|_| parse == Parse::Full);
+        let looked_up = match (debug_file, bin.elf.virtual_address(file_offset)) {
+            // DWARF from the separate debug file (the agent's own), by virtual address.
+            (Some(debug), Some(vaddr)) => Ok(debug_file_lines(blaze, debug, vaddr)),
+            _ => bin.with_path(tgid, |path| elf_lines(blaze, path, parse, file_offset)),
+        };
+        let lines = match looked_up {
+            Ok(lines) => lines,
+            Err(e) => {
+                self.note(format!("pid {tgid}: {e}"));
+                return Vec::new();
+            }
+        };
+        // Answers are kept for later captures when no budget made them poorer than the
+        // binary allows (a later capture may have the memory for its DWARF).
+        if parse == Parse::Full || !bin.elf.debug_syms {
+            bin.remember(file_offset, Arc::from(lines.as_slice()));
+        }
         lines
     }
+}
 
-    fn elf_lines(&mut self, path: &std::path::Path, file_offset: u64) -> Vec<FrameLine> {
-        let src = Source::Elf(Elf::new(path));
-        match self
-            .blaze
-            .symbolize_single(&src, Input::FileOffset(file_offset))
-        {
-            Ok(s) => to_lines(&s, ""),
-            Err(_) => Vec::new(),
-        }
+/// The frames of virtual address `vaddr` from the separate debug file at `path`.
+fn debug_file_lines(blaze: &Symbolizer, path: &std::path::Path, vaddr: u64) -> Vec<FrameLine> {
+    match blaze.symbolize_single(&Source::Elf(Elf::new(path)), Input::VirtOffset(vaddr)) {
+        Ok(s) => to_lines(&s, ""),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The frames of `file_offset` in the ELF file at `path`, read as `parse` says.
+fn elf_lines(
+    blaze: &Symbolizer,
+    path: &std::path::Path,
+    parse: Parse,
+    file_offset: u64,
+) -> Vec<FrameLine> {
+    let mut elf = Elf::new(path);
+    elf.debug_syms = parse == Parse::Full;
+    match blaze.symbolize_single(&Source::Elf(elf), Input::FileOffset(file_offset)) {
+        Ok(s) => to_lines(&s, ""),
+        Err(_) => Vec::new(),
     }
 }
 

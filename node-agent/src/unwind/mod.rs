@@ -240,13 +240,14 @@ struct Inner {
     tables: MapHandle,
     procs: MapHandle,
     state: Mutex<State>,
+    /// Set when the unwinder is dropped: the worker ends, and a build under way gives up.
+    stop: AtomicBool,
 }
 
 /// The node's unwind tables, shared by every sampler (see the module docs).
 pub struct Unwinder {
     inner: Arc<Inner>,
     tx: Option<SyncSender<(u32, Arc<ProcessMaps>)>>,
-    stop: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -261,7 +262,7 @@ impl std::fmt::Debug for Unwinder {
 
 impl Drop for Unwinder {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.inner.stop.store(true, Ordering::Release);
         // The worker waits on the channel: disconnecting it wakes the worker now.
         drop(self.tx.take());
         if let Some(w) = self.worker.take() {
@@ -271,6 +272,12 @@ impl Drop for Unwinder {
 }
 
 static SHARED: Mutex<Weak<Unwinder>> = Mutex::new(Weak::new());
+
+/// Held while a table is built (see [`Inner::table_for`]).
+static BUILDING: Mutex<()> = Mutex::new(());
+
+/// A table build that did not finish in the time it was given.
+struct Overrun;
 
 impl Unwinder {
     /// The node's unwinder: the running one, or a new one with `config`
@@ -328,20 +335,22 @@ impl Unwinder {
                 next_id: 1,
                 ..State::default()
             }),
+            stop: AtomicBool::new(false),
         });
         let (tx, rx) = mpsc::sync_channel::<(u32, Arc<ProcessMaps>)>(QUEUE);
-        let stop = Arc::new(AtomicBool::new(false));
-        let (w_inner, w_stop) = (inner.clone(), stop.clone());
+        let w_inner = inner.clone();
         let worker = std::thread::Builder::new()
             .name("ff-unwind".into())
             .spawn(move || {
                 // Wakes for registrations and once a second to sweep; `Drop` disconnects
                 // the channel, which ends the wait at once.
                 let mut next_sweep = Instant::now() + Duration::from_secs(1);
-                while !w_stop.load(Ordering::Acquire) {
+                while !w_inner.stop.load(Ordering::Acquire) {
                     let until_sweep = next_sweep.saturating_duration_since(Instant::now());
                     match rx.recv_timeout(until_sweep) {
-                        Ok((tgid, maps)) => w_inner.register(tgid, maps),
+                        Ok((tgid, maps)) => {
+                            w_inner.register(tgid, maps, None);
+                        }
                         Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) => break,
                     }
@@ -355,7 +364,6 @@ impl Unwinder {
         Ok(Self {
             inner,
             tx: Some(tx),
-            stop,
             worker: Some(worker),
         })
     }
@@ -398,9 +406,11 @@ impl Unwinder {
     ) {
         let deadline = Instant::now() + budget;
         for (tgid, maps) in procs {
-            if Instant::now() < deadline {
-                self.inner.register(tgid, maps);
-            } else {
+            // A build that would overrun the budget (a binary with a huge CFI section) is
+            // left to the worker, which builds it without holding the capture.
+            if Instant::now() >= deadline
+                || !self.inner.register(tgid, maps.clone(), Some(deadline))
+            {
                 self.register(tgid, maps);
             }
         }
@@ -432,7 +442,7 @@ fn table_key(bin: &Binary, tgid: u32) -> Option<String> {
     if !bin.build_id.is_empty() {
         return Some(format!("build-id:{}", bin.build_id));
     }
-    let meta = std::fs::metadata(bin.open_path(tgid)).ok()?;
+    let meta = bin.open(tgid).ok()?.metadata().ok()?;
     Some(format!(
         "file:{}:{}:{}:{}",
         meta.dev(),
@@ -447,7 +457,9 @@ impl Inner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn register(&self, tgid: u32, maps: Arc<ProcessMaps>) {
+    /// Registers a process, building the tables it needs; `false` when a build did not
+    /// finish by `deadline` (the process is not registered then).
+    fn register(&self, tgid: u32, maps: Arc<ProcessMaps>, deadline: Option<Instant>) -> bool {
         {
             let st = self.lock();
             if st
@@ -455,7 +467,7 @@ impl Inner {
                 .get(&tgid)
                 .is_some_and(|p| Arc::ptr_eq(&p.snapshot, &maps))
             {
-                return;
+                return true;
             }
         }
         let mut mappings: Vec<[u64; 4]> = Vec::new();
@@ -465,11 +477,12 @@ impl Inner {
             let Some(key) = table_key(bin, tgid) else {
                 continue;
             };
-            let Some((id, pages, bias)) =
-                self.table_for(&key, bin, tgid, (r.start, r.end, r.offset))
-            else {
-                continue;
-            };
+            let (id, pages, bias) =
+                match self.table_for(&key, bin, tgid, (r.start, r.end, r.offset), deadline) {
+                    Ok(Some(t)) => t,
+                    Ok(None) => continue,
+                    Err(Overrun) => return false,
+                };
             if !keys.contains(&key) {
                 keys.push(key);
             }
@@ -508,7 +521,7 @@ impl Inner {
         {
             st.stats.registrations_dropped += 1;
             release(&mut st, &keys);
-            return;
+            return true;
         }
         if let Some(old) = st.procs.insert(
             tgid,
@@ -519,30 +532,72 @@ impl Inner {
         ) {
             release(&mut st, &old.tables);
         }
+        true
     }
 
     /// The table of `bin` (building and loading it if needed) and the load
-    /// bias of its mapping at `start`/`offset`.
+    /// bias of its mapping at `start`/`offset`; [`Overrun`] when the build did not finish
+    /// by `deadline` (nothing is remembered of it then: the worker builds it later).
     fn table_for(
         &self,
         key: &str,
         bin: &Binary,
         tgid: u32,
         (start, end, offset): (u64, u64, u64),
-    ) -> Option<(u32, u32, u64)> {
+        deadline: Option<Instant>,
+    ) -> Result<Option<(u32, u32, u64)>, Overrun> {
         {
             let mut st = self.lock();
             if st.failed.contains(key) {
-                return None;
+                return Ok(None);
             }
             if let Some(t) = st.tables.get_mut(key) {
                 t.last_used = Instant::now();
-                let bias = table::load_bias(&t.segments, start, end, offset)?;
-                return Some((t.id, t.pages, bias));
+                return Ok(table::load_bias(&t.segments, start, end, offset)
+                    .map(|bias| (t.id, t.pages, bias)));
             }
         }
         let began = Instant::now();
-        let built = table::build_from_path(&bin.open_path(tgid));
+        let built = {
+            // One build at a time, whichever thread asks: each may hold up to
+            // table::MAX_BUILD_BYTES plus its sections while it runs. A caller with a
+            // deadline does not wait for another's build: the worker builds this one later.
+            let _one = match (BUILDING.try_lock(), deadline) {
+                (Ok(guard), _) => guard,
+                (Err(std::sync::TryLockError::Poisoned(p)), _) => p.into_inner(),
+                (Err(std::sync::TryLockError::WouldBlock), Some(_)) => return Err(Overrun),
+                (Err(std::sync::TryLockError::WouldBlock), None) => {
+                    BUILDING.lock().unwrap_or_else(PoisonError::into_inner)
+                }
+            };
+            bin.open(tgid)
+                .map_err(|e| table::TableError::Parse(e.to_string()))
+                .and_then(|f| {
+                    table::build_from_file(
+                        &f,
+                        table::GiveUp {
+                            deadline,
+                            stop: Some(&self.stop),
+                        },
+                    )
+                })
+        };
+        if matches!(built, Err(table::TableError::Deadline)) {
+            return Err(Overrun);
+        }
+        Ok(self.keep_table(key, bin, (start, end, offset), built, began))
+    }
+
+    /// Loads a table just built (or remembers that `bin` has none) and returns it with the
+    /// load bias of the mapping at `start`/`offset`.
+    fn keep_table(
+        &self,
+        key: &str,
+        bin: &Binary,
+        (start, end, offset): (u64, u64, u64),
+        built: Result<BinaryTable, table::TableError>,
+        began: Instant,
+    ) -> Option<(u32, u32, u64)> {
         let mut st = self.lock();
         if let Some(t) = st.tables.get(key) {
             // Loaded by another thread meanwhile.

@@ -8,21 +8,30 @@
 //! Consecutive rows with the same rule are merged.
 //!
 //! The input is untrusted (any binary a tenant maps): the file is read with
-//! `pread` through a cache rather than mapped (a tenant truncating its own
+//! `pread` through a bounded cache rather than mapped (a tenant truncating its own
 //! library would otherwise SIGBUS the agent), section sizes are capped before
-//! anything is decompressed, and every malformed entry is skipped and counted.
+//! anything is decompressed, every malformed entry is skipped and counted, and
+//! what a build keeps is capped too: a highly compressible `.debug_frame` of
+//! millions of identical FDEs is a few KiB on disk, but each FDE kept costs
+//! memory ([`MAX_BUILD_BYTES`]).
 
 use std::fs::File;
+use std::time::Instant;
 
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, LittleEndian, Register, RegisterRule,
     UnwindContext, UnwindSection, X86_64,
 };
-use object::read::ReadCache;
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
-/// Largest CFI section read (`.eh_frame` of the largest binaries is tens of MiB).
-pub const MAX_SECTION_BYTES: u64 = 256 << 20;
+/// Largest CFI section read, after decompression (`.eh_frame` of the largest binaries is
+/// a few tens of MiB).
+pub const MAX_SECTION_BYTES: u64 = 64 << 20;
+/// Bytes of file one build reads in all: both sections as stored, and the headers.
+const MAX_READ_BYTES: u64 = 2 * MAX_SECTION_BYTES + (16 << 20);
+/// Most memory one build keeps for the entries it reads before merging them (24 bytes
+/// per FDE, 8 per row): about a million FDEs, several times what the largest programs have.
+pub const MAX_BUILD_BYTES: u64 = 32 << 20;
 
 /// `enum ff_cfa_kind` of `bpf/unwind.h`.
 pub mod kind {
@@ -128,6 +137,20 @@ pub enum TableError {
         /// Its (uncompressed) size.
         size: u64,
     },
+    /// The build gave up ([`GiveUp`]).
+    #[error("the table build gave up before it finished (deadline, or the unwinder stopped)")]
+    Deadline,
+    /// More entries than a build keeps.
+    #[error(
+        "{fdes} CFI entries with {rows} rows read and more to come: above the \
+         {MAX_BUILD_BYTES}-byte limit of one table build (frames there walk by frame pointer)"
+    )]
+    TooManyEntries {
+        /// FDEs read when the limit was reached.
+        fdes: u64,
+        /// Their rows.
+        rows: u64,
+    },
 }
 
 const RSP: Register = X86_64::RSP;
@@ -167,15 +190,84 @@ fn deref_rbp(expr: &[u8]) -> Option<i16> {
     (r.slice() == [0x06]).then_some(i16::try_from(off).ok()?)
 }
 
-/// Builds the table of the ELF file at `path` (e.g. `/proc/self/fd/N`).
-pub fn build_from_path(path: &std::path::Path) -> Result<BinaryTable, TableError> {
-    let file = File::open(path).map_err(|e| TableError::Parse(e.to_string()))?;
-    let cache = ReadCache::new(file);
-    build(&cache)
+/// When a build gives up ([`TableError::Deadline`]): at a deadline, or when its owner stops.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GiveUp<'a> {
+    /// Give up after this instant.
+    pub deadline: Option<Instant>,
+    /// Give up once this is set.
+    pub stop: Option<&'a std::sync::atomic::AtomicBool>,
+}
+
+impl GiveUp<'_> {
+    fn now(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+            || self
+                .stop
+                .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// Builds the table of a binary opened with [`crate::process::files`], reading it through a
+/// bounded cache; [`TableError::Deadline`] if `give_up` says so before it is done.
+pub fn build_from_file(file: &File, give_up: GiveUp<'_>) -> Result<BinaryTable, TableError> {
+    let reader = crate::process::files::BoundedReader::new(file, MAX_SECTION_BYTES, MAX_READ_BYTES)
+        .map_err(|e| TableError::Parse(e.to_string()))?;
+    build_until(&reader, give_up)
+}
+
+/// The FDEs read so far: each one's address range and rows, all rows in one vector (one
+/// allocation for millions of FDEs, not one each), within a limit of bytes.
+struct Fdes<'a> {
+    /// (start, end, first row, row count).
+    index: Vec<(u64, u64, u32, u32)>,
+    rows: Vec<Row>,
+    limit: u64,
+    give_up: GiveUp<'a>,
+}
+
+impl<'a> Fdes<'a> {
+    fn new(limit: u64, give_up: GiveUp<'a>) -> Self {
+        Self {
+            index: Vec::new(),
+            rows: Vec::new(),
+            limit,
+            give_up,
+        }
+    }
+
+    /// Whether to give up (looked at every 4,096 FDEs).
+    fn overrun(&self) -> bool {
+        self.index.len().is_multiple_of(4096) && self.give_up.now()
+    }
+
+    fn full(&self) -> bool {
+        (self.index.len() * 24 + self.rows.len() * 8) as u64 > self.limit
+    }
+
+    fn too_many(&self) -> TableError {
+        TableError::TooManyEntries {
+            fdes: self.index.len() as u64,
+            rows: self.rows.len() as u64,
+        }
+    }
+
+    fn rows_of(&self, i: usize) -> &[Row] {
+        let (_, _, first, n) = self.index[i];
+        &self.rows[first as usize..first as usize + n as usize]
+    }
 }
 
 /// Builds the table of an ELF image (anything object can read).
 pub fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<BinaryTable, TableError> {
+    build_until(data, GiveUp::default())
+}
+
+/// [`build`], giving up with [`TableError::Deadline`] when `give_up` says so.
+fn build_until<'data, R: object::ReadRef<'data>>(
+    data: R,
+    give_up: GiveUp<'_>,
+) -> Result<BinaryTable, TableError> {
     let obj = object::File::parse(data).map_err(|e| TableError::Parse(e.to_string()))?;
     if obj.architecture() != object::Architecture::X86_64 {
         return Err(TableError::Architecture(obj.architecture()));
@@ -196,76 +288,85 @@ pub fn build<'data, R: object::ReadRef<'data>>(data: R) -> Result<BinaryTable, T
             .collect(),
         ..BinaryTable::default()
     };
-    // (start, end, rows) per FDE, .eh_frame first so that it wins overlaps.
-    let mut fdes: Vec<(u64, u64, Vec<Row>)> = Vec::new();
+    // FDEs of .eh_frame first, so that they win overlaps.
+    let mut fdes = Fdes::new(MAX_BUILD_BYTES, give_up);
     let text = obj.section_by_name(".text").map_or(0, |s| s.address());
     if let Some(section) = obj.section_by_name(".eh_frame") {
-        let data = section_bytes(&section, ".eh_frame")?;
+        let data = section_bytes(&section, ".eh_frame", give_up)?;
         let eh = EhFrame::new(&data, LittleEndian);
         let bases = BaseAddresses::default()
             .set_eh_frame(section.address())
             .set_text(text);
-        read_fdes(&eh, &bases, &mut out, &mut fdes);
+        read_fdes(&eh, &bases, &mut out, &mut fdes)?;
     }
-    let eh_count = fdes.len();
+    let eh_count = fdes.index.len();
     if let Some(section) = obj.section_by_name(".debug_frame") {
-        let data = section_bytes(&section, ".debug_frame")?;
+        let data = section_bytes(&section, ".debug_frame", give_up)?;
         let mut df = DebugFrame::new(&data, LittleEndian);
         df.set_address_size(8);
-        let mut extra = Vec::new();
-        read_fdes(&df, &BaseAddresses::default(), &mut out, &mut extra);
-        // Only what .eh_frame does not cover (a cgo binary has both).
-        let mut covered: Vec<(u64, u64)> = fdes[..eh_count].iter().map(|f| (f.0, f.1)).collect();
-        covered.sort_unstable();
-        for f in extra {
-            let i = covered.partition_point(|c| c.0 < f.1);
-            if i > 0 && covered[i - 1].1 > f.0 {
-                continue;
-            }
-            fdes.push(f);
-        }
+        read_fdes(&df, &BaseAddresses::default(), &mut out, &mut fdes)?;
     }
-    if fdes.is_empty() {
+    // Of .debug_frame, only what .eh_frame does not cover (a cgo binary has both).
+    let mut covered: Vec<(u64, u64)> = fdes.index[..eh_count].iter().map(|f| (f.0, f.1)).collect();
+    covered.sort_unstable();
+    let mut order: Vec<u32> = (0..eh_count as u32).collect();
+    for (i, f) in fdes.index.iter().enumerate().skip(eh_count) {
+        let at = covered.partition_point(|c| c.0 < f.1);
+        if at > 0 && covered[at - 1].1 > f.0 {
+            continue;
+        }
+        order.push(i as u32);
+    }
+    drop(covered);
+    if order.is_empty() {
         return Err(TableError::NoCfi);
     }
-    out.fdes = fdes.len() as u64;
-    fdes.sort_by_key(|f| f.0);
-    let mut rows: Vec<Row> = Vec::new();
+    out.fdes = order.len() as u64;
+    order.sort_by_key(|&i| fdes.index[i as usize].0);
+    // Concatenate in address order and merge rows that repeat the previous rule.
+    let mut merged: Vec<Row> = Vec::new();
     let mut prev_end = 0u64;
-    for (start, end, frows) in fdes {
+    for i in order {
+        let (start, end, _, _) = fdes.index[i as usize];
         if start < prev_end {
             // Overlapping FDEs: the earlier one's rows stand.
             out.skipped += 1;
             continue;
         }
-        // A gap between functions has no CFI.
-        if let Some(last) = rows.last_mut()
+        // A gap between functions has no CFI: the end row of the previous FDE stays
+        // only if this one does not start right there.
+        if let Some(last) = merged.last()
             && u64::from(last.pc) == start
+            && last.kind == kind::NONE
         {
-            rows.pop();
+            merged.pop();
         }
-        rows.extend(frows);
+        for &r in fdes.rows_of(i as usize) {
+            push_merged(&mut merged, r);
+        }
         if let Ok(end32) = u32::try_from(end) {
-            rows.push(Row::none(end32));
+            push_merged(&mut merged, Row::none(end32));
         }
         prev_end = end;
-    }
-    // Merge rows that repeat the previous rule.
-    let mut merged: Vec<Row> = Vec::with_capacity(rows.len());
-    for r in rows {
-        match merged.last_mut() {
-            Some(last) if last.pc == r.pc => *last = r,
-            Some(last) if last.same_rule(&r) => {}
-            _ => merged.push(r),
-        }
     }
     out.rows = merged;
     Ok(out)
 }
 
+/// Appends `r` unless it repeats the previous row's rule; a row at the previous row's
+/// address replaces it.
+fn push_merged(merged: &mut Vec<Row>, r: Row) {
+    match merged.last_mut() {
+        Some(last) if last.pc == r.pc => *last = r,
+        Some(last) if last.same_rule(&r) => {}
+        _ => merged.push(r),
+    }
+}
+
 fn section_bytes<'data, R: object::ReadRef<'data>>(
     section: &object::Section<'data, '_, R>,
     name: &'static str,
+    give_up: GiveUp<'_>,
 ) -> Result<std::borrow::Cow<'data, [u8]>, TableError> {
     let size = section
         .compressed_file_range()
@@ -276,17 +377,43 @@ fn section_bytes<'data, R: object::ReadRef<'data>>(
             size,
         });
     }
-    section
-        .uncompressed_data()
-        .map_err(|e| TableError::Parse(format!("{name}: {e}")))
+    let parse_err = |e: &dyn std::fmt::Display| TableError::Parse(format!("{name}: {e}"));
+    let compressed = section.compressed_data().map_err(|e| parse_err(&e))?;
+    if compressed.format != object::CompressionFormat::Zlib {
+        return section.uncompressed_data().map_err(|e| parse_err(&e));
+    }
+    // zlib (what compilers and objcopy use): decompressed here in steps, so that a build
+    // can give up in the middle of a large section.
+    use std::io::Read as _;
+    let mut out = Vec::with_capacity(size as usize);
+    let mut decoder = flate2::bufread::ZlibDecoder::new(compressed.data).take(size);
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        if give_up.now() {
+            return Err(TableError::Deadline);
+        }
+        let n = decoder.read(&mut chunk).map_err(|e| parse_err(&e))?;
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
+    if out.len() as u64 != size {
+        return Err(parse_err(&format!(
+            "decompressed to {} bytes, expected {size}",
+            out.len()
+        )));
+    }
+    Ok(std::borrow::Cow::Owned(out))
 }
 
 fn read_fdes<'a, S>(
     section: &S,
     bases: &BaseAddresses,
     out: &mut BinaryTable,
-    fdes: &mut Vec<(u64, u64, Vec<Row>)>,
-) where
+    fdes: &mut Fdes<'_>,
+) -> Result<(), TableError>
+where
     S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
 {
     let mut ctx = Box::new(UnwindContext::new());
@@ -318,14 +445,17 @@ fn read_fdes<'a, S>(
             out.skipped += 1;
             continue;
         };
-        let mut rows = Vec::new();
+        let first = fdes.rows.len();
         loop {
             match table.next_row() {
                 Ok(Some(row)) => {
                     let Ok(pc) = u32::try_from(row.start_address()) else {
                         break;
                     };
-                    rows.push(convert(section, row, pc, out.go));
+                    fdes.rows.push(convert(section, row, pc, out.go));
+                    if fdes.full() {
+                        return Err(fdes.too_many());
+                    }
                 }
                 Ok(None) => break,
                 Err(_) => {
@@ -334,10 +464,21 @@ fn read_fdes<'a, S>(
                 }
             }
         }
-        if !rows.is_empty() {
-            fdes.push((start, end, rows));
+        if fdes.overrun() {
+            return Err(TableError::Deadline);
+        }
+        let n = fdes.rows.len() - first;
+        if n > 0 {
+            let (Ok(first), Ok(n)) = (u32::try_from(first), u32::try_from(n)) else {
+                return Err(fdes.too_many());
+            };
+            fdes.index.push((start, end, first, n));
+            if fdes.full() {
+                return Err(fdes.too_many());
+            }
         }
     }
+    Ok(())
 }
 
 fn convert<'a, S>(section: &S, row: &gimli::UnwindTableRow<usize>, pc: u32, go: bool) -> Row
@@ -461,6 +602,47 @@ mod tests {
         let base = 0x5555_0000_0000u64;
         let bias = load_bias(&segs, base + 0x13000, base + 0x50000, 0x12000).unwrap();
         assert_eq!(bias, base);
+    }
+
+    /// A `.debug_frame` of one CIE and `n` identical FDEs (24 bytes each).
+    fn identical_fdes(n: usize) -> Vec<u8> {
+        let mut d = 20u32.to_le_bytes().to_vec();
+        d.extend_from_slice(&[
+            0xff, 0xff, 0xff, 0xff, 1, 0, 1, 0x78, 16, 0x0c, 7, 8, 0x90, 1,
+        ]);
+        d.resize(24, 0);
+        for _ in 0..n {
+            d.extend_from_slice(&20u32.to_le_bytes());
+            d.extend_from_slice(&0u32.to_le_bytes());
+            d.extend_from_slice(&0x1000u64.to_le_bytes());
+            d.extend_from_slice(&0x10u64.to_le_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn what_a_build_keeps_of_many_fdes_is_bounded() {
+        let data = identical_fdes(10_000);
+        let mut df = DebugFrame::new(&data, LittleEndian);
+        df.set_address_size(8);
+        let mut out = BinaryTable::default();
+        // Room for all: every FDE is read, with its one row.
+        let mut all = Fdes::new(1 << 20, GiveUp::default());
+        read_fdes(&df, &BaseAddresses::default(), &mut out, &mut all).unwrap();
+        assert_eq!((all.index.len(), all.rows.len()), (10_000, 10_000));
+        // Room for about a thousand: the read stops there, with an error naming the count.
+        let mut few = Fdes::new(1000 * 32, GiveUp::default());
+        let e = read_fdes(&df, &BaseAddresses::default(), &mut out, &mut few).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TableError::TooManyEntries {
+                    fdes: 1000,
+                    rows: 1001
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]

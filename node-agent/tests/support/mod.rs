@@ -4,6 +4,8 @@
 //! Each test binary includes this with `mod support;` and uses what it needs.
 #![allow(dead_code)]
 
+pub mod chart_agent;
+
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

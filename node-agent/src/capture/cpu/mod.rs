@@ -2,8 +2,8 @@
 //! program counting stacks of target cgroups in the kernel), captures on top
 //! of it, and their pprof output.
 //!
-//! Layout: [`sampler`] (the loaded program, its perf events and maps), [`capture`] (one
-//! capture's window on the sampler), [`profile`] (samples, symbolization, pprof).
+//! Layout: `sampler.rs` (the loaded program, its perf events and maps), `capture.rs` (one
+//! capture's window on the sampler), `profile.rs` (samples, symbolization, pprof).
 
 mod capture;
 mod profile;

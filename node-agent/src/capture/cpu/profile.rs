@@ -64,6 +64,7 @@ impl CpuSamples {
     /// window on [`super::CpuCapture::peek`]'s samples, so that [`Self::to_profile`] after the
     /// window finds them cached.
     pub fn warm_symbols(&self, symbolizer: &mut StackSymbolizer) -> usize {
+        symbolizer.confine_to(self.targets.iter().map(|t| t.cgroup.clone()));
         let mut kernel: HashSet<&[u64]> = HashSet::new();
         let mut done = 0;
         for s in &self.samples {
@@ -87,6 +88,9 @@ impl CpuSamples {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
         b.time(start, self.duration.as_nanos() as i64);
+        // The samples come from the targets: a process without a snapshot is read now only
+        // if it is still there (its PID may have gone to another process).
+        symbolizer.confine_to(self.targets.iter().map(|t| t.cgroup.clone()));
         b.comment(&format!(
             "event {} at {} Hz; drops: counts_full={} user_stack={} kernel_stack={} notify={}",
             self.options.event.name(),
@@ -109,7 +113,9 @@ impl CpuSamples {
             symbolizer.account(&frames, s.count);
             b.add_sample(&frames, &[n, n * period], &labels);
         }
-        b.comment(&symbolizer.stats.quality_comment("samples"));
+        for c in symbolizer.comments("samples") {
+            b.comment(&c);
+        }
         b.comment(&self.walk.comment());
         if let Some(u) = &self.unwinder {
             b.comment(&format!(

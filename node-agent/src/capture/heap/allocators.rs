@@ -3,9 +3,12 @@
 //! linked allocator), and the file offsets where uprobes go.
 
 use std::collections::HashMap;
-use std::fs;
+use std::fs::File;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::process::files;
 
 use blazesym::inspect::{Inspector, source::Elf, source::Source};
 
@@ -128,11 +131,13 @@ pub struct EntryPoint {
 }
 
 /// A binary (executable or shared object) that exports an allocator.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct AllocatorBinary {
-    /// A path the agent can open: `/proc/<pid>/root/<path>`, so files inside
-    /// containers resolve in the container's mount namespace.
+    /// A path that reaches exactly [`Self::file`] (`/proc/self/fd/N`): what the uprobes
+    /// attach to, never a path the workload could redirect meanwhile.
     pub path: PathBuf,
+    /// The binary, opened inside the process's root (see [`crate::process::files`]).
+    pub file: Arc<File>,
     /// The path inside the process's mount namespace, for messages.
     pub name: String,
     /// Device and inode: uprobes attach to the inode, so this identifies it.
@@ -151,35 +156,49 @@ pub struct InspectError {
     pub reason: String,
 }
 
-/// File-backed executable mappings of a process: (path inside its mount
-/// namespace, openable path, (dev, inode)). Empty when the process is gone.
-pub fn executable_files(pid: u32) -> Vec<(String, PathBuf, (u64, u64))> {
-    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+/// A file-backed executable mapping of a process, opened.
+#[derive(Debug, Clone)]
+pub struct ExecutableFile {
+    /// Its path inside the process's mount namespace.
+    pub name: String,
+    /// The file, opened with [`files::open_mapping`].
+    pub file: Arc<File>,
+    /// Device and inode of the file opened.
+    pub dev_ino: (u64, u64),
+}
+
+impl ExecutableFile {
+    /// A path reaching exactly this file.
+    pub fn path(&self) -> PathBuf {
+        files::fd_path(&self.file)
+    }
+}
+
+/// The files of the executable mappings of a process, one per inode, opened as
+/// [`files`] does (a mapped file that is gone, deleted, or not a regular file is left
+/// out). Empty when the process is gone.
+pub fn executable_files(pid: u32) -> Vec<ExecutableFile> {
+    let Ok(maps) = crate::process::maps::executable_mappings(pid) else {
         return Vec::new();
     };
-    let mut out: Vec<(String, PathBuf, (u64, u64))> = Vec::new();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(_range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let name = f.collect::<Vec<_>>().join(" ");
-        if !perms.contains('x')
-            || inode == "0"
-            || !name.starts_with('/')
-            || name.ends_with("(deleted)")
-        {
+    let mut out: Vec<ExecutableFile> = Vec::new();
+    for m in maps.mappings {
+        if !m.is_file() || out.iter().any(|f| f.name == m.name) {
             continue;
         }
-        let path = PathBuf::from(format!("/proc/{pid}/root{name}"));
-        let Ok(meta) = fs::metadata(&path) else {
+        let Ok(opened) = files::open_mapping(pid, &m.range, &m.name) else {
+            continue;
+        };
+        let Ok(meta) = opened.file.metadata() else {
             continue;
         };
         let key = (meta.dev(), meta.ino());
-        if !out.iter().any(|(_, _, k)| *k == key) {
-            out.push((name, path, key));
+        if !out.iter().any(|f| f.dev_ino == key) {
+            out.push(ExecutableFile {
+                name: m.name.trim_end_matches(" (deleted)").to_owned(),
+                file: Arc::new(opened.file),
+                dev_ino: key,
+            });
         }
     }
     out
@@ -205,23 +224,30 @@ impl std::fmt::Debug for AllocatorFinder {
 impl AllocatorFinder {
     /// An empty finder.
     pub fn new() -> Self {
+        // blazesym maps the binaries it inspects: see crate::sigbus.
+        crate::sigbus::install();
         Self::default()
     }
 
     /// The allocator binaries mapped by `pid` (empty when it has exited).
     pub fn allocators_of(&mut self, pid: u32) -> Vec<AllocatorBinary> {
         let mut out = Vec::new();
-        for (name, path, key) in executable_files(pid) {
-            let found = self.known.entry(key).or_insert_with(|| {
-                // A binary we cannot parse is not an allocator we can probe.
-                entry_points(&Inspector::new(), &path)
+        for f in executable_files(pid) {
+            let key = f.dev_ino;
+            // A binary we cannot parse — or should not: see elf_check — is not an allocator
+            // we can probe. Each is inspected with an inspector of its own, so that what
+            // blazesym parsed of it is freed once its entry points are known.
+            let known = self.known.entry(key).or_insert_with(|| {
+                crate::symbolize::elf_check::check(&f.file)
                     .ok()
+                    .and_then(|_| entry_points(&Inspector::new(), &f.path()).ok())
                     .filter(|e| !e.is_empty())
             });
-            if let Some(entry_points) = found {
+            if let Some(entry_points) = known {
                 out.push(AllocatorBinary {
-                    path,
-                    name,
+                    path: f.path(),
+                    file: f.file.clone(),
+                    name: f.name,
                     dev_ino: key,
                     entry_points: entry_points.clone(),
                 });
@@ -278,7 +304,7 @@ pub fn entry_points(
 fn read_code(path: &std::path::Path, offset: u64) -> Vec<u8> {
     use std::os::unix::fs::FileExt as _;
     let mut buf = vec![0u8; 16];
-    match fs::File::open(path).and_then(|f| f.read_at(&mut buf, offset)) {
+    match File::open(path).and_then(|f| f.read_at(&mut buf, offset)) {
         Ok(n) => {
             buf.truncate(n);
             buf
@@ -370,7 +396,7 @@ mod tests {
         // Our own executable defines malloc too: it links jemalloc with unprefixed symbols
         // (through flamefleet-selfprof, for /debug/pprof/heap), which replaces the process's
         // malloc. It is found as an allocator of its own, with jemalloc's entry points.
-        let exe = fs::read_link("/proc/self/exe").unwrap();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let own = allocators
             .iter()
             .find(|a| std::path::Path::new(&a.name) == exe)

@@ -11,7 +11,7 @@ use flamefleet_proto::pprof::Profile;
 
 use super::allocators::AllocatorFinder;
 use super::ebpf::{EbpfCapture, EbpfHeapStats};
-use super::goruntime::buckets::WalkLimits;
+use super::goruntime::buckets::{DEFAULT_HELD_BYTES, HeldBudget, WalkLimits};
 use super::goruntime::profile::{self as goprofile, ProcessBuckets};
 use super::goruntime::{self, GoProcess};
 use super::merge::{self, LabelledProfile};
@@ -213,16 +213,33 @@ fn read_and_merge(
     ebpf_result: Option<(Profile, EbpfHeapStats)>,
     catalog: &ProcessCatalog,
 ) -> Result<HeapProfile, HeapError> {
+    // Each process is the one found at the start (held since), and what it yields is kept
+    // only while it is still in its target. What they all keep is bounded together.
     let mut parts: Vec<ProcessBuckets> = Vec::new();
     let mut comments: Vec<String> = Vec::new();
+    let mut held = HeldBudget::new(DEFAULT_HELD_BYTES);
     for (i, p) in go {
         let t = &targets[*i];
         let started = Instant::now();
-        let result = p.read(goruntime::DEFAULT_READ_BUDGET, WalkLimits::default());
+        let result = p
+            .read(
+                goruntime::DEFAULT_READ_BUDGET,
+                WalkLimits::default(),
+                &mut held,
+            )
+            .and_then(|read| {
+                // Read by PID: the comm and the maps are this process's only if it still
+                // lives once they are read.
+                let c = comm(p.pid);
+                catalog.snapshot(p.pid);
+                match p.unattributable(&t.cgroup) {
+                    Some(e) => Err(e),
+                    None => Ok((read, c)),
+                }
+            });
         let took = started.elapsed();
-        let c = comm(p.pid);
         match result {
-            Ok((walk, bytes)) => {
+            Ok(((walk, bytes), c)) => {
                 let detail = format!(
                     "{}, MemProfileRate {}, {} buckets, {bytes} bytes read in {:.1} ms, GC \
                      cycle {}{}{}",
@@ -255,7 +272,6 @@ fn read_and_merge(
                 if !c.is_empty() {
                     labels.push(Label::Str("comm".into(), c.clone()));
                 }
-                catalog.snapshot(p.pid);
                 parts.push(ProcessBuckets {
                     pid: p.pid,
                     rate: p.rate,
@@ -272,7 +288,10 @@ fn read_and_merge(
             }
             Err(e) => notes.push(ProcessNote {
                 pid: p.pid,
-                comm: c,
+                // Read by PID: kept only if the process found still lives afterwards.
+                comm: Some(comm(p.pid))
+                    .filter(|_| p.process.is_alive())
+                    .unwrap_or_default(),
                 target: target_name(t),
                 source: None,
                 detail: e.to_string(),
@@ -286,14 +305,16 @@ fn read_and_merge(
     let mut labelled = Vec::new();
     if !parts.is_empty() {
         let mut symbolizer = StackSymbolizer::new(catalog.clone());
+        symbolizer.confine_to(targets.iter().map(|t| t.cgroup.clone()));
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
         let mut profile = goprofile::build(&parts, &mut symbolizer, &comments, now);
-        let quality = symbolizer.stats.quality_comment("buckets");
-        let i = profile.string_table.len() as i64;
-        profile.string_table.push(quality);
-        profile.comment.push(i);
+        for c in symbolizer.comments("buckets") {
+            let i = profile.string_table.len() as i64;
+            profile.string_table.push(c);
+            profile.comment.push(i);
+        }
         labelled.push(LabelledProfile {
             profile,
             labels: vec![Label::Str("heap_source".into(), "goruntime".into())],

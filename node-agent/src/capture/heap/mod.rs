@@ -469,6 +469,12 @@ impl HeapCapture {
     }
 }
 
+/// Endpoint bodies fetched and decoded at once. Each may take up to
+/// [`FetchLimits::max_body_bytes`] as received and [`FetchLimits::max_profile_bytes`]
+/// decompressed, and every one of them is the pod's to choose: a capture of many
+/// containers must not hold all their worst cases at the same moment.
+pub const MAX_CONCURRENT_FETCHES: usize = 2;
+
 /// The eBPF window when allocations are sampled; none for sources read at once (endpoints,
 /// Go heaps), whose capture can finish as soon as it started.
 impl Window for HeapCapture {
@@ -490,8 +496,8 @@ impl Window for HeapCapture {
     }
 }
 
-/// Fetches every target's endpoint concurrently, keeps the successes and
-/// merges them; fails only when none succeeded.
+/// Fetches every target's endpoint, [`MAX_CONCURRENT_FETCHES`] at a time, keeps the
+/// successes and merges them; fails only when none succeeded.
 fn fetch_all(req: &HeapRequest) -> Result<(Profile, Vec<String>), HeapError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -517,10 +523,15 @@ fn fetch_all(req: &HeapRequest) -> Result<(Profile, Vec<String>), HeapError> {
         })
         .collect();
     let results = runtime.block_on(async {
+        let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_FETCHES));
         let mut set = tokio::task::JoinSet::new();
         for (i, (_, ep)) in jobs.iter().enumerate() {
-            let (ep, limits) = (ep.clone(), limits.clone());
-            set.spawn(async move { (i, endpoint::fetch_profile(&ep, &limits).await) });
+            let (ep, limits, slots) = (ep.clone(), limits.clone(), slots.clone());
+            set.spawn(async move {
+                // Held until the body is decoded (or the fetch failed); never closed.
+                let _slot = slots.acquire_owned().await;
+                (i, endpoint::fetch_profile(&ep, &limits).await)
+            });
         }
         let mut out = Vec::new();
         while let Some(joined) = set.join_next().await {

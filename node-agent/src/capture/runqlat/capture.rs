@@ -57,12 +57,7 @@ impl RunqlatCapture {
         let duration = self.started_at.elapsed();
         let shared = self.sampler.lock();
         // Indices nested below a target (another capture's) count for it too.
-        let target_of_index: HashMap<u32, usize> = shared
-            .table
-            .covered(&self.cgroup_ids)
-            .into_iter()
-            .map(|(index, pos)| (index, self.owner_of[pos]))
-            .collect();
+        let target_of_index = shared.table.owners(&self.cgroup_ids, &self.owner_of);
         let own: HashSet<u32> = target_of_index.keys().copied().collect();
         let now = read_hists(&shared.maps, &own)?;
         let drops = read_drops(&shared.maps.drops);

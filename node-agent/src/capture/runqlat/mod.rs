@@ -5,8 +5,8 @@
 //! A wait is attributed to the cgroup of the task that waits (libbpf-tools'
 //! `runqlat -c` tests the cgroup of the waker instead).
 //!
-//! Layout: [`sampler`] (the loaded programs and their maps), [`capture`] (one capture's
-//! window on the sampler), [`profile`] (histograms, text report, pprof).
+//! Layout: `sampler.rs` (the loaded programs and their maps), `capture.rs` (one capture's
+//! window on the sampler), `profile.rs` (histograms, text report, pprof).
 
 mod capture;
 mod profile;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 
-use super::profile::build_profile;
+use super::profile::{CaptureRead, Rows, build_profile};
 use super::sampler::{self, HeapSampler, JoinedCapture};
 use super::{EbpfHeapOptions, EbpfHeapStats};
 use crate::bpf::from_bytes;
@@ -220,12 +220,8 @@ fn hold_allocators(
                         stats.allocators.push(bin.name.clone());
                     }
                     Ok(None) => {}
-                    // The process exited between being listed and its probes attaching
-                    // (its `/proc/<pid>/root/...` path went with it): nothing to probe
-                    // there; another process of the same binary may bring it back.
-                    Err(_) if !bin.path.exists() => {
-                        tracing::debug!(pid, binary = %bin.name, "process exited before its allocator probes attached; skipped");
-                    }
+                    // The binary is held open from the moment it was found: its probes
+                    // attach even if the process exited meanwhile.
                     Err(e) => return Err(e),
                 }
             }
@@ -312,20 +308,6 @@ fn apply_counters(stats: &mut EbpfHeapStats, now: [u64; 8], before: [u64; 8]) {
     stats.dropped_notifications = d(7);
 }
 
-/// Scaled values of one (target, process, stack): alloc objects, alloc
-/// bytes, in-use objects, in-use bytes.
-pub(super) type Row = [f64; 4];
-
-/// Aggregation rows by (target position, process, user stack key).
-pub(super) type Rows = HashMap<(usize, u32, u64), Row>;
-
-/// What a capture read from the sampler, before symbolization.
-pub(super) struct CaptureRead {
-    pub(super) rows: Rows,
-    /// The stacks the rows refer to, by key, leaf first.
-    pub(super) stacks: HashMap<u64, Vec<u64>>,
-}
-
 /// This capture's rows: per size class, `alloc_*` is the increase of the row's counters
 /// since the capture started and `inuse_*` the live sampled allocations made since then;
 /// each is scaled (the bias correction depends on the size), then summed over size classes.
@@ -335,12 +317,7 @@ fn read_capture(
     rate: u64,
 ) -> Result<CaptureRead> {
     // Indices nested below a target (another capture's) count for it too.
-    let target_of_index: HashMap<u32, usize> = shared
-        .table
-        .covered(&capture.cgroup_ids)
-        .into_iter()
-        .map(|(index, pos)| (index, capture.owner_of[pos]))
-        .collect();
+    let target_of_index = shared.table.owners(&capture.cgroup_ids, &capture.owner_of);
     let own: HashSet<u32> = target_of_index.keys().copied().collect();
     // Sampled (count, bytes) per aggregation key: allocated, in use.
     let mut sampled: HashMap<sampler::AggKey, [u64; 4]> = HashMap::new();

@@ -22,8 +22,8 @@
 //! shared by concurrent captures: a capture adds its targets to it, holds the
 //! probes of the allocators its targets use, and reads only its own counts.
 //!
-//! Layout: [`sampler`] (the node's loaded programs, probes and maps), [`capture`] (one
-//! capture's window on it), [`profile`] (the pprof in Go's heap layout).
+//! Layout: `sampler.rs` (the node's loaded programs, probes and maps), `capture.rs` (one
+//! capture's window on it), `profile.rs` (the pprof in Go's heap layout).
 
 mod capture;
 mod profile;

@@ -6,12 +6,25 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use flamefleet_proto::pprof::Profile;
 
-use super::capture::CaptureRead;
 use super::{EbpfHeapOptions, EbpfHeapStats};
 use crate::capture::{CaptureTarget, target_labels};
 use crate::pprof::{Label, ProfileBuilder};
 use crate::process::ProcessCatalog;
 use crate::symbolize::StackSymbolizer;
+
+/// Scaled values of one (target, process, stack): alloc objects, alloc
+/// bytes, in-use objects, in-use bytes.
+pub(super) type Row = [f64; 4];
+
+/// Aggregation rows by (target position, process, user stack key).
+pub(super) type Rows = HashMap<(usize, u32, u64), Row>;
+
+/// What a capture read from the sampler, before symbolization.
+pub(super) struct CaptureRead {
+    pub(super) rows: Rows,
+    /// The stacks the rows refer to, by key, leaf first.
+    pub(super) stacks: HashMap<u64, Vec<u64>>,
+}
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn build_profile(
@@ -50,6 +63,9 @@ pub(super) fn build_profile(
         ));
     }
     let mut symbolizer = StackSymbolizer::new(catalog.clone());
+    // The samples come from the targets: a process without a snapshot is read now only if
+    // it is still there (its PID may have gone to another process).
+    symbolizer.confine_to(targets.iter().map(|t| t.cgroup.clone()));
     let mut sorted: Vec<_> = read.rows.into_iter().collect();
     sorted.sort_by_key(|(k, _)| *k);
     let mut comms: HashMap<u32, String> = HashMap::new();
@@ -76,7 +92,9 @@ pub(super) fn build_profile(
         symbolizer.account(&frames, values[0].max(1) as u64);
         b.add_sample(&frames, &values, &labels);
     }
-    b.comment(&symbolizer.stats.quality_comment("allocations"));
+    for c in symbolizer.comments("allocations") {
+        b.comment(&c);
+    }
     if let Some(w) = &stats.walk {
         b.comment(&w.comment());
     }

@@ -2,11 +2,17 @@
 //! in stripped binaries) and the link-time addresses of the runtime globals
 //! the heap profile hangs from (from the symbol table).
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use object::read::ReadCache;
 use object::{Object as _, ObjectKind, ObjectSection as _, ObjectSegment as _, ObjectSymbol as _};
+
+use crate::process::files::{BoundedReader, TargetFile};
+
+/// Largest single read of the executable (its symbol or string table): a Go program's are
+/// a few MiB.
+const MAX_READ: u64 = 64 << 20;
+/// Bytes read from one executable in all (section headers, build info, symbols, names).
+const READ_BUDGET: u64 = 160 << 20;
 
 /// The runtime globals read by this source.
 pub const SYMBOLS: [&str; 4] = [
@@ -114,15 +120,20 @@ fn uvarint(data: &[u8]) -> Option<(u64, usize)> {
     None
 }
 
-/// Inspects `path`: `Ok(None)` when it is not a Go binary (no
-/// `.go.buildinfo`), otherwise its version and runtime symbols.
-pub fn inspect(path: &Path) -> Result<Option<GoBinary>, BinaryError> {
-    let file = File::open(path).map_err(|source| BinaryError::Open {
-        path: path.to_path_buf(),
-        source,
+/// Inspects `file` (a target's executable, opened with [`crate::process::files`]): `Ok(None)`
+/// when it is not a Go binary (no `.go.buildinfo`), otherwise its version and runtime
+/// symbols. Reads are bounded (the file is the workload's): a symbol table larger than
+/// a Go program's ever is fails the inspection.
+pub fn inspect(file: &TargetFile) -> Result<Option<GoBinary>, BinaryError> {
+    let path = PathBuf::from(&file.path);
+    let path = path.as_path();
+    let reader = BoundedReader::new(&file.file, MAX_READ, READ_BUDGET).map_err(|source| {
+        BinaryError::Open {
+            path: path.to_path_buf(),
+            source,
+        }
     })?;
-    let cache = ReadCache::new(file);
-    let elf = object::File::parse(&cache).map_err(|e| BinaryError::Elf {
+    let elf = object::File::parse(&reader).map_err(|e| BinaryError::Elf {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
@@ -146,6 +157,17 @@ pub fn inspect(path: &Path) -> Result<Option<GoBinary>, BinaryError> {
         })?
         .unwrap_or_else(|| "go1.17 or older (pre-1.18 build info)".into());
     let mut found = [None; 4];
+    if let Some(symtab) = elf.section_by_name(".symtab")
+        && symtab.size() > MAX_READ
+    {
+        return Err(BinaryError::Elf {
+            path: path.to_path_buf(),
+            reason: format!(
+                "its symbol table is {} bytes, above the {MAX_READ}-byte limit",
+                symtab.size()
+            ),
+        });
+    }
     for sym in elf.symbols() {
         if let Ok(name) = sym.name()
             && let Some(i) = SYMBOLS.iter().position(|s| *s == name)
@@ -185,23 +207,12 @@ pub fn load_bias(pid: u32, bin: &GoBinary) -> Option<u64> {
     }
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     let exe = exe.to_str()?.trim_end_matches(" (deleted)").to_owned();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(offset), Some(_dev), Some(_inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let name = f.collect::<Vec<_>>().join(" ");
-        if name.trim_end_matches(" (deleted)") != exe || !offset.trim_start_matches('0').is_empty()
-        {
-            continue;
-        }
-        let start = u64::from_str_radix(range.split_once('-')?.0, 16).ok()?;
-        return start.checked_sub(bin.min_vaddr & !0xfff);
-    }
-    None
+    let first = crate::process::maps::mappings(pid, |m| {
+        m.offset == 0 && m.name.trim_end_matches(" (deleted)") == exe
+    })
+    .ok()?;
+    let start = first.mappings.first()?.start;
+    start.checked_sub(bin.min_vaddr & !0xfff)
 }
 
 #[cfg(test)]
@@ -234,7 +245,7 @@ mod tests {
 
     #[test]
     fn a_rust_binary_is_not_go() {
-        let me = std::env::current_exe().unwrap();
+        let me = crate::process::files::open_exe(std::process::id()).unwrap();
         assert!(inspect(&me).unwrap().is_none());
     }
 }

@@ -10,8 +10,61 @@
 //! flushed, which changes `runtime.mProfCycle`. So the walk reads the cycle
 //! before and after and starts over when it moved.
 
+use std::collections::HashSet;
+
 use super::layout::Layout;
 use super::memory::{MemoryError, ProcessMemory};
+
+/// Memory the buckets of one capture's Go processes may hold in all (see [`HeldBudget`]).
+/// A real program's profile is a few thousand buckets of a few dozen frames: well under
+/// a MiB.
+pub const DEFAULT_HELD_BYTES: u64 = 64 << 20;
+
+/// What the buckets read in one capture may hold, across its processes. Reading is bounded
+/// per process (its byte budget, [`WalkLimits::max_buckets`]); keeping must be bounded per
+/// capture, since every process's buckets stay until the profile is built, and the list's
+/// contents are the workload's: overlapping fake buckets in a few MiB of its memory can
+/// each claim a 1,024-frame stack.
+#[derive(Debug)]
+pub struct HeldBudget {
+    limit: u64,
+    used: u64,
+}
+
+impl HeldBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: u64) -> Self {
+        Self { limit, used: 0 }
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn charge(&mut self, bytes: u64) -> bool {
+        if self.used.saturating_add(bytes) > self.limit {
+            return false;
+        }
+        self.used += bytes;
+        true
+    }
+
+    fn release(&mut self, bytes: u64) {
+        self.used = self.used.saturating_sub(bytes);
+    }
+}
+
+/// Bytes one kept bucket of `nstk` frames holds: the bucket, its stack, and its address
+/// in the set that detects a list looping back on itself.
+fn held_bytes(nstk: u64) -> u64 {
+    (std::mem::size_of::<(Bucket, Cycle)>() as u64) + nstk * 8 + 32
+}
 
 /// One `memRecordCycle`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -121,9 +174,32 @@ pub enum WalkError {
         /// What was expected and found.
         reason: String,
     },
-    /// More buckets than the limit (or a cycle in the list).
+    /// More buckets than the limit.
     #[error("more than {0} profile buckets: the list is corrupt or larger than the agent reads")]
     TooMany(usize),
+    /// The list loops.
+    #[error(
+        "the profile bucket list loops back to {addr:#x} after {after} buckets (a corrupt or \
+         hostile list); nothing was read from it"
+    )]
+    Cycle {
+        /// The bucket met twice.
+        addr: u64,
+        /// Buckets read before.
+        after: usize,
+    },
+    /// The capture's Go processes hold too much already.
+    #[error(
+        "the heap profiles read in this capture would hold more than {limit} bytes with this \
+         process's ({read} buckets read so far): this process's was not kept (its allocation \
+         sites are unusually many or deep, or its profile is hostile)"
+    )]
+    HeldBudget {
+        /// The capture's limit.
+        limit: u64,
+        /// Buckets of this process read when it was reached.
+        read: usize,
+    },
     /// GC cycles kept completing during the walk.
     #[error(
         "the profile changed during each of {0} reads (a GC cycle completed every time); try \
@@ -132,19 +208,28 @@ pub enum WalkError {
     Unstable(u32),
 }
 
-/// Reads every bucket once, consistently with one published GC cycle.
+/// Reads every bucket once, consistently with one published GC cycle. What the walk
+/// keeps is charged to `held` (and stays charged on success: the buckets are returned).
 pub fn walk(
     mem: &mut ProcessMemory,
     layout: &Layout,
     globals: Globals,
     limits: WalkLimits,
+    held: &mut HeldBudget,
 ) -> Result<Walk, WalkError> {
     for attempt in 0..limits.attempts.max(1) {
         let before = mem.u32(globals.mprof_cycle)?;
         let head = mem.u64(globals.mbuckets)?;
-        let mut buckets = read_list(mem, layout, head, before, limits)?;
-        let after = mem.u32(globals.mprof_cycle)?;
+        let (mut buckets, charged) = read_list(mem, layout, head, before, limits, held)?;
+        let after = match mem.u32(globals.mprof_cycle) {
+            Ok(a) => a,
+            Err(e) => {
+                held.release(charged);
+                return Err(e.into());
+            }
+        };
         if before != after {
+            held.release(charged);
             continue;
         }
         let published = buckets.iter().any(|(b, _)| !b.record.is_zero());
@@ -168,23 +253,52 @@ pub fn walk(
 
 /// The list from `head`: each bucket with its published record (plus the
 /// cycle awaiting its flush, as MemProfile adds it) and the sum of all its
-/// cycles.
+/// cycles; and the bytes charged to `held` for them (released again on error).
 fn read_list(
     mem: &mut ProcessMemory,
     layout: &Layout,
     head: u64,
     cycle_value: u32,
     limits: WalkLimits,
+    held: &mut HeldBudget,
+) -> Result<(Vec<(Bucket, Cycle)>, u64), WalkError> {
+    let mut charged = 0;
+    let read = read_list_charging(mem, layout, head, cycle_value, limits, held, &mut charged);
+    match read {
+        Ok(out) => Ok((out, charged)),
+        Err(e) => {
+            held.release(charged);
+            Err(e)
+        }
+    }
+}
+
+fn read_list_charging(
+    mem: &mut ProcessMemory,
+    layout: &Layout,
+    head: u64,
+    cycle_value: u32,
+    limits: WalkLimits,
+    held: &mut HeldBudget,
+    charged: &mut u64,
 ) -> Result<Vec<(Bucket, Cycle)>, WalkError> {
     let cycle = cycle_value >> 1;
     let flushed = cycle_value & 1 == 1;
     let flush_index = (cycle % layout.future_cycles as u32) as usize;
     let mut out = Vec::new();
+    // Buckets are never freed or relinked, so a list that meets an address twice loops.
+    let mut seen: HashSet<u64> = HashSet::new();
     let mut addr = head;
     let mut header = vec![0u8; layout.bucket_header as usize];
     while addr != 0 {
         if out.len() >= limits.max_buckets {
             return Err(WalkError::TooMany(limits.max_buckets));
+        }
+        if !seen.insert(addr) {
+            return Err(WalkError::Cycle {
+                addr,
+                after: out.len(),
+            });
         }
         let invalid = |reason: String| WalkError::Invalid { addr, reason };
         if !addr.is_multiple_of(8) {
@@ -216,6 +330,14 @@ fn read_list(
                 layout.max_stack
             )));
         }
+        let cost = held_bytes(nstk);
+        if !held.charge(cost) {
+            return Err(WalkError::HeldBudget {
+                limit: held.limit(),
+                read: out.len(),
+            });
+        }
+        *charged += cost;
         // The pending cycles are written concurrently (allocs, then bytes),
         // so a read can catch a record between its two updates: read again,
         // a few times, before calling the bucket corrupt.
@@ -355,6 +477,20 @@ mod tests {
     }
 
     fn walk_own(head: u64, cycle_value: u32, max_buckets: usize) -> Result<Walk, WalkError> {
+        walk_own_held(
+            head,
+            cycle_value,
+            max_buckets,
+            &mut HeldBudget::new(1 << 30),
+        )
+    }
+
+    fn walk_own_held(
+        head: u64,
+        cycle_value: u32,
+        max_buckets: usize,
+        held: &mut HeldBudget,
+    ) -> Result<Walk, WalkError> {
         let (_, layout) = layout_for("go1.26.0").unwrap();
         let mbuckets = Box::new(head);
         let cycle = Box::new(cycle_value);
@@ -370,6 +506,7 @@ mod tests {
                 max_buckets,
                 attempts: 2,
             },
+            held,
         )
     }
 
@@ -488,13 +625,34 @@ mod tests {
                 .contains("aligned")
         );
         assert!(matches!(walk_own(8, 3, 100), Err(WalkError::Memory(_))));
-        // A list that loops is cut at the bucket cap.
-        let mut b = vec![bucket(1, 8, &[1], [[1, 0, 8, 0], NONE, NONE, NONE])];
+        // A list that loops is refused at its first repeat, not read to the bucket cap.
+        let mut b = vec![
+            bucket(1, 8, &[1], [[1, 0, 8, 0], NONE, NONE, NONE]),
+            bucket(1, 8, &[2], [[1, 0, 8, 0], NONE, NONE, NONE]),
+        ];
         let head = link(&mut b);
-        b[0][1] = head;
-        assert!(matches!(
-            walk_own(head, 3, 1000),
-            Err(WalkError::TooMany(1000))
-        ));
+        b[1][1] = head;
+        let e = walk_own(head, 3, 1000).unwrap_err();
+        assert!(
+            matches!(e, WalkError::Cycle { addr, after: 2 } if addr == head),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn what_a_capture_keeps_is_bounded_across_processes() {
+        let mut b: Vec<Box<[u64]>> = (0..10)
+            .map(|i| bucket(1, 8, &[i; 100], [[1, 0, 8, 0], NONE, NONE, NONE]))
+            .collect();
+        let head = link(&mut b);
+        // Room for one walk of the list, not two.
+        let mut held = HeldBudget::new(15 * held_bytes(100));
+        let first = walk_own_held(head, 3, 1000, &mut held).unwrap();
+        assert_eq!(first.buckets.len(), 10);
+        assert_eq!(held.used(), 10 * held_bytes(100));
+        let e = walk_own_held(head, 3, 1000, &mut held).unwrap_err();
+        assert!(matches!(e, WalkError::HeldBudget { read: 5, .. }), "{e}");
+        // The failed walk gave back what it had charged.
+        assert_eq!(held.used(), 10 * held_bytes(100));
     }
 }

@@ -10,11 +10,14 @@
 //! alone, and the container runtimes' default seccomp profiles allow it exactly when the
 //! container has CAP_SYS_PTRACE.
 //!
-//! A PID names a process only while that process lives: a pidfd taken at open time tells
-//! after every read whether the process is still the one we opened (a live process keeps
-//! its PID), so a reused PID can never mix another process's memory into a profile.
+//! A PID names a process only while that process lives: the [`ProcessHandle`] taken when
+//! the process was found (a pidfd) tells after every read whether the process is still
+//! that one (a live process keeps its PID), so a reused PID can never mix another
+//! process's memory into a profile.
 
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::sync::Arc;
+
+use crate::process::handle::ProcessHandle;
 
 /// Why a read failed.
 #[derive(Debug, thiserror::Error)]
@@ -60,33 +63,32 @@ pub enum MemoryError {
 #[derive(Debug)]
 pub struct ProcessMemory {
     pid: u32,
-    /// The process as opened (`None` where pidfds are refused: then `/proc/<pid>/stat`'s
-    /// start time is compared instead).
-    pidfd: Option<OwnedFd>,
-    start_time: Option<u64>,
+    /// The process as found.
+    process: Arc<ProcessHandle>,
     budget: u64,
     /// Bytes read so far.
     pub bytes_read: u64,
 }
 
 impl ProcessMemory {
-    /// Opens `pid`'s memory with at most `budget` bytes to read. Whether the agent may read
-    /// it shows at the first read ([`MemoryError::Open`]).
+    /// Opens the memory of the process that has PID `pid` now, with at most `budget` bytes
+    /// to read. Whether the agent may read it shows at the first read
+    /// ([`MemoryError::Open`]).
     pub fn open(pid: u32, budget: u64) -> Result<Self, MemoryError> {
-        let open_err = |source| MemoryError::Open { pid, source };
-        let (pidfd, start_time) = match pidfd_open(pid) {
-            Ok(fd) => (Some(fd), None),
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Err(open_err(e)),
-            // Pidfds refused (old kernel, seccomp): compare start times instead.
-            Err(_) => (None, Some(start_time(pid).map_err(open_err)?)),
-        };
-        Ok(Self {
-            pid,
-            pidfd,
-            start_time,
+        let process =
+            ProcessHandle::open(pid).map_err(|source| MemoryError::Open { pid, source })?;
+        Ok(Self::of(Arc::new(process), budget))
+    }
+
+    /// The memory of `process` (found earlier), with at most `budget` bytes to read: reads
+    /// fail once that process has exited, whatever its PID names then.
+    pub fn of(process: Arc<ProcessHandle>, budget: u64) -> Self {
+        Self {
+            pid: process.pid(),
+            process,
             budget,
             bytes_read: 0,
-        })
+        }
     }
 
     /// Fills `buf` from `addr`, entirely or not at all.
@@ -135,18 +137,7 @@ impl ProcessMemory {
     /// Whether the PID still names the process opened (it lives: a live process keeps its
     /// PID, so what was just read came from it).
     fn same_process(&self) -> bool {
-        if let Some(fd) = &self.pidfd {
-            let mut pfd = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd, no timeout. A pidfd polls readable once the process
-            // has exited.
-            let r = unsafe { libc::poll(&raw mut pfd, 1, 0) };
-            return r == 0;
-        }
-        start_time(self.pid).ok() == self.start_time
+        self.process.is_alive()
     }
 
     /// A little-endian u64 at `addr`.
@@ -190,34 +181,6 @@ fn vm_read(pid: u32, addr: u64, buf: &mut [u8]) -> std::io::Result<usize> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(n.cast_unsigned())
-}
-
-/// A pidfd of `pid`.
-fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(pid), 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let fd = i32::try_from(fd).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
-    // SAFETY: the kernel just returned this descriptor to us; nobody else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// The start time of `pid` (field 22 of `/proc/<pid>/stat`, after the parenthesized comm,
-/// which may hold spaces and parentheses).
-fn start_time(pid: u32) -> std::io::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after_comm = stat
-        .rfind(')')
-        .map(|i| &stat[i + 1..])
-        .ok_or_else(|| std::io::Error::other("malformed /proc/<pid>/stat"))?;
-    // Field 3 (state) is the first after the comm; start time is field 22.
-    after_comm
-        .split_whitespace()
-        .nth(22 - 3)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| std::io::Error::other("malformed /proc/<pid>/stat"))
 }
 
 #[cfg(test)]

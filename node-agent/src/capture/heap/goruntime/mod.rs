@@ -20,11 +20,15 @@ pub mod memory;
 pub mod profile;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use self::binary::{BinaryError, GoBinary};
-use self::buckets::{Globals, Walk, WalkError, WalkLimits};
+use self::buckets::{Globals, HeldBudget, Walk, WalkError, WalkLimits};
 use self::layout::{Layout, LayoutError};
 use self::memory::{MemoryError, ProcessMemory};
+use crate::cgroup::Cgroup;
+use crate::process::files::{self, TargetFile, TargetFileError};
+use crate::process::handle::ProcessHandle;
 
 /// Default byte budget of one process's read (headers, stacks and records
 /// of ~100k buckets).
@@ -82,6 +86,23 @@ pub enum GoHeapError {
     /// The bucket walk failed.
     #[error(transparent)]
     Walk(#[from] WalkError),
+    /// The process found at the start exited before it was read.
+    #[error(
+        "process {pid} exited before its heap was read (its PID may name another process \
+         now, which is not read in its place)"
+    )]
+    Exited {
+        /// The PID it had.
+        pid: u32,
+    },
+    /// The process moved out of the target.
+    #[error("process {pid} left {} before its heap was read: not attributed to it", cgroup.display())]
+    LeftTarget {
+        /// The process.
+        pid: u32,
+        /// The target's cgroup.
+        cgroup: PathBuf,
+    },
 }
 
 /// A Go process found readable, with what is needed to read it.
@@ -89,6 +110,8 @@ pub enum GoHeapError {
 pub struct GoProcess {
     /// Process ID.
     pub pid: u32,
+    /// The process as found: reads fail once it has exited, whatever its PID names then.
+    pub process: Arc<ProcessHandle>,
     /// The binary.
     pub binary: GoBinary,
     /// The record layout of its version.
@@ -99,29 +122,39 @@ pub struct GoProcess {
     pub rate: i64,
 }
 
-/// The executable of `pid`, read through the process's own root (its mount
-/// namespace), with `/proc/<pid>/exe` as the fallback.
-fn executable(pid: u32) -> Result<PathBuf, BinaryError> {
-    let exe = format!("/proc/{pid}/exe");
-    let target = std::fs::read_link(&exe).map_err(|source| BinaryError::Open {
-        path: exe.clone().into(),
-        source,
+/// The executable of `pid`: the file it runs (`/proc/<pid>/exe`, see
+/// [`files::open_exe`]), named by its path inside the process's mount namespace.
+fn executable(pid: u32) -> Result<TargetFile, BinaryError> {
+    let mut file = files::open_exe(pid).map_err(|e| match e {
+        TargetFileError::Open { path, source, .. } => BinaryError::Open {
+            path: path.into(),
+            source,
+        },
+        other => BinaryError::Elf {
+            path: format!("/proc/{pid}/exe").into(),
+            reason: other.to_string(),
+        },
     })?;
-    let rooted = PathBuf::from(format!("/proc/{pid}/root{}", target.display()));
-    Ok(if rooted.is_file() { rooted } else { exe.into() })
+    if let Ok(target) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+        file.path = target.display().to_string();
+    }
+    Ok(file)
 }
 
 /// The Go version of `pid`'s executable, when it is a Go program.
 pub fn go_version(pid: u32) -> Option<String> {
-    let path = executable(pid).ok()?;
-    binary::inspect(&path).ok()?.map(|b| b.version)
+    let exe = executable(pid).ok()?;
+    binary::inspect(&exe).ok()?.map(|b| b.version)
 }
 
 /// Looks at `pid`: `Ok(None)` when it is not a Go program; the process when
-/// its heap profile can be read; otherwise why not.
+/// its heap profile can be read; otherwise why not. The process is held from here on
+/// ([`GoProcess::process`]).
 pub fn probe(pid: u32) -> Result<Option<GoProcess>, GoHeapError> {
-    let path = executable(pid)?;
-    let Some(bin) = binary::inspect(&path)? else {
+    let process =
+        Arc::new(ProcessHandle::open(pid).map_err(|source| MemoryError::Open { pid, source })?);
+    let exe = executable(pid)?;
+    let Some(bin) = binary::inspect(&exe)? else {
         return Ok(None);
     };
     let (_, layout) = layout::layout_for(&bin.version)?;
@@ -137,7 +170,7 @@ pub fn probe(pid: u32) -> Result<Option<GoProcess>, GoHeapError> {
             bin.path.display()
         ))
     })?;
-    let mut mem = ProcessMemory::open(pid, 64)?;
+    let mut mem = ProcessMemory::of(process.clone(), 64);
     let rate = mem.u64(syms.mem_profile_rate + bias)? as i64;
     let disabled = mem.u8(syms.disable_memory_profiling + bias)? != 0;
     if rate == 0 {
@@ -156,8 +189,14 @@ pub fn probe(pid: u32) -> Result<Option<GoProcess>, GoHeapError> {
             "runtime.MemProfileRate of process {pid} is {rate}; expected a positive rate"
         )));
     }
+    // The executable, the maps and the globals were found by PID: they are this process's
+    // only if it still lives.
+    if !process.is_alive() {
+        return Err(GoHeapError::Exited { pid });
+    }
     Ok(Some(GoProcess {
         pid,
+        process,
         globals: Globals {
             mbuckets: syms.mbuckets + bias,
             mprof_cycle: syms.mprof_cycle + bias,
@@ -169,11 +208,37 @@ pub fn probe(pid: u32) -> Result<Option<GoProcess>, GoHeapError> {
 }
 
 impl GoProcess {
-    /// Reads the heap profile buckets, never stopping the process; returns
-    /// them and the bytes read.
-    pub fn read(&self, budget: u64, limits: WalkLimits) -> Result<(Walk, u64), GoHeapError> {
-        let mut mem = ProcessMemory::open(self.pid, budget)?;
-        let walk = buckets::walk(&mut mem, self.layout, self.globals, limits)?;
+    /// Reads the heap profile buckets, never stopping the process; returns them and the
+    /// bytes read. The buckets kept count against `held`, shared by every Go process of a
+    /// capture. Fails when the process found by [`probe`] has exited (its PID may name
+    /// another process now).
+    pub fn read(
+        &self,
+        budget: u64,
+        limits: WalkLimits,
+        held: &mut HeldBudget,
+    ) -> Result<(Walk, u64), GoHeapError> {
+        if !self.process.is_alive() {
+            return Err(GoHeapError::Exited { pid: self.pid });
+        }
+        let mut mem = ProcessMemory::of(self.process.clone(), budget);
+        let walk = buckets::walk(&mut mem, self.layout, self.globals, limits, held)?;
         Ok((walk, mem.bytes_read))
+    }
+
+    /// Why what was read of this process must not be attributed to the target of
+    /// `cgroup`: it exited (its PID may name another process now) or left the cgroup.
+    pub fn unattributable(&self, cgroup: &Cgroup) -> Option<GoHeapError> {
+        if self.process.in_cgroup(cgroup) {
+            return None;
+        }
+        Some(if self.process.is_alive() {
+            GoHeapError::LeftTarget {
+                pid: self.pid,
+                cgroup: cgroup.path.clone(),
+            }
+        } else {
+            GoHeapError::Exited { pid: self.pid }
+        })
     }
 }

@@ -1,0 +1,32 @@
+//! Why a capture through the service failed: the error of the [`super::engine`] seam and of
+//! the pipeline around it, whose Display text is the FAILED reason the operator records.
+
+use super::upload::UploadError;
+use crate::capture::CaptureError;
+use crate::capture::heap::HeapError;
+
+/// Why a capture failed; the Display text is the FAILED reason.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The request itself is wrong.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// Targets did not resolve to cgroups.
+    #[error("target resolution failed: {0}")]
+    Targets(String),
+    /// A CPU or runqlat engine failed.
+    #[error("capture failed: {0}")]
+    Capture(#[from] CaptureError),
+    /// The heap engine failed.
+    #[error("heap capture failed: {0}")]
+    Heap(#[from] HeapError),
+    /// An upload failed.
+    #[error(transparent)]
+    Upload(#[from] UploadError),
+    /// `Cancel` was called.
+    #[error("cancelled by the client")]
+    Cancelled,
+    /// Something that should not happen (a worker thread died).
+    #[error("internal error: {0}")]
+    Internal(String),
+}

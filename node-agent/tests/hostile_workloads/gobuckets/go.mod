@@ -1,0 +1,3 @@
+module gobuckets
+
+go 1.23
