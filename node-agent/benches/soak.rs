@@ -244,7 +244,7 @@ fn run_one(samplers: &Samplers, index: usize, target: &CaptureTarget) -> Outcome
                 let req = heap::cli_request(
                     HeapSource::Ebpf,
                     std::slice::from_ref(target),
-                    None,
+                    Vec::new(),
                     duration,
                     heap::sampling::DEFAULT_SAMPLE_BYTES / 64,
                     0,

@@ -6,7 +6,7 @@
 //!     [--frequency 99] -o out.pb.gz [--text]
 //! flamefleet-agent capture --type heap [--heap-source auto|endpoint|ebpf|goruntime]
 //!     [--cgroup PATH...] [--sample-bytes 524288]
-//!     [--endpoint URL | --port P [--pid PID] [--path /debug/pprof/heap]] -o out.pb.gz
+//!     [--endpoint URL... | --port P [--pid PID] [--path /debug/pprof/heap]] -o out.pb.gz
 //! ```
 
 use std::io::Write as _;
@@ -177,7 +177,7 @@ pub struct CaptureArgs {
     #[arg(long = "type", value_enum)]
     pub profile_type: ProfileType,
     /// Target cgroup v2 directory (absolute, or relative to the cgroup2 root); repeatable.
-    #[arg(long = "cgroup", required_unless_present_any = ["endpoint", "port"], num_args = 1..)]
+    #[arg(long = "cgroup", required_unless_present_any = ["endpoints", "port"], num_args = 1..)]
     pub cgroups: Vec<PathBuf>,
     /// Capture length, e.g. 10s, 500ms, 1m.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -217,9 +217,11 @@ pub struct CaptureArgs {
     /// Heap (eBPF): capture even above --max-overhead-percent.
     #[arg(long)]
     pub force: bool,
-    /// Heap: pprof endpoint URL, e.g. http://10.0.0.5:6060/debug/pprof/heap.
-    #[arg(long, conflicts_with = "port")]
-    pub endpoint: Option<String>,
+    /// Heap: pprof endpoint URL, e.g. http://10.0.0.5:6060/debug/pprof/heap; repeatable
+    /// (fetched as a pod's containers are: a few at a time), each with the --cgroup given
+    /// in the same place, if any.
+    #[arg(long = "endpoint", conflicts_with = "port")]
+    pub endpoints: Vec<String>,
     /// Heap: endpoint port on 127.0.0.1 (inside --pid's network namespace if given).
     #[arg(long)]
     pub port: Option<u16>,
@@ -345,7 +347,7 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
             let mut request = heap::cli_request(
                 args.heap_source,
                 &targets,
-                heap_endpoint(args)?,
+                heap_endpoints(args)?,
                 args.duration,
                 args.sample_bytes,
                 args.delta_seconds,
@@ -381,21 +383,21 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
     })
 }
 
-/// The heap endpoint named by `--endpoint` or `--port`/`--pid`/`--path`.
-fn heap_endpoint(args: &CaptureArgs) -> Result<Option<heap::endpoint::HeapEndpoint>, CliError> {
+/// The heap endpoints named by `--endpoint` or `--port`/`--pid`/`--path`.
+fn heap_endpoints(args: &CaptureArgs) -> Result<Vec<heap::endpoint::HeapEndpoint>, CliError> {
     use heap::endpoint::{HeapEndpoint, parse_path};
-    if let Some(url) = &args.endpoint {
-        return Ok(Some(HeapEndpoint::parse_url(url).map_err(HeapError::from)?));
+    if let Some(port) = args.port {
+        return Ok(vec![HeapEndpoint {
+            host: "127.0.0.1".into(),
+            port,
+            path: parse_path(&args.path, "--path").map_err(HeapError::from)?,
+            netns_pid: args.pid,
+        }]);
     }
-    let Some(port) = args.port else {
-        return Ok(None);
-    };
-    Ok(Some(HeapEndpoint {
-        host: "127.0.0.1".into(),
-        port,
-        path: parse_path(&args.path, "--path").map_err(HeapError::from)?,
-        netns_pid: args.pid,
-    }))
+    args.endpoints
+        .iter()
+        .map(|url| Ok(HeapEndpoint::parse_url(url).map_err(HeapError::from)?))
+        .collect()
 }
 
 /// Tells the user (and scripts waiting on stderr) that sampling has begun.

@@ -11,11 +11,25 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use flamefleet_agent::pprof::{Frame, FrameLine, ProfileBuilder, encode_gzip};
 use support::chart_agent::{self, AgentRun};
 use support::{Decoded, TestCgroup, require_root};
 
 /// Longer than any capture here takes; an agent still running then is hung.
 const DEADLINE: Duration = Duration::from_secs(90);
+
+/// The tests take turns. Each starts busy workloads and an agent whose time and memory
+/// it judges; on a 2-core machine the other tests' workloads would starve that agent
+/// several times over (a capture of 18 s alone took 84 s beside two others).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Root, and this test's turn (held until the returned guard drops).
+fn hostile_test() -> std::sync::MutexGuard<'static, ()> {
+    require_root();
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn workload(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -86,7 +100,7 @@ fn assert_ended_well(run: &AgentRun) {
 /// frames are not named.
 #[test]
 fn fifo_at_a_deleted_binary_path_does_not_hang_the_capture() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (lib, app) = (d.join("libspin.so"), d.join("app"));
@@ -152,7 +166,7 @@ fn fifo_at_a_deleted_binary_path_does_not_hang_the_capture() {
 /// functions in the attacker's profile.
 #[test]
 fn a_symlinked_mapping_names_no_foreign_frames() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let (victim_dir, attacker_dir) = (dir.path().join("victim"), dir.path().join("attacker"));
     std::fs::create_dir(&victim_dir).unwrap();
@@ -286,7 +300,7 @@ fn report(what: &str, run: &AgentRun) {
 /// total, eight of them exceed the agent's memory.
 #[test]
 fn huge_perf_maps_cannot_exhaust_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     // Not under /tmp, which the workloads mount over.
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let bin = dir.path().join("perfmap");
@@ -327,7 +341,7 @@ fn huge_perf_maps_cannot_exhaust_the_agent() {
 /// /proc/<pid>/maps is 230 MB of text, which the agent read whole, twice over.
 #[test]
 fn a_huge_maps_file_cannot_exhaust_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("maps");
     cc(&[
@@ -427,7 +441,7 @@ fn with_debug_frame_bomb(bin: &Path, fdes: u64, out: &Path) {
 /// above what a build may keep).
 #[test]
 fn a_cfi_bomb_cannot_exhaust_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let good = GoodTarget::start(d);
@@ -509,7 +523,7 @@ fn build_go(dir: &Path, name: &str) -> PathBuf {
 /// buckets until the profile is built.
 #[test]
 fn hostile_go_bucket_lists_cannot_exhaust_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let bin = build_go(dir.path(), "gobuckets");
     let mut good = TestCgroup::new("hostile-go-good");
@@ -567,6 +581,124 @@ fn hostile_go_bucket_lists_cannot_exhaust_the_agent() {
             "would hold more than"
         };
         assert!(line.contains(want), "pid {pid} ({mode}): {line}");
+    }
+}
+
+/// A heap profile that a pod's endpoint serves: `members` gzip members, each 4 MiB of
+/// string-table entries of 64 KiB (a valid start of a `perftools.profiles.Profile`) with
+/// one byte in eight drawn at random, so that it shrinks about three times: a body just
+/// under the 64 MiB response cap that inflates to about 200 MiB, each byte of it kept by
+/// a decoder that keeps what it inflates. Returns the body and its inflated size.
+fn hostile_pprof_body(max_bytes: usize) -> (Vec<u8>, u64) {
+    use std::io::Write as _;
+    const ENTRY: usize = 64 << 10;
+    let mut payload = Vec::with_capacity(4 << 20);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..64 {
+        // string_table (field 6, length-delimited), length 65536 as a varint.
+        payload.extend_from_slice(&[0x32, 0x80, 0x80, 0x04]);
+        for _ in 0..ENTRY {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            payload.push(if x & 7 == 0 {
+                b'a' + (x >> 8) as u8 % 16
+            } else {
+                b'a'
+            });
+        }
+    }
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&payload).unwrap();
+    let member = gz.finish().unwrap();
+    let members = max_bytes / member.len();
+    (member.repeat(members), (payload.len() * members) as u64)
+}
+
+/// An HTTP server on 127.0.0.1 answering every request with `body` (a gzipped pprof
+/// profile). Returns its heap profile URL.
+fn pprof_server(body: std::sync::Arc<Vec<u8>>) -> String {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut s = stream;
+                // The request head; its content does not matter.
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                // The agent may hang up once it has seen enough.
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(&body);
+            });
+        }
+    });
+    format!("http://{addr}/debug/pprof/heap")
+}
+
+/// The containers of a pod serve heap profiles of 64 MiB that inflate to 200 MiB, all
+/// fetched in one capture: each is refused once what its decoding would keep passes the
+/// cap, but fetched all at once their bodies and inflated bytes together exceed the
+/// agent's memory. A well-behaved endpoint in the same capture is still profiled.
+#[test]
+fn hostile_pprof_endpoints_cannot_exhaust_the_agent() {
+    let _turn = hostile_test();
+    const HOSTILE: usize = 6;
+    let (body, inflated) = hostile_pprof_body((64 << 20) - (1 << 20));
+    eprintln!(
+        "hostile endpoint body: {:.1} MiB, inflating to {:.1} MiB",
+        body.len() as f64 / (1 << 20) as f64,
+        inflated as f64 / (1 << 20) as f64
+    );
+    assert!(
+        inflated > 128 << 20,
+        "the body inflates past what a decode may keep (128 MiB)"
+    );
+    let body = std::sync::Arc::new(body);
+    let hostile: Vec<String> = (0..HOSTILE).map(|_| pprof_server(body.clone())).collect();
+    let mut good = ProfileBuilder::new(&[("inuse_space", "bytes")]);
+    good.add_sample(
+        &[Frame {
+            address: 0x1000,
+            mapping: None,
+            lines: vec![FrameLine {
+                function: "good_endpoint_alloc".into(),
+                file: String::new(),
+                line: 0,
+            }],
+        }],
+        &[4096],
+        &[],
+    );
+    let good = pprof_server(std::sync::Arc::new(encode_gzip(&good.build()).unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("heap.pb.gz");
+    let mut args = vec!["--type", "heap", "--heap-source", "endpoint"];
+    for url in hostile.iter().chain([&good]) {
+        args.extend(["--endpoint", url]);
+    }
+    args.extend(["--text", "-o", out.to_str().unwrap()]);
+    let run = chart_agent::capture(&args, DEADLINE);
+    report(&format!("{HOSTILE} hostile pprof endpoints"), &run);
+    assert_ended_well(&run);
+    let names = function_names(&Decoded::read(&out));
+    assert!(
+        names.iter().any(|n| n == "good_endpoint_alloc"),
+        "the good endpoint's profile is still produced: {names:?}"
+    );
+    for url in &hostile {
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.contains("warning:") && l.contains(url.as_str()))
+            .unwrap_or_else(|| panic!("a warning for {url} in:\n{}", run.stdout));
+        assert!(line.contains("refusing it"), "{line}");
     }
 }
 
@@ -675,7 +807,7 @@ fn spawn_with_pid(
 /// allocation sites, its memory — would land in the first tenant's profile.
 #[test]
 fn a_reused_pid_does_not_pull_another_process_into_a_heap_profile() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let go = build_go(dir.path(), "gobuckets");
     let spin = dir.path().join("spin");
@@ -819,7 +951,7 @@ fn exited(pid: u32) -> bool {
 /// once the agent unmapped it.
 #[test]
 fn truncating_a_mapped_library_does_not_crash_the_agent() {
-    require_root();
+    let _turn = hostile_test();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (src, lib) = (d.join("libbig.c"), d.join("libbig.so"));

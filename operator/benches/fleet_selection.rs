@@ -31,7 +31,7 @@ use flamefleet_operator::controllers::sampling::rotation::{self, Limits};
 use flamefleet_operator::controllers::sampling::run_name::{
     POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL,
 };
-use flamefleet_operator::pods::agents::AGENT_LABEL;
+use flamefleet_operator::pods::AGENT_LABEL;
 use flamefleet_operator::pods::slim::SlimPod;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::Selector;

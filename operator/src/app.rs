@@ -480,6 +480,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         agent_namespace: options.agent_namespace.clone(),
         pods: Some(sampling.fleet.pods.clone()),
+        namespaces: Some(sampling.fleet.namespaces.clone()),
+        admission: Default::default(),
     });
     let lost = election.lost();
     let (lost_tx, mut lost_rx) = tokio::sync::oneshot::channel::<bool>();
@@ -518,6 +520,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             request_selector: options.request_selector.clone(),
             ca_bundle: store_ca,
             namespace: None,
+            metrics: metrics.clone(),
         }),
         shutdown.clone(),
     );

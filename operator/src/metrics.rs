@@ -143,7 +143,7 @@ impl Metrics {
         );
         registry.register(
             "reconciles",
-            "Reconciles of ProfileRequests",
+            "Reconciles of every controller (ProfileRequests, sampling policies, downloads)",
             reconciles.clone(),
         );
         registry.register(

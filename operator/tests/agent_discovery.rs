@@ -4,7 +4,8 @@
 
 use flamefleet_e2e::TestNamespace;
 use flamefleet_e2e::pods::PodFixture;
-use flamefleet_operator::pods::agents::{AGENT_LABEL, discover};
+use flamefleet_operator::pods::AGENT_LABEL;
+use flamefleet_operator::pods::agents::discover;
 use flamefleet_operator::pods::slim::SlimPod;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;

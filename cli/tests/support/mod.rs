@@ -74,6 +74,7 @@ impl Store {
                     request_selector: None,
                     ca_bundle: None,
                     namespace: Some(ns.name().to_owned()),
+                    metrics: Arc::new(flamefleet_operator::metrics::Metrics::new()),
                 },
             ),
             std::future::pending::<()>(),

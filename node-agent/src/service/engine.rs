@@ -203,7 +203,7 @@ fn spec(
             let mut heap_request = heap::cli_request(
                 source,
                 &[],
-                None,
+                Vec::new(),
                 duration,
                 match opts.sample_bytes {
                     0 => heap::sampling::DEFAULT_SAMPLE_BYTES,

@@ -30,6 +30,7 @@ use kube::runtime::{Controller, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use crate::metrics::Metrics;
 use crate::store::{ArtifactStore, RequestRef};
 use crate::{Error, Result};
 
@@ -53,6 +54,14 @@ pub struct DownloadContext {
     /// Answer only downloads of this namespace (tests that share one API server between
     /// several stores); `None`: every namespace.
     pub namespace: Option<String>,
+    /// Metrics (reconciles and their failures, as the other controllers count them).
+    pub metrics: Arc<Metrics>,
+}
+
+impl super::ControllerContext for DownloadContext {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
 }
 
 impl std::fmt::Debug for DownloadContext {
@@ -240,6 +249,7 @@ async fn answer(
 }
 
 async fn reconcile(download: Arc<ProfileDownload>, ctx: Arc<DownloadContext>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile();
     let namespace = download.namespace().unwrap_or_default();
     let name = download.name_any();
     let api: Api<ProfileDownload> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -290,11 +300,6 @@ async fn reconcile(download: Arc<ProfileDownload>, ctx: Arc<DownloadContext>) ->
     Ok(Action::requeue(ctx.url_ttl + KEEP_AFTER_EXPIRY))
 }
 
-fn error_policy(download: Arc<ProfileDownload>, error: &Error, _: Arc<DownloadContext>) -> Action {
-    tracing::warn!(download = %download.name_any(), "download: {error}");
-    Action::requeue(Duration::from_secs(5))
-}
-
 /// Runs the download controller until `shutdown` resolves.
 pub async fn run(
     context: Arc<DownloadContext>,
@@ -306,7 +311,7 @@ pub async fn run(
     };
     Controller::new(api, watcher::Config::default().any_semantic())
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, context)
+        .run(reconcile, super::error_policy, context)
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!("download controller: {e}");

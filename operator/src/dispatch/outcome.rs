@@ -1,10 +1,9 @@
 //! How one node's capture ended, as the dispatcher saw it, with the message the status shows.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use flamefleet_api::Artifact;
-use flamefleet_proto::agent::LatencyHistogram;
+use flamefleet_proto::agent::{CaptureSummary, LatencyHistogram};
 
 /// The end of one node's capture.
 #[derive(Debug, Clone, PartialEq)]
@@ -13,8 +12,10 @@ pub enum NodeOutcome {
     Done {
         /// The uploaded artifacts.
         artifacts: Vec<Artifact>,
-        /// The agent's summary (e.g. `p50_us`, `p99_us`, `heap_source`).
-        summary: BTreeMap<String, String>,
+        /// What the capture measured (e.g. the CPU frequency, run-queue percentiles, the
+        /// heap source); `None` from an agent that sends no typed summary. Boxed as the
+        /// message carries it (a heap summary lists processes).
+        summary: Option<Box<CaptureSummary>>,
         /// A runqlat capture's log2 histogram of every wait on the node, merged over nodes
         /// for the request's percentiles.
         runqlat_histogram: Option<LatencyHistogram>,

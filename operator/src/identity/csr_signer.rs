@@ -25,7 +25,7 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::json;
 
 use super::ca::OperatorCa;
-use crate::pods::agents::AGENT_LABEL;
+use crate::pods::AGENT_LABEL;
 use crate::{Error, Result};
 
 /// Extra keys the API server sets from a pod-bound ServiceAccount token.

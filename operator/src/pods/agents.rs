@@ -11,14 +11,8 @@ use kube::runtime::reflector::Store;
 
 use super::lean::PAGE_SIZE;
 use super::slim::SlimPod;
+use super::{AGENT_LABEL, DEFAULT_GRPC_PORT};
 use crate::{Error, Result};
-
-/// Label carried by every agent pod.
-pub const AGENT_LABEL: &str = "app.kubernetes.io/name=flamefleet-agent";
-/// Name of the agent's gRPC container port.
-pub const GRPC_PORT_NAME: &str = "grpc";
-/// Port used when the agent pod names none.
-pub const DEFAULT_GRPC_PORT: i32 = 7070;
 
 /// Where to reach the agent of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -145,7 +145,7 @@ impl From<WirePod> for SlimPod {
             .containers
             .iter()
             .flat_map(|c| c.ports.iter().flatten())
-            .find(|port| port.name.as_deref() == Some(crate::pods::agents::GRPC_PORT_NAME))
+            .find(|port| port.name.as_deref() == Some(super::GRPC_PORT_NAME))
             .map(|port| port.container_port);
         let ready = status
             .conditions

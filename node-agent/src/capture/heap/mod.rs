@@ -182,46 +182,47 @@ pub struct HeapProfile {
 }
 
 /// Builds the request of `flamefleet-agent capture --type heap`: one target
-/// per cgroup, or one target with the explicit endpoint (and the cgroup, if
-/// exactly one was given, so that `--heap-source ebpf` can still use it).
+/// per cgroup, or one target per explicit endpoint (each with the cgroup given in the
+/// same place, if any, so that `--heap-source ebpf` can still use it).
 pub fn cli_request(
     source: HeapSource,
     cgroups: &[CaptureTarget],
-    endpoint: Option<endpoint::HeapEndpoint>,
+    endpoints: Vec<endpoint::HeapEndpoint>,
     duration: Duration,
     sample_bytes: u64,
     delta_seconds: u64,
     node: &str,
 ) -> Result<HeapRequest, HeapError> {
-    let targets = match endpoint {
-        Some(ep) => {
-            if cgroups.len() > 1 {
-                return Err(HeapError::Invalid(format!(
-                    "an endpoint profiles one process: expected at most one --cgroup with it, \
-                     found {}",
-                    cgroups.len()
-                )));
-            }
-            vec![HeapTarget {
-                labels: cgroups
-                    .first()
-                    .map(|t| t.labels.clone())
-                    .unwrap_or_default(),
-                cgroup: cgroups.first().map(|t| t.cgroup.clone()),
-                endpoint: Some(ResolvedEndpoint {
-                    endpoint: ep,
-                    origin: endpoint::EndpointOrigin::Explicit,
-                }),
-            }]
-        }
-        None => cgroups
+    let targets = if endpoints.is_empty() {
+        cgroups
             .iter()
             .map(|t| HeapTarget {
                 labels: t.labels.clone(),
                 cgroup: Some(t.cgroup.clone()),
                 endpoint: None,
             })
-            .collect(),
+            .collect()
+    } else {
+        if !cgroups.is_empty() && cgroups.len() != endpoints.len() {
+            return Err(HeapError::Invalid(format!(
+                "an endpoint profiles one process: expected no --cgroup or one per --endpoint \
+                 (in the same order), found {} for {} endpoint(s)",
+                cgroups.len(),
+                endpoints.len()
+            )));
+        }
+        endpoints
+            .into_iter()
+            .enumerate()
+            .map(|(i, ep)| HeapTarget {
+                labels: cgroups.get(i).map(|t| t.labels.clone()).unwrap_or_default(),
+                cgroup: cgroups.get(i).map(|t| t.cgroup.clone()),
+                endpoint: Some(ResolvedEndpoint {
+                    endpoint: ep,
+                    origin: endpoint::EndpointOrigin::Explicit,
+                }),
+            })
+            .collect()
     };
     Ok(HeapRequest {
         source,

@@ -3,16 +3,15 @@
 //! The operator is the only writer of results: agents report over the `Capture` stream, and
 //! the operator records them after checking every artifact against the store. The per-node
 //! table itself (entries, counts, failures, dirty slices) is [`super::result_table`]; this
-//! module sums it up once the request is terminal.
-
-use std::collections::BTreeMap;
+//! module sums up what the nodes measured, one outcome at a time as they arrive, so the
+//! table keeps no per-node summary.
 
 use flamefleet_api::{
     CpuSummary, LatencySummary, NodeCounts, NodeFailureEntry, NodeStatus, ProfileSummary,
 };
-use flamefleet_proto::agent::LatencyHistogram;
+use flamefleet_proto::agent::capture_summary::Kind;
+use flamefleet_proto::agent::{CaptureSummary, LatencyHistogram, RunqlatSummary};
 
-use crate::dispatch::outcome::NodeOutcome;
 use crate::events::truncated;
 
 /// Most failed nodes the completion message names.
@@ -20,48 +19,37 @@ const MESSAGE_FAILURES: usize = 3;
 /// Longest failure message the completion message quotes per node.
 const MESSAGE_FAILURE_BYTES: usize = 200;
 
-fn summary_value(summary: &BTreeMap<String, String>, key: &str) -> Option<i64> {
-    summary
-        .get(key)
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v.round() as i64)
-}
-
-/// Totals over nodes; docs/capture.md ("Capture summary") defines each field.
+/// What the nodes measured, folded as their outcomes arrive; docs/capture.md ("Capture
+/// summary") defines each field of the result.
 ///
-/// `samples` sums the profile artifacts' sample counts (an artifact without a sample type,
-/// runqlat's text, counts none). Run-queue latency percentiles come from the nodes' log2
-/// histograms merged bucket by bucket, which is exact up to the buckets; only when some
-/// node reported no histogram (an older agent) or another unit do they fall back to the
-/// worst node's percentiles, an upper bound, and `merged` says false.
-pub fn summarize<'a>(
-    effective: impl IntoIterator<Item = &'a NodeStatus>,
-    outcomes: &BTreeMap<String, NodeOutcome>,
-) -> ProfileSummary {
-    let (mut count, mut samples) = (0usize, 0i64);
-    for artifact in effective.into_iter().flat_map(|n| n.artifacts.iter()) {
-        count += 1;
-        samples += artifact.samples.unwrap_or(0);
-    }
-    let done: Vec<(&BTreeMap<String, String>, Option<&LatencyHistogram>)> = outcomes
-        .values()
-        .filter_map(|outcome| match outcome {
-            NodeOutcome::Done {
-                summary,
-                runqlat_histogram,
-                ..
-            } => Some((summary, runqlat_histogram.as_ref())),
-            NodeOutcome::Failed(_) => None,
-        })
-        .collect();
-    ProfileSummary {
-        samples: Some(samples),
-        artifacts: Some(i32::try_from(count).unwrap_or(i32::MAX)),
-        cpu: cpu_summary(done.iter().map(|(s, _)| *s)),
-        runqlat: merged_runqlat(&done).or_else(|| worst_node_runqlat(&done)),
+/// Run-queue latency percentiles come from the nodes' log2 histograms merged bucket by
+/// bucket, which is exact up to the buckets; only when some node reported percentiles
+/// without a histogram (an older agent) or another unit do they fall back to the worst
+/// node's percentiles, an upper bound, and `merged` says false.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measures {
+    /// The effective CPU frequency (the lowest over nodes) and why it differs.
+    cpu: Option<CpuSummary>,
+    /// Every node's run-queue waits in one histogram, while they can be merged.
+    waits: Option<LatencyHistogram>,
+    /// False once some node's waits cannot be merged into `waits`.
+    mergeable: bool,
+    /// The worst node's percentiles.
+    worst: Option<LatencySummary>,
+}
+
+impl Default for Measures {
+    fn default() -> Self {
+        Self {
+            cpu: None,
+            waits: None,
+            mergeable: true,
+            worst: None,
+        }
     }
 }
 
+<<<<<<< HEAD
 /// Why a request's nodes failed, in one word for the REASON column and the `Succeeded`
 /// condition: the commonest failure reason among `entries` (ties to the first by name), or
 /// `None` when no node failed with a reason.
@@ -90,86 +78,120 @@ fn cpu_summary<'a>(
             continue;
         };
         let c = cpu.get_or_insert_with(|| CpuSummary {
+=======
+fn rounded(v: f64) -> i64 {
+    v.round() as i64
+}
+
+impl Measures {
+    /// Folds in one node's summary and run-queue histogram.
+    pub fn add(&mut self, summary: Option<&CaptureSummary>, histogram: Option<&LatencyHistogram>) {
+        match summary.and_then(|s| s.kind.as_ref()) {
+            Some(Kind::Cpu(cpu)) => {
+                self.add_cpu(summary, cpu.frequency_hz, cpu.requested_frequency_hz)
+            }
+            Some(Kind::Runqlat(runqlat)) => self.add_worst(runqlat),
+            Some(Kind::Heap(_)) | None => {}
+        }
+        let has_percentiles = matches!(
+            summary.and_then(|s| s.kind.as_ref()),
+            Some(Kind::Runqlat(r)) if r.p50_us.is_some()
+        );
+        match histogram {
+            Some(h) if self.mergeable => {
+                let merged = match &mut self.waits {
+                    Some(all) => all.merge(h).is_ok(),
+                    None => {
+                        self.waits = Some(h.clone());
+                        true
+                    }
+                };
+                self.mergeable = merged;
+            }
+            Some(_) => {}
+            // A node with runqlat numbers but no histogram: cannot merge exactly.
+            None if has_percentiles => self.mergeable = false,
+            None => {}
+        }
+    }
+
+    fn add_cpu(&mut self, summary: Option<&CaptureSummary>, hz: u64, requested: u64) {
+        if hz == 0 {
+            return;
+        }
+        let hz = i64::try_from(hz).unwrap_or(i64::MAX);
+        let c = self.cpu.get_or_insert_with(|| CpuSummary {
+>>>>>>> main
             frequency_hz: hz,
             ..Default::default()
         });
         c.frequency_hz = c.frequency_hz.min(hz);
-        if let Some(requested) = summary_value(summary, "requested_frequency_hz") {
+        let requested = i64::try_from(requested).unwrap_or(i64::MAX);
+        if requested != 0 && requested != hz {
             c.requested_frequency_hz = Some(requested);
             if c.message.is_none() {
-                c.message = summary.get("frequency_note").cloned();
+                c.message = summary.and_then(|s| s.display().remove("frequency_note"));
             }
         }
     }
-    cpu
+
+    fn add_worst(&mut self, summary: &RunqlatSummary) {
+        let (Some(p50), Some(p99)) = (summary.p50_us, summary.p99_us) else {
+            return;
+        };
+        let r = self.worst.get_or_insert_with(|| LatencySummary {
+            merged: Some(false),
+            ..Default::default()
+        });
+        r.events += i64::try_from(summary.waits).unwrap_or(i64::MAX);
+        r.p50_us = r.p50_us.max(rounded(p50));
+        r.p90_us = r.p90_us.max(rounded(summary.p90_us.unwrap_or(p99)));
+        r.p99_us = r.p99_us.max(rounded(p99));
+        if let Some(max) = summary.max_us {
+            r.max_us = Some(r.max_us.unwrap_or(0).max(rounded(max)));
+        }
+    }
+
+    /// Percentiles of every node's waits together, when every node with a runqlat result
+    /// sent its histogram in one unit; else the worst node's.
+    fn runqlat(&self) -> Option<LatencySummary> {
+        let merged = self.waits.as_ref().filter(|_| self.mergeable).map(|all| {
+            latency_summary(all, true).unwrap_or(LatencySummary {
+                merged: Some(true),
+                ..Default::default()
+            })
+        });
+        merged.or_else(|| self.worst.clone())
+    }
+
+    /// The request's summary: totals over `entries` (the nodes' recorded results) and what
+    /// the nodes measured. `samples` sums the profile artifacts' sample counts (an artifact
+    /// without a sample type, runqlat's text, counts none).
+    pub fn summary<'a>(&self, entries: impl IntoIterator<Item = &'a NodeStatus>) -> ProfileSummary {
+        let (mut count, mut samples) = (0usize, 0i64);
+        for artifact in entries.into_iter().flat_map(|n| n.artifacts.iter()) {
+            count += 1;
+            samples += artifact.samples.unwrap_or(0);
+        }
+        ProfileSummary {
+            samples: Some(samples),
+            artifacts: Some(i32::try_from(count).unwrap_or(i32::MAX)),
+            cpu: self.cpu.clone(),
+            runqlat: self.runqlat(),
+        }
+    }
 }
 
 fn latency_summary(h: &LatencyHistogram, merged: bool) -> Option<LatencySummary> {
-    let us = |q: f64| h.quantile_us(q).map(|v| v.round() as i64);
+    let us = |q: f64| h.quantile_us(q).map(rounded);
     Some(LatencySummary {
         events: i64::try_from(h.count()).unwrap_or(i64::MAX),
         p50_us: us(0.50)?,
         p90_us: us(0.90)?,
         p99_us: us(0.99)?,
-        max_us: h.max_us().map(|v| v.round() as i64),
+        max_us: h.max_us().map(rounded),
         merged: Some(merged),
     })
-}
-
-/// Percentiles of every node's waits together, when every node with a runqlat result sent
-/// its histogram in one unit.
-fn merged_runqlat(
-    done: &[(&BTreeMap<String, String>, Option<&LatencyHistogram>)],
-) -> Option<LatencySummary> {
-    let mut all = LatencyHistogram::default();
-    let mut any = false;
-    for (summary, histogram) in done {
-        match histogram {
-            Some(h) => {
-                all.merge(h).ok()?;
-                any = true;
-            }
-            // A node with runqlat numbers but no histogram: cannot merge exactly.
-            None if summary.contains_key("p50_us") => return None,
-            None => {}
-        }
-    }
-    if !any {
-        return None;
-    }
-    latency_summary(&all, true).or(Some(LatencySummary {
-        merged: Some(true),
-        ..Default::default()
-    }))
-}
-
-/// The worst node's percentiles (exact with one node, an upper bound otherwise).
-fn worst_node_runqlat(
-    done: &[(&BTreeMap<String, String>, Option<&LatencyHistogram>)],
-) -> Option<LatencySummary> {
-    let mut runqlat: Option<LatencySummary> = None;
-    for (summary, _) in done {
-        let (Some(p50), Some(p99)) = (
-            summary_value(summary, "p50_us"),
-            summary_value(summary, "p99_us"),
-        ) else {
-            continue;
-        };
-        let r = runqlat.get_or_insert_with(|| LatencySummary {
-            merged: Some(false),
-            ..Default::default()
-        });
-        r.events += summary_value(summary, "events").unwrap_or(0);
-        r.p50_us = r.p50_us.max(p50);
-        r.p90_us = r
-            .p90_us
-            .max(summary_value(summary, "p90_us").unwrap_or(p99));
-        r.p99_us = r.p99_us.max(p99);
-        if let Some(max) = summary_value(summary, "max_us") {
-            r.max_us = Some(r.max_us.unwrap_or(0).max(max));
-        }
-    }
-    runqlat
 }
 
 /// One line describing how the nodes ended, for the Completed condition and the Event:
@@ -201,11 +223,14 @@ pub fn outcome_message(counts: NodeCounts, failures: &[NodeFailureEntry]) -> Str
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::super::result_table::ResultTable;
     use super::*;
-    use crate::dispatch::outcome::NodeFailure;
+    use crate::dispatch::outcome::{NodeFailure, NodeOutcome};
     use flamefleet_api::Artifact;
     use flamefleet_api::{NodePhase, RequestPhase};
+    use flamefleet_proto::agent::CpuSummary as CpuMeasure;
 
     #[test]
     fn the_failure_reason_is_the_commonest() {
@@ -247,15 +272,32 @@ mod tests {
         }
     }
 
-    fn done(samples: i64, summary: &[(&str, &str)]) -> NodeOutcome {
+    fn done(samples: i64, summary: Option<Kind>) -> NodeOutcome {
         NodeOutcome::Done {
             artifacts: vec![artifact("cpu.pb.gz", samples)],
-            summary: summary
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            summary: summary.map(|kind| Box::new(CaptureSummary { kind: Some(kind) })),
             runqlat_histogram: None,
         }
+    }
+
+    /// A runqlat summary: waits, p50, p90, p99, max (microseconds).
+    fn waits(events: u64, p50: f64, p90: Option<f64>, p99: f64, max: Option<f64>) -> Option<Kind> {
+        Some(Kind::Runqlat(RunqlatSummary {
+            waits: events,
+            p50_us: Some(p50),
+            p90_us: p90,
+            p99_us: Some(p99),
+            max_us: max,
+            ..Default::default()
+        }))
+    }
+
+    fn cpu(frequency_hz: u64, requested_frequency_hz: u64) -> Option<Kind> {
+        Some(Kind::Cpu(CpuMeasure {
+            frequency_hz,
+            requested_frequency_hz,
+            ..Default::default()
+        }))
     }
 
     fn with_histogram(outcome: NodeOutcome, pairs: &[(usize, u64)]) -> NodeOutcome {
@@ -292,15 +334,15 @@ mod tests {
         current: &[NodeStatus],
         outcomes: &BTreeMap<String, NodeOutcome>,
     ) -> ProfileSummary {
-        summarize(table(current, outcomes).entries(), outcomes)
+        table(current, outcomes).summary()
     }
 
     #[test]
     fn all_succeeded_after_settling() {
         let current = [entry("a", None), entry("b", None)];
         let outcomes = BTreeMap::from([
-            ("a".to_string(), done(5, &[])),
-            ("b".to_string(), done(7, &[])),
+            ("a".to_string(), done(5, None)),
+            ("b".to_string(), done(7, None)),
         ]);
         let t = table(&current, &outcomes);
         assert_eq!(t.phase(false), RequestPhase::Running);
@@ -316,7 +358,7 @@ mod tests {
     fn failure_outcomes_mark_nodes_and_give_partial_success() {
         let current = [entry("a", None), entry("b", None)];
         let outcomes = BTreeMap::from([
-            ("a".to_string(), done(5, &[])),
+            ("a".to_string(), done(5, None)),
             (
                 "b".to_string(),
                 NodeOutcome::Failed(NodeFailure::CaptureFailed {
@@ -375,27 +417,11 @@ mod tests {
         let outcomes = BTreeMap::from([
             (
                 "a".to_string(),
-                done(
-                    1,
-                    &[
-                        ("p50_us", "3"),
-                        ("p90_us", "9"),
-                        ("p99_us", "40"),
-                        ("events", "100"),
-                    ],
-                ),
+                done(1, waits(100, 3.0, Some(9.0), 40.0, None)),
             ),
             (
                 "b".to_string(),
-                done(
-                    1,
-                    &[
-                        ("p50_us", "5"),
-                        ("p99_us", "20.4"),
-                        ("events", "50"),
-                        ("max_us", "64"),
-                    ],
-                ),
+                done(1, waits(50, 5.0, None, 20.4, Some(64.0))),
             ),
         ]);
         let summary = summary_of(&current, &outcomes);
@@ -413,17 +439,8 @@ mod tests {
         ];
         // Node a: 90 waits in [2, 4) us; node b: 10 in [1024, 2048) us. The worst node's
         // median would be 1.5 ms; the cluster's median is a few microseconds.
-        let a = with_histogram(
-            done(90, &[("p50_us", "3"), ("p99_us", "4"), ("events", "90")]),
-            &[(1, 90)],
-        );
-        let b = with_histogram(
-            done(
-                10,
-                &[("p50_us", "1536"), ("p99_us", "2038"), ("events", "10")],
-            ),
-            &[(10, 10)],
-        );
+        let a = with_histogram(done(90, waits(90, 3.0, None, 4.0, None)), &[(1, 90)]);
+        let b = with_histogram(done(10, waits(10, 1536.0, None, 2038.0, None)), &[(10, 10)]);
         let outcomes = BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)]);
         let summary = summary_of(&current, &outcomes);
         assert_eq!(summary.samples, Some(100));
@@ -435,10 +452,12 @@ mod tests {
         assert_eq!(r.max_us, Some(2048));
 
         // A node without a histogram (an older agent): the worst node's numbers.
-        let c = done(1, &[("p50_us", "7"), ("p99_us", "9"), ("events", "1")]);
+        let c = done(1, waits(1, 7.0, None, 9.0, None));
         let mut outcomes = outcomes;
         outcomes.insert("c".into(), c);
-        let r = summarize(&current, &outcomes).runqlat.unwrap();
+        let mut current = current.to_vec();
+        current.push(entry("c", Some(NodePhase::Succeeded)));
+        let r = summary_of(&current, &outcomes).runqlat.unwrap();
         assert_eq!(r.merged, Some(false));
         assert_eq!(r.p50_us, 1536);
     }
@@ -450,30 +469,17 @@ mod tests {
             entry("b", Some(NodePhase::Succeeded)),
         ];
         let same = BTreeMap::from([
-            ("a".to_string(), done(5, &[("frequency_hz", "99")])),
-            ("b".to_string(), done(5, &[("frequency_hz", "99")])),
+            ("a".to_string(), done(5, cpu(99, 99))),
+            ("b".to_string(), done(5, cpu(99, 99))),
         ]);
-        let cpu = summarize(&current, &same).cpu.unwrap();
+        let cpu = summary_of(&current, &same).cpu.unwrap();
         assert_eq!(cpu.frequency_hz, 99);
         assert_eq!((cpu.requested_frequency_hz, cpu.message), (None, None));
         let joined = BTreeMap::from([
-            ("a".to_string(), done(5, &[("frequency_hz", "99")])),
-            (
-                "b".to_string(),
-                done(
-                    5,
-                    &[
-                        ("frequency_hz", "19"),
-                        ("requested_frequency_hz", "99"),
-                        (
-                            "frequency_note",
-                            "joined a sampler already running at 19 Hz",
-                        ),
-                    ],
-                ),
-            ),
+            ("a".to_string(), done(5, self::cpu(99, 99))),
+            ("b".to_string(), done(5, self::cpu(19, 99))),
         ]);
-        let cpu = summarize(&current, &joined).cpu.unwrap();
+        let cpu = summary_of(&current, &joined).cpu.unwrap();
         assert_eq!(cpu.frequency_hz, 19);
         assert_eq!(cpu.requested_frequency_hz, Some(99));
         assert!(cpu.message.unwrap().contains("19 Hz"));

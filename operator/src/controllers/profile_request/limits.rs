@@ -9,12 +9,12 @@
 //! the spec limits fails with the limit and who sets it. Other namespaces are unaffected by one
 //! namespace's limit.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use flamefleet_api::{ProfileRequest, ProfileRequestSpec, ProfileType, RequestPhase};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::{Error, Result};
 
@@ -123,22 +123,31 @@ pub fn count_running<'a>(requests: impl IntoIterator<Item = &'a ProfileRequest>)
     out
 }
 
-/// Counts the Running requests this operator handles (`selector`): from the controller's
-/// cache `requests` when there is one (no API call; it first waits for the cache's initial
-/// list, so that right after a start or a regained leadership no Running request is
-/// missed), else by listing them.
+/// The phase (and namespace) of every request this operator handles (`selector`), by UID:
+/// from the controller's cache `requests` when there is one (no API call; it first waits
+/// for the cache's initial list, so that right after a start or a regained leadership no
+/// Running request is missed), else by listing them.
 ///
 /// # Errors
 /// API errors of the list.
-pub async fn running(
+pub async fn phases(
     client: &kube::Client,
     requests: Option<&Store<ProfileRequest>>,
     selector: Option<&str>,
-) -> Result<Running> {
+) -> Result<HashMap<String, (String, Option<RequestPhase>)>> {
+    let entry = |r: &ProfileRequest| {
+        (
+            r.metadata.uid.clone().unwrap_or_default(),
+            (
+                r.metadata.namespace.clone().unwrap_or_default(),
+                r.status.as_ref().and_then(|s| s.phase),
+            ),
+        )
+    };
     if let Some(store) = requests {
         // Err: the controller that filled the cache stopped; list instead.
         if store.wait_until_ready().await.is_ok() {
-            return Ok(count_running(store.state().iter().map(AsRef::as_ref)));
+            return Ok(store.state().iter().map(|r| entry(r)).collect());
         }
     }
     let api: Api<ProfileRequest> = Api::all(client.clone());
@@ -149,24 +158,36 @@ pub async fn running(
     let list = api.list(&params).await.map_err(Error::kube(
         "listing ProfileRequests to count running captures",
     ))?;
-    Ok(count_running(&list.items))
+    Ok(list.items.iter().map(entry).collect())
 }
 
 /// The effective per-namespace limit: the namespace's annotation when it holds a number,
-/// else the operator's default.
+/// else the operator's default. Read from `namespaces` (the operator's watch-fed cache)
+/// when it holds its first list; else with a GET.
 ///
 /// # Errors
-/// API errors.
+/// API errors of the GET.
 pub async fn namespace_limit(
     client: &kube::Client,
+    namespaces: Option<&Store<Namespace>>,
     namespace: &str,
     limits: &TenantLimits,
 ) -> Result<u32> {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let annotated = api
-        .get_opt(namespace)
-        .await
-        .map_err(Error::kube(format!("reading namespace {namespace}")))?
+    let cached = namespaces
+        .filter(|store| {
+            futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+        })
+        .map(|store| store.get(&ObjectRef::new(namespace)));
+    let found = match cached {
+        Some(ns) => ns.map(|ns| (*ns).clone()),
+        None => {
+            let api: Api<Namespace> = Api::all(client.clone());
+            api.get_opt(namespace)
+                .await
+                .map_err(Error::kube(format!("reading namespace {namespace}")))?
+        }
+    };
+    let annotated = found
         .and_then(|ns| ns.metadata.annotations)
         .and_then(|a| a.get(NAMESPACE_LIMIT_ANNOTATION).cloned());
     Ok(match annotated.map(|v| v.trim().parse::<u32>()) {

@@ -1,6 +1,7 @@
 //! The ProfileRequest controller: resolve targets, dispatch captures to agents, aggregate
 //! their results into the request's status, clean up artifacts, expire finished requests.
 
+pub mod admission;
 pub mod aggregate;
 pub mod limits;
 pub mod reconcile;
@@ -32,7 +33,7 @@ pub struct Context {
     /// The artifact store.
     pub store: Arc<dyn ArtifactStore>,
     /// Capture sessions in progress.
-    pub dispatcher: Arc<Dispatcher>,
+    pub dispatcher: Arc<Dispatcher<result_table::ResultTable>>,
     /// Event recorder.
     pub recorder: Recorder,
     /// Metrics.
@@ -46,11 +47,22 @@ pub struct Context {
     pub limits: limits::TenantLimits,
     /// The operator's `--request-selector` (limits count only this shard's requests).
     pub request_selector: Option<String>,
+    /// The operator's cluster-wide Namespace cache (`sampling::fleet`), where the
+    /// per-namespace limit annotation is read without a GET per admission; `None` gets.
+    pub namespaces: Option<Store<k8s_openapi::api::core::v1::Namespace>>,
+    /// The one admission point of the concurrency limits.
+    pub admission: admission::Admission,
     /// The controller's cache of the requests it handles (the same selector), set by
     /// [`run`]: the concurrency limits count Running requests from it instead of listing
     /// every request from the API server at each admission, which made a burst of N
     /// requests cost N lists of up to N objects.
     pub requests: std::sync::RwLock<Option<Store<ProfileRequest>>>,
+}
+
+impl super::ControllerContext for Context {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -86,7 +98,7 @@ pub async fn run(
     controller
         .reconcile_on(UnboundedReceiverStream::new(triggers))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile::reconcile, reconcile::error_policy, context)
+        .run(reconcile::reconcile, super::error_policy, context)
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!("controller: {e}");

@@ -23,10 +23,14 @@ use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Resource, ResourceExt};
 use tracing::instrument;
 
+<<<<<<< HEAD
 use super::aggregate::{failure_reason, outcome_message, summarize};
+=======
+use super::aggregate::outcome_message;
+>>>>>>> main
 use super::result_table::ResultTable;
 use super::ttl::{TtlAction, ttl_action};
-use super::{Context, limits, resolve, result_slices, status};
+use super::{Context, admission, limits, resolve, result_slices, status};
 use crate::dispatch::outcome::{NodeFailure, NodeOutcome};
 use crate::dispatch::{CapturePlan, NodePlan, Session};
 use crate::pods::agents;
@@ -75,19 +79,6 @@ pub async fn reconcile(request: Arc<ProfileRequest>, ctx: Arc<Context>) -> Resul
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)))
-}
-
-/// Retries failed reconciles: quickly after a write conflict (an agent wrote in between),
-/// otherwise after a few seconds.
-pub fn error_policy(request: Arc<ProfileRequest>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_failed(error);
-    if error.is_conflict() {
-        tracing::debug!(request = %request.name_any(), "status write conflicted; retrying");
-        Action::requeue(Duration::from_millis(200))
-    } else {
-        tracing::warn!(request = %request.name_any(), "reconcile failed: {error}");
-        Action::requeue(Duration::from_secs(5))
-    }
 }
 
 fn now() -> Time {
@@ -210,28 +201,52 @@ async fn start(
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    let running = limits::running(
-        &ctx.client,
-        requests.as_ref(),
-        ctx.request_selector.as_deref(),
-    )
-    .await?;
-    let namespace_limit = limits::namespace_limit(&ctx.client, &ids.namespace, &ctx.limits).await?;
-    if let Err(message) =
-        limits::check_concurrency(&running, &ids.namespace, namespace_limit, &ctx.limits)
+    let sources = admission::Sources {
+        client: &ctx.client,
+        requests: requests.as_ref(),
+        namespaces: ctx.namespaces.as_ref(),
+        selector: ctx.request_selector.as_deref(),
+        limits: &ctx.limits,
+    };
+    if let Err(message) = ctx
+        .admission
+        .admit(&sources, &ids.uid, &ids.namespace)
+        .await?
     {
         return queue(&request, ctx, api, message).await;
     }
+    // Admitted: the slot is reserved until the cache shows the request Running, unless the
+    // start ends before writing Running.
+    let uid = ids.uid.clone();
+    let launched = launch(request, ctx, api, ids, duration, request_ref).await;
+    if !matches!(launched, Ok((_, true))) {
+        ctx.admission.release(&uid).await;
+    }
+    launched.map(|(action, _)| action)
+}
+
+/// Resolves targets and agents, writes Running, and starts the captures of an admitted
+/// request; true once Running is written.
+async fn launch(
+    request: Arc<ProfileRequest>,
+    ctx: &Context,
+    api: &Api<ProfileRequest>,
+    ids: Ids,
+    duration: Duration,
+    request_ref: RequestRef,
+) -> Result<(Action, bool)> {
+    let spec = &request.spec;
+    let not_started = |action: Result<Action>| action.map(|a| (a, false));
     let resolution = match resolve::resolve(&ctx.client, &ids.namespace, spec).await {
         Ok(r) => r,
         Err(Error::Selector(m)) => {
-            return fail_request(&request, ctx, api, "InvalidSelector", m).await;
+            return not_started(fail_request(&request, ctx, api, "InvalidSelector", m).await);
         }
         Err(e) => return Err(e),
     };
     if resolution.pod_count() == 0 {
         let message = resolution.no_match_message(&ids.namespace);
-        return fail_request(&request, ctx, api, "NoPodsMatched", message).await;
+        return not_started(fail_request(&request, ctx, api, "NoPodsMatched", message).await);
     }
     let agents = agents::discover(
         &ctx.client,
@@ -354,15 +369,17 @@ async fn start(
         ),
     )
     .await;
-    let session = ctx.dispatcher.start(CapturePlan {
-        request: request_ref,
-        spec: spec.clone(),
-        duration,
-        nodes: plans,
-        settled,
-    });
-    session.install_results(table);
-    Ok(Action::requeue(RUNNING_RESYNC))
+    ctx.dispatcher.start(
+        CapturePlan {
+            request: request_ref,
+            spec: spec.clone(),
+            duration,
+            nodes: plans,
+            settled,
+        },
+        table,
+    );
+    Ok((Action::requeue(RUNNING_RESYNC), true))
 }
 
 /// Builds the session of a Running request this process has no session for (the operator
@@ -370,7 +387,10 @@ async fn start(
 /// are left alone, the others are dispatched again and attach to the agents' running
 /// captures. `None` when the request has no slices (they were deleted, or an operator
 /// older than slices started it): it cannot be resumed.
-async fn resume(request: &ProfileRequest, ctx: &Context) -> Result<Option<Arc<Session>>> {
+async fn resume(
+    request: &ProfileRequest,
+    ctx: &Context,
+) -> Result<Option<Arc<Session<ResultTable>>>> {
     let ids = ids(request)?;
     let spec = &request.spec;
     let request_ref = RequestRef::new(&ids.namespace, &ids.name, &ids.uid)?;
@@ -435,14 +455,16 @@ async fn resume(request: &ProfileRequest, ctx: &Context) -> Result<Option<Arc<Se
         nodes = plans.len(),
         "resuming the captures of a Running request"
     );
-    let session = ctx.dispatcher.start(CapturePlan {
-        request: request_ref,
-        spec: spec.clone(),
-        duration,
-        nodes: plans,
-        settled,
-    });
-    session.install_results(table);
+    let session = ctx.dispatcher.start(
+        CapturePlan {
+            request: request_ref,
+            spec: spec.clone(),
+            duration,
+            nodes: plans,
+            settled,
+        },
+        table,
+    );
     Ok(Some(session))
 }
 
@@ -471,17 +493,12 @@ async fn progress(
             }
         },
     };
-    if session.with_results(|_| ()).is_none() {
-        // Installed right after the session starts, within the same reconcile; should that
-        // have failed half-way, the slices have it.
-        session.install_results(result_slices::read_table(&ctx.client, &request).await?);
-    }
     // One snapshot of the outcomes per reconcile: the slices written below and the status
     // computed after them agree (an outcome arriving meanwhile waits for the next round).
-    session.absorb_news();
-    let dirty = session
-        .with_results(|t| t.dirty_slices())
-        .unwrap_or_default();
+    session.absorb(|table, node, outcome| {
+        table.apply(node, &outcome);
+    });
+    let dirty = session.with_results(|t| t.dirty_slices());
     let written = result_slices::write_dirty(&ctx.client, &request, dirty, |i| {
         session.with_results(|t| t.mark_clean(i));
     })
@@ -492,17 +509,15 @@ async fn progress(
     let settled = session.settled();
     let current = request.status.clone().unwrap_or_default();
     let mut status = operator_fields(&current);
-    let (phase, counts, failures) = session
-        .with_results(|t| {
-            set_results(&mut status, t);
-            // Terminal only once every slice is written as the table says.
-            let phase = match t.phase(settled) {
-                p if p.is_terminal() && t.has_dirty() => RequestPhase::Running,
-                p => p,
-            };
-            (phase, t.counts(), t.failures(MAX_STATUS_FAILURES).0)
-        })
-        .unwrap_or((RequestPhase::Running, Default::default(), Vec::new()));
+    let (phase, counts, failures) = session.with_results(|t| {
+        set_results(&mut status, t);
+        // Terminal only once every slice is written as the table says.
+        let phase = match t.phase(settled) {
+            p if p.is_terminal() && t.has_dirty() => RequestPhase::Running,
+            p => p,
+        };
+        (phase, t.counts(), t.failures(MAX_STATUS_FAILURES).0)
+    });
     let terminal = phase.is_terminal();
     status.phase = Some(phase);
     if !terminal && status == current {
@@ -510,8 +525,8 @@ async fn progress(
     }
     let message = outcome_message(counts, &failures);
     if terminal {
-        let outcomes = session.outcomes();
         status.completion_time = Some(now());
+<<<<<<< HEAD
         status.summary = session.with_results(|t| summarize(t.entries(), &outcomes));
         let succeeded = phase == RequestPhase::Succeeded;
         status.reason = if succeeded {
@@ -535,6 +550,9 @@ async fn progress(
                 now(),
             ),
         );
+=======
+        status.summary = Some(session.with_results(|t| t.summary()));
+>>>>>>> main
         set_condition(
             &mut status.conditions,
             new_condition(
@@ -564,9 +582,7 @@ async fn progress(
         );
     }
     let updated = status::apply(api, &ids.name, &status).await?;
-    let announcements = session
-        .with_results(ResultTable::take_announcements)
-        .unwrap_or_default();
+    let announcements = session.with_results(ResultTable::take_announcements);
     for failure in announcements {
         let note = format!("node {}: {}", failure.node, failure.message);
         publish(ctx, &request, EventType::Warning, &failure.reason, note).await;

@@ -18,6 +18,7 @@ use flamefleet_api::{
     NodeCounts, NodeFailureEntry, NodePhase, NodeStatus, ProfileResultSlice, RequestPhase,
 };
 
+use super::aggregate::Measures;
 use crate::dispatch::outcome::NodeOutcome;
 use crate::events::truncated;
 
@@ -50,6 +51,8 @@ pub struct ResultTable {
     announce: Vec<NodeFailureEntry>,
     /// How many failures were ever queued for an Event (bounded like the status list).
     announced: usize,
+    /// What the succeeded nodes measured, folded as their outcomes were recorded.
+    measures: Measures,
 }
 
 /// The most per-node failure Events one request publishes; later failures are counted in
@@ -169,9 +172,24 @@ impl ResultTable {
             }
             self.failures.insert(node.to_string(), failure);
         }
+        if let NodeOutcome::Done {
+            summary,
+            runqlat_histogram,
+            ..
+        } = outcome
+        {
+            self.measures
+                .add(summary.as_deref(), runqlat_histogram.as_ref());
+        }
         self.dirty.insert(placed.slice);
         placed.entry = updated;
         true
+    }
+
+    /// The request's summary: totals over the entries, and what the nodes whose outcome
+    /// this table recorded measured (see [`Measures`]).
+    pub fn summary(&self) -> flamefleet_api::ProfileSummary {
+        self.measures.summary(self.entries())
     }
 
     /// The entries of every dirty slice, by index, in node order.
@@ -291,7 +309,7 @@ mod tests {
                 samples: Some(3),
                 ..Default::default()
             }],
-            summary: BTreeMap::new(),
+            summary: None,
             runqlat_histogram: None,
         }
     }

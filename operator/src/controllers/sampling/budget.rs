@@ -5,9 +5,11 @@
 //! cached ProfileResultSlices), not from this process's dispatcher: the API is the one
 //! record that survives an operator restart, a leader hand-over, and sharding
 //! (`--request-selector`), where another operator dispatches captures to the same nodes. A
-//! request occupies a node while it is Pending (on the nodes its pods run on, or the nodes a
-//! run was planned on) or Running (on its nodes whose slice entry is not terminal). Runs created by this process but not yet in the cache are reserved
-//! in memory until the cache shows them.
+//! request occupies a node while it is Pending (on the nodes its pods run on) or Running (on
+//! its nodes whose slice entry is not terminal). Runs created by this process but not yet in
+//! the cache are reserved in memory until the cache shows them. Nothing is read from a
+//! request's annotations: whoever creates a request writes them, and a tenant could claim
+//! every node of the cluster to hold back everyone's scheduled runs.
 //!
 //! Two limits, per policy, checked against the node's total:
 //! - `maxConcurrentCapturesPerNode`: captures running on the node at once (one request on
@@ -31,7 +33,7 @@ use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 
 use super::rotation::{NodeGate, SkipReason};
-use super::run_name::{PLANNED_NODES_ANNOTATION, POLICY_UID_LABEL};
+use super::run_name::POLICY_UID_LABEL;
 use crate::pods::slim::SlimPod;
 
 /// Default `maxConcurrentCapturesPerNode`: one capture at a time per node.
@@ -429,32 +431,28 @@ fn occupancy(
         .spec
         .capture_duration()
         .map_or(1, |d| i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX));
-    let planned: Option<Vec<String>> =
-        request
-            .annotations()
-            .get(PLANNED_NODES_ANNOTATION)
-            .map(|v| {
-                v.split(',')
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            });
+    // Before its slices exist a request occupies the nodes its pods run on (the pods'
+    // nodes come from the scheduler, never from the request's creator).
+    let running_nodes = || -> Vec<String> {
+        results
+            .iter()
+            .filter(|n| !n.phase.is_some_and(NodePhase::is_terminal))
+            .map(|n| n.node.clone())
+            .collect()
+    };
     let all_nodes: Vec<String> = if results.is_empty() {
-        planned.clone().unwrap_or_default()
+        match phase {
+            Some(p) if p.is_terminal() => Vec::new(),
+            _ => placer.nodes(request),
+        }
     } else {
         results.iter().map(|n| n.node.clone()).collect()
     };
     let running = match phase {
         Some(p) if p.is_terminal() => Vec::new(),
-        Some(RequestPhase::Running) => results
-            .iter()
-            .filter(|n| !n.phase.is_some_and(NodePhase::is_terminal))
-            .map(|n| n.node.clone())
-            .collect(),
-        _ => match planned {
-            Some(nodes) => nodes,
-            None => placer.nodes(request),
-        },
+        Some(RequestPhase::Running) => running_nodes(),
+        _ if results.is_empty() => all_nodes.clone(),
+        _ => running_nodes(),
     };
     let start = request
         .status
@@ -614,5 +612,24 @@ mod tests {
         let load = ledger.load(&[], &[], &[], now());
         assert_eq!(load.captures("n8").len(), 1);
         assert!(load.captures("n8")[0].scheduled);
+    }
+
+    #[test]
+    fn a_pending_request_cannot_claim_nodes_its_pods_are_not_on() {
+        let pod: Arc<SlimPod> = Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": "p1", "namespace": "ns"},
+                "spec": {"nodeName": "n7", "containers": []},
+                "status": {"phase": "Running"}
+            }))
+            .unwrap(),
+        );
+        let mut forged = (*request("forged", json!({POLICY_UID_LABEL: "p"}), json!(null))).clone();
+        forged.metadata.annotations = Some(std::collections::BTreeMap::from([(
+            "flamefleet.dev/planned-nodes".to_string(),
+            "n1,n2,n3".to_string(),
+        )]));
+        let load = Ledger::default().load(&[Arc::new(forged)], &[], &[pod], now());
+        assert_eq!(busy_nodes(&load), BTreeMap::from([("n7".to_string(), 1)]));
     }
 }

@@ -42,7 +42,7 @@ pub enum Scope {
 pub struct Fleet {
     /// Pods, cluster-wide, slimmed.
     pub pods: Store<SlimPod>,
-    /// Namespaces (labels only).
+    /// Namespaces (labels and `flamefleet.dev/` annotations only).
     pub namespaces: Store<Namespace>,
     /// ProfileRequests, cluster-wide (ad hoc and runs: the budget counts them all).
     pub requests: Store<ProfileRequest>,
@@ -76,10 +76,13 @@ pub fn slim_slice(slice: &mut ProfileResultSlice) {
     }
 }
 
-/// Keeps only the labels of a namespace.
+/// Keeps only the labels of a namespace and its `flamefleet.dev/` annotations (the cluster
+/// admin's per-namespace overrides).
 fn slim_namespace(ns: &mut Namespace) {
     ns.metadata.managed_fields = None;
-    ns.metadata.annotations = None;
+    if let Some(annotations) = ns.metadata.annotations.as_mut() {
+        annotations.retain(|k, _| k.starts_with("flamefleet.dev/"));
+    }
     ns.spec = None;
     ns.status = None;
 }
@@ -170,8 +173,8 @@ impl Fleet {
         })
     }
 
-    /// Namespaces in `scope`.
-    fn namespaces_in(&self, scope: &Scope) -> Option<BTreeSet<String>> {
+    /// Namespaces in `scope` (`None`: every namespace).
+    pub fn namespaces_in(&self, scope: &Scope) -> Option<BTreeSet<String>> {
         match scope {
             Scope::Namespace(ns) => Some(BTreeSet::from([ns.clone()])),
             Scope::Cluster(None) => None,

@@ -59,6 +59,12 @@ pub struct SamplingContext {
     pub metrics: Arc<Metrics>,
 }
 
+impl super::ControllerContext for SamplingContext {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+}
+
 impl Debug for SamplingContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SamplingContext")
@@ -156,7 +162,7 @@ async fn run_kind<P: Policy>(
     Controller::new(api, config)
         .watches(runs, runs_config, owner_of::<P>)
         .graceful_shutdown_on(shutdown)
-        .run(policy::reconcile::<P>, policy::error_policy::<P>, context)
+        .run(policy::reconcile::<P>, super::error_policy, context)
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!("sampling controller: {e}");

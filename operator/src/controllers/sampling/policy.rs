@@ -33,8 +33,8 @@ use super::budget::{Budget, Reservation};
 use super::fleet::{Scope, selector_of};
 use super::rotation::{self, Limits};
 use super::run_name::{
-    PLANNED_NODES_ANNOTATION, POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL, PolicyKind,
-    SCHEDULED_AT_ANNOTATION, SCHEDULED_TIME_LABEL, is_label_value, run_name,
+    POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL, PolicyKind, SCHEDULED_AT_ANNOTATION,
+    SCHEDULED_TIME_LABEL, is_label_value, run_name,
 };
 use super::{Policy, SamplingContext, history, schedule};
 use crate::{Error, Result};
@@ -68,18 +68,6 @@ pub async fn reconcile<P: Policy>(policy: Arc<P>, ctx: Arc<SamplingContext>) -> 
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)))
-}
-
-/// Retries failed reconciles: quickly after a write conflict, otherwise after a few seconds.
-pub fn error_policy<P: Policy>(policy: Arc<P>, error: &Error, ctx: Arc<SamplingContext>) -> Action {
-    ctx.metrics.reconcile_failed(error);
-    if error.is_conflict() {
-        tracing::debug!(policy = %policy.name_any(), "policy status changed meanwhile; retrying");
-        Action::requeue(Duration::from_millis(200))
-    } else {
-        tracing::warn!(policy = %policy.name_any(), "reconcile failed: {error}");
-        Action::requeue(Duration::from_secs(5))
-    }
 }
 
 fn policy_api<P: Policy>(client: &kube::Client, policy: &P) -> Result<Api<P>> {
@@ -181,16 +169,39 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
         }
     };
 
+    let deadline = spec
+        .starting_deadline_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or(DEFAULT_STARTING_DEADLINE, Duration::from_secs);
+
     // History: finished runs beyond the limits go (their finalizer deletes the artifacts).
-    let runs = ctx.fleet.runs_of(&uid);
+    let runs = runs_of(ctx, &current, &status, &uid, deadline)?;
     for run in history::expired(&runs, spec.history.as_ref()) {
         delete_run(ctx, &run).await?;
     }
     record_profiled(ctx, &uid, &runs);
 
-    // A run planned before a restart: finish it first.
+    // A run planned before a restart: finish it first, unless its starting deadline passed
+    // (a run created later than that would not be recognised as one).
     if let Some(pending) = status.pending_run.clone() {
-        create_requests(ctx, &current, &spec, &pending).await?;
+        let late = to_std(now.duration_since(pending.scheduled_time.0)) > deadline;
+        if late {
+            status.missed_runs = Some(status.missed_runs.unwrap_or(0) + 1);
+            publish(
+                ctx,
+                &current,
+                EventType::Warning,
+                "MissedSchedule",
+                format!(
+                    "the run planned for {} was not created before its starting deadline ({}s)",
+                    pending.scheduled_time.0,
+                    deadline.as_secs()
+                ),
+            )
+            .await;
+        } else {
+            create_requests(ctx, &current, &spec, &pending).await?;
+        }
         status.pending_run = None;
         status.last_schedule_time = Some(pending.scheduled_time.clone());
         current = write_status(api, &current, &status).await?;
@@ -205,10 +216,6 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
             .as_ref()
             .or(current.meta().creation_timestamp.as_ref())
             .map_or(now, |t| t.0);
-        let deadline = spec
-            .starting_deadline_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .map_or(DEFAULT_STARTING_DEADLINE, Duration::from_secs);
         let due = schedule.due(last, now, deadline);
         if due.missed > 0 {
             status.missed_runs = Some(
@@ -241,7 +248,7 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
     }
 
     // Active runs, last success and coverage, from the cache.
-    let runs = ctx.fleet.runs_of(&uid);
+    let runs = runs_of(ctx, &current, &status, &uid, deadline)?;
     status.active = history::active(&runs);
     status.active_count = Some(i32::try_from(status.active.len()).unwrap_or(i32::MAX));
     if let Some(t) = history::last_success(&runs)
@@ -260,6 +267,46 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
         write_status(api, &current, &status).await?;
     }
     Ok(action)
+}
+
+/// The policy's runs among the cached requests that carry its UID label: only those
+/// [`history::RunIdentity`] recognises (a tenant can copy the label, not the rest).
+fn runs_of<P: Policy>(
+    ctx: &SamplingContext,
+    policy: &P,
+    status: &SamplingPolicyStatus,
+    uid: &str,
+    deadline: Duration,
+) -> Result<Vec<Arc<ProfileRequest>>> {
+    let reached = status
+        .last_schedule_time
+        .iter()
+        .chain(status.pending_run.iter().map(|p| &p.scheduled_time))
+        .map(|t| t.0.as_second())
+        .max();
+    let identity = history::RunIdentity {
+        api_version: P::api_version(&()).to_string(),
+        kind: P::KIND,
+        name: policy.name_any(),
+        uid: uid.to_string(),
+        namespaces: ctx.fleet.namespaces_in(&scope_of(policy)?),
+        reached,
+        deadline_seconds: i64::try_from(deadline.as_secs()).unwrap_or(i64::MAX),
+    };
+    let (runs, claimed): (Vec<_>, Vec<_>) = ctx
+        .fleet
+        .runs_of(uid)
+        .into_iter()
+        .partition(|r| identity.recognises(r));
+    for r in claimed.iter().take(3) {
+        tracing::debug!(
+            namespace = r.namespace().unwrap_or_default(),
+            request = %r.name_any(),
+            why = identity.why_not(r).unwrap_or_default(),
+            "a request carries the policy's UID label but is not one of its runs"
+        );
+    }
+    Ok(runs)
 }
 
 fn scope_of<P: Policy>(policy: &P) -> Result<Scope> {
@@ -514,13 +561,8 @@ pub fn run_request<P: Policy>(
         SCHEDULED_TIME_LABEL.into(),
         scheduled.0.as_second().to_string(),
     );
-    let annotations = BTreeMap::from([
-        (SCHEDULED_AT_ANNOTATION.to_string(), scheduled.0.to_string()),
-        (
-            PLANNED_NODES_ANNOTATION.to_string(),
-            planned.nodes.join(","),
-        ),
-    ]);
+    let annotations =
+        BTreeMap::from([(SCHEDULED_AT_ANNOTATION.to_string(), scheduled.0.to_string())]);
     let mut template = spec.template.clone();
     template.selector = None;
     template.pod_names = planned.pods.clone();
@@ -633,7 +675,14 @@ async fn cleanup<P: Policy>(policy: Arc<P>, ctx: &SamplingContext) -> Result<Act
             "listing the runs of {}",
             policy.name_any()
         )))?;
-    for run in &runs.items {
+    // Only requests the policy controls: a request that merely copies the UID label is not
+    // the policy's to delete.
+    let kind = P::kind(&());
+    for run in runs.items.iter().filter(|r| {
+        r.owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == kind)
+    }) {
         delete_run(ctx, run).await?;
     }
     ctx.profiled

@@ -18,9 +18,6 @@ pub const POLICY_UID_LABEL: &str = "flamefleet.dev/policy-uid";
 pub const SCHEDULED_TIME_LABEL: &str = "flamefleet.dev/scheduled-time";
 /// Annotation: the scheduled time of the run, RFC 3339.
 pub const SCHEDULED_AT_ANNOTATION: &str = "flamefleet.dev/scheduled-at";
-/// Annotation: the nodes the run was planned on (comma-separated), read by the budget
-/// before the request reports its own nodes.
-pub const PLANNED_NODES_ANNOTATION: &str = "flamefleet.dev/planned-nodes";
 
 /// The longest DNS label.
 const MAX_LABEL: usize = 63;

@@ -1,0 +1,397 @@
+//! End to end, hostile tenants against the operator: each test performs the attack for real,
+//! as a user holding only what the chart's aggregated `edit` role grants in one namespace,
+//! against the real control plane, the real operator and real agents capturing real
+//! workloads.
+//!
+//! - Forged runs: ten finished ProfileRequests carrying a ClusterSamplingPolicy's UID
+//!   (label and controller ownerReference) with far-future scheduled times, in one of the
+//!   policy's namespaces, must not make the operator delete the other namespace's run or its
+//!   artifacts, and never count in the policy's history or status.
+//! - A burst: fifty requests created at once in a namespace limited to two concurrent
+//!   captures; a watch of their phases never sees more than two Running, and all fifty
+//!   succeed.
+
+mod pipeline_support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flamefleet_api::{ClusterSamplingPolicy, ProfileRequest, RequestPhase};
+use flamefleet_e2e::TestNamespace;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use pipeline_support::{Pipeline, PipelineOptions, RUN_LABEL, is_terminal, runs_of, serial};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The rules the chart's `<release>-edit` ClusterRole aggregates into `edit`
+/// (charts/flamefleet/templates/user-roles.yaml).
+fn edit_rules() -> serde_json::Value {
+    json!([
+        {"apiGroups": ["flamefleet.dev"], "resources": ["profilerequests", "samplingpolicies"],
+         "verbs": ["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]},
+        {"apiGroups": ["flamefleet.dev"], "resources": ["profiledownloads"],
+         "verbs": ["get", "list", "watch", "create", "delete"]},
+        {"apiGroups": ["flamefleet.dev"], "resources": ["profileresultslices"],
+         "verbs": ["get", "list", "watch"]},
+    ])
+}
+
+/// A client for user `user`, bound to the edit rules in `ns` only.
+async fn tenant(ns: &TestNamespace, user: &str) -> kube::Client {
+    ns.bind_rules("User", user, "flamefleet-edit", edit_rules())
+        .await
+        .expect("binding the edit rules");
+    let kubeconfig = ns
+        .control_plane()
+        .kubeconfig_for_user(user, &[])
+        .expect("a kubeconfig for the tenant");
+    flamefleet_e2e::control_plane::client_from_kubeconfig(&kubeconfig)
+        .await
+        .expect("the tenant's client")
+}
+
+fn phase(r: &ProfileRequest) -> Option<RequestPhase> {
+    r.status.as_ref().and_then(|s| s.phase)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_runs_of_a_cluster_policy_delete_nothing_and_never_count() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let a = TestNamespace::create("ff-forge-a").await.unwrap();
+    let b = TestNamespace::create("ff-forge-b").await.unwrap();
+    let team = format!("team-{}", pipeline.id);
+    let namespaces: Api<Namespace> = Api::all(a.client());
+    for ns in [&a, &b] {
+        namespaces
+            .patch(
+                ns.name(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"flamefleet-test-team": team}}})),
+            )
+            .await
+            .unwrap();
+    }
+    pipeline
+        .pod(&a, "web-a", 1, &[("app", "web")], "spin", 1)
+        .await;
+    pipeline
+        .pod(&b, "web-b", 0, &[("app", "web")], "spin", 1)
+        .await;
+    let name = a.unique("fleet-web");
+    let policies: Api<ClusterSamplingPolicy> = Api::all(a.client());
+    let policy = policies
+        .create(
+            &PostParams::default(),
+            &pipeline.cluster_policy(
+                &name,
+                json!({
+                    "namespaceSelector": {"matchLabels": {"flamefleet-test-team": team}},
+                    "schedule": "*/2 * * * * *",
+                    "template": {"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "1s"},
+                    "sampling": {"maxPods": 4},
+                    "budget": {"maxConcurrentCapturesPerNode": 4, "maxDutyCyclePercent": 100},
+                }),
+            ),
+        )
+        .await
+        .unwrap();
+    let uid = policy.uid().unwrap();
+    let client = a.client();
+
+    // B's genuine run succeeds; then the policy is suspended, so that no later genuine run
+    // can push it out of the history.
+    let genuine = pipeline
+        .wait_for("a succeeded run in b", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            let b = b.name().to_string();
+            async move {
+                runs_of(&client, &uid).await.into_iter().find(|r| {
+                    r.namespace().as_deref() == Some(b.as_str())
+                        && phase(r) == Some(RequestPhase::Succeeded)
+                })
+            }
+        })
+        .await;
+    policies
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .unwrap();
+    // Every genuine run ends (some may still have been running when suspended).
+    let genuine_runs = pipeline
+        .wait_for("the genuine runs to finish", TIMEOUT, || {
+            let client = client.clone();
+            let uid = uid.clone();
+            async move {
+                let runs = runs_of(&client, &uid).await;
+                runs.iter().all(is_terminal).then_some(runs)
+            }
+        })
+        .await;
+    let last_genuine_success = genuine_runs
+        .iter()
+        .filter(|r| phase(r) == Some(RequestPhase::Succeeded))
+        .filter_map(|r| r.status.as_ref()?.completion_time.clone())
+        .map(|t| t.0)
+        .max()
+        .expect("the genuine runs succeeded");
+    let artifacts = pipeline_support::artifacts_of(&client, &genuine).await;
+    let artifact = artifacts.first().expect("the genuine run has artifacts");
+    let stored = pipeline.stored_artifact(&genuine, &artifact.name);
+    assert!(stored.exists(), "{}", stored.display());
+
+    // The tenant of `a` forges ten runs: the policy's UID as label and as controller
+    // ownerReference, far-future scheduled times, the policy's naming; the operator
+    // captures them like any request of `a` and they finish.
+    let mallory = tenant(&a, "mallory").await;
+    let forged_api: Api<ProfileRequest> = Api::namespaced(mallory, a.name());
+    let far_future = 4_000_000_000i64;
+    let mut forged = Vec::new();
+    for i in 0..10 {
+        let t = far_future + i;
+        let forged_name = format!("{name}-c{t}");
+        let request: ProfileRequest = serde_json::from_value(json!({
+            "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",
+            "metadata": {
+                "name": forged_name,
+                "labels": {
+                    RUN_LABEL: pipeline.id,
+                    "flamefleet.dev/policy": name,
+                    "flamefleet.dev/policy-uid": uid,
+                    "flamefleet.dev/policy-kind": "ClusterSamplingPolicy",
+                    "flamefleet.dev/scheduled-time": t.to_string(),
+                },
+                "annotations": {"flamefleet.dev/planned-nodes": pipeline.nodes.join(",")},
+                "ownerReferences": [{
+                    "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ClusterSamplingPolicy",
+                    "name": name, "uid": uid, "controller": true,
+                }],
+            },
+            "spec": {"type": "cpu", "podNames": ["web-a"], "duration": "1s"},
+        }))
+        .unwrap();
+        forged_api
+            .create(&PostParams::default(), &request)
+            .await
+            .expect("the tenant may create requests in its namespace");
+        forged.push(forged_name);
+    }
+    pipeline
+        .wait_for("the ten forged runs to finish", TIMEOUT, || {
+            let api = forged_api.clone();
+            let forged = forged.clone();
+            async move {
+                let mut done = Vec::new();
+                for n in &forged {
+                    let r = api.get(n).await.ok()?;
+                    if !is_terminal(&r) {
+                        return None;
+                    }
+                    done.push(r);
+                }
+                Some(done)
+            }
+        })
+        .await;
+    // Make the operator reconcile the policy once more after all that, and wait for it: a
+    // spec change it acknowledges in status.observedGeneration (history is applied before
+    // the status is written).
+    let bumped = policies
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"history": {"failedRunsHistoryLimit": 4}}})),
+        )
+        .await
+        .unwrap();
+    let generation = bumped.metadata.generation;
+    let status = pipeline
+        .wait_for("the policy's status to catch up", TIMEOUT, || {
+            let policies = policies.clone();
+            let name = name.clone();
+            async move {
+                let p = policies.get(&name).await.ok()?;
+                let status = p.status?;
+                (status.observed_generation == generation).then_some(status)
+            }
+        })
+        .await;
+
+    let b_api: Api<ProfileRequest> = b.api();
+    let still = b_api
+        .get_opt(&genuine.name_any())
+        .await
+        .unwrap()
+        .unwrap_or_else(|| {
+            panic!(
+                "b's genuine run {} was deleted\n{}",
+                genuine.name_any(),
+                pipeline.operator_logs()
+            )
+        });
+    assert!(
+        still.metadata.deletion_timestamp.is_none(),
+        "b's genuine run is being deleted"
+    );
+    assert!(
+        stored.exists(),
+        "b's artifact is gone: {}",
+        stored.display()
+    );
+    // The forged runs are not the policy's: none was deleted by its history, none is in
+    // its status.
+    for n in &forged {
+        let r = forged_api.get(n).await.unwrap();
+        assert!(r.metadata.deletion_timestamp.is_none(), "{n}");
+    }
+    assert!(
+        status.active.iter().all(|r| !forged.contains(&r.name)),
+        "{status:#?}"
+    );
+    let last_success = status
+        .last_successful_time
+        .as_ref()
+        .map(|t| t.0)
+        .expect("the genuine runs succeeded");
+    assert!(
+        last_success <= last_genuine_success,
+        "lastSuccessfulTime {last_success} comes from a forged run (the last genuine run succeeded at {last_genuine_success})"
+    );
+    policies.delete(&name, &Default::default()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_requests_at_once_never_run_past_the_namespace_limit() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        nodes: 1,
+        operator_args: vec!["--max-concurrent-captures-per-namespace".into(), "2".into()],
+        ..Default::default()
+    })
+    .await;
+    let ns = TestNamespace::create("ff-burst").await.unwrap();
+    pipeline
+        .pod(&ns, "web-1", 0, &[("app", "web")], "spin", 1)
+        .await;
+    let mallory = tenant(&ns, "mallory").await;
+    let api: Api<ProfileRequest> = Api::namespaced(mallory, ns.name());
+
+    // Every phase every request goes through, in the API server's order: one watch over the
+    // namespace, listed before anything is created.
+    let watched: Api<ProfileRequest> = ns.api();
+    let seen: Arc<Mutex<Phases>> = Arc::default();
+    let (listed_tx, listed) = tokio::sync::oneshot::channel::<()>();
+    let watch = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let mut listed_tx = Some(listed_tx);
+            let stream = watcher::watcher(watched, watcher::Config::default());
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = listed_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r)) => {
+                        seen.lock().unwrap().apply(&r);
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(30), listed)
+        .await
+        .expect("the watch listed within 30 s")
+        .expect("the watch ended before listing");
+
+    let names: Vec<String> = (0..50).map(|i| format!("burst-{i}")).collect();
+    let creates = names.iter().map(|name| {
+        let request = pipeline.request(
+            name,
+            json!({"type": "cpu", "podNames": ["web-1"], "duration": "1s"}),
+        );
+        let api = api.clone();
+        async move { api.create(&PostParams::default(), &request).await }
+    });
+    for created in futures::future::join_all(creates).await {
+        created.expect("the tenant may create requests in its namespace");
+    }
+    let total = names.len();
+    let finished = pipeline
+        .wait_for(
+            "all 50 requests to finish",
+            Duration::from_secs(600),
+            || {
+                let seen = seen.clone();
+                async move {
+                    let seen = seen.lock().unwrap();
+                    (seen.terminal() == total).then(|| seen.clone())
+                }
+            },
+        )
+        .await;
+    watch.abort();
+    assert!(
+        finished.max_running <= 2,
+        "the watch saw {} requests Running at once (namespace limit 2): {:?}",
+        finished.max_running,
+        finished.at_max
+    );
+    assert_eq!(
+        finished.max_running, 2,
+        "the limit is used, not only respected"
+    );
+    for name in &names {
+        assert_eq!(
+            finished.phases.get(name).copied().flatten(),
+            Some(RequestPhase::Succeeded),
+            "{name}"
+        );
+    }
+}
+
+/// Phases of a namespace's requests as a watch reports them, and the most seen Running at
+/// once.
+#[derive(Debug, Default, Clone)]
+struct Phases {
+    phases: BTreeMap<String, Option<RequestPhase>>,
+    max_running: usize,
+    at_max: Vec<String>,
+}
+
+impl Phases {
+    fn apply(&mut self, r: &ProfileRequest) {
+        self.phases.insert(r.name_any(), phase(r));
+        let running: Vec<String> = self
+            .phases
+            .iter()
+            .filter(|(_, p)| **p == Some(RequestPhase::Running))
+            .map(|(n, _)| n.clone())
+            .collect();
+        if running.len() > self.max_running {
+            self.max_running = running.len();
+            self.at_max = running;
+        }
+    }
+
+    fn terminal(&self) -> usize {
+        self.phases
+            .values()
+            .filter(|p| p.is_some_and(RequestPhase::is_terminal))
+            .count()
+    }
+}
