@@ -49,36 +49,6 @@ impl Default for Measures {
     }
 }
 
-<<<<<<< HEAD
-/// Why a request's nodes failed, in one word for the REASON column and the `Succeeded`
-/// condition: the commonest failure reason among `entries` (ties to the first by name), or
-/// `None` when no node failed with a reason.
-pub fn failure_reason<'a>(entries: impl IntoIterator<Item = &'a NodeStatus>) -> Option<String> {
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for reason in entries.into_iter().filter_map(|n| n.reason.as_deref()) {
-        *counts.entry(reason).or_default() += 1;
-    }
-    counts
-        .into_iter()
-        .fold(None::<(&str, usize)>, |best, (r, n)| match best {
-            Some((_, m)) if m >= n => best,
-            _ => Some((r, n)),
-        })
-        .map(|(r, _)| r.to_owned())
-}
-
-/// The effective CPU frequency (the lowest over nodes) and, when some node sampled at
-/// another frequency than requested, the requested one and why.
-fn cpu_summary<'a>(
-    summaries: impl Iterator<Item = &'a BTreeMap<String, String>>,
-) -> Option<CpuSummary> {
-    let mut cpu: Option<CpuSummary> = None;
-    for summary in summaries {
-        let Some(hz) = summary_value(summary, "frequency_hz") else {
-            continue;
-        };
-        let c = cpu.get_or_insert_with(|| CpuSummary {
-=======
 fn rounded(v: f64) -> i64 {
     v.round() as i64
 }
@@ -121,7 +91,6 @@ impl Measures {
         }
         let hz = i64::try_from(hz).unwrap_or(i64::MAX);
         let c = self.cpu.get_or_insert_with(|| CpuSummary {
->>>>>>> main
             frequency_hz: hz,
             ..Default::default()
         });
@@ -192,6 +161,23 @@ fn latency_summary(h: &LatencyHistogram, merged: bool) -> Option<LatencySummary>
         max_us: h.max_us().map(rounded),
         merged: Some(merged),
     })
+}
+
+/// Why a request's nodes failed, in one word for the REASON column and the `Succeeded`
+/// condition: the commonest failure reason among `entries` (ties to the first by name), or
+/// `None` when no node failed with a reason.
+pub fn failure_reason<'a>(entries: impl IntoIterator<Item = &'a NodeStatus>) -> Option<String> {
+    let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for reason in entries.into_iter().filter_map(|n| n.reason.as_deref()) {
+        *counts.entry(reason).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .fold(None::<(&str, usize)>, |best, (r, n)| match best {
+            Some((_, m)) if m >= n => best,
+            _ => Some((r, n)),
+        })
+        .map(|(r, _)| r.to_owned())
 }
 
 /// One line describing how the nodes ended, for the Completed condition and the Event:

@@ -23,11 +23,7 @@ use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Resource, ResourceExt};
 use tracing::instrument;
 
-<<<<<<< HEAD
-use super::aggregate::{failure_reason, outcome_message, summarize};
-=======
-use super::aggregate::outcome_message;
->>>>>>> main
+use super::aggregate::{failure_reason, outcome_message};
 use super::result_table::ResultTable;
 use super::ttl::{TtlAction, ttl_action};
 use super::{Context, admission, limits, resolve, result_slices, status};
@@ -526,8 +522,7 @@ async fn progress(
     let message = outcome_message(counts, &failures);
     if terminal {
         status.completion_time = Some(now());
-<<<<<<< HEAD
-        status.summary = session.with_results(|t| summarize(t.entries(), &outcomes));
+        status.summary = Some(session.with_results(|t| t.summary()));
         let succeeded = phase == RequestPhase::Succeeded;
         status.reason = if succeeded {
             None
@@ -535,7 +530,6 @@ async fn progress(
             Some(
                 session
                     .with_results(|t| failure_reason(t.entries()))
-                    .flatten()
                     .unwrap_or_else(|| "NodesFailed".to_owned()),
             )
         };
@@ -550,9 +544,6 @@ async fn progress(
                 now(),
             ),
         );
-=======
-        status.summary = Some(session.with_results(|t| t.summary()));
->>>>>>> main
         set_condition(
             &mut status.conditions,
             new_condition(
