@@ -43,15 +43,6 @@ const volatile __u64 gap_table[HEAP_GAP_TABLE_SIZE] = {};
  * sampler does; false keeps the kernel's frame-pointer walk (bpf_get_stack). */
 const volatile bool cfi_unwind = false;
 
-/* Stack-walk scratch per thread: uprobe programs can be preempted, so a per-CPU one could be
- * overwritten mid-walk by another thread's allocation on the same CPU. */
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct ff_unwind_scratch);
-} heap_unwind_scratch SEC(".maps");
-
 /* Per-thread sampling state; task storage frees it when the thread exits. */
 struct heap_thread {
 	__s64 countdown; /* bytes left before the next sample */
@@ -234,11 +225,13 @@ static __always_inline void record(struct pt_regs *ctx, struct heap_thread *ts, 
 	lv.agg.target = ts->target;
 	lv.agg.tgid = tgid;
 	lv.agg.size_class = size_class(ts->size);
-	scratch = bpf_task_storage_get(&heap_unwind_scratch, bpf_get_current_task_btf(), 0,
-				       BPF_LOCAL_STORAGE_GET_F_CREATE);
+	/* The stack-walk scratch is per thread (ff_unwind_per_task, set by user space): uprobe
+	 * programs can be preempted, so a per-CPU one could be overwritten mid-walk by another
+	 * thread's allocation on the same CPU. */
+	scratch = ff_unwind_scratch_get();
 	if (cfi_unwind) {
 		/* Registers at the return: the walk starts at the call site. */
-		lv.agg.user_stack = ff_unwind_user(scratch, PT_REGS_IP(ctx), PT_REGS_SP(ctx),
+		lv.agg.user_stack = ff_unwind_user(PT_REGS_IP(ctx), PT_REGS_SP(ctx),
 						   PT_REGS_FP(ctx), tgid, true);
 	} else if (scratch) {
 		/* The kernel's frame-pointer walk, kept like the CFI walk's stacks. */

@@ -68,14 +68,16 @@ static __always_inline void ff_announce_first(__u32 tgid, __u32 target)
 }
 
 /* A process of a target replaced its image: announce the new one, and forget it so that
- * its next record announces it again, once its shared libraries are mapped. */
+ * its next record announces it again, once its shared libraries are mapped. Execs are
+ * rare, so the target is found by the uncached walk through probe reads: the one hook
+ * loads on every kernel (5.10 has neither bpf_get_current_task_btf nor cgroup storage). */
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(ff_proc_on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
 	struct ff_target t;
 	__u32 tgid;
 
-	if (!ff_current_target(&t))
+	if (!ff_task_target_raw((struct task_struct *)bpf_get_current_task(), &t))
 		return 0;
 	tgid = bpf_get_current_pid_tgid() >> 32;
 	bpf_map_delete_elem(&ff_seen_tgids, &tgid);

@@ -75,6 +75,8 @@ struct ff_unwind_scratch {
 	__u64 pc, sp, bp;
 	__u32 n;
 	__u32 ret0; /* the first pc is a return address (a return probe) */
+	/* The bounded walk's search bounds and mapping hint (ff_walk_frames_bounded). */
+	__u32 lo, hi, hint, pad;
 };
 
 struct {
@@ -83,6 +85,18 @@ struct {
 	__type(key, __u32);
 	__type(value, struct ff_unwind_scratch);
 } unwind_scratch SEC(".maps");
+
+/* The per-task scratch (task storage, Linux 5.11+), for programs that can be preempted;
+ * user space does not create it where ff_unwind_per_task is false. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct ff_unwind_scratch);
+} unwind_task_scratch SEC(".maps");
+
+/* Set before load: walks use the current task's scratch instead of this CPU's. */
+const volatile bool ff_unwind_per_task = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -229,10 +243,17 @@ static __always_inline int ff_read(__u64 *dst, __u64 addr)
 	return bpf_probe_read_user(dst, sizeof(*dst), (const void *)addr);
 }
 
-/* One frame: record pc, then compute the caller's pc, sp and bp. 0 = go on. */
-static int ff_unwind_step(__u32 index, void *data)
+static __always_inline struct ff_unwind_mapping *
+ff_find_mapping_bounded(struct ff_unwind_scratch *s, struct ff_unwind_proc *proc, __u64 pc);
+static __always_inline bool ff_find_row_bounded(struct ff_unwind_scratch *s, void *table,
+						__u32 pages, __u32 addr,
+						struct ff_unwind_row *out);
+
+/* One frame: record pc, then compute the caller's pc, sp and bp. 0 = go on.
+ * `loops`: search with bpf_loop(); else with bounded loops over state kept in the
+ * scratch (kernels without bpf_loop). */
+static __always_inline int ff_unwind_frame(struct ff_walk *w, const bool loops)
 {
-	struct ff_walk *w = data;
 	struct ff_unwind_scratch *s = w->s;
 	struct ff_unwind_row row = {};
 	struct ff_unwind_mapping *m;
@@ -259,13 +280,16 @@ static int ff_unwind_step(__u32 index, void *data)
 	 * instruction (a noreturn call): look the call itself up. */
 	lookup = (n || s->ret0) ? pc - 1 : pc;
 	if (w->proc) {
-		m = ff_find_mapping(w->proc, lookup, &w->hint);
+		m = loops ? ff_find_mapping(w->proc, lookup, &w->hint)
+			  : ff_find_mapping_bounded(s, w->proc, lookup);
 		if (m) {
 			table = bpf_map_lookup_elem(&unwind_tables, &m->table);
 			if (!table)
 				ff_unwind_count(FF_UW_TABLE_MISSING);
 			else if (lookup - m->bias <= 0xffffffffULL &&
-				 ff_find_row(table, m->pages, (__u32)(lookup - m->bias), &row))
+				 (loops ? ff_find_row(table, m->pages, (__u32)(lookup - m->bias), &row)
+					: ff_find_row_bounded(s, table, m->pages,
+							      (__u32)(lookup - m->bias), &row)))
 				kind = row.kind;
 		}
 	}
@@ -324,6 +348,107 @@ static int ff_unwind_step(__u32 index, void *data)
 	s->pc = ra;
 	ff_unwind_count(FF_UW_FRAMES_CFI);
 	return 0;
+}
+
+/* One frame per bpf_loop() callback. */
+static int ff_unwind_step(__u32 index, void *data)
+{
+	return ff_unwind_frame(data, true);
+}
+
+/*
+ * ---- The same walk without bpf_loop (kernels before 5.17) ----
+ *
+ * Bounded loops, which the verifier follows iteration by iteration. The search
+ * bounds live in the scratch (map memory, whose values the verifier does not
+ * track): every step then starts from the same verifier state whichever way the
+ * last comparison went, so paths merge instead of multiplying. The cost is
+ * linear in the frames: about FF_MAX_FRAMES times one frame's instructions.
+ */
+static __always_inline struct ff_unwind_mapping *
+ff_find_mapping_bounded(struct ff_unwind_scratch *s, struct ff_unwind_proc *proc, __u64 pc)
+{
+	struct ff_unwind_mapping *m;
+	__u32 count = proc->count, lo, hi, mid;
+
+	if (count > FF_UNWIND_MAX_MAPPINGS)
+		count = FF_UNWIND_MAX_MAPPINGS;
+	lo = s->hint;
+	m = &proc->maps[lo & (FF_UNWIND_MAX_MAPPINGS - 1)];
+	if (lo < count && m->start <= pc && pc < m->end)
+		return m;
+	s->lo = 0;
+	s->hi = count;
+#pragma clang loop unroll(disable)
+	for (int k = 0; k < 7; k++) {
+		lo = s->lo;
+		hi = s->hi;
+		if (lo >= hi)
+			break;
+		mid = (lo + hi) / 2;
+		if (proc->maps[mid & (FF_UNWIND_MAX_MAPPINGS - 1)].start <= pc)
+			s->lo = mid + 1;
+		else
+			s->hi = mid;
+	}
+	lo = s->lo;
+	if (lo == 0)
+		return NULL;
+	s->hint = lo - 1;
+	m = &proc->maps[(lo - 1) & (FF_UNWIND_MAX_MAPPINGS - 1)];
+	return pc < m->end ? m : NULL;
+}
+
+static __always_inline bool ff_find_row_bounded(struct ff_unwind_scratch *s, void *table,
+						__u32 pages, __u32 addr,
+						struct ff_unwind_row *out)
+{
+	struct ff_unwind_page *page;
+	__u32 lo, hi, mid;
+
+	s->lo = 0;
+	s->hi = pages;
+#pragma clang loop unroll(disable)
+	for (int k = 0; k < 20; k++) {
+		lo = s->lo;
+		hi = s->hi;
+		if (lo >= hi)
+			break;
+		mid = (lo + hi) / 2;
+		page = bpf_map_lookup_elem(table, &mid);
+		if (!page)
+			return false;
+		if (page->rows[0].pc <= addr)
+			s->lo = mid + 1;
+		else
+			s->hi = mid;
+	}
+	mid = s->lo;
+	if (mid == 0)
+		return false;
+	mid -= 1;
+	page = bpf_map_lookup_elem(table, &mid);
+	if (!page)
+		return false;
+	s->lo = 0;
+	s->hi = ff_page_rows & (2 * FF_UNWIND_PAGE_ROWS - 1);
+#pragma clang loop unroll(disable)
+	for (int k = 0; k < 10; k++) {
+		lo = s->lo;
+		hi = s->hi;
+		if (lo >= hi)
+			break;
+		mid = (lo + hi) / 2;
+		if (page->rows[mid & (FF_UNWIND_PAGE_ROWS - 1)].pc <= addr)
+			s->lo = mid + 1;
+		else
+			s->hi = mid;
+	}
+	lo = s->lo;
+	if (lo == 0)
+		return false;
+	*out = page->rows[(lo - 1) & (FF_UNWIND_PAGE_ROWS - 1)];
+	return true;
 }
 
 /*
@@ -426,14 +551,29 @@ static __always_inline struct ff_unwind_scratch *ff_unwind_percpu_scratch(void)
 	return bpf_map_lookup_elem(&unwind_scratch, &zero);
 }
 
+/* The scratch walks use: the current task's (ff_unwind_per_task) or this CPU's. */
+static __always_inline struct ff_unwind_scratch *ff_unwind_scratch_get(void)
+{
+	if (ff_unwind_per_task)
+		return bpf_task_storage_get(&unwind_task_scratch, bpf_get_current_task_btf(), 0,
+					    BPF_LOCAL_STORAGE_GET_F_CREATE);
+	return ff_unwind_percpu_scratch();
+}
+
 /*
- * The walk itself, from the registers in s->pc, s->sp and s->bp: a global
+ * The walk itself, from the registers in the scratch's pc, sp and bp: a global
  * function, so the verifier checks it once, on its own, rather than once per
  * state its caller reaches it in; and its caller goes on from a single state
  * (an unknown key) instead of one per way the walk can end.
+ *
+ * It looks the scratch up itself rather than taking it as an argument: a
+ * pointer argument of a global function is plain memory to the verifier, and
+ * before Linux 6.2 (6.1 included) bpf_map_update_elem() refuses plain memory
+ * as the value to store, which ff_store_stack() passes it.
  */
-__noinline __u64 ff_walk_user_stack(struct ff_unwind_scratch *s, __u32 tgid)
+__noinline __u64 ff_walk_user_stack(__u32 tgid)
 {
+	struct ff_unwind_scratch *s = ff_unwind_scratch_get();
 	struct ff_walk w = {};
 	__u64 h;
 	__u32 n;
@@ -461,16 +601,114 @@ __noinline __u64 ff_walk_user_stack(struct ff_unwind_scratch *s, __u32 tgid)
  * `ip_is_return`: ip is a return address (registers at a return probe), so
  * its frame is looked up at the call like every caller's.
  */
-static __always_inline __u64 ff_unwind_user(struct ff_unwind_scratch *s, __u64 ip, __u64 sp,
-					    __u64 bp, __u32 tgid, bool ip_is_return)
+static __always_inline __u64 ff_unwind_user(__u64 ip, __u64 sp, __u64 bp, __u32 tgid,
+					    bool ip_is_return)
 {
+	struct ff_unwind_scratch *s = ff_unwind_scratch_get();
+
 	if (!s)
 		return 0;
 	s->pc = ip;
 	s->sp = sp;
 	s->bp = bp;
 	s->ret0 = ip_is_return;
-	return ff_walk_user_stack(s, tgid);
+	return ff_walk_user_stack(tgid);
+}
+
+/*
+ * ff_store_stack() with bounded loops (kernels without bpf_loop); the same keys.
+ * Stores the first s->n frames of s->stack. The frame count is read from the
+ * scratch again after the hash loop: a loop that stops at `n` leaves each exit
+ * with its own bounds on n, and carried into the comparison loop they would
+ * make the verifier walk it once per exit.
+ */
+static __always_inline __u64 ff_store_stack_bounded(void *map, struct ff_unwind_scratch *s)
+{
+	struct ff_user_stack *old, *st = &s->stack;
+	__u32 n = s->n;
+	__u64 h;
+	long err;
+
+	if (n == 0 || n > FF_MAX_FRAMES)
+		return 0;
+	if (n < FF_MAX_FRAMES)
+		st->pcs[n] = 0;
+	h = (ff_stack_seed ^ 0x9e3779b97f4a7c15ULL) + n;
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < FF_MAX_FRAMES; i++) {
+		if (i >= s->n)
+			break;
+		h ^= st->pcs[i];
+		h *= 0xff51afd7ed558ccdULL;
+		h ^= h >> 33;
+	}
+	if (h == 0)
+		h = 1;
+	old = bpf_map_lookup_elem(map, &h);
+	if (!old) {
+		err = bpf_map_update_elem(map, &h, st, BPF_NOEXIST);
+		if (!err)
+			return h;
+		if (err != -EEXIST)
+			return 0;
+		old = bpf_map_lookup_elem(map, &h);
+		if (!old)
+			return 0;
+	}
+	/* s->n + 1 compares the terminating 0 as well, where there is one. */
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < FF_MAX_FRAMES; i++) {
+		if (i > s->n)
+			break;
+		if (st->pcs[i] != old->pcs[i])
+			return 0;
+	}
+	return h;
+}
+
+/* Frames one program of the bounded walk takes before it tail-calls the next:
+ * each frame costs the verifier ~13k instructions (its searches), and the
+ * kernel allows 32 tail calls in a row, so 8 frames a program reach
+ * FF_MAX_FRAMES in 16 calls while each program verifies in ~110k. */
+#define FF_BOUNDED_FRAMES 8
+
+/*
+ * Up to FF_BOUNDED_FRAMES frames of the bounded walk, from the state in the
+ * scratch (registers, frame count, mapping hint). Returns true when the walk is
+ * over (outermost frame reached, a failed step, or FF_MAX_FRAMES).
+ */
+static __always_inline bool ff_walk_frames_bounded(struct ff_unwind_scratch *s, __u32 tgid)
+{
+	struct ff_walk w = {};
+
+	w.s = s;
+	w.proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < FF_BOUNDED_FRAMES; i++) {
+		if (ff_unwind_frame(&w, false))
+			return true;
+	}
+	return false;
+}
+
+/* Starts a bounded walk of `tgid` from the registers in the scratch. */
+static __always_inline void ff_walk_begin_bounded(struct ff_unwind_scratch *s, __u32 tgid)
+{
+	s->n = 0;
+	s->hint = 0;
+	ff_unwind_count(FF_UW_STACKS);
+	if (!bpf_map_lookup_elem(&unwind_procs, &tgid))
+		ff_unwind_count(FF_UW_NO_PROC);
+}
+
+/* Stores the walked stack; its key, 0 when lost (counted). */
+static __always_inline __u64 ff_walk_end_bounded(struct ff_unwind_scratch *s)
+{
+	__u64 h = ff_store_stack_bounded(&user_stacks, s);
+
+	if (!h && s->n > 0 && s->n <= FF_MAX_FRAMES)
+		ff_unwind_count(FF_UW_STACK_LOST);
+	return h;
 }
 
 #endif

@@ -12,7 +12,8 @@ set -euo pipefail
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
-# suite:package. Keep in step with KERNELS in node-agent/tests/kernels.rs.
+# suite:package. Keep in step with DEBIAN_KERNELS in e2e/src/guest.rs and the tier in
+# node-agent/tests/kernels.rs.
 KERNELS=(
   bullseye:linux-image-5.10.0-32-amd64
   bookworm:linux-image-6.1.0-50-amd64

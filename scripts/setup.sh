@@ -47,6 +47,7 @@ APT_PACKAGES=(
   qemu-system-x86
   busybox-static
   kmod
+  xz-utils   # 6.12's modules are .ko.xz; busybox's insmod reads plain ELF
   # plumbing
   openssl
   git

@@ -92,6 +92,10 @@ fn io(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> GuestError {
     move |source| GuestError::Io { action, source }
 }
 
+/// The Debian kernels `scripts/guest-kernels.sh` unpacks (keep the two in step): 5.10
+/// (bullseye), 6.1 (bookworm), 6.12 (bookworm-backports).
+pub const DEBIAN_KERNELS: &[&str] = &["5.10.0-32-amd64", "6.1.0-50-amd64", "6.12.95+deb12-amd64"];
+
 /// Where `scripts/guest-kernels.sh` unpacks kernels: `$FLAMEFLEET_CACHE/guest-kernels`.
 pub fn kernels_dir() -> PathBuf {
     crate::binaries::cache_dir().join("guest-kernels")

@@ -10,6 +10,10 @@
 //! - A burst: fifty requests created at once in a namespace limited to two concurrent
 //!   captures; a watch of their phases never sees more than two Running, and all fifty
 //!   succeed.
+//! - Drowning: policies firing every second at a 100% duty cycle, past the namespace's cap
+//!   of policies, into a namespace whose queue is full: the policy over the cap is refused
+//!   (status and Event), the others pass the full namespace over and plan their next run a
+//!   minute later at the earliest; no run is added to the queue.
 
 mod pipeline_support;
 
@@ -17,10 +21,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flamefleet_api::{ClusterSamplingPolicy, ProfileRequest, RequestPhase};
+use flamefleet_api::{ClusterSamplingPolicy, ProfileRequest, RequestPhase, SamplingPolicy};
 use flamefleet_e2e::TestNamespace;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -394,4 +399,200 @@ impl Phases {
             .filter(|p| p.is_some_and(RequestPhase::is_terminal))
             .count()
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_cannot_drown_the_operator_in_policies_and_queued_runs() {
+    let _serial = serial().await;
+    // The cluster's defaults for the minimum interval (a minute); small caps so the test
+    // reaches them.
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        nodes: 1,
+        min_run_interval: None,
+        operator_args: [
+            "--max-concurrent-captures-per-namespace=1",
+            "--max-policies-per-namespace=2",
+            "--max-queued-runs-per-namespace=3",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Default::default()
+    })
+    .await;
+    let ns = TestNamespace::create("ff-drown").await.unwrap();
+    pipeline
+        .pod(&ns, "web-1", 0, &[("app", "web")], "spin", 1)
+        .await;
+    let mallory = tenant(&ns, "mallory").await;
+    let requests: Api<ProfileRequest> = Api::namespaced(mallory.clone(), ns.name());
+    let policies: Api<SamplingPolicy> = Api::namespaced(mallory, ns.name());
+
+    // One long capture holds the namespace's only slot; three more queue behind it.
+    let spec = |d: &str| json!({"type": "cpu", "podNames": ["web-1"], "duration": d});
+    requests
+        .create(
+            &PostParams::default(),
+            &pipeline.request("hog", spec("300s")),
+        )
+        .await
+        .unwrap();
+    pipeline
+        .wait_for("the long capture to run", TIMEOUT, || {
+            let api = requests.clone();
+            async move {
+                (phase(&api.get("hog").await.ok()?) == Some(RequestPhase::Running)).then_some(())
+            }
+        })
+        .await;
+    for i in 0..3 {
+        requests
+            .create(
+                &PostParams::default(),
+                &pipeline.request(&format!("queued-{i}"), spec("1s")),
+            )
+            .await
+            .unwrap();
+    }
+    pipeline
+        .wait_for("three queued requests", TIMEOUT, || {
+            let api = requests.clone();
+            async move {
+                for i in 0..3 {
+                    let r = api.get(&format!("queued-{i}")).await.ok()?;
+                    let queued = r
+                        .status
+                        .as_ref()?
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == "Queued" && c.status == "True");
+                    if !queued {
+                        return None;
+                    }
+                }
+                Some(())
+            }
+        })
+        .await;
+
+    // Three policies firing every second at a 100% duty cycle.
+    let mut uids = Vec::new();
+    for i in 0..3 {
+        let policy = policies
+            .create(
+                &PostParams::default(),
+                &pipeline.policy(
+                    &format!("p-{i}"),
+                    json!({
+                        "schedule": "* * * * * *",
+                        "template": {"type": "cpu", "podNames": ["web-1"], "duration": "1s"},
+                        "budget": {"maxConcurrentCapturesPerNode": 100, "maxDutyCyclePercent": 100},
+                    }),
+                ),
+            )
+            .await
+            .unwrap();
+        uids.push(policy.uid().unwrap());
+    }
+
+    // The third is refused, in its status and with an Event.
+    let refused = pipeline
+        .wait_for("the third policy to be refused", TIMEOUT, || {
+            let api = policies.clone();
+            async move {
+                let status = api.get("p-2").await.ok()?.status?;
+                status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Admitted" && c.status == "False")
+                    .cloned()
+            }
+        })
+        .await;
+    assert_eq!(refused.reason, "TooManyPolicies");
+    assert!(
+        refused.message.contains("--max-policies-per-namespace")
+            && refused.message.contains("oldest 2"),
+        "{}",
+        refused.message
+    );
+    let events: Api<Event> = ns.api();
+    pipeline
+        .wait_for("a TooManyPolicies event on p-2", TIMEOUT, || {
+            let events = events.clone();
+            async move {
+                let list = events.list(&Default::default()).await.ok()?;
+                list.items
+                    .iter()
+                    .any(|e| {
+                        e.reason.as_deref() == Some("TooManyPolicies")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("p-2")
+                    })
+                    .then_some(())
+            }
+        })
+        .await;
+
+    // The admitted ones pass over the full namespace, say why, and plan their next time
+    // a minute after the last whatever the schedule says.
+    for name in ["p-0", "p-1"] {
+        let status = pipeline
+            .wait_for("a run passed over for the full queue", TIMEOUT, || {
+                let api = policies.clone();
+                async move {
+                    let status = api.get(name).await.ok()?.status?;
+                    status
+                        .last_run_skipped
+                        .iter()
+                        .any(|s| s.reason == "QueueFull")
+                        .then_some(status)
+                }
+            })
+            .await;
+        let skipped = &status.last_run_skipped[0];
+        assert!(
+            skipped.message.contains("--max-queued-runs-per-namespace"),
+            "{skipped:?}"
+        );
+        let last = status
+            .last_schedule_time
+            .as_ref()
+            .expect("lastScheduleTime")
+            .0;
+        let next = status
+            .next_schedule_time
+            .as_ref()
+            .expect("nextScheduleTime")
+            .0;
+        assert!(
+            next.duration_since(last) >= k8s_openapi::jiff::SignedDuration::from_secs(60),
+            "{name}: next {next} less than a minute after {last}"
+        );
+        let valid = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "ScheduleValid")
+            .expect("ScheduleValid");
+        assert!(
+            valid.message.contains("--min-run-interval"),
+            "{}",
+            valid.message
+        );
+    }
+    // No policy added to the queue.
+    let all: Api<ProfileRequest> = ns.api();
+    for uid in &uids {
+        let runs = all
+            .list(
+                &kube::api::ListParams::default()
+                    .labels(&format!("flamefleet.dev/policy-uid={uid}")),
+            )
+            .await
+            .unwrap();
+        assert!(
+            runs.items.is_empty(),
+            "{:?}",
+            runs.items.iter().map(|r| r.name_any()).collect::<Vec<_>>()
+        );
+    }
+    requests.delete("hog", &Default::default()).await.unwrap();
 }

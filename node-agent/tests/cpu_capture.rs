@@ -296,13 +296,28 @@ int main(void) { int fd = open("/dev/zero", O_RDONLY); if (fd < 0) return 1; for
 /// (named from /proc/kallsyms) on top of the task's own user frames, none lost.
 #[test]
 fn kernel_stacks_sit_on_top_of_the_user_stack() {
+    kernel_stacks_on_top(SamplerConfig::default());
+}
+
+/// The same with the programs of kernels without `bpf_task_pt_regs` (Linux 5.10), loaded
+/// here on purpose: the user registers of a task sampled in the kernel come from the top
+/// of its kernel stack.
+#[test]
+fn kernel_stacks_sit_on_top_of_the_user_stack_with_the_bounded_walk() {
+    kernel_stacks_on_top(SamplerConfig {
+        force_bounded_walk: true,
+        ..SamplerConfig::default()
+    });
+}
+
+fn kernel_stacks_on_top(config: SamplerConfig) {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let reader = compile_c(dir.path(), "ffreadzero", KERNEL_BOUND);
     let mut target = TestCgroup::new("cpu-kernel");
     target.spawn(&mut Command::new(&reader));
-    let samplers = Samplers::new(SamplerConfig::default());
+    let samplers = Samplers::new(config);
     let capture = samplers
         .start_cpu(
             &[CaptureTarget::raw(target.cgroup.clone())],
@@ -385,4 +400,118 @@ fn kernel_stacks_sit_on_top_of_the_user_stack() {
             .is_some_and(|&n| n as f64 >= 0.5 * with_kernel as f64)),
         "the read path ({read_path:?}) should be on most kernel stacks: {top:?}"
     );
+}
+
+/// `flamefleet-agent capture --type cpu` on `cgroup` for one second without
+/// CAP_SYS_RESOURCE (dropped from the bounding set, so the agent's exec never gets it) and
+/// under RLIMIT_MEMLOCK `soft`/`hard` bytes; returns its exit status and stderr.
+fn agent_capture_without_sys_resource(
+    cgroup: &std::path::Path,
+    out: &std::path::Path,
+    soft: u64,
+    hard: u64,
+) -> (std::process::ExitStatus, String) {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"));
+    cmd.args(["capture", "--type", "cpu", "--duration", "1s", "--cgroup"])
+        .arg(cgroup)
+        .arg("-o")
+        .arg(out);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // CAP_SYS_RESOURCE is capability 24.
+            if libc::prctl(libc::PR_CAPBSET_DROP, 24, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let output = cmd.output().expect("running flamefleet-agent capture");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Nothing depends on CAP_SYS_RESOURCE, which the chart does not grant and some nodes
+/// cannot grant. Where the kernel charges BPF memory to RLIMIT_MEMLOCK (5.10), the
+/// agent raises a low soft limit to the hard one itself and captures; under a hard limit
+/// too low for its maps it refuses, naming the limit and the remedies (never "run as root").
+/// Where the kernel charges the memory cgroup instead (5.11+), the limit plays no part.
+#[test]
+fn captures_without_cap_sys_resource_or_names_the_memlock_limit() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cg = TestCgroup::new("cpu-memlock");
+    cg.spawn(Command::new("sleep").arg("60"));
+    let low = 64 * 1024;
+    // A high hard limit, as a runtime with LimitMEMLOCK=infinity gives. Raising it takes
+    // CAP_SYS_RESOURCE, which this process may lack: then its own hard limit.
+    let mut now = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read or write only the structs they are given.
+    let can_raise = unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut now), 0);
+        let raised = libc::rlimit {
+            rlim_cur: low,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        let ok = libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) == 0;
+        libc::setrlimit(libc::RLIMIT_MEMLOCK, &now);
+        ok
+    };
+    let high = if can_raise {
+        libc::RLIM_INFINITY
+    } else {
+        now.rlim_max
+    };
+    let charged_to_memlock = !flamefleet_agent::capture::kernel::KernelFeatures::get()
+        .memcg_accounting
+        .found;
+    assert!(
+        !charged_to_memlock || high == libc::RLIM_INFINITY,
+        "on a kernel that charges BPF memory to RLIMIT_MEMLOCK this test needs an unlimited hard limit: run it as root with CAP_SYS_RESOURCE or under `prlimit --memlock=:unlimited`"
+    );
+    let (status, stderr) =
+        agent_capture_without_sys_resource(&cg.cgroup.path, &dir.path().join("a.pb.gz"), low, high);
+    eprintln!("soft 64 KiB, hard {high}: {status}\n{stderr}");
+    assert!(
+        status.success(),
+        "a capture with a low soft memlock limit under a high hard one: {stderr}"
+    );
+    let (status, stderr) =
+        agent_capture_without_sys_resource(&cg.cgroup.path, &dir.path().join("b.pb.gz"), low, low);
+    eprintln!("soft and hard 64 KiB: {status}\n{stderr}");
+    if charged_to_memlock {
+        assert!(
+            !status.success(),
+            "maps larger than 64 KiB fit under 64 KiB?"
+        );
+        assert!(
+            stderr.contains("RLIMIT_MEMLOCK")
+                && stderr.contains("hard 64 KiB")
+                && stderr.contains("CAP_SYS_RESOURCE")
+                && stderr.contains("LimitMEMLOCK")
+                && !stderr.contains("run as root"),
+            "the refusal should name the memlock limit and the remedies: {stderr}"
+        );
+        println!("memlock: refused under a 64 KiB hard limit, as it should");
+    } else {
+        assert!(
+            status.success(),
+            "the memlock limit should play no part on this kernel: {stderr}"
+        );
+        println!("memlock: no part on this kernel");
+    }
 }

@@ -26,8 +26,8 @@ struct Trace {
 }
 
 fn traces(file: &Path, extra: &[&str]) -> Vec<Trace> {
-    let out = Command::new("go")
-        .args(["tool", "pprof", "-traces"])
+    let out = support::pprof()
+        .arg("-traces")
         .args(extra)
         .arg(file)
         .output()
@@ -222,6 +222,20 @@ fn compile_c(dir: &Path, name: &str, src: &str, flags: &[&str]) -> PathBuf {
 
 #[test]
 fn c_without_frame_pointers_full_chain_and_caller_proportions() {
+    c_full_chain(SamplerConfig::default());
+}
+
+/// The same with the programs of kernels without `bpf_loop` (Linux 5.10: bounded loops,
+/// tail calls, probe reads), loaded here on purpose.
+#[test]
+fn c_without_frame_pointers_full_chain_with_the_bounded_walk() {
+    c_full_chain(SamplerConfig {
+        force_bounded_walk: true,
+        ..SamplerConfig::default()
+    });
+}
+
+fn c_full_chain(config: SamplerConfig) {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -233,7 +247,7 @@ fn c_without_frame_pointers_full_chain_and_caller_proportions() {
     );
     let mut cg = TestCgroup::new("stacks-c");
     cg.spawn(&mut Command::new(&bin));
-    let samplers = Samplers::new(SamplerConfig::default());
+    let samplers = Samplers::new(config);
     let (file, result) = capture(&samplers, &cg, dir.path(), "c", 4);
     assert_eq!(result.drops.total(), 0, "{:?}", result.drops);
     let ts = traces(&file, &[]);
@@ -715,8 +729,8 @@ fn corrupt_or_missing_cfi_falls_back_and_is_counted() {
         !ts.is_empty(),
         "samples of the corrupt-CFI process are kept"
     );
-    let comments = Command::new("go")
-        .args(["tool", "pprof", "-comments"])
+    let comments = support::pprof()
+        .arg("-comments")
         .arg(&file)
         .output()
         .unwrap();

@@ -325,3 +325,143 @@ fn allocation_storm_is_refused_with_its_projected_overhead_unless_forced() {
         "{stats:?}"
     );
 }
+
+/// Where the kernel lacks what eBPF heap sampling needs (Linux 5.10: task-local storage,
+/// bpf_loop), a capture fails at once, naming what is missing and the kernel that has it;
+/// where it has them, the same capture attaches its probes and ends with a profile. The
+/// guest tier (`tests/kernels.rs`) runs this on both kinds of kernel and checks which one
+/// it saw.
+#[test]
+fn ebpf_heap_runs_or_is_refused_with_what_the_kernel_lacks() {
+    require_root();
+    let _serial = serial();
+    let mut cg = TestCgroup::new("heap-refusal");
+    cg.spawn(Command::new("sleep").arg("60"));
+    let (ready, attached) = std::sync::mpsc::sync_channel(1);
+    let request = HeapRequest {
+        source: HeapSource::Ebpf,
+        targets: vec![HeapTarget {
+            labels: TargetLabels::default(),
+            cgroup: Some(cg.cgroup.clone()),
+            endpoint: None,
+        }],
+        ebpf: EbpfHeapOptions {
+            duration: Duration::from_secs(1),
+            node: "test-node".into(),
+            ready: Some(ready),
+            ..Default::default()
+        },
+        fetch: FetchLimits::default(),
+        delta_seconds: 0,
+    };
+    let samplers = flamefleet_agent::capture::Samplers::new(
+        flamefleet_agent::capture::SamplerConfig::default(),
+    );
+    let result = heap::capture(&samplers, &request);
+    let features = flamefleet_agent::capture::kernel::KernelFeatures::get();
+    // What this kernel offers and which mechanism each engine chose (the guest tier reads it).
+    println!("{}", features.summary());
+    match features.heap_ebpf_refusal() {
+        Some(reason) => {
+            let err = result.expect_err("a capture on a kernel that lacks what it needs");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&reason) && msg.contains("which kernel") && msg.contains("Linux 5."),
+                "the refusal should name what the kernel lacks and which kernel has it: {msg}"
+            );
+            println!("heap-ebpf: refused: {msg}");
+        }
+        None => {
+            let profile = result.expect("an eBPF heap capture on a kernel that has what it needs");
+            assert!(
+                attached.try_recv().is_ok(),
+                "the capture never attached its probes"
+            );
+            assert_eq!(profile.source, HeapSourceUsed::Ebpf);
+            println!("heap-ebpf: ran");
+        }
+    }
+}
+
+/// Allocates 64 KiB blocks in a loop, keeping the last 64 live.
+const ALLOC_LOOP: &str = r#"
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+static void *ring[64];
+__attribute__((noinline)) void *ff_caps_alloc(size_t n) { void *p = malloc(n); if (p) memset(p, 1, 64); return p; }
+int main(void) {
+    struct timespec t = {0, 100000};
+    for (unsigned i = 0;; i++) { free(ring[i % 64]); ring[i % 64] = ff_caps_alloc(65536); nanosleep(&t, 0); }
+}
+"#;
+
+/// eBPF heap sampling by the agent with only the chart's capabilities (no CAP_SYS_ADMIN):
+/// where the kernel lacks `uprobe_multi` links (6.1) its uprobes are perf-event uprobes,
+/// which `perf_event_open` grants to CAP_PERFMON. The profile names the allocating
+/// function. Where eBPF heap sampling is refused (5.10), the same command fails with the
+/// reason.
+#[test]
+fn ebpf_heap_runs_with_only_the_charts_capabilities() {
+    require_root();
+    let _serial = serial();
+    let features = flamefleet_agent::capture::kernel::KernelFeatures::get();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c(dir.path(), "ffcapsalloc", ALLOC_LOOP);
+    let mut cg = TestCgroup::new("heap-caps");
+    cg.spawn(&mut Command::new(&bin));
+    let out = dir.path().join("heap.pb.gz");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"));
+    cmd.args([
+        "capture",
+        "--type",
+        "heap",
+        "--heap-source",
+        "ebpf",
+        "--force",
+        "--duration",
+        "2s",
+        "--cgroup",
+    ])
+    .arg(&cg.cgroup.path)
+    .arg("-o")
+    .arg(&out);
+    let caps = support::chart_capabilities();
+    support::with_only_capabilities(&mut cmd, &caps);
+    let output = cmd.output().expect("running flamefleet-agent capture");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if let Some(reason) = features.heap_ebpf_refusal() {
+        assert!(
+            !output.status.success() && stderr.contains(&reason),
+            "expected the refusal ({reason}): {stderr}"
+        );
+        println!("heap-ebpf caps: refused with the reason, as it should");
+        return;
+    }
+    assert!(
+        output.status.success(),
+        "a heap capture with the chart's capabilities {caps:?} ({}): {stderr}",
+        features.heap_probes()
+    );
+    let d = Decoded::read(&out);
+    let named: i64 = d
+        .profile
+        .sample
+        .iter()
+        .filter(|s| {
+            s.location_id
+                .iter()
+                .any(|&l| d.functions(l).contains(&"ff_caps_alloc"))
+        })
+        .map(|s| s.value.iter().copied().max().unwrap_or(0))
+        .sum();
+    assert!(
+        named > 0,
+        "no sample under ff_caps_alloc in {} samples: {stderr}",
+        d.profile.sample.len()
+    );
+    println!(
+        "heap-ebpf caps: ran with the chart's capabilities {caps:?} via {}",
+        features.heap_probes()
+    );
+}

@@ -261,7 +261,8 @@ fn agrees_with_libbpf_tools_runqlat_for_one_process() {
     wait_switches(pid, 10);
     hogs.wait_cpu(Duration::from_millis(20));
 
-    let (ours, theirs) = side_by_side(&target, &["-p", &pid.to_string()], 4);
+    // 8 s: under QEMU without KVM (the guest tier) 4 s held fewer than 1,000 waits.
+    let (ours, theirs) = side_by_side(&target, &["-p", &pid.to_string()], 8);
     let theirs = Histogram {
         target: 0,
         tgid: None,
@@ -280,9 +281,14 @@ fn agrees_with_libbpf_tools_runqlat_for_one_process() {
     );
     let (a, b) = (ours.count() as f64, theirs.count() as f64);
     assert!(b > 1000.0, "runqlat -p saw too few waits: {b}");
+    // The two windows line up within a few milliseconds of eight seconds.
+    eprintln!(
+        "runqlat agreement: ours {a}, libbpf-tools {b}, gap {:+.2}%",
+        100.0 * (a - b) / b
+    );
     assert!(
-        (a - b).abs() <= 0.10 * b,
-        "total counts differ by more than 10%: ours {a}, libbpf-tools {b}"
+        (a - b).abs() <= 0.02 * b,
+        "total counts differ by more than 2%: ours {a}, libbpf-tools {b}"
     );
     let (ma, mb) = (
         ours.median_bucket().unwrap(),

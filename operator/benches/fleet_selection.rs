@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use flamefleet_api::{ProfileRequest, ProfileResultSlice, RotationState, SamplingLimits};
 use flamefleet_operator::controllers::sampling::budget::{Budget, Ledger};
-use flamefleet_operator::controllers::sampling::fleet::{Fleet, Scope, slim_slice};
+use flamefleet_operator::controllers::sampling::fleet::{Fleet, PodIndex, Scope, slim_slice};
 use flamefleet_operator::controllers::sampling::rotation::{self, Limits};
 use flamefleet_operator::controllers::sampling::run_name::{
     POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL,
@@ -262,6 +262,12 @@ fn main() {
             &format!("10.200.{}.{}", n / 256, n % 256),
         ));
     }
+    let pod_index = PodIndex::default();
+    pod_index.apply(&watcher::Event::Init);
+    for p in &all_pods {
+        pod_index.apply(&watcher::Event::InitApply(p.clone()));
+    }
+    pod_index.apply(&watcher::Event::InitDone);
     fill(&mut pods_w, all_pods);
     let all_ns = (0..NAMESPACES)
         .map(|i| {
@@ -305,8 +311,12 @@ fn main() {
     fill(&mut results_w, all_slices);
     let heap_all = LIVE.load(Ordering::Relaxed);
 
+    let (policies, mut policies_w) = reflector::store();
+    fill(&mut policies_w, Vec::new());
     let fleet = Fleet {
         pods,
+        pod_index,
+        policies,
         namespaces,
         requests,
         results,

@@ -13,7 +13,9 @@ use kube::runtime::events::{Recorder, Reporter};
 use crate::controllers::download::{self, DownloadContext};
 use crate::controllers::profile_request::limits::TenantLimits;
 use crate::controllers::profile_request::{self, Context};
-use crate::controllers::sampling::{self, SamplingContext, budget::Ledger, fleet::Fleet};
+use crate::controllers::sampling::{
+    self, SamplingContext, SamplingLimits, budget::Ledger, fleet::Fleet,
+};
 use crate::dispatch::connector::{AgentConnector, Backoff};
 use crate::dispatch::uploads::UrlPolicy;
 use crate::dispatch::{DispatchSettings, Dispatcher};
@@ -164,6 +166,18 @@ pub struct Options {
     /// Highest cpu.frequencyHz a request may ask for (higher ones fail).
     #[arg(long, default_value_t = 1000)]
     pub max_cpu_frequency_hz: i32,
+    /// Least time between two runs of one sampling policy, whatever its schedule says (a
+    /// schedule firing more often runs at most this often).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub min_run_interval: Duration,
+    /// SamplingPolicies of one namespace that run, the oldest first; the others create no
+    /// runs and say why in their status (0: unlimited).
+    #[arg(long, default_value_t = 20)]
+    pub max_policies_per_namespace: usize,
+    /// Pending ProfileRequests a namespace may hold before scheduled runs pass it over
+    /// (0: unlimited).
+    #[arg(long, default_value_t = 10)]
+    pub max_queued_runs_per_namespace: usize,
     /// Timeout of a connection attempt to an agent.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub agent_connect_timeout: Duration,
@@ -456,6 +470,11 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let (fleet, fleet_driver) = Fleet::start(&client, &options.agent_namespace);
     let fleet_task = tokio::spawn(fleet_driver);
     let sampling = Arc::new(SamplingContext {
+        limits: SamplingLimits {
+            min_run_interval: options.min_run_interval,
+            max_policies_per_namespace: options.max_policies_per_namespace,
+            max_queued_per_namespace: options.max_queued_runs_per_namespace,
+        },
         client: client.clone(),
         fleet,
         ledger: Ledger::default(),

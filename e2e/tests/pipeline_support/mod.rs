@@ -300,6 +300,11 @@ pub struct PipelineOptions {
     pub lease_seconds: u64,
     /// More flags for the operator (e.g. tenant limits).
     pub operator_args: Vec<String>,
+    /// The operator's `--min-run-interval`: tests drive policies with schedules of a few
+    /// seconds, below the cluster default of a minute. `None` passes no flag.
+    pub min_run_interval: Option<String>,
+    /// Another operator binary than the one built beside the test (a peer, in benchmarks).
+    pub operator_bin: Option<PathBuf>,
 }
 
 impl Default for PipelineOptions {
@@ -309,6 +314,8 @@ impl Default for PipelineOptions {
             capture_grace: Duration::from_secs(20),
             lease_seconds: 4,
             operator_args: Vec::new(),
+            min_run_interval: Some("1s".into()),
+            operator_bin: None,
         }
     }
 }
@@ -512,7 +519,15 @@ impl Pipeline {
     }
 
     fn spawn_operator(&mut self, store_port: u16, metrics_port: u16) -> Proc {
-        let mut cmd = Command::new(&bins().operator);
+        let mut cmd = Command::new(
+            self.options
+                .operator_bin
+                .clone()
+                .unwrap_or_else(|| bins().operator.clone()),
+        );
+        if let Some(interval) = &self.options.min_run_interval {
+            cmd.arg(format!("--min-run-interval={interval}"));
+        }
         let store_dir = self.dir.path().join("store");
         let secret = self.dir.path().join("store.secret");
         if !secret.exists() {

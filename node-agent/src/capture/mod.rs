@@ -12,6 +12,7 @@
 
 pub mod cpu;
 pub mod heap;
+pub mod kernel;
 pub mod lifecycle;
 mod perf_event;
 mod process_tracker;
@@ -48,6 +49,23 @@ pub enum CaptureError {
         feature: String,
         /// What was found and what to do.
         detail: String,
+    },
+    /// The kernel refused a BPF object the agent holds the privileges to load: the
+    /// verifier or a missing map type or helper.
+    #[error(
+        "{action}: the kernel refused it ({source}){}; last lines of the verifier's log: {}",
+        lacking.as_ref().map(|(what, since)| format!(": this kernel lacks {what}, which {since} and later have")).unwrap_or_default(),
+        if verifier.is_empty() { "(none)".to_owned() } else { verifier.join(" | ") }
+    )]
+    KernelRefused {
+        /// What was being done.
+        action: String,
+        /// What the kernel lacks and since when mainline has it, when recognised.
+        lacking: Option<(String, &'static str)>,
+        /// The verifier's last lines (more of them are in the agent's log).
+        verifier: Vec<String>,
+        /// The libbpf error.
+        source: libbpf_rs::Error,
     },
     /// Options out of range.
     #[error("invalid option: {0}")]
@@ -117,16 +135,87 @@ impl From<crate::unwind::UnwindError> for CaptureError {
 pub type Result<T, E = CaptureError> = std::result::Result<T, E>;
 
 impl CaptureError {
-    /// Wraps a libbpf error, recognising permission problems.
+    /// Wraps a libbpf error, recognising permission problems: a permission error only when
+    /// the process lacks the privileges; with them, on a kernel that charges BPF memory to
+    /// RLIMIT_MEMLOCK, the limit that refused it.
     pub(crate) fn bpf(action: impl Into<String>, source: libbpf_rs::Error) -> Self {
         let action = action.into();
         if source.kind() == libbpf_rs::ErrorKind::PermissionDenied {
-            return Self::Privilege {
-                action,
-                found: source.to_string(),
-            };
+            if !kernel::has_bpf_privileges() {
+                return Self::Privilege {
+                    action,
+                    found: source.to_string(),
+                };
+            }
+            if let Some(lacking) = Self::memlock_refusal() {
+                return Self::KernelRefused {
+                    action,
+                    lacking: Some(lacking),
+                    verifier: Vec::new(),
+                    source,
+                };
+            }
         }
         Self::Bpf { action, source }
+    }
+
+    /// What a permission error means to a process holding the privileges on a kernel that
+    /// charges BPF memory to RLIMIT_MEMLOCK (before 5.11); `None` on later kernels.
+    fn memlock_refusal() -> Option<(String, &'static str)> {
+        if kernel::KernelFeatures::get().memcg_accounting.found {
+            return None;
+        }
+        let limits = kernel::memlock_limits().map_or_else(String::new, |(soft, hard)| {
+            format!(
+                ", soft {}, hard {}",
+                kernel::limit_text(soft),
+                kernel::limit_text(hard)
+            )
+        });
+        Some((
+            format!(
+                "BPF memory charged to the memory cgroup (here maps count against RLIMIT_MEMLOCK{limits}, which the agent could not raise further: raise the hard limit the container runtime gives containers, e.g. LimitMEMLOCK=infinity in containerd's systemd unit, or add SYS_RESOURCE to the chart's agent.capabilities)"
+            ),
+            "Linux 5.11",
+        ))
+    }
+
+    /// Loads a BPF object with `load`, translating a failure: a permission error when the
+    /// process lacks the privileges, else what the kernel refused, with the verifier's last
+    /// lines (also logged, with more of them).
+    pub(crate) fn load<T>(
+        action: &str,
+        load: impl FnOnce() -> std::result::Result<T, libbpf_rs::Error>,
+    ) -> Result<T> {
+        let (result, lines) = kernel::LoadLog::capture(load);
+        result.map_err(|source| {
+            let denied = matches!(source.kind(), libbpf_rs::ErrorKind::PermissionDenied);
+            if denied && !kernel::has_bpf_privileges() {
+                return Self::Privilege {
+                    action: action.to_owned(),
+                    found: source.to_string(),
+                };
+            }
+            let lacking = if denied {
+                Self::memlock_refusal().or_else(|| kernel::lacking(&lines))
+            } else {
+                kernel::lacking(&lines)
+            };
+            let tail = kernel::verifier_tail(&lines, 40);
+            tracing::warn!(
+                action,
+                error = %source,
+                kernel = %kernel::KernelFeatures::get().release,
+                "the kernel refused a BPF object; the verifier's last lines:\n{}",
+                tail.join("\n")
+            );
+            Self::KernelRefused {
+                action: action.to_owned(),
+                lacking,
+                verifier: kernel::verifier_tail(&lines, 3),
+                source,
+            }
+        })
     }
 }
 
@@ -195,6 +284,9 @@ pub struct SamplerConfig {
     pub max_heap_stacks: u32,
     /// Force runqlat's hash-map fallback even where task storage exists.
     pub force_start_hash: bool,
+    /// Load the CPU sampler's programs for kernels without `bpf_loop` (bounded loops,
+    /// probe reads) even where the kernel has it: to compare the two.
+    pub force_bounded_walk: bool,
     /// Where runqlat's timestamps come from.
     pub runqlat_clock: RunqlatClock,
     /// The node name put in the `node` label.
@@ -221,6 +313,7 @@ impl Default for SamplerConfig {
             max_heap_rows: 16384,
             max_heap_stacks: 16384,
             force_start_hash: false,
+            force_bounded_walk: false,
             runqlat_clock: RunqlatClock::default(),
             node: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_owned())
@@ -340,6 +433,9 @@ pub(crate) fn target_cache_enabled(config: &SamplerConfig) -> bool {
 pub fn check_btf() -> Result<()> {
     let btf = PathBuf::from("/sys/kernel/btf/vmlinux");
     if btf.exists() {
+        // Every sampler checks this before its first map: the place to lift a memlock
+        // limit the kernel would charge its maps to (probing the features does too).
+        kernel::raise_memlock_soft_limit();
         Ok(())
     } else {
         Err(CaptureError::KernelFeature {
@@ -413,9 +509,14 @@ pub(crate) fn target_labels(
 /// Sends libbpf's own messages to `tracing` (target `libbpf`, debug level)
 /// instead of stderr: our errors already say what failed; set
 /// `RUST_LOG=libbpf=debug` to see libbpf's detail (e.g. the verifier log).
+/// Idempotent; loads call it too, so that a failure can quote the verifier.
 pub fn route_libbpf_logs() {
     fn forward(level: libbpf_rs::PrintLevel, msg: String) {
+        kernel::LoadLog::record(&msg);
         tracing::debug!(target: "libbpf", ?level, "{}", msg.trim_end());
     }
-    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, forward)));
+    static ROUTED: std::sync::Once = std::sync::Once::new();
+    ROUTED.call_once(|| {
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, forward)));
+    });
 }

@@ -124,6 +124,7 @@ impl AgentMetrics {
             self.upload_bytes.load(Ordering::Relaxed),
             self.uploads.load(Ordering::Relaxed)
         );
+        out.push_str(&crate::capture::kernel::KernelFeatures::get().render_metrics());
         out
     }
 }

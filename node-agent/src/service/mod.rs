@@ -425,6 +425,11 @@ pub async fn serve(
         samplers,
         metrics,
     } = NodeAgent::new(&config)?;
+    // What this node's kernel offers and what each engine runs with (also on /metrics).
+    tracing::info!(
+        "{}",
+        crate::capture::kernel::KernelFeatures::get().summary()
+    );
     let probes = Arc::clone(&agent.probes);
     let health = Arc::clone(&samplers);
     probes.set_health_check(Box::new(move || health.health()));

@@ -237,10 +237,24 @@ pub fn compile_c(dir: &Path, name: &str, source: &str) -> PathBuf {
     bin
 }
 
+/// `go tool pprof`, or the pprof binary `FLAMEFLEET_PPROF` names: Go builds its pprof on
+/// first use, which under QEMU without KVM takes minutes, so the guest tier
+/// (`tests/kernels.rs`) passes the host's.
+pub fn pprof() -> Command {
+    match std::env::var_os("FLAMEFLEET_PPROF") {
+        Some(bin) => Command::new(bin),
+        None => {
+            let mut c = Command::new("go");
+            c.args(["tool", "pprof"]);
+            c
+        }
+    }
+}
+
 /// `go tool pprof -top` of a file (plus extra flags); panics when go fails.
 pub fn pprof_top(file: &Path, extra: &[&str]) -> String {
-    let out = Command::new("go")
-        .args(["tool", "pprof", "-top"])
+    let out = pprof()
+        .arg("-top")
         .args(extra)
         .arg(file)
         .output()
@@ -340,5 +354,55 @@ impl Decoded {
             .iter()
             .copied()
             .find(|&id| !self.is_kernel(id))
+    }
+}
+
+/// The agent's capabilities as the chart grants them (`agent.capabilities` in
+/// charts/flamefleet/values.yaml), as capability numbers.
+pub fn chart_capabilities() -> Vec<u32> {
+    let values = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/flamefleet/values.yaml"
+    );
+    let text = std::fs::read_to_string(values).expect("reading the chart's values.yaml");
+    let list = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("capabilities: ["))
+        .and_then(|l| l.split(']').next())
+        .expect("agent.capabilities as a one-line list in values.yaml");
+    list.split(',')
+        .map(|name| match name.trim() {
+            "DAC_READ_SEARCH" => 2,
+            "SYS_PTRACE" => 19,
+            "SYS_ADMIN" => 21,
+            "SYS_RESOURCE" => 24,
+            "SYSLOG" => 34,
+            "PERFMON" => 38,
+            "BPF" => 39,
+            other => panic!("capability {other} in values.yaml: add its number here"),
+        })
+        .collect()
+}
+
+/// Makes `cmd` run with no capability but `keep`, as a container that drops ALL and adds
+/// `keep` runs (root's exec takes its capabilities from the bounding set).
+pub fn with_only_capabilities(cmd: &mut Command, keep: &[u32]) {
+    let keep = keep.to_vec();
+    // SAFETY: only async-signal-safe calls (prctl) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for cap in 0..64u32 {
+                if keep.contains(&cap) {
+                    continue;
+                }
+                // EINVAL past the last capability this kernel knows.
+                if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0
+                    && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL)
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
     }
 }

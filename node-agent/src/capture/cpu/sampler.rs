@@ -14,6 +14,7 @@ use super::{CpuCapture, CpuDrops, CpuMapFill, CpuOptions};
 use crate::bpf::cpu_sampler::types::{cpu_drops, cpu_sample_key, ff_target};
 use crate::bpf::cpu_sampler::{CpuSamplerSkel, CpuSamplerSkelBuilder};
 use crate::bpf::from_bytes;
+use crate::capture::kernel::{FrameWalk, KernelFeatures};
 use crate::capture::process_tracker::ProcessTracker;
 use crate::capture::sampler_thread::{self, OwnerThread, Woken};
 use crate::capture::target_table::{TargetMaps, TargetTable};
@@ -315,6 +316,21 @@ fn load<'obj>(
         .open(object)
         .map_err(|e| CaptureError::bpf("opening the CPU sampler BPF object", e))?;
     let cache = crate::capture::target_cache_enabled(config);
+    // One of two program sets (KernelFeatures::frame_walk): bpf_loop and BTF task
+    // pointers, or bounded loops and probe reads where the kernel lacks them.
+    let walk = if config.force_bounded_walk {
+        FrameWalk::Bounded
+    } else {
+        KernelFeatures::get().frame_walk()
+    };
+    let bounded = walk == FrameWalk::Bounded;
+    open.progs.on_cpu_sample.set_autoload(!bounded);
+    open.progs.on_cpu_sample_compat.set_autoload(bounded);
+    open.progs.cpu_walk_compat.set_autoload(bounded);
+    for map in [&mut open.maps.cpu_walk_progs, &mut open.maps.cpu_pending] {
+        map.set_autocreate(bounded)
+            .map_err(|e| CaptureError::bpf("configuring the bounded walk's maps", e))?;
+    }
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
         ro.capture_kernel_stacks = options.kernel_stacks;
         ro.ff_cgrp_cache = cache;
@@ -325,6 +341,12 @@ fn load<'obj>(
         .target_cache
         .set_autocreate(cache)
         .map_err(|e| CaptureError::bpf("configuring the target cache", e))?;
+    // Perf-event programs are not preempted: the walk's per-CPU scratch serves, and the
+    // per-task one (task storage, which Linux 5.10 lacks) is not created.
+    open.maps
+        .unwind_task_scratch
+        .set_autocreate(false)
+        .map_err(|e| CaptureError::bpf("configuring the unwind scratch", e))?;
     if let Some(u) = unwinder {
         u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
     }
@@ -344,14 +366,22 @@ fn load<'obj>(
         map.set_max_entries(size.max(1))
             .map_err(|e| CaptureError::bpf("sizing CPU sampler maps", e))?;
     }
-    let skel = open
-        .load()
-        .map_err(|e| CaptureError::bpf("loading the CPU sampler BPF programs", e))?;
+    let skel = CaptureError::load("loading the CPU sampler BPF programs", || open.load())?;
     // The perf events are opened and the sampling program attached per capture
     // (CpuSampler::attach), from a duplicate of its fd.
-    let program = skel
-        .progs
-        .on_cpu_sample
+    if bounded {
+        let walker = skel.progs.cpu_walk_compat.as_fd().as_raw_fd() as u32;
+        skel.maps
+            .cpu_walk_progs
+            .update(&0u32.to_ne_bytes(), &walker.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| CaptureError::bpf("installing the bounded walk's tail call", e))?;
+    }
+    let sample = if bounded {
+        &skel.progs.on_cpu_sample_compat
+    } else {
+        &skel.progs.on_cpu_sample
+    };
+    let program = sample
         .as_fd()
         .try_clone_to_owned()
         .map_err(|source| CaptureError::Io {

@@ -81,13 +81,23 @@ impl RunqlatSampler {
     /// has it (and the config does not force the hash-map fallback).
     pub fn start(config: &SamplerConfig) -> Result<Self> {
         crate::capture::check_btf()?;
-        let preferred = if config.force_start_hash || !task_storage_supported() {
+        // Our own clock keeps its start stamps in task storage (Linux 5.11+) or else in a
+        // hash map; the scheduler-clock variant keeps its baselines in task storage. The
+        // hybrid variant needs neither (its baselines are an array), so it is the default on
+        // every kernel with BTF tracepoints.
+        let task_storage = task_storage_supported();
+        let own = if config.force_start_hash || !task_storage {
+            StartStorage::HashMap
+        } else {
+            StartStorage::TaskStorage
+        };
+        let preferred = if config.force_start_hash {
             StartStorage::HashMap
         } else {
             match config.runqlat_clock {
                 RunqlatClock::Hybrid | RunqlatClock::HybridNoPsi => StartStorage::Hybrid,
-                RunqlatClock::Scheduler => StartStorage::SchedInfo,
-                RunqlatClock::Own => StartStorage::TaskStorage,
+                RunqlatClock::Scheduler if task_storage => StartStorage::SchedInfo,
+                RunqlatClock::Scheduler | RunqlatClock::Own => own,
             }
         };
         let (max_targets, max_indices) = (config.max_targets, config.max_target_indices);
@@ -105,8 +115,7 @@ impl RunqlatSampler {
                         clock = ?preferred,
                         "runqlat: the scheduler's sched_info timestamps are not usable on this kernel; reading the clock at wakeup instead (--runqlat-clock own)"
                     );
-                    load(&mut fallback_object, &config, StartStorage::TaskStorage)
-                        .map(|(skel, maps)| (skel, maps, StartStorage::TaskStorage))
+                    load(&mut fallback_object, &config, own).map(|(skel, maps)| (skel, maps, own))
                 }
                 r => r.map(|(skel, maps)| (skel, maps, preferred)),
             };
@@ -248,9 +257,7 @@ fn load<'obj>(
         m.hists.set_max_entries(config.max_histograms.max(1))
     })();
     sizing.map_err(|e| CaptureError::bpf("sizing runqlat maps", e))?;
-    let mut skel = open
-        .load()
-        .map_err(|e| CaptureError::bpf("loading the runqlat BPF programs", e))?;
+    let mut skel = CaptureError::load("loading the runqlat BPF programs", || open.load())?;
     skel.attach()
         .map_err(|e| CaptureError::bpf("attaching runqlat to the sched tracepoints", e))?;
     let handle = |m: &libbpf_rs::MapMut<'_>, what: &str| {

@@ -10,16 +10,16 @@
 //! agent discovery (`pods::agents`). Heap per pod: `cargo bench -p
 //! flamefleet-operator --bench fleet_selection` (docs/benchmarks.md).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
-use flamefleet_api::{NodeStatus, ProfileRequest, ProfileResultSlice};
+use flamefleet_api::{NodeStatus, ProfileRequest, ProfileResultSlice, SamplingPolicy};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::Api;
-use kube::core::{Selector, SelectorExt};
-use kube::runtime::reflector::{self, Store};
+use kube::core::{PartialObjectMeta, Selector, SelectorExt};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::rotation::{Candidate, position, sort};
@@ -37,11 +37,78 @@ pub enum Scope {
     Cluster(Option<Selector>),
 }
 
+/// The names of the cached pods by namespace, kept beside the pod cache from the same watch
+/// events, so that a policy reads its own namespace's pods without walking the cluster's.
+#[derive(Debug, Default, Clone)]
+pub struct PodIndex {
+    inner: Arc<Mutex<IndexState>>,
+}
+
+#[derive(Debug, Default)]
+struct IndexState {
+    live: HashMap<String, BTreeSet<String>>,
+    /// A relist in progress (replaces `live` when it ends, as the pod cache does).
+    relist: Option<HashMap<String, BTreeSet<String>>>,
+}
+
+fn key_of(pod: &SlimPod) -> Option<(String, String)> {
+    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
+
+impl PodIndex {
+    /// Follows one watch event.
+    pub fn apply(&self, event: &watcher::Event<SlimPod>) {
+        let mut state = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        match event {
+            watcher::Event::Init => state.relist = Some(HashMap::new()),
+            watcher::Event::InitApply(pod) => {
+                if let (Some((ns, name)), Some(relist)) = (key_of(pod), state.relist.as_mut()) {
+                    relist.entry(ns).or_default().insert(name);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(relist) = state.relist.take() {
+                    state.live = relist;
+                }
+            }
+            watcher::Event::Apply(pod) => {
+                if let Some((ns, name)) = key_of(pod) {
+                    state.live.entry(ns).or_default().insert(name);
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                if let Some((ns, name)) = key_of(pod)
+                    && let Some(names) = state.live.get_mut(&ns)
+                {
+                    names.remove(&name);
+                    if names.is_empty() {
+                        state.live.remove(&ns);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Names of the pods of `namespace`.
+    pub fn names(&self, namespace: &str) -> Vec<String> {
+        let state = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        state
+            .live
+            .get(namespace)
+            .map(|names| names.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
 /// The caches sampling reads.
 #[derive(Clone)]
 pub struct Fleet {
     /// Pods, cluster-wide, slimmed.
     pub pods: Store<SlimPod>,
+    /// The pods' names by namespace.
+    pub pod_index: PodIndex,
+    /// SamplingPolicies, metadata only (the per-namespace cap counts them).
+    pub policies: Store<PartialObjectMeta<SamplingPolicy>>,
     /// Namespaces (labels and `flamefleet.dev/` annotations only).
     pub namespaces: Store<Namespace>,
     /// ProfileRequests, cluster-wide (ad hoc and runs: the budget counts them all).
@@ -98,12 +165,28 @@ impl Fleet {
         let (namespaces, ns_writer) = reflector::store();
         let (requests, requests_writer) = reflector::store();
         let (results, results_writer) = reflector::store();
+        let (policies, policies_writer) = reflector::store();
+        let pod_index = PodIndex::default();
+        let index = pod_index.clone();
         let pod_stream = watcher(
             Api::<SlimPod>::all(client.clone()),
             watcher::Config::default(),
         )
         .default_backoff()
         .reflect(pods_writer)
+        .for_each(move |event| {
+            if let Ok(event) = event {
+                index.apply(&event);
+            }
+            futures::future::ready(())
+        });
+        let policy_stream = watcher(
+            Api::<PartialObjectMeta<SamplingPolicy>>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|p: &mut PartialObjectMeta<SamplingPolicy>| p.metadata.managed_fields = None)
+        .reflect(policies_writer)
         .for_each(|_| futures::future::ready(()));
         let ns_stream = watcher(
             Api::<Namespace>::all(client.clone()),
@@ -130,12 +213,20 @@ impl Fleet {
         .reflect(results_writer)
         .for_each(|_| futures::future::ready(()));
         let driver = async move {
-            futures::join!(pod_stream, ns_stream, request_stream, results_stream);
+            futures::join!(
+                pod_stream,
+                ns_stream,
+                request_stream,
+                results_stream,
+                policy_stream
+            );
         }
         .boxed();
         (
             Self {
                 pods,
+                pod_index,
+                policies,
                 namespaces,
                 requests,
                 results,
@@ -152,14 +243,73 @@ impl Fleet {
         self.namespaces.wait_until_ready().await.map_err(closed)?;
         self.requests.wait_until_ready().await.map_err(closed)?;
         self.results.wait_until_ready().await.map_err(closed)?;
+        self.policies.wait_until_ready().await.map_err(closed)?;
         Ok(())
+    }
+
+    /// The cached pods of `namespace`.
+    pub fn pods_in(&self, namespace: &str) -> Vec<Arc<SlimPod>> {
+        self.pod_index
+            .names(namespace)
+            .into_iter()
+            .filter_map(|name| self.pods.get(&ObjectRef::new(&name).within(namespace)))
+            .collect()
+    }
+
+    /// The cached pods of the namespaces in `scope`.
+    fn pods_in_scope(&self, scope: &Scope) -> Vec<Arc<SlimPod>> {
+        match self.namespaces_in(scope) {
+            Some(namespaces) => namespaces.iter().flat_map(|ns| self.pods_in(ns)).collect(),
+            None => self.pods.state(),
+        }
     }
 
     /// Nodes that have a Running agent pod with an IP.
     pub fn agent_nodes(&self) -> BTreeSet<String> {
-        agents::cached_agents(&self.pods, &self.agent_namespace)
-            .into_keys()
-            .collect()
+        let (key, value) = crate::pods::AGENT_LABEL
+            .split_once('=')
+            .unwrap_or((crate::pods::AGENT_LABEL, ""));
+        let pods = self.pods_in(&self.agent_namespace);
+        agents::agents_by_node(
+            pods.iter()
+                .map(AsRef::as_ref)
+                .filter(|p| p.label(key) == Some(value)),
+        )
+        .into_keys()
+        .collect()
+    }
+
+    /// The SamplingPolicies of `namespace`, oldest first (creation time, then name).
+    pub fn policies_in(&self, namespace: &str) -> Vec<(Option<jiff::Timestamp>, String)> {
+        let mut out: Vec<(Option<jiff::Timestamp>, String)> = self
+            .policies
+            .state()
+            .iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+            .map(|p| {
+                (
+                    p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    p.metadata.name.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Requests waiting to start (no phase yet, or Pending), by namespace.
+    pub fn queued_by_namespace(&self) -> HashMap<String, usize> {
+        let mut out = HashMap::new();
+        for r in self.requests.state() {
+            let phase = r.status.as_ref().and_then(|s| s.phase);
+            if matches!(phase, None | Some(flamefleet_api::RequestPhase::Pending))
+                && r.metadata.deletion_timestamp.is_none()
+            {
+                *out.entry(r.metadata.namespace.clone().unwrap_or_default())
+                    .or_default() += 1;
+            }
+        }
+        out
     }
 
     /// The ProfileRequests created by the policy with `uid`.
@@ -197,17 +347,13 @@ impl Fleet {
         selector: Option<&Selector>,
         pod_names: &[String],
     ) -> Eligibility {
-        let namespaces = self.namespaces_in(scope);
         let agents = self.agent_nodes();
         let mut out = Eligibility::default();
-        for pod in self.pods.state() {
+        for pod in self.pods_in_scope(scope) {
             let meta = &pod.metadata;
             let Some(ns) = meta.namespace.as_deref() else {
                 continue;
             };
-            if namespaces.as_ref().is_some_and(|set| !set.contains(ns)) {
-                continue;
-            }
             let name = meta.name.as_deref().unwrap_or_default();
             let by_selector = selector.is_some_and(|s| match meta.labels.as_ref() {
                 Some(labels) => s.matches(labels),

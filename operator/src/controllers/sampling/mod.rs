@@ -41,8 +41,33 @@ use crate::metrics::Metrics;
 use fleet::Fleet;
 use run_name::PolicyKind;
 
+/// What the cluster admin bounds about every namespace's policies (operator flags): without
+/// them one namespace with `edit` could create any number of policies firing every second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SamplingLimits {
+    /// Least time between two runs of one policy, whatever its schedule says.
+    pub min_run_interval: std::time::Duration,
+    /// SamplingPolicies of one namespace that run (the oldest); 0: unlimited.
+    pub max_policies_per_namespace: usize,
+    /// Pending requests a namespace may hold before scheduled runs pass it over; 0:
+    /// unlimited.
+    pub max_queued_per_namespace: usize,
+}
+
+impl Default for SamplingLimits {
+    fn default() -> Self {
+        Self {
+            min_run_interval: std::time::Duration::from_secs(60),
+            max_policies_per_namespace: 20,
+            max_queued_per_namespace: 10,
+        }
+    }
+}
+
 /// What the policy controllers share.
 pub struct SamplingContext {
+    /// The cluster admin's bounds on policies.
+    pub limits: SamplingLimits,
     /// Kubernetes client.
     pub client: kube::Client,
     /// The cached fleet.

@@ -54,6 +54,46 @@ pub const DEFAULT_POLICY_FREQUENCY_HZ: i32 = 19;
 const MAX_REQUEUE: Duration = Duration::from_secs(300);
 /// Most skipped pods recorded in `lastRunSkipped`.
 const MAX_SKIPPED_RECORDED: usize = 20;
+/// Condition: the policy is within the cluster's number of policies per namespace (set
+/// only once a policy was refused).
+pub const CONDITION_ADMITTED: &str = "Admitted";
+/// How often a policy over the per-namespace cap looks again.
+const POLICY_CAP_RECHECK: Duration = Duration::from_secs(60);
+
+/// The cluster's minimum interval: after the last scheduled time handled, the next one
+/// counted lies strictly after this (the times in between are neither run nor missed).
+fn interval_floor(ctx: &SamplingContext, status: &SamplingPolicyStatus) -> Option<Timestamp> {
+    let previous = status.last_schedule_time.as_ref()?;
+    let gap = jiff::SignedDuration::try_from(ctx.limits.min_run_interval)
+        .unwrap_or_default()
+        .checked_sub(jiff::SignedDuration::from_secs(1))
+        .unwrap_or_default()
+        .max(jiff::SignedDuration::ZERO);
+    previous.0.checked_add(gap).ok()
+}
+
+/// Why a SamplingPolicy may not run: its namespace holds more policies than the cluster
+/// admin allows and it is not among the oldest. ClusterSamplingPolicies are the admin's own.
+fn over_policy_cap<P: Policy>(ctx: &SamplingContext, policy: &P) -> Option<String> {
+    let cap = ctx.limits.max_policies_per_namespace;
+    if P::KIND != PolicyKind::Namespaced || cap == 0 {
+        return None;
+    }
+    let ns = policy.meta().namespace.as_deref()?;
+    let name = policy.name_any();
+    let all = ctx.fleet.policies_in(ns);
+    // Not cached yet: created just now, so among the newest.
+    let rank = all
+        .iter()
+        .position(|(_, n)| *n == name)
+        .unwrap_or(all.len());
+    (rank >= cap).then(|| {
+        format!(
+            "namespace {ns} has {} SamplingPolicies; this cluster runs the oldest {cap} of a namespace (set by the cluster admin with the operator's --max-policies-per-namespace); this one creates no runs until older ones are deleted",
+            all.len().max(rank + 1)
+        )
+    })
+}
 
 /// Reconciles one policy.
 #[instrument(skip_all, fields(kind = P::kind(&()).as_ref(), policy = %policy.name_any()))]
@@ -129,19 +169,81 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
     let before = status.clone();
     status.observed_generation = generation;
 
+    if let Some(message) = over_policy_cap(ctx, &current) {
+        let newly = !status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == CONDITION_ADMITTED && c.status == "False");
+        set_condition(
+            &mut status.conditions,
+            new_condition(
+                CONDITION_ADMITTED,
+                false,
+                "TooManyPolicies",
+                &message,
+                generation,
+                Time(now),
+            ),
+        );
+        status.next_schedule_time = None;
+        if status != before {
+            write_status(api, &current, &status).await?;
+        }
+        if newly {
+            publish(
+                ctx,
+                &current,
+                EventType::Warning,
+                "TooManyPolicies",
+                message,
+            )
+            .await;
+        }
+        return Ok(Action::requeue(POLICY_CAP_RECHECK));
+    }
+    if status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_ADMITTED)
+    {
+        set_condition(
+            &mut status.conditions,
+            new_condition(
+                CONDITION_ADMITTED,
+                true,
+                "Admitted",
+                "the namespace is within the cluster's number of policies",
+                generation,
+                Time(now),
+            ),
+        );
+    }
+
     let schedule = match schedule::parse(&spec.schedule, spec.time_zone.as_deref(), now) {
         Ok(s) => {
+            let mut message = format!(
+                "schedule {:?} in {}",
+                spec.schedule,
+                spec.time_zone.as_deref().unwrap_or("UTC")
+            );
+            let min = ctx.limits.min_run_interval;
+            let first = s.next_after(now);
+            let second = first.and_then(|t| s.next_after(t));
+            if let (Some(a), Some(b)) = (first, second)
+                && to_std(b.duration_since(a)) < min
+            {
+                message.push_str(&format!(
+                    "; runs start at most once every {} (the cluster's minimum interval, set by the cluster admin with the operator's --min-run-interval)",
+                    humantime::format_duration(min)
+                ));
+            }
             set_condition(
                 &mut status.conditions,
                 new_condition(
                     CONDITION_SCHEDULE_VALID,
                     true,
                     "ScheduleParsed",
-                    format!(
-                        "schedule {:?} in {}",
-                        spec.schedule,
-                        spec.time_zone.as_deref().unwrap_or("UTC")
-                    ),
+                    message,
                     generation,
                     Time(now),
                 ),
@@ -211,11 +313,14 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
     if spec.suspend == Some(true) {
         status.next_schedule_time = None;
     } else {
-        let last = status
+        let mut last = status
             .last_schedule_time
             .as_ref()
             .or(current.meta().creation_timestamp.as_ref())
             .map_or(now, |t| t.0);
+        if let Some(floor) = interval_floor(ctx, &status) {
+            last = last.max(floor);
+        }
         let due = schedule.due(last, now, deadline);
         if due.missed > 0 {
             status.missed_runs = Some(
@@ -237,11 +342,17 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
             )
             .await;
         }
+        let ran = !due.run.is_empty();
         for t in due.run {
             current = run_at(ctx, api, current, &mut status, &uid, t).await?;
         }
-        status.next_schedule_time = due.next.map(Time);
-        if let Some(next) = due.next {
+        let next = match interval_floor(ctx, &status) {
+            // The times just run move the floor of the next one.
+            Some(floor) if ran => schedule.next_after(floor.max(now)),
+            _ => due.next,
+        };
+        status.next_schedule_time = next.map(Time);
+        if let Some(next) = next {
             let wait = to_std(next.duration_since(ctx.now())) + Duration::from_millis(20);
             action = Action::requeue(wait.min(MAX_REQUEUE));
         }
@@ -466,6 +577,51 @@ async fn run_at<P: Policy>(
         let entry = by_namespace.entry(c.namespace.clone()).or_default();
         entry.0.push(c.name.clone());
         entry.1.insert(c.node.clone());
+    }
+    // A namespace already holding its share of queued requests is passed over: its runs
+    // would only queue behind the ones waiting.
+    let cap = ctx.limits.max_queued_per_namespace;
+    if cap > 0 {
+        let queued = ctx.fleet.queued_by_namespace();
+        let mut full = Vec::new();
+        by_namespace.retain(|ns, (pods, _)| {
+            let waiting = queued.get(ns).copied().unwrap_or(0);
+            if waiting < cap {
+                return true;
+            }
+            for pod in pods.iter() {
+                if status.last_run_skipped.len() < MAX_SKIPPED_RECORDED {
+                    status.last_run_skipped.push(SkippedPod {
+                        namespace: ns.clone(),
+                        pod: pod.clone(),
+                        node: String::new(),
+                        reason: "QueueFull".into(),
+                        message: format!(
+                            "namespace {ns} holds {waiting} requests waiting to start (limit {cap}, set by the cluster admin with the operator's --max-queued-runs-per-namespace)"
+                        ),
+                    });
+                }
+            }
+            full.push(format!("{ns} ({waiting} waiting)"));
+            false
+        });
+        if !full.is_empty() {
+            publish(
+                ctx,
+                &current,
+                EventType::Warning,
+                "QueueFull",
+                format!(
+                    "the run at {t} passes over namespaces whose queue is full (limit {cap} requests waiting, --max-queued-runs-per-namespace): {}",
+                    full.join(", ")
+                ),
+            )
+            .await;
+        }
+        if by_namespace.is_empty() {
+            status.last_schedule_time = Some(Time(t));
+            return Ok(current);
+        }
     }
     let name = current.name_any();
     let pending = PendingRun {

@@ -43,6 +43,7 @@ use crate::bpf::heap::types;
 use crate::bpf::heap::{HeapSkel, HeapSkelBuilder};
 use crate::capture::heap::allocators::{AllocatorBinary, EntryKind};
 use crate::capture::heap::sampling;
+use crate::capture::kernel::KernelFeatures;
 use crate::capture::process_tracker::ProcessTracker;
 use crate::capture::sampler_thread::{self, OwnerThread};
 use crate::capture::target_table::{TargetCgroup, TargetMaps, TargetTable};
@@ -199,6 +200,12 @@ impl HeapSampler {
         catalog: ProcessCatalog,
     ) -> Result<Self> {
         crate::capture::check_btf()?;
+        if let Some(reason) = KernelFeatures::get().heap_ebpf_refusal() {
+            return Err(CaptureError::KernelFeature {
+                feature: "eBPF heap sampling".into(),
+                detail: reason,
+            });
+        }
         let unwinder = if opts.cfi_unwind {
             Some(Unwinder::shared(&config.unwind)?)
         } else {
@@ -430,11 +437,24 @@ fn run_owner(
     // Best first: session uprobes (Linux 6.13+: no return trap for unsampled calls), then
     // uprobe_multi links (6.6+), then perf-event uprobes. The two link-based modes need only
     // CAP_BPF and CAP_PERFMON; perf-event uprobes need CAP_SYS_ADMIN on recent kernels.
+    // The kernel's BTF says which link types exist (KernelFeatures); a load that fails
+    // anyway falls through to the next mode.
+    let features = KernelFeatures::get();
     let loaded = if opts.force_classic_uprobes {
         load(classic_object, opts, config, ProbeMode::Classic, u).map(|s| (s, ProbeMode::Classic))
-    } else if let Ok(skel) = load(session_object, opts, config, ProbeMode::Session, u) {
+    } else if let Some(skel) = features
+        .uprobe_session
+        .found
+        .then(|| load(session_object, opts, config, ProbeMode::Session, u).ok())
+        .flatten()
+    {
         Ok((skel, ProbeMode::Session))
-    } else if let Ok(skel) = load(multi_object, opts, config, ProbeMode::Multi, u) {
+    } else if let Some(skel) = features
+        .uprobe_multi
+        .found
+        .then(|| load(multi_object, opts, config, ProbeMode::Multi, u).ok())
+        .flatten()
+    {
         Ok((skel, ProbeMode::Multi))
     } else {
         load(classic_object, opts, config, ProbeMode::Classic, u).map(|s| (s, ProbeMode::Classic))
@@ -577,6 +597,8 @@ fn load<'obj>(
     rodata.gap_table.copy_from_slice(&table);
     rodata.cfi_unwind = unwinder.is_some();
     rodata.ff_stack_seed = stack_maps::seed();
+    // Uprobe programs can be preempted: the walk's scratch is per thread.
+    rodata.ff_unwind_per_task = true;
     let cache = crate::capture::target_cache_enabled(config);
     rodata.ff_cgrp_cache = cache;
     open.maps
@@ -601,18 +623,7 @@ fn load<'obj>(
         map.set_max_entries(n.max(1))
             .map_err(|e| CaptureError::bpf("sizing a heap map", e))?;
     }
-    open.load().map_err(|e| {
-        let err = CaptureError::bpf("loading the heap BPF programs", e);
-        match err {
-            CaptureError::Bpf { action, source } => CaptureError::KernelFeature {
-                feature: "uprobes with BPF task storage".into(),
-                detail: format!(
-                    "{action} failed ({source}); need Linux 5.11+ with BTF, and CAP_BPF + CAP_PERFMON"
-                ),
-            },
-            other => other,
-        }
-    })
+    CaptureError::load("loading the heap BPF programs", || open.load())
 }
 
 /// Attaches the probes of one allocator binary into `links`; the number of probes.

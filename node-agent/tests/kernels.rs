@@ -1,0 +1,254 @@
+//! The guest tier: the capture engines' own tests, run for real inside Debian's 5.10, 6.1 and
+//! 6.12 kernels, each booted under QEMU on this machine's files (`flamefleet_e2e::guest`;
+//! `scripts/setup.sh` installs QEMU and `scripts/guest-kernels.sh` the kernels). Real eBPF
+//! in the guest kernel on real processes in real cgroups: a frame-pointer-less C program's
+//! full chains (CPU), runqlat against libbpf-tools' runqlat, the Go runtime's heap buckets,
+//! and eBPF heap sampling or its refusal with the reason. Each kernel also says which
+//! mechanism each engine chose there, and the tier checks it is the one that kernel should
+//! get.
+//!
+//! One guest at a time (TCG is CPU-heavy); the engines' tests run one at a time inside it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use flamefleet_e2e::guest::{self, GuestConfig, Kernel};
+
+/// A kernel of the tier and what it should give.
+struct GuestKernel {
+    /// `uname -r`; keep in step with KERNELS in scripts/guest-kernels.sh.
+    release: &'static str,
+    /// How the CPU sampler walks frames there (`KernelFeatures::frame_walk`).
+    frame_walk: &'static str,
+    /// How runqlat's target lookups go (`KernelFeatures::target_lookup`).
+    targets: &'static str,
+    /// Whether eBPF heap sampling runs there (`ran`) or is refused (`refused`).
+    heap_ebpf: &'static str,
+}
+
+/// The engines' tests every guest runs: (test binary, test).
+const TESTS: &[(&str, &str)] = &[
+    (
+        "heap_ebpf",
+        "ebpf_heap_runs_or_is_refused_with_what_the_kernel_lacks",
+    ),
+    (
+        "heap_ebpf",
+        "ebpf_heap_runs_with_only_the_charts_capabilities",
+    ),
+    (
+        "cpu_capture",
+        "captures_without_cap_sys_resource_or_names_the_memlock_limit",
+    ),
+    (
+        "full_stacks",
+        "c_without_frame_pointers_full_chain_and_caller_proportions",
+    ),
+    (
+        "runqlat_capture",
+        "agrees_with_libbpf_tools_runqlat_for_one_process",
+    ),
+    (
+        "heap_goruntime",
+        "go_heap_matches_the_truth_and_its_own_endpoint_with_the_local_toolchain",
+    ),
+];
+
+/// Run where eBPF heap sampling runs.
+const HEAP_EBPF_TEST: (&str, &str) = ("heap_ebpf", "inuse_space_and_call_sites_match_the_truth");
+
+/// Run where the CPU sampler takes the user registers of a task sampled in the kernel from
+/// the top of its kernel stack (no `bpf_task_pt_regs`).
+const STACK_TOP_TEST: (&str, &str) = ("cpu_capture", "kernel_stacks_sit_on_top_of_the_user_stack");
+
+/// How every test runs in a guest: without CAP_SYS_RESOURCE, which this machine's and CI's
+/// capability bounding set lacks and real nodes may not grant, and with a low soft memlock
+/// limit under an unlimited hard one (a runtime with LimitMEMLOCK=infinity), so that a
+/// kernel charging BPF memory to RLIMIT_MEMLOCK (5.10) runs them as such a node would.
+const WITHOUT_SYS_RESOURCE: &str =
+    "prlimit --memlock=65536:unlimited setpriv --bounding-set=-sys_resource --";
+
+/// The test executables of this package, built by cargo (already built when the whole
+/// suite runs; built here otherwise), by name.
+fn test_executables() -> HashMap<String, PathBuf> {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    // <target>/<profile>/deps/<exe>
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("<target>/<profile>");
+    let target_dir = profile_dir.parent().expect("<target>");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .args([
+            "test",
+            "-p",
+            "flamefleet-agent",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .env("CARGO_TARGET_DIR", target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    for name in TESTS
+        .iter()
+        .map(|t| t.0)
+        .chain([HEAP_EBPF_TEST.0, STACK_TOP_TEST.0])
+    {
+        build.args(["--test", name]);
+    }
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let out = build.output().expect("running cargo");
+    assert!(
+        out.status.success(),
+        "building the engines' tests failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut found = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if let (Some(name), Some(path)) =
+            (msg["target"]["name"].as_str(), msg["executable"].as_str())
+        {
+            found.insert(name.to_owned(), PathBuf::from(path));
+        }
+    }
+    found
+}
+
+/// The guests run one at a time.
+static ONE_GUEST: Mutex<()> = Mutex::new(());
+
+fn run_tier(k: &GuestKernel) {
+    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the guest tier boots kernels whose tests load eBPF as root: run it as root (scripts/test.sh)"
+    );
+    let kernel = Kernel::find(k.release).unwrap_or_else(|e| panic!("{e}"));
+    let executables = test_executables();
+    let mut tests: Vec<(&str, &str)> = TESTS.to_vec();
+    if k.heap_ebpf == "ran" {
+        tests.push(HEAP_EBPF_TEST);
+    }
+    if k.frame_walk == "bounded-loop" {
+        tests.push(STACK_TOP_TEST);
+    }
+    let mut script = format!("cd {}\nfailed=0\n", env!("CARGO_MANIFEST_DIR"));
+    for (bin, test) in &tests {
+        let exe = executables
+            .get(*bin)
+            .unwrap_or_else(|| panic!("cargo built no test executable {bin}"));
+        script.push_str(&format!(
+            "echo '== run {bin}::{test}'\nstart=$(date +%s)\n{WITHOUT_SYS_RESOURCE} {} --exact {test} --test-threads=1 --nocapture\nrc=$?\necho \"== status {bin}::{test} $rc $(( $(date +%s) - start ))s\"\n[ $rc -eq 0 ] || failed=$((failed + 1))\n",
+            guest::shell_quote(&exe.display().to_string())
+        ));
+    }
+    script.push_str("exit $failed\n");
+    // The host's pprof: Go builds it on first use, which would take minutes in the guest.
+    let pprof = Command::new("go")
+        .args(["tool", "-n", "pprof"])
+        .output()
+        .expect("running `go tool -n pprof` (install Go)");
+    assert!(
+        pprof.status.success(),
+        "go tool -n pprof: {}",
+        String::from_utf8_lossy(&pprof.stderr)
+    );
+    let pprof = String::from_utf8_lossy(&pprof.stdout).trim().to_owned();
+    let config = GuestConfig {
+        timeout: Duration::from_secs(40 * 60),
+        env: vec![
+            ("RUST_BACKTRACE".into(), "1".into()),
+            ("FLAMEFLEET_PPROF".into(), pprof),
+        ],
+        ..GuestConfig::default()
+    };
+    let out = guest::run(&kernel, &config, &script).unwrap_or_else(|e| panic!("{e}"));
+    // The figures of this run, whatever the outcome.
+    let timings: Vec<&str> = out
+        .output
+        .lines()
+        .filter(|l| l.starts_with("== status "))
+        .collect();
+    println!(
+        "{}: guest ran {:.0}s\n  {}",
+        k.release,
+        out.elapsed.as_secs_f64(),
+        timings.join("\n  ")
+    );
+    for (bin, test) in &tests {
+        let status = format!("== status {bin}::{test} 0 ");
+        assert!(
+            out.output.lines().any(|l| l.starts_with(&status)),
+            "{bin}::{test} failed under {} (exit {}):\n{}\n--- console ---\n{}",
+            k.release,
+            out.status,
+            guest::tail(&out.output, 80),
+            guest::tail(&out.console, 20)
+        );
+    }
+    assert_eq!(out.status, 0, "{}", guest::tail(&out.output, 80));
+    // Printed by a test, so after libtest's "test NAME ... " on the same line.
+    let marker = format!("kernel {}: features", k.release);
+    let features = out
+        .output
+        .lines()
+        .find_map(|l| l.find(&marker).map(|at| &l[at..]))
+        .unwrap_or_else(|| panic!("no feature line from {}:\n{}", k.release, out.output));
+    println!("  {features}");
+    for expected in [
+        format!("cpu.frame_walk={}", k.frame_walk),
+        format!("targets={}", k.targets),
+    ] {
+        assert!(
+            features.contains(&expected),
+            "{} should run with {expected}: {features}",
+            k.release
+        );
+    }
+    let heap = format!("heap-ebpf: {}", k.heap_ebpf);
+    assert!(
+        out.output.lines().any(|l| l.contains(&heap)),
+        "{} should say {heap:?}:\n{}",
+        k.release,
+        out.output
+    );
+}
+
+#[test]
+fn linux_5_10() {
+    run_tier(&GuestKernel {
+        release: "5.10.0-32-amd64",
+        frame_walk: "bounded-loop",
+        targets: "ancestry-walk",
+        heap_ebpf: "refused",
+    });
+}
+
+#[test]
+fn linux_6_1() {
+    run_tier(&GuestKernel {
+        release: "6.1.0-50-amd64",
+        frame_walk: "bpf_loop",
+        targets: "ancestry-walk",
+        heap_ebpf: "ran",
+    });
+}
+
+#[test]
+fn linux_6_12() {
+    run_tier(&GuestKernel {
+        release: "6.12.95+deb12-amd64",
+        frame_walk: "bpf_loop",
+        targets: "cgroup-storage-cache",
+        heap_ebpf: "ran",
+    });
+}
