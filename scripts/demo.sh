@@ -5,7 +5,9 @@
 #                            containerd, kube-proxy, CoreDNS: scripts/cluster.sh); build and
 #                            import the images; helm install Flamefleet from charts/flamefleet;
 #                            deploy the demo workload; profile it with
-#                            `kubectl profile cpu|heap|runqlat` and download real profiles
+#                            `kubectl profile cpu|heap|runqlat` and download real profiles;
+#                            then scale the workloads to 0 (they keep more busy threads
+#                            than CPUs)
 #   scripts/demo.sh down     uninstall Flamefleet and stop the cluster
 #
 # Run as root (no sudo needed). The cluster keeps running after the demo; the kubeconfig is
@@ -87,6 +89,8 @@ sed "s|image: .*checkout-demo:.*|image: flamefleet.local/checkout-demo:$TAG|" ex
   k apply -n "$DEMO_NS" -f - >/dev/null
 sed "s|image: .*inventory-demo:.*|image: flamefleet.local/inventory-demo:$TAG|" examples/demo-workload/inventory/deployment.yaml |
   k apply -n "$DEMO_NS" -f - >/dev/null
+# A previous demo scaled them to 0 when it finished.
+k -n "$DEMO_NS" scale deploy/checkout deploy/inventory --replicas=1 >/dev/null
 [[ -n "$reinstall" ]] && restart_all "$DEMO_NS"
 k -n "$DEMO_NS" rollout status deploy/checkout --timeout 120s
 k -n "$DEMO_NS" rollout status deploy/inventory --timeout 120s
@@ -109,22 +113,35 @@ for job in $(jobs -p); do wait "$job" || fail=1; done
 ((fail == 0)) || die "a capture failed (logs in $DEMO_DIR)"
 
 step "results"
+# Files are named after their request (`cpu-xxxxx-<node>.pb.gz`), and the directory was emptied
+# above: one match each.
+only() { compgen -G "$1" | head -n1; }
 for type in cpu heap; do
   echo "--- $type: top functions (go tool pprof -top)"
-  go tool pprof -top -nodecount=8 "$DEMO_DIR/profiles/$type-$NODE_NAME.pb.gz" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
+  go tool pprof -top -nodecount=8 "$(only "$DEMO_DIR/profiles/$type-*-$NODE_NAME.pb.gz")" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
 done
 echo "--- heap of the Go inventory service, read from the Go runtime (go tool pprof -top)"
-go tool pprof -top -nodecount=5 -sample_index=inuse_space "$DEMO_DIR/profiles/inventory/heap-$NODE_NAME.pb.gz" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
-echo "--- runqlat: run-queue latency of the checkout pod"
-sed -n '1,30p' "$DEMO_DIR/profiles/runqlat-$NODE_NAME.txt"
+go tool pprof -top -nodecount=5 -sample_index=inuse_space "$(only "$DEMO_DIR/profiles/inventory/heap-*-$NODE_NAME.pb.gz")" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
+echo "--- runqlat: run-queue latency of the checkout pod (histogram with p50/p90/p99: runqlat-*.svg)"
+sed -n '1,30p' "$(only "$DEMO_DIR/profiles/runqlat-*-$NODE_NAME.txt")"
 k get preq -n "$DEMO_NS"
+
+# The checkout service keeps more busy threads than CPUs (that is what its runqlat shows):
+# left running it would load this machine for as long as the cluster stays up, and slow
+# down whatever runs next (scripts/test.sh measures this machine too). Its results are
+# printed: stop the workloads, keep their Deployments.
+step "stopping the demo workloads (scaled to 0 replicas; the cluster keeps running)"
+k -n "$DEMO_NS" scale deploy/checkout deploy/inventory --replicas=0 >/dev/null
+k -n "$DEMO_NS" wait --for=delete pod -l 'app in (checkout,inventory)' --timeout=120s >/dev/null 2>&1 || true
 
 cat <<EOF
 
 Done in $((SECONDS - T0))s. Profiles and flame graphs (SVG): $DEMO_DIR/profiles
-The cluster keeps running. Look around:
+The cluster keeps running; the demo workloads are scaled to 0 so that they stop using the
+CPUs. Look around:
   export KUBECONFIG=$KUBECONFIG PATH=$FLAMEFLEET_CACHE/plugins:\$PATH
   $KUBECTL get preq -n $DEMO_NS
+  $KUBECTL scale deploy/checkout deploy/inventory -n $DEMO_NS --replicas=1
   $KUBECTL profile cpu deploy/checkout -n $DEMO_NS --duration 30s
   $KUBECTL profile list -n $DEMO_NS
 Stop everything: scripts/demo.sh down

@@ -23,11 +23,13 @@ pub enum Error {
     },
     /// The request lists no artifact (yet).
     #[error(
-        "profilerequest {name:?} has no artifacts yet (phase {phase}); wait until it finishes, e.g. `kubectl get preq {name} -w`"
+        "profilerequest {name:?} has no artifacts yet (phase {phase}); wait until it finishes, e.g. `kubectl get preq {name} -n {namespace} -w`"
     )]
     NoArtifacts {
         /// The request's name.
         name: String,
+        /// Its namespace.
+        namespace: String,
         /// Its current phase.
         phase: String,
     },
@@ -138,15 +140,48 @@ pub enum Error {
     NotInstalled,
     /// Waiting for the request timed out.
     #[error(
-        "timed out after {seconds}s waiting for profilerequest {name:?} to finish (phase {phase}); it keeps running: fetch it later with `kubectl profile get {name}`"
+        "timed out after {seconds}s waiting for profilerequest {name:?} {} (phase {phase}); {}",
+        timeout_goal(*.unaccepted),
+        timeout_hint(.name, .namespace, *.unaccepted)
     )]
     Timeout {
         /// The request's name.
         name: String,
-        /// How long we waited.
+        /// Its namespace.
+        namespace: String,
+        /// How long we waited (since the capture started, when it did).
         seconds: u64,
         /// The last phase seen.
         phase: String,
+        /// No operator had written any status.
+        unaccepted: bool,
+    },
+    /// The user pressed Ctrl-C while the CLI waited or downloaded.
+    #[error("interrupted: {}", interrupted(.name, .namespace, *.finished))]
+    Interrupted {
+        /// The request's name.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+        /// Whether it had finished (the download was interrupted).
+        finished: bool,
+    },
+    /// The API server refused an object as invalid (HTTP 422): one line of what it said.
+    #[error("the API server refused the {kind}: {message}")]
+    Invalid {
+        /// What was being created, e.g. `profilerequest`.
+        kind: String,
+        /// The API server's message, on one line.
+        message: String,
+    },
+    /// A file to write exists with other content.
+    #[error(
+        "{} exists and holds something else; nothing was written. Pass --force to overwrite it, or choose another directory with -o",
+        path.display()
+    )]
+    WouldOverwrite {
+        /// The file.
+        path: std::path::PathBuf,
     },
     /// Profiles with different sample types cannot be merged.
     #[error(
@@ -202,6 +237,38 @@ pub enum Error {
     },
 }
 
+fn timeout_goal(unaccepted: bool) -> &'static str {
+    if unaccepted {
+        "to be accepted"
+    } else {
+        "to finish"
+    }
+}
+
+fn timeout_hint(name: &str, namespace: &str, unaccepted: bool) -> String {
+    if unaccepted {
+        format!(
+            "no Flamefleet operator has picked it up: is one running? (`kubectl get pods -A -l app.kubernetes.io/name=flamefleet-operator`); delete it with `kubectl profile delete {name} -n {namespace}`"
+        )
+    } else {
+        format!(
+            "it keeps running: fetch it later with `kubectl profile get {name} -n {namespace}`, or delete it with `kubectl profile delete {name} -n {namespace}`"
+        )
+    }
+}
+
+fn interrupted(name: &str, namespace: &str, finished: bool) -> String {
+    if finished {
+        format!(
+            "profilerequest {name:?} has finished; download it with `kubectl profile get {name} -n {namespace}`"
+        )
+    } else {
+        format!(
+            "profilerequest {name:?} keeps running; follow it with `kubectl get preq {name} -n {namespace} -w`, download it once it finishes with `kubectl profile get {name} -n {namespace}`, or stop it with `kubectl profile delete {name} -n {namespace}`"
+        )
+    }
+}
+
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -209,7 +276,7 @@ impl Error {
     /// The process exit code for this error (see docs/cli.md).
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::Usage(_) => 2,
+            Self::Usage(_) | Self::Invalid { .. } => 2,
             Self::NotFound { .. } | Self::PolicyNotFound { .. } => 3,
             Self::RequestFailed { .. } => 4,
             Self::NoArtifacts { .. }
@@ -222,6 +289,8 @@ impl Error {
             Self::NotInstalled => 9,
             Self::Timeout { .. } => 10,
             Self::MixedSampleTypes { .. } | Self::BadProfile { .. } => 11,
+            Self::WouldOverwrite { .. } => 12,
+            Self::Interrupted { .. } => 130,
             Self::Kubeconfig(_) | Self::Kube { .. } | Self::Io { .. } | Self::Render { .. } => 1,
         }
     }

@@ -1,12 +1,16 @@
 //! `kubectl-profile`: on PATH it runs as `kubectl profile`. Thin: parse flags, dispatch.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use flamefleet_api::ProfileType;
+use flamefleet_api::profile_request::{
+    MAX_FREQUENCY_HZ, MAX_SAMPLE_BYTES, MIN_FREQUENCY_HZ, MIN_SAMPLE_BYTES,
+};
 use kubectl_profile::cluster::{Cluster, ConnectOptions};
 use kubectl_profile::commands::{capture, fleet, get, list, merge};
-use kubectl_profile::{Error, Result};
+use kubectl_profile::{Error, Result, flags};
 
 #[derive(Parser)]
 #[command(
@@ -29,6 +33,7 @@ struct Cli {
     command: Command,
 }
 
+/// The flags every profile type takes.
 #[derive(clap::Args)]
 struct CaptureArgs {
     /// POD, pod/NAME, deploy/NAME or sts/NAME.
@@ -36,18 +41,20 @@ struct CaptureArgs {
     /// Label selector instead of a target, e.g. app=web.
     #[arg(short = 'l', long)]
     selector: Option<String>,
-    /// How long to capture.
-    #[arg(long, default_value = "30s")]
+    /// How long to capture: 1s to 10m, e.g. 30s, 2m, 1m30s.
+    #[arg(long, default_value = "30s", value_parser = flags::parse_capture)]
     duration: String,
-    /// CPU samples per second (cpu only; default 99).
-    #[arg(long)]
-    frequency: Option<i32>,
-    /// Give up waiting after this long, e.g. 2m (default: duration + 90s).
-    #[arg(long)]
-    timeout: Option<String>,
+    /// Give up waiting this long after the capture started (default: duration + 90s); a
+    /// request queued behind a concurrency limit waits for its turn first.
+    #[arg(long, value_parser = flags::parse_span)]
+    timeout: Option<Duration>,
+    /// Delete the request and its artifacts this long after it finished (at least 1m), or
+    /// `never`.
+    #[arg(long, default_value = flags::DEFAULT_TTL, value_parser = flags::parse_ttl)]
+    ttl: flags::Ttl,
     /// A label for the created ProfileRequest, key=value (repeatable).
-    #[arg(long = "label", value_name = "KEY=VALUE")]
-    labels: Vec<String>,
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = flags::parse_label)]
+    labels: Vec<(String, String)>,
     /// Create the request and return without waiting.
     #[arg(long)]
     no_wait: bool,
@@ -57,16 +64,56 @@ struct CaptureArgs {
     /// What to write besides the pprof files.
     #[arg(long, value_enum, default_value = "svg")]
     format: get::Format,
+    /// Overwrite files in the directory that hold something else.
+    #[arg(long)]
+    force: bool,
+}
+
+/// `kubectl profile cpu`.
+#[derive(clap::Args)]
+struct CpuArgs {
+    #[command(flatten)]
+    common: CaptureArgs,
+    /// Samples per second per CPU, 1 to 1000 (default 99).
+    #[arg(long, value_name = "HZ", value_parser = clap::value_parser!(i32).range(i64::from(MIN_FREQUENCY_HZ)..=i64::from(MAX_FREQUENCY_HZ)))]
+    frequency: Option<i32>,
+}
+
+/// `kubectl profile heap`.
+#[derive(clap::Args)]
+struct HeapArgs {
+    #[command(flatten)]
+    common: CaptureArgs,
+    /// Where the heap profile comes from: the pod's pprof endpoint, the Go runtime's own
+    /// profile, eBPF uprobes on the allocator, or `auto` (per process).
+    #[arg(long, value_enum)]
+    source: Option<capture::HeapSourceArg>,
+    /// eBPF: mean bytes allocated between two samples, 1 to 1073741824.
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(i64).range(MIN_SAMPLE_BYTES..=MAX_SAMPLE_BYTES))]
+    sample_bytes: Option<i64>,
+}
+
+/// `kubectl profile runqlat`.
+#[derive(clap::Args)]
+struct RunqlatArgs {
+    #[command(flatten)]
+    common: CaptureArgs,
+    /// One histogram per process instead of one per container.
+    #[arg(long)]
+    per_process: bool,
+    /// Unit of the histogram's buckets.
+    #[arg(long, value_enum)]
+    unit: Option<capture::RunqlatUnitArg>,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Capture a CPU profile.
-    Cpu(CaptureArgs),
+    Cpu(CpuArgs),
     /// Capture a heap profile.
-    Heap(CaptureArgs),
+    Heap(HeapArgs),
     /// Capture a run-queue latency histogram.
-    Runqlat(CaptureArgs),
+    Runqlat(RunqlatArgs),
     /// Download (and render) the artifacts of a request, or (sp/NAME, csp/NAME) the merged
     /// profiles of a sampling policy's runs over a time window.
     Get {
@@ -78,15 +125,18 @@ enum Command {
         /// What to write besides the pprof files.
         #[arg(long, value_enum, default_value = "pprof")]
         format: get::Format,
-        /// With sp/NAME or csp/NAME: merge the runs scheduled within this long, e.g. 24h.
-        #[arg(long, default_value = "24h")]
-        since: String,
+        /// With sp/NAME or csp/NAME: merge the runs scheduled within this long, e.g. 24h, 7d.
+        #[arg(long, default_value = "24h", value_parser = flags::parse_span)]
+        since: Duration,
         /// Only this node's artifacts (repeatable, or a comma-separated list).
         #[arg(long = "node", value_name = "NAME", value_delimiter = ',')]
         nodes: Vec<String>,
         /// At most this many nodes' artifacts (the first in name order).
-        #[arg(long, value_name = "N")]
-        limit: Option<usize>,
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        limit: Option<u32>,
+        /// Overwrite files in the directory that hold something else.
+        #[arg(long)]
+        force: bool,
     },
     /// List the namespace's requests, or (sp/NAME, csp/NAME) a sampling policy's runs.
     List {
@@ -106,6 +156,9 @@ enum Command {
         /// The merged file.
         #[arg(short = 'o', long, default_value = "merged.pb.gz")]
         output: PathBuf,
+        /// Overwrite the output file if it holds something else.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -113,36 +166,51 @@ async fn capture_cmd(
     cluster: &Cluster,
     profile_type: ProfileType,
     a: CaptureArgs,
+    options: capture::TypeOptions,
     out: &mut dyn std::io::Write,
 ) -> Result<()> {
     let target = capture::parse_target(a.target.as_deref(), a.selector.as_deref())?;
-    let timeout = a
-        .timeout
-        .as_deref()
-        .map(flamefleet_api::duration::parse_duration)
-        .transpose()
-        .map_err(|e| Error::Usage(format!("--timeout: {e}")))?;
     let opts = capture::CaptureOptions {
         profile_type,
         target,
         duration: a.duration,
-        frequency_hz: a.frequency,
+        options,
         labels: a.labels,
+        ttl_seconds: a.ttl.seconds(),
     };
     let (name, duration) = capture::create(cluster, &opts).await?;
     let _ = writeln!(out, "profilerequest.flamefleet.dev/{name} created");
     if a.no_wait {
+        let _ = writeln!(
+            out,
+            "follow it with `kubectl get preq {name} -n {ns} -w`; download it with `kubectl profile get {name} -n {ns}`",
+            ns = cluster.namespace
+        );
         return Ok(());
     }
-    let request = capture::wait(cluster, &name, duration, timeout, out).await?;
-    get::download_request(
+    let mut progress = std::io::stderr();
+    let waited = capture::wait(cluster, &name, duration, a.timeout, &mut progress);
+    let request = capture::interruptible(waited, || Error::Interrupted {
+        name: name.clone(),
+        namespace: cluster.namespace.clone(),
+        finished: false,
+    })
+    .await?;
+    let every_node = get::NodeSelection::default();
+    let downloaded = get::download_request(
         cluster,
         &request,
         &a.output,
         a.format,
-        &get::NodeSelection::default(),
+        &every_node,
+        a.force,
         out,
-    )
+    );
+    capture::interruptible(downloaded, || Error::Interrupted {
+        name: name.clone(),
+        namespace: cluster.namespace.clone(),
+        finished: true,
+    })
     .await?;
     Ok(())
 }
@@ -155,20 +223,42 @@ async fn run(cli: Cli) -> Result<()> {
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    if let Command::Merge { inputs, output } = &cli.command {
+    if let Command::Merge {
+        inputs,
+        output,
+        force,
+    } = &cli.command
+    {
         // Files alone need no cluster.
         let cluster = if inputs.iter().all(|i| std::path::Path::new(i).is_file()) {
             None
         } else {
             Some(Cluster::connect(&opts).await?)
         };
-        return merge::run(inputs, cluster.as_ref(), output, &mut out).await;
+        return merge::run(inputs, cluster.as_ref(), output, *force, &mut out).await;
     }
     let cluster = Cluster::connect(&opts).await?;
     match cli.command {
-        Command::Cpu(a) => capture_cmd(&cluster, ProfileType::Cpu, a, &mut out).await,
-        Command::Heap(a) => capture_cmd(&cluster, ProfileType::Heap, a, &mut out).await,
-        Command::Runqlat(a) => capture_cmd(&cluster, ProfileType::Runqlat, a, &mut out).await,
+        Command::Cpu(a) => {
+            let options = capture::TypeOptions::Cpu {
+                frequency_hz: a.frequency,
+            };
+            capture_cmd(&cluster, ProfileType::Cpu, a.common, options, &mut out).await
+        }
+        Command::Heap(a) => {
+            let options = capture::TypeOptions::Heap {
+                source: a.source,
+                sample_bytes: a.sample_bytes,
+            };
+            capture_cmd(&cluster, ProfileType::Heap, a.common, options, &mut out).await
+        }
+        Command::Runqlat(a) => {
+            let options = capture::TypeOptions::Runqlat {
+                per_process: a.per_process,
+                unit: a.unit,
+            };
+            capture_cmd(&cluster, ProfileType::Runqlat, a.common, options, &mut out).await
+        }
         Command::Get {
             name,
             output,
@@ -176,20 +266,20 @@ async fn run(cli: Cli) -> Result<()> {
             since,
             nodes,
             limit,
+            force,
         } => match fleet::PolicyRef::parse(&name) {
             Some(_) if !nodes.is_empty() || limit.is_some() => Err(Error::Usage(
                 "--node and --limit select nodes of one ProfileRequest; they do not apply to sp/NAME or csp/NAME".into(),
             )),
-            Some(policy) => {
-                let since = flamefleet_api::duration::parse_duration(&since)
-                    .map_err(|e| Error::Usage(format!("--since: {e}")))?;
-                fleet::get(&cluster, &policy, since, &output, format, &mut out)
-                    .await
-                    .map(|_| ())
-            }
+            Some(policy) => fleet::get(&cluster, &policy, since, &output, format, force, &mut out)
+                .await
+                .map(|_| ()),
             None => {
-                let selection = get::NodeSelection { nodes, limit };
-                get::run(&cluster, &name, &output, format, &selection, &mut out)
+                let selection = get::NodeSelection {
+                    nodes,
+                    limit: limit.map(|n| n as usize),
+                };
+                get::run(&cluster, &name, &output, format, &selection, force, &mut out)
                     .await
                     .map(|_| ())
             }

@@ -33,6 +33,17 @@ fn map_err(cluster: &Cluster, verb: &str, action: String, e: kube::Error) -> Err
     }
 }
 
+/// The API server's message on one line, without the object's generated name (which says
+/// nothing when the server made the name up): `ProfileRequest.flamefleet.dev "cpu-" is
+/// invalid: spec.x: ...` becomes `spec.x: ...`.
+pub fn one_line(message: &str) -> String {
+    let message = match message.split_once(" is invalid: ") {
+        Some((_, rest)) => rest,
+        None => message,
+    };
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// Whether the ProfileRequest resource exists: a list on a missing CRD is a 404.
 async fn check_installed(cluster: &Cluster) -> Result<()> {
     match api(cluster).list(&ListParams::default().limit(1)).await {
@@ -105,6 +116,10 @@ pub async fn create(cluster: &Cluster, request: &ProfileRequest) -> Result<Profi
     match api(cluster).create(&PostParams::default(), request).await {
         Ok(r) => Ok(r),
         Err(e) if status_code(&e) == Some(404) => Err(Error::NotInstalled),
+        Err(kube::Error::Api(status)) if status.code == 422 => Err(Error::Invalid {
+            kind: "profilerequest".into(),
+            message: one_line(&status.message),
+        }),
         Err(e) => Err(map_err(
             cluster,
             "create",

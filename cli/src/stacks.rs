@@ -44,6 +44,40 @@ pub fn value_type(profile: &Profile, index: usize) -> (String, String) {
     )
 }
 
+/// The sum over all samples of the value at `index`.
+pub fn total(profile: &Profile, index: usize) -> i64 {
+    profile
+        .sample
+        .iter()
+        .map(|s| s.value.get(index).copied().unwrap_or(0))
+        .fold(0i64, i64::saturating_add)
+}
+
+/// What a profile holds, in the words a reader counts it in: `187 samples` (the `samples`
+/// type's total, as `go tool pprof` counts them), `5210 waits` (a runqlat profile's
+/// `count`), else the total of the profile's default value with its unit (`48.00MB
+/// inuse_space`). Not the number of sample records, which merging and aggregation change.
+pub fn total_text(profile: &Profile) -> String {
+    let position = |wanted: &str| {
+        profile
+            .sample_type
+            .iter()
+            .position(|vt| string(profile, vt.r#type) == wanted)
+    };
+    if let Some(i) = position("samples") {
+        return format!("{} samples", total(profile, i));
+    }
+    if let (Some(i), Some(_)) = (position("count"), position("latency")) {
+        return format!("{} waits", total(profile, i));
+    }
+    let index = value_index(profile);
+    let (kind, unit) = value_type(profile, index);
+    format!(
+        "{} {kind}",
+        crate::top_functions::format_value(total(profile, index), &unit)
+    )
+}
+
 /// Resolves a sample's location IDs to function names (the pprof kit's reader).
 pub use flamefleet_pprof::Frames;
 

@@ -154,18 +154,20 @@ async fn cpu_waits_shows_progress_and_downloads() {
 
     let r = cli_run.finish().await;
     assert_eq!(r.code, 0, "{r:?}");
-    // Not a terminal: one plain line per state change.
+    // Progress goes to stderr (stdout keeps what was written); not a terminal: one plain
+    // line per state change.
     assert!(
-        r.stdout.contains(" Running ") && r.stdout.contains("1 nodes, 1 capturing"),
+        r.stderr.contains(" Running ") && r.stderr.contains("1 nodes, 1 capturing"),
         "{}",
-        r.stdout
+        r.stderr
     );
     assert!(
-        r.stdout.contains(" Succeeded ") && r.stdout.contains("1 nodes, 1 succeeded"),
+        r.stderr.contains(" Succeeded ") && r.stderr.contains("1 nodes, 1 succeeded"),
         "{}",
-        r.stdout
+        r.stderr
     );
-    assert!(!r.stdout.contains('\r'), "{}", r.stdout);
+    assert!(!r.stderr.contains('\r'), "{}", r.stderr);
+    assert!(!r.stdout.contains(" Running "), "{}", r.stdout);
     let first_row = r
         .stdout
         .lines()
@@ -173,7 +175,8 @@ async fn cpu_waits_shows_progress_and_downloads() {
         .nth(1)
         .unwrap_or_default();
     assert!(first_row.ends_with("sha256_block"), "{}", r.stdout);
-    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
+    // Named after the request and the node.
+    assert_eq!(files(out.path()), [format!("{name}-node-a.pb.gz")]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

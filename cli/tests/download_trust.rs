@@ -104,7 +104,7 @@ async fn urls_in_the_status_are_never_contacted_and_tokens_stay_home() {
     )
     .await;
     assert_eq!(r.code, 0, "{r:?}");
-    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
+    assert_eq!(files(out.path()), ["checkout-node-a.pb.gz"]);
     assert_eq!(
         hits.load(Ordering::SeqCst),
         0,
@@ -142,7 +142,7 @@ async fn downloads_are_authorized_per_request_when_asked_and_revocable() {
     let dir = out.path().to_str().unwrap();
     let r = cli_until(0, &kc, ns.name(), &["get", "mine", "-o", dir]).await;
     assert_eq!(r.code, 0, "{r:?}");
-    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
+    assert_eq!(files(out.path()), ["mine-node-a.pb.gz"]);
 
     // Asking for "theirs" directly through the API: the admission policy refuses it, even
     // though RBAC lets the user create ProfileDownloads.

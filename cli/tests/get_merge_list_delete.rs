@@ -37,8 +37,11 @@ async fn get_renders_every_format_then_list_merge_delete() {
     // pprof: the bytes as stored, decodable, same sha as the status.
     let r = cli(&kc, ns.name(), &["get", "checkout-cpu", "-o", dir]).await;
     assert_eq!(r.code, 0, "{r:?}");
-    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz", "cpu-node-b.pb.gz"]);
-    let bytes = std::fs::read(out.path().join("cpu-node-a.pb.gz")).unwrap();
+    assert_eq!(
+        files(out.path()),
+        ["checkout-cpu-node-a.pb.gz", "checkout-cpu-node-b.pb.gz"]
+    );
+    let bytes = std::fs::read(out.path().join("checkout-cpu-node-a.pb.gz")).unwrap();
     assert_eq!(bytes, cpu_profile("crc32_hot_loop"));
 
     // svg: valid XML naming the hot function.
@@ -49,7 +52,7 @@ async fn get_renders_every_format_then_list_merge_delete() {
     )
     .await;
     assert_eq!(r.code, 0, "{r:?}");
-    let svg = std::fs::read_to_string(out.path().join("cpu-node-a.svg")).unwrap();
+    let svg = std::fs::read_to_string(out.path().join("checkout-cpu-node-a.svg")).unwrap();
     // inferno writes a DOCTYPE; the DTD itself is not fetched.
     let options = roxmltree::ParsingOptions {
         allow_dtd: true,
@@ -96,7 +99,7 @@ async fn get_renders_every_format_then_list_merge_delete() {
     )
     .await;
     assert_eq!(r.code, 0, "{r:?}");
-    let folded = std::fs::read_to_string(out.path().join("cpu-node-a.folded")).unwrap();
+    let folded = std::fs::read_to_string(out.path().join("checkout-cpu-node-a.folded")).unwrap();
     assert!(
         folded.contains("main;handle_request;crc32_hot_loop 800000000\n"),
         "{folded}"
@@ -325,7 +328,7 @@ async fn runqlat_prints_the_histogram_and_top_buckets() {
     let ns = namespace("cli-rq").await;
     let kc = support::admin_kubeconfig(&ns);
     let store = Store::start_for(&ns).await;
-    let req = create_request(&ns, "rq").await;
+    let req = support::create_typed_request(&ns, "rq", "runqlat", serde_json::json!({})).await;
     let histogram = "     usecs               : count    distribution\n         0 -> 1          : 12       |****************************************|\n         2 -> 3          : 3        |**********                              |\n";
     let txt = store
         .upload(&req, "runqlat-node-a.txt", histogram.as_bytes())
@@ -364,10 +367,7 @@ async fn runqlat_prints_the_histogram_and_top_buckets() {
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.contains(histogram), "{}", r.stdout);
     assert!(r.stdout.contains("Type: count"), "{}", r.stdout);
-    assert_eq!(
-        files(out.path()),
-        ["runqlat-node-a.pb.gz", "runqlat-node-a.txt"]
-    );
+    assert_eq!(files(out.path()), ["rq-node-a.pb.gz", "rq-node-a.txt"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -399,14 +399,17 @@ async fn get_downloads_a_subset_of_nodes_and_says_when_slices_are_missing() {
     )
     .await;
     assert_eq!(r.code, 0, "{r:?}");
-    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz", "cpu-node-c.pb.gz"]);
+    assert_eq!(
+        files(out.path()),
+        ["wide-node-a.pb.gz", "wide-node-c.pb.gz"]
+    );
 
     // --limit: the first nodes in name order.
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().to_str().unwrap();
     let r = cli(&kc, ns.name(), &["get", "wide", "-o", dir, "--limit", "1"]).await;
     assert_eq!(r.code, 0, "{r:?}");
-    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
+    assert_eq!(files(out.path()), ["wide-node-a.pb.gz"]);
 
     // A node the request never ran on: a usage error naming it.
     let r = cli(
@@ -439,4 +442,63 @@ async fn get_downloads_a_subset_of_nodes_and_says_when_slices_are_missing() {
         r.stderr
     );
     assert_eq!(files(out.path()), Vec::<String>::new());
+}
+
+/// A frame without a symbol is named by its module and its offset in the file, as `go tool
+/// pprof` names it by module (`[libc.so.6]`), in the flame graph, the top list and the
+/// folded stacks alike, never by the process's virtual address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsymbolized_frames_are_named_by_module_and_offset() {
+    let ns = namespace("cli-unsym").await;
+    let kc = support::admin_kubeconfig(&ns);
+    let store = Store::start_for(&ns).await;
+    let req = create_request(&ns, "stripped").await;
+    let a = store
+        .upload(&req, "cpu-node-a.pb.gz", &support::unsymbolized_profile())
+        .await;
+    write_status(
+        &ns,
+        "stripped",
+        RequestPhase::Succeeded,
+        vec![node("node-a", NodePhase::Succeeded, None, vec![a])],
+    )
+    .await;
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let frame = "[libc.so.6+0xd11f5]";
+    for format in ["svg", "folded", "text"] {
+        let r = cli(
+            &kc,
+            ns.name(),
+            &["get", "stripped", "-o", dir, "--format", format],
+        )
+        .await;
+        assert_eq!(r.code, 0, "{r:?}");
+        assert!(!r.stdout.contains("0x7fed097a91f5"), "{}", r.stdout);
+        if format == "text" {
+            let first = r
+                .stdout
+                .lines()
+                .skip_while(|l| !l.trim_start().starts_with("flat"))
+                .nth(1)
+                .unwrap_or_default();
+            assert!(first.ends_with(frame), "{}", r.stdout);
+        }
+    }
+    let folded = std::fs::read_to_string(out.path().join("stripped-node-a.folded")).unwrap();
+    assert!(folded.contains(&format!("main;{frame} 90\n")), "{folded}");
+    let svg = std::fs::read_to_string(out.path().join("stripped-node-a.svg")).unwrap();
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&svg, options).unwrap();
+    assert!(
+        doc.descendants()
+            .filter(|n| n.tag_name().name() == "title")
+            .filter_map(|n| n.text())
+            .any(|t| t.starts_with(frame)),
+        "no frame titled {frame}"
+    );
+    assert!(!svg.contains("0x7fed097a91f5"));
 }

@@ -38,7 +38,8 @@ pub const MAX_DOWNLOAD_URLS: usize = 500;
     derive = "PartialEq",
     doc = "A request for short-lived download URLs of ProfileRequests' artifacts, authorized by the API server when created",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Expires", type_ = "date", json_path = ".status.expiresAt"),
+    // A string, not a date: kubectl prints a future date as `<invalid>`.
+    printcolumn(name = "Expires", type_ = "string", json_path = ".status.expiresAt"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("self.spec == oldSelf.spec").message("spec is immutable: create a new ProfileDownload")
 )]

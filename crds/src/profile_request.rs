@@ -17,6 +17,20 @@ use crate::phase::{NodePhase, RequestPhase};
 pub const DEFAULT_FREQUENCY_HZ: i32 = 99;
 /// Default path of a pod's heap-profile endpoint (Go's net/http/pprof).
 pub const DEFAULT_HEAP_PATH: &str = "/debug/pprof/heap";
+/// Lowest `cpu.frequencyHz` the schema accepts.
+pub const MIN_FREQUENCY_HZ: i32 = 1;
+/// Highest `cpu.frequencyHz` the schema accepts.
+pub const MAX_FREQUENCY_HZ: i32 = 1000;
+/// Lowest `heap.sampleBytes` the schema accepts.
+pub const MIN_SAMPLE_BYTES: i64 = 1;
+/// Highest `heap.sampleBytes` the schema accepts (1 GiB).
+pub const MAX_SAMPLE_BYTES: i64 = 1 << 30;
+/// The CEL rule bounding `duration`. It judges only what matches [`DURATION_PATTERN`]: the
+/// pattern already refuses anything else with its own message, and CEL's `duration()` would
+/// add a second, confusing one (a type conversion error) for the same value.
+pub const CAPTURE_DURATION_RULE: &str = r"!self.matches(r'^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$') || (duration(self) >= duration('1s') && duration(self) <= duration('10m'))";
+/// Most `podNames` of one request.
+pub const MAX_POD_NAMES: usize = 256;
 
 /// What a user asks for: profile `type` for the pods picked by `selector` and/or `podNames`,
 /// for `duration`. The spec is immutable once created.
@@ -37,6 +51,7 @@ pub const DEFAULT_HEAP_PATH: &str = "/debug/pprof/heap";
     printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.nodeCount"),
     printcolumn(name = "Succeeded", type_ = "integer", json_path = ".status.nodeCounts.succeeded"),
     printcolumn(name = "Failed", type_ = "integer", json_path = ".status.nodeCounts.failed"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
     printcolumn(name = "Duration", type_ = "string", json_path = ".spec.duration"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("self.spec == oldSelf.spec").message("spec is immutable: delete the ProfileRequest and create a new one")
@@ -57,11 +72,11 @@ pub struct ProfileRequestSpec {
     pub selector: Option<LabelSelector>,
     /// Pods of the request's namespace to profile, by name (added to those of `selector`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 256), inner(length(min = 1, max = 253)))]
+    #[schemars(length(max = MAX_POD_NAMES), inner(length(min = 1, max = 253)))]
     pub pod_names: Vec<String>,
     /// How long to capture, e.g. `30s`, `2m`, `1m30s`; at least 1s, at most 10m.
     #[schemars(length(max = 32), pattern(DURATION_PATTERN))]
-    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('10m')").message("duration must be at least 1s and at most 10m"))]
+    #[x_kube(validation = Rule::new(CAPTURE_DURATION_RULE).message("duration must be at least 1s and at most 10m"))]
     pub duration: String,
     /// Options of a cpu profile; only with `type: cpu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -141,7 +156,7 @@ impl std::fmt::Display for ProfileType {
 pub struct CpuOptions {
     /// Samples per second per CPU, 1 to 1000.
     #[serde(default = "default_frequency_hz")]
-    #[schemars(range(min = 1, max = 1000))]
+    #[schemars(range(min = MIN_FREQUENCY_HZ, max = MAX_FREQUENCY_HZ))]
     pub frequency_hz: i32,
 }
 
@@ -169,7 +184,7 @@ pub struct HeapOptions {
     pub endpoint: Option<HeapEndpoint>,
     /// Mean bytes allocated between two samples of the eBPF allocator sampler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1_073_741_824))]
+    #[schemars(range(min = MIN_SAMPLE_BYTES, max = MAX_SAMPLE_BYTES))]
     pub sample_bytes: Option<i64>,
     /// eBPF: refuse the capture when a short first window projects more
     /// uprobe overhead than this percent of the targets' CPU time (default 3;
@@ -261,6 +276,12 @@ pub struct ProfileRequestStatus {
     /// When the operator started the capture.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
+    /// Why the request did not fully succeed (the REASON column), set with a terminal phase
+    /// other than Succeeded: the request's own reason when it failed as a whole (e.g.
+    /// `NoPodsMatched`), else its nodes' commonest failure reason (e.g. `TimedOut`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub reason: Option<String>,
     /// When the request reached a terminal phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
@@ -445,6 +466,15 @@ mod tests {
 
     fn spec_from(json: serde_json::Value) -> ProfileRequestSpec {
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn the_duration_rule_judges_only_what_the_pattern_admits() {
+        let guard = format!("!self.matches(r'{}')", crate::duration::DURATION_PATTERN);
+        assert!(
+            CAPTURE_DURATION_RULE.starts_with(&guard),
+            "{CAPTURE_DURATION_RULE}"
+        );
     }
 
     #[test]

@@ -181,6 +181,7 @@ async fn invalid_objects_are_rejected_with_a_clear_message() {
     let ns = TestNamespace::create("invalid").await.unwrap();
     let client = ns.client();
     let pattern = "should match";
+    let schedule_forms = flamefleet_api::sampling_policy::SCHEDULE_FORMS;
     let cases = [
         Invalid {
             kind: "ProfileRequest",
@@ -204,6 +205,12 @@ async fn invalid_objects_are_rejected_with_a_clear_message() {
             kind: "ProfileRequest",
             pointer: "/spec/duration",
             value: Some(json!("soon")),
+            message: pattern,
+        },
+        Invalid {
+            kind: "ProfileRequest",
+            pointer: "/spec/duration",
+            value: Some(json!("5 seconds")),
             message: pattern,
         },
         Invalid {
@@ -263,32 +270,44 @@ async fn invalid_objects_are_rejected_with_a_clear_message() {
         Invalid {
             kind: "SamplingPolicy",
             pointer: "/spec/schedule",
+            value: Some(json!("@every 1m")),
+            message: schedule_forms,
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/schedule",
+            value: Some(json!("@minutely")),
+            message: schedule_forms,
+        },
+        Invalid {
+            kind: "SamplingPolicy",
+            pointer: "/spec/schedule",
             value: Some(json!("*/5 * * *")),
-            message: pattern,
+            message: schedule_forms,
         },
         Invalid {
             kind: "SamplingPolicy",
             pointer: "/spec/schedule",
             value: Some(json!("99 99 99 99 99")),
-            message: pattern,
+            message: schedule_forms,
         },
         Invalid {
             kind: "SamplingPolicy",
             pointer: "/spec/schedule",
             value: Some(json!("xyz abc def ghi jkl")),
-            message: pattern,
+            message: schedule_forms,
         },
         Invalid {
             kind: "ClusterSamplingPolicy",
             pointer: "/spec/schedule",
             value: Some(json!("0 24 * * *")),
-            message: pattern,
+            message: schedule_forms,
         },
         Invalid {
             kind: "SamplingPolicy",
             pointer: "/spec/schedule",
             value: Some(json!("*/5 * * * * * *")),
-            message: pattern,
+            message: schedule_forms,
         },
         Invalid {
             kind: "SamplingPolicy",
@@ -363,6 +382,17 @@ async fn invalid_objects_are_rejected_with_a_clear_message() {
                     failures.push(format!(
                         "case {i} ({} {}): expected 422 containing {:?}, got {}: {}",
                         case.kind, case.pointer, case.message, status.code, status.message
+                    ));
+                }
+                // One clear reason per bad value: no second error from a CEL rule that
+                // could not parse what the pattern already refused, no 2 KB regex quoted.
+                if status.message.contains("type conversion") || status.message.len() > 400 {
+                    failures.push(format!(
+                        "case {i} ({} {}): a confusing answer ({} bytes): {}",
+                        case.kind,
+                        case.pointer,
+                        status.message.len(),
+                        status.message
                     ));
                 }
             }
@@ -508,17 +538,94 @@ async fn kubectl_get_preq_shows_the_printer_columns() {
             "NODES",
             "SUCCEEDED",
             "FAILED",
+            "REASON",
             "DURATION",
             "AGE"
         ],
         "{out}"
     );
+    // REASON is empty while the request runs (and when it succeeds).
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(
         &row[..8],
         ["checkout-cpu", "cpu", "Running", "3", "2", "1", "0", "30s"],
         "{out}"
     );
+    // A failed request says why.
+    let mut failed = local.clone();
+    failed.metadata.name = Some("failed-cpu".into());
+    api.create(&PostParams::default(), &failed).await.unwrap();
+    let status = json!({"status": {"phase": "Failed", "podCount": 0, "nodeCount": 0,
+        "reason": "NoPodsMatched"}});
+    api.patch_status(
+        "failed-cpu",
+        &PatchParams::default(),
+        &Patch::Merge(&status),
+    )
+    .await
+    .unwrap();
+    let out = kubectl(kubeconfig, &["get", "preq", "failed-cpu", "-n", ns.name()]).unwrap();
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        &row[..6],
+        ["failed-cpu", "cpu", "Failed", "0", "0", "NoPodsMatched"],
+        "{out}"
+    );
+
+    // Future times print as times: a `date` column would print `<invalid>`.
+    let in_ten_minutes = (k8s_openapi::jiff::Timestamp::now()
+        + k8s_openapi::jiff::SignedDuration::from_secs(600))
+    .strftime("%Y-%m-%dT%H:%M:%SZ")
+    .to_string();
+    let downloads: Api<ProfileDownload> = ns.api();
+    let pdl: ProfileDownload = serde_yaml::from_str(&example("profiledownload.yaml")).unwrap();
+    let pdl = downloads
+        .create(&PostParams::default(), &pdl)
+        .await
+        .unwrap();
+    downloads
+        .patch_status(
+            pdl.metadata.name.as_deref().unwrap(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"phase": "Ready", "expiresAt": in_ten_minutes}})),
+        )
+        .await
+        .unwrap();
+    let out = kubectl(kubeconfig, &["get", "pdl", "-n", ns.name()]).unwrap();
+    assert!(
+        out.lines().next().unwrap().contains("EXPIRES")
+            && out.contains(&in_ten_minutes)
+            && !out.contains("<invalid>"),
+        "{out}"
+    );
+    let policies: Api<SamplingPolicy> = ns.api();
+    let sp: SamplingPolicy = serde_yaml::from_str(&example("samplingpolicy.yaml")).unwrap();
+    let sp = policies.create(&PostParams::default(), &sp).await.unwrap();
+    policies
+        .patch_status(
+            sp.metadata.name.as_deref().unwrap(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {
+                "nextScheduleTime": in_ten_minutes,
+                "conditions": [{"type": "ScheduleValid", "status": "False",
+                    "reason": "ScheduleNeverMatches", "message": "February 30",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+            }})),
+        )
+        .await
+        .unwrap();
+    let out = kubectl(kubeconfig, &["get", "sp", "-n", ns.name()]).unwrap();
+    // Columns by their offset in the header: the schedule holds spaces.
+    let (header, row) = (out.lines().next().unwrap(), out.lines().nth(1).unwrap());
+    let cell = |column: &str| {
+        let at = header
+            .find(column)
+            .unwrap_or_else(|| panic!("no {column} column: {out}"));
+        row[at..].split_whitespace().next().unwrap_or_default()
+    };
+    assert_eq!(cell("VALID"), "False", "{out}");
+    assert_eq!(cell("NEXT"), in_ten_minutes, "{out}");
+    assert!(!out.contains("<invalid>"), "{out}");
 
     // The category lists every Flamefleet kind.
     let out = kubectl(kubeconfig, &["get", "flamefleet", "-n", ns.name()]).unwrap();

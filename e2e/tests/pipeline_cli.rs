@@ -85,8 +85,9 @@ async fn kubectl_profile_cpu_through_the_pipeline() {
         .unwrap_or_else(|| panic!("no request name in:\n{text}"))
         .to_string();
     let node = &pipeline.nodes[0];
-    let pprof = out_dir.join(format!("cpu-{node}.pb.gz"));
-    let svg = out_dir.join(format!("cpu-{node}.svg"));
+    // Named after the request and the node.
+    let pprof = out_dir.join(format!("{name}-{node}.pb.gz"));
+    let svg = out_dir.join(format!("{name}-{node}.svg"));
     assert!(
         pprof.is_file() && svg.is_file(),
         "files: {:?}",

@@ -105,6 +105,17 @@ async fn agent_killed_mid_capture_fails_its_node_only() {
         .find(|c| c.type_ == "Degraded")
         .unwrap();
     assert_eq!(degraded.status, "True");
+    let succeeded = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Succeeded")
+        .unwrap_or_else(|| panic!("no Succeeded condition: {status:#?}"));
+    assert_eq!(
+        (succeeded.status.as_str(), succeeded.reason.as_str()),
+        ("False", "AgentInterrupted"),
+        "{status:#?}"
+    );
+    assert_eq!(status.reason.as_deref(), Some("AgentInterrupted"));
     assert!(
         degraded.message.contains("1 of 2 nodes succeeded"),
         "{}",
@@ -180,6 +191,46 @@ async fn each_failing_node_says_why() {
         completed.message.contains("0 of 3 nodes succeeded"),
         "{}",
         completed.message
+    );
+    // `Succeeded` tells failure from success; the reason is the nodes' commonest (one node
+    // each: the first by name), and the REASON column shows it.
+    let succeeded = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Succeeded")
+        .unwrap_or_else(|| panic!("no Succeeded condition: {status:#?}"));
+    assert_eq!(
+        (succeeded.status.as_str(), succeeded.reason.as_str()),
+        ("False", "AgentUnreachable"),
+        "{status:#?}"
+    );
+    assert_eq!(status.reason.as_deref(), Some("AgentUnreachable"));
+    let kubeconfig = ns.control_plane().kubeconfig();
+    let out =
+        flamefleet_e2e::kubectl::kubectl(kubeconfig, &["get", "preq", "failing", "-n", ns.name()])
+            .unwrap();
+    let (header, row) = (out.lines().next().unwrap(), out.lines().nth(1).unwrap());
+    let at = header.find("REASON").expect("a REASON column");
+    assert!(row[at..].starts_with("AgentUnreachable"), "{out}");
+    // The `kubectl wait` line docs/cli.md gives: Completed, then Succeeded, which fails.
+    let target = "preq/failing";
+    let wait = |condition: &str| {
+        flamefleet_e2e::kubectl::kubectl(
+            kubeconfig,
+            &[
+                "wait",
+                "-n",
+                ns.name(),
+                &format!("--for=condition={condition}"),
+                "--timeout=0s",
+                target,
+            ],
+        )
+    };
+    assert!(wait("Completed").is_ok());
+    assert!(
+        wait("Succeeded").is_err(),
+        "a failed request is not Succeeded"
     );
 }
 

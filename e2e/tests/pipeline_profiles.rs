@@ -148,6 +148,31 @@ async fn profile_two_nodes(
         (completed.status.as_str(), completed.reason.as_str()),
         ("True", "Succeeded")
     );
+    let succeeded = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Succeeded")
+        .expect("a Succeeded condition");
+    assert_eq!(
+        (succeeded.status.as_str(), succeeded.reason.as_str()),
+        ("True", "AllNodesSucceeded")
+    );
+    assert_eq!(status.reason, None, "nothing to explain");
+    // What `kubectl wait --for=condition=Succeeded` reads.
+    let name = done.metadata.name.clone().unwrap_or_default();
+    let namespace = done.metadata.namespace.clone().unwrap_or_default();
+    let waited = flamefleet_e2e::kubectl::kubectl(
+        &pipeline.kubeconfig,
+        &[
+            "wait",
+            "-n",
+            &namespace,
+            "--for=condition=Succeeded",
+            "--timeout=0s",
+            &format!("preq/{name}"),
+        ],
+    );
+    assert!(waited.is_ok(), "{waited:?}");
     (pipeline, done, downloaded)
 }
 
@@ -408,4 +433,175 @@ async fn requests_stay_in_their_namespace_and_downloads_need_permission() {
         404,
         "artifact still served after deletion"
     );
+}
+
+/// A heap profile in the Go layout with the given (leaf-first stack, alloc_objects,
+/// alloc_space, inuse_objects, inuse_space) samples, gzipped, as a Go service's
+/// `/debug/pprof/heap` serves it.
+fn go_heap_profile(samples: &[(&[&str], [i64; 4])]) -> Vec<u8> {
+    use flamefleet_proto::pprof::{Function, Line, Location, Sample, ValueType};
+    let mut p = Profile {
+        string_table: [
+            "",
+            "alloc_objects",
+            "count",
+            "alloc_space",
+            "bytes",
+            "inuse_objects",
+            "inuse_space",
+        ]
+        .map(String::from)
+        .to_vec(),
+        sample_type: vec![
+            ValueType { r#type: 1, unit: 2 },
+            ValueType { r#type: 3, unit: 4 },
+            ValueType { r#type: 5, unit: 2 },
+            ValueType { r#type: 6, unit: 4 },
+        ],
+        default_sample_type: 6,
+        ..Default::default()
+    };
+    for (stack, values) in samples {
+        let mut ids = Vec::new();
+        for name in *stack {
+            let id = match p
+                .function
+                .iter()
+                .find(|f| p.string_table[f.name as usize] == *name)
+            {
+                Some(f) => f.id,
+                None => {
+                    p.string_table.push((*name).to_owned());
+                    let id = p.function.len() as u64 + 1;
+                    p.function.push(Function {
+                        id,
+                        name: (p.string_table.len() - 1) as i64,
+                        ..Default::default()
+                    });
+                    p.location.push(Location {
+                        id,
+                        address: 0x40_0000 + id * 16,
+                        line: vec![Line {
+                            function_id: id,
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    });
+                    id
+                }
+            };
+            ids.push(id);
+        }
+        p.sample.push(Sample {
+            location_id: ids,
+            value: values.to_vec(),
+            label: vec![],
+        });
+    }
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &p.encode_to_vec()).unwrap();
+    gz.finish().unwrap()
+}
+
+/// Serves `body` to every HTTP request on a free loopback port (the pods' address in these
+/// tests) until the test ends; returns the port.
+async fn serve_forever(body: Vec<u8>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(&body).await;
+            });
+        }
+    });
+    port
+}
+
+/// A heap profile read from a snapshot (the pod's pprof endpoint) finishes when it is read,
+/// not after the request's window: only eBPF sampling needs one. And its `samples` is the
+/// one heap definition: the allocations the profile accounts for (`alloc_objects`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heap_snapshot_finishes_when_read_not_after_the_window() {
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        nodes: 1,
+        ..Default::default()
+    })
+    .await;
+    let ns = TestNamespace::create("ff-heap-snap").await.unwrap();
+    let heap = go_heap_profile(&[
+        (
+            &["main.loadCatalog", "main.main"],
+            [48, 48 << 20, 48, 48 << 20],
+        ),
+        (
+            &["main.handleOrders", "main.main"],
+            [170_000, 700 << 20, 10, 40_960],
+        ),
+    ]);
+    let port = serve_forever(heap).await;
+    pipeline
+        .pod(&ns, "inventory", 0, &[("app", "inventory")], "spin", 1)
+        .await;
+    let window = Duration::from_secs(60);
+    let request = pipeline.request(
+        "snapshot",
+        json!({"type": "heap", "podNames": ["inventory"], "duration": "60s",
+               "heap": {"source": "endpoint", "endpoint": {"port": port}}}),
+    );
+    let (done, _) = pipeline.run(&ns, &request, TIMEOUT).await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::Succeeded),
+        "{status:#?}\n{}\n{}",
+        pipeline.operator_logs(),
+        pipeline.agent_logs()
+    );
+    let took = |s: &flamefleet_api::ProfileRequestStatus| {
+        let (Some(start), Some(end)) = (&s.start_time, &s.completion_time) else {
+            panic!("no start or completion time: {s:#?}");
+        };
+        Duration::from_secs(u64::try_from(end.0.as_second() - start.0.as_second()).unwrap_or(0))
+    };
+    // Read at once: nowhere near the 60 s window (the operator collected it on the stream
+    // it started instead of hanging up until the window's end).
+    assert!(
+        took(&status) < window / 2,
+        "a snapshot took {:?} of its {window:?} window",
+        took(&status)
+    );
+    let nodes = node_results(&pipeline.client, &done).await;
+    let artifact = nodes
+        .values()
+        .flat_map(|n| n.artifacts.iter())
+        .find(|a| a.name.ends_with(".pb.gz"))
+        .expect("a heap artifact");
+    assert_eq!(
+        artifact.samples,
+        Some(170_048),
+        "alloc_objects: {artifact:?}"
+    );
+    assert_eq!(
+        status.summary.as_ref().and_then(|s| s.samples),
+        Some(170_048)
+    );
+    let file = pipeline.download(&done, artifact).await;
+    assert!(pprof_top(&file).contains("main.loadCatalog"));
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use flamefleet_api::conditions::find_condition;
 use flamefleet_api::{ProfileRequest, RequestPhase, SamplingPolicy};
 use flamefleet_e2e::TestNamespace;
+use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use pipeline_support::{Pipeline, PipelineOptions, is_terminal, runs_of, scheduled_second, serial};
@@ -38,6 +39,21 @@ async fn suspend(ns: &TestNamespace, name: &str) {
 async fn policy_now(ns: &TestNamespace, name: &str) -> SamplingPolicy {
     let api: Api<SamplingPolicy> = ns.api();
     api.get(name).await.expect("getting the policy")
+}
+
+/// The Events (events.k8s.io) about policy `policy` with reason `reason`.
+async fn policy_events(ns: &TestNamespace, policy: &str, reason: &str) -> Vec<Event> {
+    let api: Api<Event> = ns.api();
+    api.list(&Default::default())
+        .await
+        .expect("listing events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(policy)
+                && e.reason.as_deref() == Some(reason)
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,6 +172,26 @@ async fn a_policy_runs_repeatedly_and_history_limits_delete_old_runs_and_artifac
             }
         })
         .await;
+    // One RunCreated Event per run, each naming its own run (not one series whose note
+    // names the first run forever).
+    let created = policy_events(&ns, "web-cpu", "RunCreated").await;
+    let named: BTreeSet<String> = created
+        .iter()
+        .filter_map(|e| e.related.as_ref().and_then(|r| r.name.clone()))
+        .collect();
+    assert_eq!(
+        named.len(),
+        created.len(),
+        "one Event per run: {created:#?}"
+    );
+    for run in seen.keys() {
+        let event = created
+            .iter()
+            .find(|e| e.related.as_ref().and_then(|r| r.name.as_deref()) == Some(run.as_str()))
+            .unwrap_or_else(|| panic!("no RunCreated Event for {run}: {created:#?}"));
+        let note = event.note.as_deref().unwrap_or_default();
+        assert!(note.contains(run.as_str()), "{note}");
+    }
     let status = policy_now(&ns, "web-cpu").await.status.unwrap();
     assert!(status.last_successful_time.is_some(), "{status:#?}");
     assert!(status.last_schedule_time.is_some(), "{status:#?}");
@@ -341,12 +377,73 @@ async fn a_scheduled_run_yields_a_node_busy_with_an_ad_hoc_capture_and_says_why(
     );
     assert_eq!(skipped.node, pipeline.nodes[0]);
     suspend(&ns, "db-cpu").await;
+
+    // A policy whose only pod is on the busy node: each run is skipped, and a skipped run
+    // profiled nobody, so it completes no rotation and leaves the coverage alone.
+    pipeline
+        .pod(&ns, "solo", 0, &[("app", "solo")], "spin", 1)
+        .await;
+    create_policy(
+        &ns,
+        &pipeline.policy(
+            "solo-cpu",
+            json!({
+                "schedule": "*/2 * * * * *",
+                "template": {"type": "cpu", "selector": {"matchLabels": {"app": "solo"}}, "duration": "1s"},
+                "budget": {"maxConcurrentCapturesPerNode": 1},
+            }),
+        ),
+    )
+    .await;
+    pipeline
+        .wait_for("two skipped runs of solo-cpu", TIMEOUT, || {
+            let ns = &ns;
+            async move {
+                let skipped = policy_events(ns, "solo-cpu", "RunSkipped").await;
+                skipped
+                    .iter()
+                    .any(|e| e.series.as_ref().is_some_and(|s| s.count >= 2))
+                    .then_some(())
+            }
+        })
+        .await;
+    let status = policy_now(&ns, "solo-cpu").await.status.unwrap();
+    let adhoc_phase = requests
+        .get("adhoc")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.phase);
+    assert_eq!(
+        adhoc_phase,
+        Some(RequestPhase::Running),
+        "the ad hoc capture must outlast the skipped runs for this check to mean anything"
+    );
+    let rotation = status.rotation.clone().unwrap_or_default();
+    let coverage = status.coverage.clone().unwrap_or_default();
+    assert_eq!(coverage.rotations_completed, 0, "{status:#?}");
+    assert_eq!(rotation.number, 1, "{status:#?}");
+    assert_eq!(rotation.deferred.len(), 1, "the pod is owed: {status:#?}");
     // The ad hoc request was never held back.
     let phases = pipeline.watch_phases(&requests, "adhoc").await;
     let (done, _) = pipeline
         .wait_terminal(&requests, "adhoc", TIMEOUT, phases)
         .await;
     assert_eq!(done.status.unwrap().phase, Some(RequestPhase::Succeeded));
+    // The node is free: the owed pod is profiled and its rotation completes.
+    let status = pipeline
+        .wait_for("solo-cpu's rotation to complete", TIMEOUT, || {
+            let ns = &ns;
+            async move {
+                let status = policy_now(ns, "solo-cpu").await.status?;
+                (status.coverage.as_ref()?.rotations_completed >= 1).then_some(status)
+            }
+        })
+        .await;
+    suspend(&ns, "solo-cpu").await;
+    let coverage = status.coverage.clone().unwrap_or_default();
+    assert_eq!(coverage.summary, "1/1 (100%)", "{status:#?}");
+    assert_eq!(coverage.last_rotation_pods, Some(1), "{coverage:#?}");
     let metrics = pipeline.operator_metrics().await;
     assert!(
         metrics.contains("flamefleet_operator_budget_skips_total"),
@@ -760,6 +857,11 @@ async fn a_cluster_policy_samples_only_the_namespaces_it_selects() {
                 "an event in the default namespace names {secret}: {note}"
             );
         }
+        assert!(
+            event.related.is_none(),
+            "an event in the default namespace points at {:?}",
+            event.related
+        );
     }
     // The cluster fleet view downloads across the runs' namespaces.
     let dir = tempfile::tempdir().unwrap();

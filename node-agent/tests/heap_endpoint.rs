@@ -503,3 +503,73 @@ fn hostile_endpoints_fail_fast_with_clear_errors_and_the_agent_stays_healthy() {
         "{stderr}"
     );
 }
+
+/// Connections to [`held_good`] servers open now, and the most seen at once.
+static LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static MOST_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A slow endpoint: holds each connection half a second (as a pod serving a large profile
+/// would), then answers with a good profile; counts the connections open at once.
+fn held_good(s: TcpStream) {
+    use std::sync::atomic::Ordering;
+    let live = LIVE.fetch_add(1, Ordering::SeqCst) + 1;
+    MOST_LIVE.fetch_max(live, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(500));
+    good(s);
+    LIVE.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Every endpoint body is the pod's to choose, up to the body and decode caps: the agent
+/// holds at most `MAX_CONCURRENT_FETCHES` of them at once in all, not per capture, so two
+/// heap captures of three containers each running together fetch two at a time.
+#[test]
+fn concurrent_captures_share_the_agents_fetch_slots() {
+    let urls: Vec<String> = (0..6).map(|_| hostile_server(held_good)).collect();
+    let request = |urls: &[String]| HeapRequest {
+        source: HeapSource::Endpoint,
+        targets: urls
+            .iter()
+            .map(|u| HeapTarget {
+                labels: TargetLabels::default(),
+                cgroup: None,
+                endpoint: Some(ResolvedEndpoint {
+                    endpoint: HeapEndpoint::parse_url(u).unwrap(),
+                    origin: EndpointOrigin::Explicit,
+                }),
+            })
+            .collect(),
+        ebpf: EbpfHeapOptions {
+            node: "test-node".into(),
+            ..Default::default()
+        },
+        fetch: FetchLimits::default(),
+        delta_seconds: 0,
+    };
+    let samplers = flamefleet_agent::capture::Samplers::new(
+        flamefleet_agent::capture::SamplerConfig::default(),
+    );
+    let start = std::sync::Barrier::new(2);
+    let samples: Vec<usize> = std::thread::scope(|s| {
+        let captures: Vec<_> = urls
+            .chunks(3)
+            .map(|part| {
+                let (req, samplers, start) = (request(part), &samplers, &start);
+                s.spawn(move || {
+                    start.wait();
+                    heap::capture(samplers, &req).map(|r| r.profile.sample.len())
+                })
+            })
+            .collect();
+        captures
+            .into_iter()
+            .map(|c| c.join().unwrap().expect("a capture of good endpoints"))
+            .collect()
+    });
+    assert_eq!(samples, [3, 3], "each capture merges its three endpoints");
+    let most = MOST_LIVE.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        most,
+        heap::MAX_CONCURRENT_FETCHES,
+        "endpoints fetched at once by two captures together"
+    );
+}

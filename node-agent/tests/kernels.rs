@@ -184,17 +184,36 @@ fn run_tier(k: &GuestKernel) {
         out.elapsed.as_secs_f64(),
         timings.join("\n  ")
     );
-    for (bin, test) in &tests {
-        let status = format!("== status {bin}::{test} 0 ");
-        assert!(
-            out.output.lines().any(|l| l.starts_with(&status)),
-            "{bin}::{test} failed under {} (exit {}):\n{}\n--- console ---\n{}",
-            k.release,
-            out.status,
-            guest::tail(&out.output, 80),
-            guest::tail(&out.console, 20)
-        );
-    }
+    let failed: Vec<String> = tests
+        .iter()
+        .filter(|(bin, test)| {
+            let status = format!("== status {bin}::{test} 0 ");
+            !out.output.lines().any(|l| l.starts_with(&status))
+        })
+        .map(|(bin, test)| format!("{bin}::{test}"))
+        .collect();
+    // Each failed test's own output, whole: a tail of the guest's output would show the
+    // tests that ran after it.
+    let sections: Vec<String> = failed
+        .iter()
+        .map(|name| {
+            let lines: Vec<&str> = out
+                .output
+                .lines()
+                .skip_while(|l| *l != format!("== run {name}"))
+                .take_while(|l| !l.starts_with(&format!("== status {name} ")))
+                .collect();
+            guest::tail(&lines.join("\n"), 200)
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{failed:?} failed under {} (exit {}):\n{}\n--- console ---\n{}",
+        k.release,
+        out.status,
+        sections.join("\n"),
+        guest::tail(&out.console, 20)
+    );
     assert_eq!(out.status, 0, "{}", guest::tail(&out.output, 80));
     // Printed by a test, so after libtest's "test NAME ... " on the same line.
     let marker = format!("kernel {}: features", k.release);

@@ -20,12 +20,28 @@ pub async fn publish(
     reason: &str,
     note: &str,
 ) {
+    publish_related(recorder, object, None, type_, action, reason, note).await;
+}
+
+/// Records an Event about `object` that concerns `related` too (the Event's `related`, e.g.
+/// the run a policy created). The recorder folds repeats of one (object, reason, related)
+/// into a series that keeps the first note; a different `related` is a different Event, so
+/// each run's Event names its own run.
+pub async fn publish_related(
+    recorder: &Recorder,
+    object: &ObjectReference,
+    related: Option<ObjectReference>,
+    type_: EventType,
+    action: &str,
+    reason: &str,
+    note: &str,
+) {
     let event = Event {
         type_,
         reason: reason.to_string(),
         note: Some(truncated(note, NOTE_BYTES)),
         action: action.to_string(),
-        secondary: None,
+        secondary: related,
     };
     if let Err(e) = recorder.publish(&event, object).await {
         tracing::warn!("recording event {reason}: {e}");

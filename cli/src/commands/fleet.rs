@@ -17,9 +17,11 @@ use flamefleet_api::{ClusterSamplingPolicy, ProfileRequest, RequestPhase, Sampli
 use kube::api::{Api, ListParams};
 
 use crate::cluster::Cluster;
-use crate::download::{Downloaded, FromRequest, fetch_all};
+use crate::download::{FromRequest, fetch_all};
 use crate::error::{Error, Result};
-use crate::{merge, profile_file};
+use crate::latency_svg::{self, HeatColumn};
+use crate::output::{self, OutputFile};
+use crate::{latency, merge, profile_file, stacks};
 
 use super::get::{Format, render};
 use super::list::age;
@@ -171,6 +173,7 @@ pub async fn get(
     since: Duration,
     dir: &Path,
     format: Format,
+    force: bool,
     out: &mut dyn Write,
 ) -> Result<Vec<PathBuf>> {
     let all = runs(cluster, policy).await?;
@@ -247,28 +250,70 @@ pub async fn get(
             artifacts += 1;
         }
     }
-    let mut written = Vec::new();
+    let scheduled: BTreeMap<String, i64> = finished
+        .iter()
+        .map(|r| {
+            (
+                r.metadata.name.clone().unwrap_or_default(),
+                scheduled_second(r),
+            )
+        })
+        .collect();
+    let mut files = Vec::new();
+    let mut text = String::new();
     for (ty, profiles) in by_type {
         let count = profiles.len();
         let merged = merge::merge(profiles)?;
         let _ = writeln!(
             out,
-            "{ty}: merged {} profiles ({} samples)",
-            count,
-            merged.sample.len()
+            "{ty}: merged {count} profiles ({})",
+            stacks::total_text(&merged)
         );
-        let d = Downloaded {
-            name: format!("{}-{ty}.pb.gz", policy.name()),
-            bytes: profile_file::encode_gzip(&merged)?,
-        };
-        written.extend(render(&d, dir, format, out)?);
+        let name = format!("{}-{ty}.pb.gz", policy.name());
+        let bytes = profile_file::encode_gzip(&merged)?;
+        files.extend(render(&name, &bytes, format, &mut text)?);
+        if format == Format::Svg {
+            files.extend(latency_over_time(policy, &merged, &scheduled)?);
+        }
     }
+    let written = output::write_all(dir, &files, force, out)?;
+    let _ = write!(out, "{text}");
     let _ = writeln!(
         out,
         "{artifacts} artifacts of {} runs; split the result with go tool pprof -tagfocus=run=NAME (or namespace, pod, node)",
         finished.len()
     );
     Ok(written)
+}
+
+/// The heat map of a runqlat policy's runs, `<policy>-runqlat-heatmap.svg`: a column per
+/// run at its scheduled time (from `scheduled`, by run name), its waits by latency bucket.
+/// Nothing for other profiles.
+fn latency_over_time(
+    policy: &PolicyRef,
+    merged: &flamefleet_proto::pprof::Profile,
+    scheduled: &BTreeMap<String, i64>,
+) -> Result<Vec<OutputFile>> {
+    let by_run = latency::histograms_by(merged, "run");
+    if by_run.is_empty() {
+        return Ok(Vec::new());
+    }
+    let columns: Vec<HeatColumn> = by_run
+        .into_iter()
+        .map(|(run, histogram)| HeatColumn {
+            time: scheduled.get(&run).copied().unwrap_or(0),
+            run,
+            histogram,
+        })
+        .collect();
+    let svg = latency_svg::heat_map(
+        &columns,
+        &format!("{}: run-queue latency over time", policy.shown()),
+    )?;
+    Ok(vec![OutputFile {
+        name: format!("{}-runqlat-heatmap.svg", policy.name()),
+        bytes: svg,
+    }])
 }
 
 /// Prints the runs of `policy`, newest first.

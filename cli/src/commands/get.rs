@@ -9,9 +9,10 @@ use flamefleet_api::results::RequestResults;
 use flamefleet_api::{NodePhase, ProfileRequest, RequestPhase};
 
 use crate::cluster::Cluster;
-use crate::download::{Downloaded, FromRequest, fetch_all, write_atomic};
+use crate::download::{Downloaded, FromRequest, fetch_all};
 use crate::error::{Error, Result};
-use crate::{flamegraph, profile_file, requests, stacks, top_functions};
+use crate::output::{self, OutputFile, artifact_file_name};
+use crate::{flamegraph, latency, latency_svg, profile_file, requests, stacks, top_functions};
 
 /// How to hand the artifacts to the user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -50,9 +51,12 @@ impl NodeSelection {
     /// [`Error::Usage`] naming a node the request does not have.
     pub fn resolve(
         &self,
-        name: &str,
+        request: &ProfileRequest,
         results: &RequestResults,
     ) -> Result<Option<BTreeSet<String>>> {
+        let name = request.metadata.name.as_deref().unwrap_or("");
+        let namespace = request.metadata.namespace.as_deref().unwrap_or("");
+        let uid = request.metadata.uid.as_deref().unwrap_or("");
         if self.is_all() {
             return Ok(None);
         }
@@ -64,9 +68,11 @@ impl NodeSelection {
             .collect();
         if !unknown.is_empty() {
             return Err(Error::Usage(format!(
-                "profilerequest {name:?} has no node {}; it ran on {} nodes (list them with `kubectl get prslice -l flamefleet.dev/request={name} -o yaml`)",
+                "profilerequest {name:?} has no node {}; it ran on {} nodes (list them with `kubectl get prslice -l {} -n {} -o yaml`)",
                 unknown.join(", "),
-                results.nodes.len()
+                results.nodes.len(),
+                flamefleet_api::result_slice::selector_for(uid),
+                namespace,
             )));
         }
         let picked = results
@@ -112,26 +118,31 @@ pub fn node_details(request: &ProfileRequest, results: &RequestResults) -> Strin
         .collect();
     if unsucceeded.len() > DETAIL_LINES {
         lines.push(format!(
-            "  ... and {} more nodes (`kubectl get prslice -l flamefleet.dev/request-uid={} -o yaml`)",
+            "  ... and {} more nodes (`kubectl get prslice -l {} -n {} -o yaml`)",
             unsucceeded.len() - DETAIL_LINES,
-            request.metadata.uid.as_deref().unwrap_or("")
+            flamefleet_api::result_slice::selector_for(
+                request.metadata.uid.as_deref().unwrap_or("")
+            ),
+            request.metadata.namespace.as_deref().unwrap_or("")
         ));
     }
     lines.join("\n")
 }
 
 /// Downloads the selected artifacts (all verified before any is written), writes them into
-/// `dir`, renders per `format`, and prints what was written to `out`.
+/// `dir` as `<request>-<node>.*`, renders per `format`, and prints what was written to
+/// `out`.
 pub async fn run(
     cluster: &Cluster,
     name: &str,
     dir: &Path,
     format: Format,
     selection: &NodeSelection,
+    force: bool,
     out: &mut dyn Write,
 ) -> Result<Vec<PathBuf>> {
     let request = requests::get(cluster, name).await?;
-    download_request(cluster, &request, dir, format, selection, out).await
+    download_request(cluster, &request, dir, format, selection, force, out).await
 }
 
 /// The part of `get` after the request was read (shared with the capture commands).
@@ -141,6 +152,7 @@ pub async fn download_request(
     dir: &Path,
     format: Format,
     selection: &NodeSelection,
+    force: bool,
     out: &mut dyn Write,
 ) -> Result<Vec<PathBuf>> {
     let name = request.metadata.name.clone().unwrap_or_default();
@@ -156,10 +168,11 @@ pub async fn download_request(
     if artifacts == 0 {
         return Err(Error::NoArtifacts {
             name,
+            namespace: cluster.namespace.clone(),
             phase: phase.map_or("Pending", |p| p.as_str()).to_string(),
         });
     }
-    let nodes = selection.resolve(&name, &results)?;
+    let nodes = selection.resolve(request, &results)?;
     let from = FromRequest {
         name: &name,
         results: &results,
@@ -175,10 +188,15 @@ pub async fn download_request(
             "no artifacts of the selected nodes of profilerequest {name:?}; the nodes that failed have none"
         )));
     }
-    let mut written = Vec::new();
+    let profile_type = request.spec.profile_type.as_str();
+    let mut files = Vec::new();
+    let mut text = String::new();
     for d in &downloaded {
-        written.extend(render(d, dir, format, out)?);
+        let local = artifact_file_name(&name, profile_type, &d.name);
+        files.extend(render(&local, &d.bytes, format, &mut text)?);
     }
+    let written = output::write_all(dir, &files, force, out)?;
+    let _ = write!(out, "{text}");
     if phase == Some(RequestPhase::PartiallySucceeded) {
         let _ = writeln!(
             out,
@@ -189,52 +207,71 @@ pub async fn download_request(
     Ok(written)
 }
 
-/// Writes one artifact into `dir` and renders it per `format` (shared with the fleet views).
+/// The files of one artifact, named `name` locally: the artifact as stored, and what
+/// `format` renders from it; what to print (a runqlat histogram, the top functions) is
+/// appended to `text` (shared with the fleet views).
+///
+/// A run-queue latency profile renders as latency: a histogram SVG with its percentiles
+/// marked, and percentiles and histogram as text.
 pub fn render(
-    d: &Downloaded,
-    dir: &Path,
+    name: &str,
+    bytes: &[u8],
     format: Format,
-    out: &mut dyn Write,
-) -> Result<Vec<PathBuf>> {
-    let mut written = vec![write_atomic(dir, &d.name, &d.bytes)?];
-    let _ = writeln!(out, "wrote {}", written[0].display());
-    if d.name.ends_with(".txt") {
-        let _ = writeln!(out, "{}:\n{}", d.name, String::from_utf8_lossy(&d.bytes));
-        return Ok(written);
+    text: &mut String,
+) -> Result<Vec<OutputFile>> {
+    use std::fmt::Write as _;
+    let mut files = vec![OutputFile {
+        name: name.to_owned(),
+        bytes: bytes.to_vec(),
+    }];
+    if name.ends_with(".txt") {
+        let _ = writeln!(text, "{name}:\n{}", String::from_utf8_lossy(bytes));
+        return Ok(files);
     }
     if format == Format::Pprof {
-        return Ok(written);
+        return Ok(files);
     }
-    let profile = profile_file::decode(&d.bytes, &d.name)?;
+    let profile = profile_file::decode(bytes, name)?;
     let index = stacks::value_index(&profile);
-    let stem = d.name.trim_end_matches(".gz").trim_end_matches(".pb");
-    match format {
-        Format::Pprof => {}
-        Format::Text => {
+    let stem = output::stem(name);
+    let latency = latency::histogram(&profile);
+    match (format, latency) {
+        (Format::Pprof, _) => {}
+        (Format::Text, Some(h)) => {
+            let _ = writeln!(text, "{name}:\n{}", latency::text(&h));
+        }
+        (Format::Text, None) => {
             let _ = writeln!(
-                out,
-                "{}:\n{}",
-                d.name,
+                text,
+                "{name}:\n{}",
                 top_functions::render(&profile, index, 20)
             );
         }
-        Format::Folded => {
-            let text = stacks::folded_text(&stacks::folded(&profile, index));
-            let path = write_atomic(dir, &format!("{stem}.folded"), text.as_bytes())?;
-            let _ = writeln!(out, "wrote {}", path.display());
-            written.push(path);
+        (Format::Folded, _) => {
+            let folded = stacks::folded_text(&stacks::folded(&profile, index));
+            files.push(OutputFile {
+                name: format!("{stem}.folded"),
+                bytes: folded.into_bytes(),
+            });
         }
-        Format::Svg => {
+        (Format::Svg, Some(h)) => {
+            files.push(OutputFile {
+                name: format!("{stem}.svg"),
+                bytes: latency_svg::histogram(&h, &format!("{stem}: run-queue latency"))?,
+            });
+        }
+        (Format::Svg, None) => {
             let (kind, unit) = stacks::value_type(&profile, index);
             let svg = flamegraph::render_svg(
                 &stacks::folded(&profile, index),
-                &format!("{} ({kind})", d.name),
+                &format!("{name} ({kind})"),
                 &unit,
             )?;
-            let path = write_atomic(dir, &format!("{stem}.svg"), &svg)?;
-            let _ = writeln!(out, "wrote {}", path.display());
-            written.push(path);
+            files.push(OutputFile {
+                name: format!("{stem}.svg"),
+                bytes: svg,
+            });
         }
     }
-    Ok(written)
+    Ok(files)
 }

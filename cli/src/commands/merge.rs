@@ -4,9 +4,10 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::cluster::Cluster;
-use crate::download::{FromRequest, fetch_all, write_atomic};
+use crate::download::{FromRequest, fetch_all};
 use crate::error::{Error, Result};
-use crate::{merge, profile_file, requests};
+use crate::output::{self, OutputFile};
+use crate::{merge, profile_file, requests, stacks};
 
 /// Merges local files and the pprof artifacts of named requests into `output`.
 /// A cluster is only needed (and connected lazily by the caller) when a name is given.
@@ -14,6 +15,7 @@ pub async fn run(
     inputs: &[String],
     cluster: Option<&Cluster>,
     output: &Path,
+    force: bool,
     out: &mut dyn Write,
 ) -> Result<()> {
     let mut profiles = Vec::new();
@@ -37,6 +39,7 @@ pub async fn run(
         if !has_pprof {
             return Err(Error::NoArtifacts {
                 name: input.clone(),
+                namespace: cluster.namespace.clone(),
                 phase: request
                     .status
                     .as_ref()
@@ -66,13 +69,18 @@ pub async fn run(
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| Error::Usage(format!("{} is not a file path", output.display())))?;
-    let path = write_atomic(dir, name, &profile_file::encode_gzip(&merged)?)?;
+    let file = OutputFile {
+        name: name.to_owned(),
+        bytes: profile_file::encode_gzip(&merged)?,
+    };
+    let written = output::write_all(dir, &[file], force, &mut std::io::sink())?;
     let _ = writeln!(
         out,
-        "merged {} profiles ({} samples) into {}",
-        count,
-        merged.sample.len(),
-        path.display()
+        "merged {count} profiles ({}) into {}",
+        stacks::total_text(&merged),
+        written
+            .first()
+            .map_or_else(String::new, |p| p.display().to_string())
     );
     Ok(())
 }

@@ -173,6 +173,151 @@ pub fn pprof(kind: (&str, &str), samples: &[(&[&str], i64)]) -> Vec<u8> {
     enc.finish().unwrap()
 }
 
+/// A runqlat profile as the agent writes it: for each `(bucket index, waits)` in
+/// microsecond log2 buckets, a sample with `count` and `latency/nanoseconds` values, the
+/// bucket's bounds as numeric labels `bucket_low`/`bucket_high` (nanoseconds), under a
+/// synthetic stack target → bucket.
+pub fn runqlat_pprof(buckets: &[(usize, i64)]) -> Vec<u8> {
+    use flamefleet_proto::pprof::Label;
+    let mut p = Profile {
+        string_table: [
+            "",
+            "count",
+            "latency",
+            "nanoseconds",
+            "bucket_low",
+            "bucket_high",
+            "shop/web-0/web",
+        ]
+        .map(String::from)
+        .to_vec(),
+        sample_type: vec![
+            ValueType { r#type: 1, unit: 1 },
+            ValueType { r#type: 2, unit: 3 },
+        ],
+        default_sample_type: 1,
+        function: vec![Function {
+            id: 1,
+            name: 6,
+            ..Default::default()
+        }],
+        location: vec![Location {
+            id: 1,
+            line: vec![Line {
+                function_id: 1,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    for &(i, n) in buckets {
+        let (lo, hi) = flamefleet_proto::latency::bucket_bounds(i);
+        let (lo, hi) = (lo as i64 * 1000, hi as i64 * 1000);
+        p.string_table
+            .push(format!("runqlat [{}, {}) usecs", lo / 1000, hi / 1000));
+        let id = p.function.len() as u64 + 1;
+        p.function.push(Function {
+            id,
+            name: (p.string_table.len() - 1) as i64,
+            ..Default::default()
+        });
+        p.location.push(Location {
+            id,
+            line: vec![Line {
+                function_id: id,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        p.sample.push(Sample {
+            location_id: vec![id, 1],
+            value: vec![n, n * (lo + hi) / 2],
+            label: vec![
+                Label {
+                    key: 4,
+                    num: lo,
+                    num_unit: 3,
+                    ..Default::default()
+                },
+                Label {
+                    key: 5,
+                    num: hi,
+                    num_unit: 3,
+                    ..Default::default()
+                },
+            ],
+        });
+    }
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, &p.encode_to_vec()).unwrap();
+    enc.finish().unwrap()
+}
+
+/// A CPU profile whose hot frame has no symbol: a location in `libc.so.6` (mapped at
+/// 0x7fed09700000 from file offset 0x28000) at 0x7fed097a91f5, called from `main`.
+pub fn unsymbolized_profile() -> Vec<u8> {
+    use flamefleet_proto::pprof::Mapping;
+    let p = Profile {
+        string_table: [
+            "",
+            "samples",
+            "count",
+            "main",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .map(String::from)
+        .to_vec(),
+        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+        mapping: vec![Mapping {
+            id: 1,
+            memory_start: 0x7fed_0970_0000,
+            memory_limit: 0x7fed_09a0_0000,
+            file_offset: 0x2_8000,
+            filename: 4,
+            ..Default::default()
+        }],
+        function: vec![Function {
+            id: 1,
+            name: 3,
+            ..Default::default()
+        }],
+        location: vec![
+            Location {
+                id: 1,
+                address: 0x40_1000,
+                line: vec![Line {
+                    function_id: 1,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            Location {
+                id: 2,
+                mapping_id: 1,
+                address: 0x7fed_097a_91f5,
+                ..Default::default()
+            },
+        ],
+        sample: vec![
+            Sample {
+                location_id: vec![2, 1],
+                value: vec![90],
+                label: vec![],
+            },
+            Sample {
+                location_id: vec![1],
+                value: vec![10],
+                label: vec![],
+            },
+        ],
+        ..Default::default()
+    };
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, &p.encode_to_vec()).unwrap();
+    enc.finish().unwrap()
+}
+
 /// A CPU profile where `hot_function` dominates.
 pub fn cpu_profile(hot_function: &str) -> Vec<u8> {
     pprof(
@@ -194,12 +339,23 @@ pub async fn namespace(prefix: &str) -> TestNamespace {
 
 /// Creates a cpu ProfileRequest named `name` targeting pod `web-0`.
 pub async fn create_request(ns: &TestNamespace, name: &str) -> ProfileRequest {
+    create_typed_request(ns, name, "cpu", serde_json::json!({})).await
+}
+
+/// Creates a ProfileRequest of `profile_type` named `name` targeting pod `web-0`, with
+/// `labels`.
+pub async fn create_typed_request(
+    ns: &TestNamespace,
+    name: &str,
+    profile_type: &str,
+    labels: serde_json::Value,
+) -> ProfileRequest {
     let api: Api<ProfileRequest> = ns.api();
     let req: ProfileRequest = serde_json::from_value(serde_json::json!({
         "apiVersion": "flamefleet.dev/v1alpha1",
         "kind": "ProfileRequest",
-        "metadata": {"name": name},
-        "spec": {"type": "cpu", "podNames": ["web-0"], "duration": "10s"}
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"type": profile_type, "podNames": ["web-0"], "duration": "10s"}
     }))
     .unwrap();
     api.create(&PostParams::default(), &req).await.unwrap()
@@ -232,6 +388,32 @@ pub async fn write_status(
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
+}
+
+/// Merges `status` into the request's status through the status subresource (the
+/// operator's fields the CLI reads: phase, startTime, conditions, nodeCounts).
+pub async fn patch_status(ns: &TestNamespace, name: &str, status: serde_json::Value) {
+    let api: Api<ProfileRequest> = ns.api();
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": status })),
+    )
+    .await
+    .unwrap();
+}
+
+/// The request the CLI created in `ns`: waits (watch) for the first one to appear.
+pub async fn first_request(ns: &TestNamespace) -> ProfileRequest {
+    let api: Api<ProfileRequest> = ns.api();
+    let created = kube::runtime::watcher(api, kube::runtime::watcher::Config::default());
+    use futures::StreamExt;
+    let mut events = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(created));
+    tokio::time::timeout(Duration::from_secs(60), events.next())
+        .await
+        .expect("the CLI created no request within 60 s")
+        .expect("the watch ended")
+        .expect("watching requests")
 }
 
 /// A node entry.
@@ -277,15 +459,16 @@ pub async fn cli(kubeconfig: &Path, namespace: &str, args: &[&str]) -> Run {
     }
 }
 
-/// A `kubectl-profile` run whose stdout lines are read as they are printed.
+/// A `kubectl-profile` run whose stdout and stderr lines are read as they are printed.
 pub struct LiveRun {
     lines: tokio::sync::mpsc::UnboundedReceiver<String>,
     done: tokio::task::JoinHandle<Run>,
+    pid: u32,
 }
 
 impl LiveRun {
-    /// Waits until the CLI prints a line containing `needle` and returns it; panics with
-    /// the run's output when the CLI exits first or `limit` passes.
+    /// Waits until the CLI prints a line (on stdout or stderr) containing `needle` and
+    /// returns it; panics with the run's output when the CLI exits first or `limit` passes.
     pub async fn wait_for_line(&mut self, needle: &str, limit: Duration) -> String {
         let found = tokio::time::timeout(limit, async {
             while let Some(line) = self.lines.recv().await {
@@ -303,15 +486,22 @@ impl LiveRun {
         }
     }
 
+    /// Sends the CLI a SIGINT, as Ctrl-C in its terminal does.
+    pub fn interrupt(&self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    }
+
     /// Waits for the CLI to exit.
     pub async fn finish(self) -> Run {
         self.done.await.unwrap()
     }
 }
 
-/// Starts the built `kubectl-profile` as [`cli`] does, reading its stdout line by line.
+/// Starts the built `kubectl-profile` as [`cli`] does, reading its stdout and stderr line by
+/// line.
 pub fn cli_live(kubeconfig: &Path, namespace: &str, args: &[&str]) -> LiveRun {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+    use tokio::io::{AsyncBufReadExt, BufReader};
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-profile"))
         .arg("--kubeconfig")
         .arg(kubeconfig)
@@ -323,30 +513,34 @@ pub fn cli_live(kubeconfig: &Path, namespace: &str, args: &[&str]) -> LiveRun {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
+    let pid = child.id().unwrap();
     let stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
     let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
-    let done = tokio::spawn(async move {
-        let errors = tokio::spawn(async move {
+    let read = |stream: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                tx: tokio::sync::mpsc::UnboundedSender<String>| {
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stream).lines();
             let mut text = String::new();
-            let _ = stderr.read_to_string(&mut text).await;
+            while let Ok(Some(line)) = reader.next_line().await {
+                text.push_str(&line);
+                text.push('\n');
+                let _ = tx.send(line);
+            }
             text
-        });
-        let mut reader = BufReader::new(stdout).lines();
-        let mut out = String::new();
-        while let Ok(Some(line)) = reader.next_line().await {
-            out.push_str(&line);
-            out.push('\n');
-            let _ = tx.send(line);
-        }
+        })
+    };
+    let out = read(Box::new(stdout), tx.clone());
+    let err = read(Box::new(stderr), tx);
+    let done = tokio::spawn(async move {
         let status = child.wait().await.unwrap();
         Run {
             code: status.code().unwrap_or(-1),
-            stdout: out,
-            stderr: errors.await.unwrap_or_default(),
+            stdout: out.await.unwrap_or_default(),
+            stderr: err.await.unwrap_or_default(),
         }
     });
-    LiveRun { lines, done }
+    LiveRun { lines, done, pid }
 }
 
 /// The admin kubeconfig of the shared control plane.

@@ -174,7 +174,7 @@ impl CaptureError {
         });
         Some((
             format!(
-                "BPF memory charged to the memory cgroup (here maps count against RLIMIT_MEMLOCK{limits}, which the agent could not raise further: raise the hard limit the container runtime gives containers, e.g. LimitMEMLOCK=infinity in containerd's systemd unit, or add SYS_RESOURCE to the chart's agent.capabilities)"
+                "BPF memory charged to the memory cgroup (here maps count against RLIMIT_MEMLOCK{limits}, which the agent could not raise further: raise the hard limit the container runtime gives containers, e.g. LimitMEMLOCK=infinity in containerd's systemd unit, or grant the agent CAP_SYS_RESOURCE: SYS_RESOURCE in the chart's agent.capabilities)"
             ),
             "Linux 5.11",
         ))

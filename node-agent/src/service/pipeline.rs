@@ -150,20 +150,26 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Publishes RUNNING progress of a capture started at `started` for `duration`.
+///
+/// Only a capture with a window publishes: the operator takes a RUNNING with time left as its
+/// cue to hang up and come back at the window's end, while a capture without one (a snapshot
+/// read: a pprof endpoint, a Go heap) is done as soon as it is read.
 struct Ticker {
     tick: tokio::time::Interval,
     started: Instant,
     duration: Duration,
+    windowed: bool,
 }
 
 impl Ticker {
-    fn new(period: Duration, started: Instant, duration: Duration) -> Self {
+    fn new(period: Duration, started: Instant, duration: Duration, windowed: bool) -> Self {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Self {
             tick,
             started,
             duration,
+            windowed,
         }
     }
 
@@ -173,6 +179,9 @@ impl Ticker {
     }
 
     fn publish(&self, handle: &CaptureHandle) {
+        if !self.windowed {
+            return;
+        }
         let elapsed = self.started.elapsed();
         handle.progress(CaptureProgress {
             stage: Stage::Running as i32,
@@ -318,7 +327,8 @@ async fn capture(
         }
         handle.progress(progress(Stage::Running, "sampler attached"));
     }
-    let mut ticker = Ticker::new(ctx.progress_period, started, duration);
+    let windowed = running.deadline().is_some();
+    let mut ticker = Ticker::new(ctx.progress_period, started, duration, windowed);
     let running = run_window(handle, &mut ticker, running).await?;
     let node = ctx.node.clone();
     let reporter = Arc::clone(&ctx.reporter);

@@ -302,8 +302,12 @@ impl AgentCalls {
                         tracing::debug!(node = %node.node, ?stage, elapsed_ms = progress.elapsed_ms, "capture progress");
                         // Only while the window runs: a stream attached to a capture that
                         // is already uploading (an operator restarted late) is followed.
+                        // Not on ACCEPTED, which the agent sends before it knows what the
+                        // capture reads: one that reads a snapshot (a pprof endpoint, a Go
+                        // heap) has no window and ends right after, on this stream; one that
+                        // samples says RUNNING as its window starts.
                         if let Some(window) = window
-                            && matches!(stage, Stage::Accepted | Stage::Running)
+                            && stage == Stage::Running
                         {
                             // Never later than the window allows, whatever the agent says.
                             let remaining = match progress.remaining_ms {

@@ -470,11 +470,17 @@ impl HeapCapture {
     }
 }
 
-/// Endpoint bodies fetched and decoded at once. Each may take up to
-/// [`FetchLimits::max_body_bytes`] as received and [`FetchLimits::max_profile_bytes`]
-/// decompressed, and every one of them is the pod's to choose: a capture of many
-/// containers must not hold all their worst cases at the same moment.
+/// Endpoint bodies fetched and decoded at once by the whole agent, whatever the number of
+/// captures running. Each may take up to [`FetchLimits::max_body_bytes`] as received and
+/// [`FetchLimits::max_kept_bytes`] decoded, and every one of them is the pod's to choose:
+/// neither a capture of many containers nor several captures at once may hold all their
+/// worst cases at the same moment.
 pub const MAX_CONCURRENT_FETCHES: usize = 2;
+
+/// The agent's fetch slots ([`MAX_CONCURRENT_FETCHES`]), shared by every capture's runtime
+/// (a tokio semaphore belongs to no runtime).
+static FETCH_SLOTS: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(MAX_CONCURRENT_FETCHES);
 
 /// The eBPF window when allocations are sampled; none for sources read at once (endpoints,
 /// Go heaps), whose capture can finish as soon as it started.
@@ -497,8 +503,9 @@ impl Window for HeapCapture {
     }
 }
 
-/// Fetches every target's endpoint, [`MAX_CONCURRENT_FETCHES`] at a time, keeps the
-/// successes and merges them; fails only when none succeeded.
+/// Fetches every target's endpoint in the agent's fetch slots ([`MAX_CONCURRENT_FETCHES`]
+/// at a time across captures), keeps the successes and merges them; fails only when none
+/// succeeded.
 fn fetch_all(req: &HeapRequest) -> Result<(Profile, Vec<String>), HeapError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -524,13 +531,12 @@ fn fetch_all(req: &HeapRequest) -> Result<(Profile, Vec<String>), HeapError> {
         })
         .collect();
     let results = runtime.block_on(async {
-        let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_FETCHES));
         let mut set = tokio::task::JoinSet::new();
         for (i, (_, ep)) in jobs.iter().enumerate() {
-            let (ep, limits, slots) = (ep.clone(), limits.clone(), slots.clone());
+            let (ep, limits) = (ep.clone(), limits.clone());
             set.spawn(async move {
                 // Held until the body is decoded (or the fetch failed); never closed.
-                let _slot = slots.acquire_owned().await;
+                let _slot = FETCH_SLOTS.acquire().await;
                 (i, endpoint::fetch_profile(&ep, &limits).await)
             });
         }

@@ -163,6 +163,23 @@ fn latency_summary(h: &LatencyHistogram, merged: bool) -> Option<LatencySummary>
     })
 }
 
+/// Why a request's nodes failed, in one word for the REASON column and the `Succeeded`
+/// condition: the commonest failure reason among `entries` (ties to the first by name), or
+/// `None` when no node failed with a reason.
+pub fn failure_reason<'a>(entries: impl IntoIterator<Item = &'a NodeStatus>) -> Option<String> {
+    let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for reason in entries.into_iter().filter_map(|n| n.reason.as_deref()) {
+        *counts.entry(reason).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .fold(None::<(&str, usize)>, |best, (r, n)| match best {
+            Some((_, m)) if m >= n => best,
+            _ => Some((r, n)),
+        })
+        .map(|(r, _)| r.to_owned())
+}
+
 /// One line describing how the nodes ended, for the Completed condition and the Event:
 /// the counts and the first few failures (bounded whatever the number of nodes).
 pub fn outcome_message(counts: NodeCounts, failures: &[NodeFailureEntry]) -> String {
@@ -200,6 +217,29 @@ mod tests {
     use flamefleet_api::Artifact;
     use flamefleet_api::{NodePhase, RequestPhase};
     use flamefleet_proto::agent::CpuSummary as CpuMeasure;
+
+    #[test]
+    fn the_failure_reason_is_the_commonest() {
+        let node = |name: &str, reason: Option<&str>| NodeStatus {
+            node: name.into(),
+            reason: reason.map(str::to_owned),
+            ..NodeStatus::default()
+        };
+        let nodes = [
+            node("a", Some("TimedOut")),
+            node("b", Some("CaptureFailed")),
+            node("c", Some("CaptureFailed")),
+            node("d", None),
+            node("e", Some("AgentInterrupted")),
+        ];
+        assert_eq!(failure_reason(&nodes).as_deref(), Some("CaptureFailed"));
+        assert_eq!(
+            failure_reason(&nodes[..2]).as_deref(),
+            Some("CaptureFailed"),
+            "a tie goes to the first by name"
+        );
+        assert_eq!(failure_reason(&nodes[3..4]), None);
+    }
 
     fn entry(node: &str, phase: Option<NodePhase>) -> NodeStatus {
         NodeStatus {

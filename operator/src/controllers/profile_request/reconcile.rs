@@ -23,7 +23,7 @@ use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Resource, ResourceExt};
 use tracing::instrument;
 
-use super::aggregate::outcome_message;
+use super::aggregate::{failure_reason, outcome_message};
 use super::result_table::ResultTable;
 use super::ttl::{TtlAction, ttl_action};
 use super::{Context, admission, limits, resolve, result_slices, status};
@@ -44,6 +44,11 @@ pub const CONDITION_RESOLVED: &str = "Resolved";
 pub const CONDITION_COMPLETED: &str = "Completed";
 /// Condition: some nodes failed.
 pub const CONDITION_DEGRADED: &str = "Degraded";
+/// Condition, set when the request ends: True only when every node succeeded (what
+/// `kubectl wait --for=condition=Succeeded` waits for); False with why otherwise.
+pub const CONDITION_SUCCEEDED: &str = "Succeeded";
+/// The `Succeeded` condition's reason when it is True.
+const REASON_ALL_SUCCEEDED: &str = "AllNodesSucceeded";
 
 /// Condition: the request waits for a concurrency limit (Pending; see `limits`).
 pub const CONDITION_QUEUED: &str = "Queued";
@@ -522,6 +527,27 @@ async fn progress(
     if terminal {
         status.completion_time = Some(now());
         status.summary = Some(session.with_results(|t| t.summary()));
+        let succeeded = phase == RequestPhase::Succeeded;
+        status.reason = if succeeded {
+            None
+        } else {
+            Some(
+                session
+                    .with_results(|t| failure_reason(t.entries()))
+                    .unwrap_or_else(|| "NodesFailed".to_owned()),
+            )
+        };
+        set_condition(
+            &mut status.conditions,
+            new_condition(
+                CONDITION_SUCCEEDED,
+                succeeded,
+                status.reason.as_deref().unwrap_or(REASON_ALL_SUCCEEDED),
+                &message,
+                ids.generation,
+                now(),
+            ),
+        );
         set_condition(
             &mut status.conditions,
             new_condition(
@@ -637,6 +663,18 @@ async fn fail_request(
             CONDITION_COMPLETED,
             true,
             "Failed",
+            &message,
+            ids.generation,
+            now(),
+        ),
+    );
+    status.reason = Some(reason.to_owned());
+    set_condition(
+        &mut status.conditions,
+        new_condition(
+            CONDITION_SUCCEEDED,
+            false,
+            reason,
             &message,
             ids.generation,
             now(),

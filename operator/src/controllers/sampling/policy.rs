@@ -20,6 +20,7 @@ use flamefleet_api::{
     SamplingPolicyStatus, SkippedPod,
 };
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
@@ -636,6 +637,13 @@ async fn run_at<P: Policy>(
             .collect(),
     };
     status.pending_run = Some(pending.clone());
+    // The planned pods count as covered from the first write of the run on (a pending run is
+    // always created, by this reconcile or the next): a rotation this run completes is never
+    // written beside a coverage that misses the pods completing it.
+    for r in &pending.requests {
+        remember_profiled(ctx, uid, &r.namespace, &r.pods, t.as_second());
+    }
+    status.coverage = Some(self::coverage(ctx, uid, &eligibility, status));
     let mut current = write_status(api, &current, status).await?;
     create_requests(ctx, &current, &spec, &pending).await?;
     for r in &pending.requests {
@@ -646,16 +654,28 @@ async fn run_at<P: Policy>(
             start: now.as_second(),
             duration: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
         });
-        remember_profiled(ctx, uid, &r.namespace, &r.pods, t.as_second());
     }
     status.pending_run = None;
     status.last_schedule_time = Some(Time(t));
     current = write_status(api, &current, status).await?;
     ctx.metrics.policy_run_created();
     let pods: usize = pending.requests.iter().map(|r| r.pods.len()).sum();
-    publish(
+    // The run's (first) request as the Event's related object: one Event per run.
+    let run = pending.requests.first().map(|r| ObjectReference {
+        api_version: Some(format!(
+            "{}/{}",
+            flamefleet_api::GROUP,
+            flamefleet_api::VERSION
+        )),
+        kind: Some("ProfileRequest".into()),
+        namespace: Some(r.namespace.clone()),
+        name: Some(r.name.clone()),
+        ..ObjectReference::default()
+    });
+    publish_related(
         ctx,
         &current,
+        run,
         EventType::Normal,
         "RunCreated",
         format!(
@@ -903,12 +923,35 @@ async fn publish<P: Policy>(
     reason: &str,
     note: String,
 ) {
+    publish_related(ctx, policy, None, type_, reason, note).await;
+}
+
+/// Records an Event on the policy about `related` (see [`crate::events::publish_related`]).
+async fn publish_related<P: Policy>(
+    ctx: &SamplingContext,
+    policy: &P,
+    related: Option<ObjectReference>,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let object = policy.object_ref(&());
-    let note = match object.namespace {
-        Some(_) => note,
-        None => cluster_scoped_note(reason, &policy.name_any()),
+    // A cluster-scoped policy's Events are stored in `default`: neither the note nor the
+    // related object may name a namespace or pod there.
+    let (note, related) = match object.namespace {
+        Some(_) => (note, related),
+        None => (cluster_scoped_note(reason, &policy.name_any()), None),
     };
-    crate::events::publish(&ctx.recorder, &object, type_, "Schedule", reason, &note).await;
+    crate::events::publish_related(
+        &ctx.recorder,
+        &object,
+        related,
+        type_,
+        "Schedule",
+        reason,
+        &note,
+    )
+    .await;
 }
 
 /// The note of an Event about a cluster-scoped policy: the reason, and where the details

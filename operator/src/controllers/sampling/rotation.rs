@@ -287,10 +287,13 @@ pub fn select<G: NodeGate>(
         admitted: BTreeMap::new(),
     };
     let mut completed = None;
+    // The state just before this run's first completion: a run that takes no pod at all
+    // goes back to it (see below).
+    let mut before_completion: Option<RotationState> = None;
     // Positions refused by their node's budget in this run.
     let mut budget_refused: HashSet<u64> = HashSet::new();
     // At most two passes: the rest of this rotation, then (if it completes) the next one.
-    for _pass in 0..2 {
+    for pass in 0..2 {
         let cursor = state.cursor.as_deref().and_then(parse_position);
         let mut ahead: BTreeSet<u64> = state
             .ahead
@@ -399,6 +402,13 @@ pub fn select<G: NodeGate>(
         if candidates.is_empty() {
             break;
         }
+        // The next rotation, begun in this run, completes only by profiling a pod: one that
+        // took none has visited nothing, and completing it would count a rotation that
+        // covered no pod (and start the next one at the same instant).
+        if pass > 0 && took == 0 {
+            break;
+        }
+        before_completion.get_or_insert_with(|| state.clone());
         completed = Some(state.profiled);
         state = RotationState {
             number: state.number + 1,
@@ -412,6 +422,16 @@ pub fn select<G: NodeGate>(
         if walk.full() {
             break;
         }
+    }
+    // A run that takes no pod (every node it could use is at its budget) completes no
+    // rotation: the owed pods stay owed and the cursor where it passed them, but the
+    // rotation's number, start and coverage stay as they were, so that a skipped run never
+    // looks like a rotation lost. The rotation completes in the run that can take a pod.
+    if walk.taken.is_empty()
+        && let Some(before) = before_completion
+    {
+        state = before;
+        completed = None;
     }
     Selection {
         taken: walk.taken,
@@ -615,6 +635,59 @@ mod tests {
         let s3 = select(&c, &s2.state, limits(2), &mut Open, t(2));
         assert!(s3.taken.iter().all(|&i| c[i].node == "node-1"), "{s3:?}");
         assert_eq!(s3.completed, Some(4));
+    }
+
+    /// A one-pod policy whose node is at its budget for a run: the skipped run completes no
+    /// rotation (its number, start and previous start stay), the pod stays owed, and the
+    /// next run that can take it completes the rotation it was owed in.
+    #[test]
+    fn a_run_that_takes_nothing_completes_no_rotation() {
+        let c = pods(1, 1);
+        let first = select(&c, &RotationState::default(), limits(1), &mut Open, t(0));
+        assert_eq!(first.taken.len(), 1);
+        assert_eq!(first.completed, Some(1));
+        let after_first = first.state.clone();
+        assert_eq!(after_first.number, 2);
+
+        let skipped = select(
+            &c,
+            &after_first,
+            limits(1),
+            &mut Busy(c[0].node.clone()),
+            t(60),
+        );
+        assert!(skipped.taken.is_empty());
+        assert_eq!(skipped.completed, None, "{skipped:?}");
+        assert_eq!(skipped.skipped.len(), 1);
+        assert_eq!(skipped.state.number, after_first.number);
+        assert_eq!(skipped.state.start_time, after_first.start_time);
+        assert_eq!(
+            skipped.state.previous_start_time,
+            after_first.previous_start_time
+        );
+        assert_eq!(skipped.state.deferred.len(), 1, "the pod is owed");
+
+        // Skipped again: still nothing moves.
+        let again = select(
+            &c,
+            &skipped.state,
+            limits(1),
+            &mut Busy(c[0].node.clone()),
+            t(120),
+        );
+        assert_eq!(again.completed, None);
+        assert_eq!(again.state.number, after_first.number);
+
+        let free = select(&c, &again.state, limits(1), &mut Open, t(180));
+        assert_eq!(free.taken.len(), 1);
+        assert_eq!(
+            free.completed,
+            Some(1),
+            "the owed pod completes its rotation"
+        );
+        assert_eq!(free.state.number, after_first.number + 1);
+        assert_eq!(free.state.previous_start_time, after_first.start_time);
+        assert!(free.state.deferred.is_empty());
     }
 
     /// Runs rotations over `pods` pods on `nodes` nodes of which the first `busy` stay at
