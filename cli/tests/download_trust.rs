@@ -296,7 +296,7 @@ async fn other_users_who_watch_downloads_never_read_their_urls() {
     )
     .await;
     assert_eq!(r.code, 0, "{r:?}");
-    assert_eq!(files(out.path()), ["cpu-node-a.pb.gz"]);
+    assert_eq!(files(out.path()), ["mine-node-a.pb.gz"]);
 
     // The watch saw Alice's answered download (the attack was made).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
