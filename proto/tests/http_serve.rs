@@ -16,18 +16,28 @@ const LIMITS: ServeLimits = ServeLimits {
     max_connection_age: Duration::from_secs(4),
 };
 
-async fn start() -> std::net::SocketAddr {
+/// Starts the server; the receiver gets one message each time a `/slow` request is being
+/// served (it holds a place from then on).
+async fn start() -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let (entered, entries) = tokio::sync::mpsc::unbounded_channel();
     let router = Router::new().route("/ok", get(|| async { "ok" })).route(
         "/slow",
-        get(|| async {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            "late"
+        get(move || {
+            let entered = entered.clone();
+            async move {
+                let _ = entered.send(());
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                "late"
+            }
         }),
     );
     tokio::spawn(serve(listener, router, LIMITS));
-    addr
+    (addr, entries)
 }
 
 /// Reads until the server closes the connection; how long that took (None: still open
@@ -61,7 +71,7 @@ async fn get_ok(addr: std::net::SocketAddr) -> String {
 
 #[tokio::test]
 async fn half_a_request_is_cut_off_at_the_header_deadline() {
-    let addr = start().await;
+    let (addr, _) = start().await;
     let mut slow = TcpStream::connect(addr).await.unwrap();
     slow.write_all(b"GET /ok HTTP/1.1\r\nhost: t\r\n")
         .await
@@ -85,7 +95,7 @@ async fn half_a_request_is_cut_off_at_the_header_deadline() {
 
 #[tokio::test]
 async fn connections_are_counted_and_aged() {
-    let addr = start().await;
+    let (addr, mut entries) = start().await;
     // Two requests that would take 30 s take both places...
     let mut held = Vec::new();
     for _ in 0..LIMITS.max_connections {
@@ -95,7 +105,13 @@ async fn connections_are_counted_and_aged() {
             .unwrap();
         held.push(s);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Both are being served before the third client comes.
+    for _ in 0..LIMITS.max_connections {
+        tokio::time::timeout(Duration::from_secs(10), entries.recv())
+            .await
+            .expect("a held request reached its handler")
+            .expect("the server is running");
+    }
     // ...so a third client waits: its answer comes only once the held ones reach their
     // maximum age (4 s), not after their 30 s.
     let started = Instant::now();
