@@ -11,10 +11,10 @@
 #[path = "pipeline_support/mod.rs"]
 mod pipeline_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flamefleet_api::result_slice::ProfileResultSlice;
-use flamefleet_api::{NodePhase, ProfileRequest, RequestPhase};
+use flamefleet_api::{NodePhase, ProfileRequest};
 use flamefleet_e2e::hollow::Behaviour;
 use flamefleet_e2e::hollow::cluster::{ClusterOptions, HollowCluster};
 use kube::api::{Api, ListParams, PostParams};
@@ -50,32 +50,13 @@ async fn a_compromised_node_cannot_lose_its_neighbours_results() {
         .unwrap();
     api.create(&PostParams::default(), &request).await.unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let done = loop {
-        let current = api.get("compromised").await.unwrap();
-        if current
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .is_some_and(RequestPhase::is_terminal)
-        {
-            break current;
-        }
-        if let Some(op) = cluster.operator.as_mut() {
-            op.check_alive().unwrap();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "one compromised node kept the request from ending: {:#?}\n--- operator ---\n{}",
-            current.status,
-            cluster
-                .operator
-                .as_ref()
-                .map(|o| o.log_tail(40))
-                .unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let done = cluster
+        .wait_terminal(
+            "compromised",
+            Duration::from_secs(90),
+            "one compromised node kept the request from ending",
+        )
+        .await;
     let status = done.status.clone().unwrap();
     let request_bytes = serde_json::to_vec(&done).unwrap().len();
     assert!(

@@ -25,32 +25,9 @@ async fn run(cluster: &mut HollowCluster, name: &str) -> ProfileRequest {
     let api: Api<ProfileRequest> = cluster.target_ns.api();
     let request = cluster.request(name, Duration::from_secs(1)).unwrap();
     api.create(&PostParams::default(), &request).await.unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let current = api.get(name).await.unwrap();
-        if current
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .is_some_and(RequestPhase::is_terminal)
-        {
-            return current;
-        }
-        if let Some(op) = cluster.operator.as_mut() {
-            op.check_alive().unwrap();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} did not finish: {:#?}\n{}",
-            current.status,
-            cluster
-                .operator
-                .as_ref()
-                .map(|o| o.log_tail(40))
-                .unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    cluster
+        .wait_terminal(name, TIMEOUT, &format!("{name} did not finish"))
+        .await
 }
 
 /// The request's directory in the store.

@@ -547,6 +547,46 @@ impl HollowCluster {
         }
     }
 
+    /// Polls request `name` in the target namespace until it is terminal and returns it,
+    /// checking on every round that the operator is still alive.
+    ///
+    /// # Panics
+    /// When the operator died, or after `timeout`, with `what` failed, the request's status
+    /// and the operator's log tail.
+    pub async fn wait_terminal(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+    ) -> flamefleet_api::ProfileRequest {
+        let api: Api<flamefleet_api::ProfileRequest> = self.target_ns.api();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let current = api.get(name).await.expect("reading the request");
+            if current
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(flamefleet_api::RequestPhase::is_terminal)
+            {
+                return current;
+            }
+            if let Some(op) = self.operator.as_mut() {
+                op.check_alive().expect("the operator is running");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {:#?}\n--- operator ---\n{}",
+                current.status,
+                self.operator
+                    .as_ref()
+                    .map(|o| o.log_tail(40))
+                    .unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// A cpu ProfileRequest over every target pod, labelled for this cluster's operator.
     ///
     /// # Errors
