@@ -340,7 +340,10 @@ impl KernelFeatures {
             ("targets", self.target_lookup().to_owned()),
             ("runqlat", runqlat.to_owned()),
             ("runqlat.after_idle", psi.to_owned()),
-            ("heap_ebpf.perf_uprobes", self.perf_uprobes.name().to_owned()),
+            (
+                "heap_ebpf.perf_uprobes",
+                self.perf_uprobes.name().to_owned(),
+            ),
             (
                 "heap_ebpf",
                 match self.heap_ebpf_refusal() {

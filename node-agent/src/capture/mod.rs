@@ -537,7 +537,8 @@ mod tests {
         let failed: Result<(), libbpf_rs::Error> =
             Err(std::io::Error::from_raw_os_error(libc::EBUSY).into());
         let source = failed.context("failed to attach uprobe").unwrap_err();
-        let msg = CaptureError::bpf("attaching a uprobe to malloc in libc.so.6", source).to_string();
+        let msg =
+            CaptureError::bpf("attaching a uprobe to malloc in libc.so.6", source).to_string();
         assert!(
             msg.starts_with("attaching a uprobe to malloc in libc.so.6: failed to attach uprobe: ")
                 && msg.contains(&std::io::Error::from_raw_os_error(libc::EBUSY).to_string()),
