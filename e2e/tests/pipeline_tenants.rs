@@ -34,31 +34,11 @@ use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 
-/// The rules the chart's `<release>-edit` ClusterRole aggregates into `edit`
-/// (charts/flamefleet/templates/user-roles.yaml).
-fn edit_rules() -> serde_json::Value {
-    json!([
-        {"apiGroups": ["flamefleet.dev"], "resources": ["profilerequests", "samplingpolicies"],
-         "verbs": ["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]},
-        {"apiGroups": ["flamefleet.dev"], "resources": ["profiledownloads"],
-         "verbs": ["get", "list", "watch", "create", "delete"]},
-        {"apiGroups": ["flamefleet.dev"], "resources": ["profileresultslices"],
-         "verbs": ["get", "list", "watch"]},
-    ])
-}
-
 /// A client for user `user`, bound to the edit rules in `ns` only.
 async fn tenant(ns: &TestNamespace, user: &str) -> kube::Client {
-    ns.bind_rules("User", user, "flamefleet-edit", edit_rules())
+    ns.tenant_client(user)
         .await
-        .expect("binding the edit rules");
-    let kubeconfig = ns
-        .control_plane()
-        .kubeconfig_for_user(user, &[])
-        .expect("a kubeconfig for the tenant");
-    flamefleet_e2e::control_plane::client_from_kubeconfig(&kubeconfig)
-        .await
-        .expect("the tenant's client")
+        .expect("a client holding the edit role in the namespace")
 }
 
 fn phase(r: &ProfileRequest) -> Option<RequestPhase> {

@@ -312,6 +312,24 @@ impl KernelFeatures {
         ))
     }
 
+    /// Why off-CPU profiles cannot run here (`None`: they can): the program walks user
+    /// stacks under `bpf_loop()` from `sched_switch` with the blocking task's saved
+    /// registers, and keeps each block's stamp in task storage.
+    pub fn offcpu_refusal(&self) -> Option<String> {
+        let missing: Vec<String> = [self.bpf_loop, self.task_pt_regs, self.task_storage]
+            .iter()
+            .filter(|f| !f.found)
+            .map(|f| format!("{} (Linux {})", f.what, f.since))
+            .collect();
+        (!missing.is_empty()).then(|| {
+            format!(
+                "off-CPU profiles need {}, which kernel {} lacks; CPU profiles and runqlat still run here",
+                missing.join(" and "),
+                self.release
+            )
+        })
+    }
+
     /// How heap uprobes are attached on this kernel.
     pub fn heap_probes(&self) -> &'static str {
         if self.uprobe_session.found {
@@ -349,6 +367,13 @@ impl KernelFeatures {
                 match self.heap_ebpf_refusal() {
                     Some(_) => "refused".to_owned(),
                     None => self.heap_probes().to_owned(),
+                },
+            ),
+            (
+                "offcpu",
+                match self.offcpu_refusal() {
+                    Some(_) => "refused".to_owned(),
+                    None => "tp_btf-sched_switch".to_owned(),
                 },
             ),
         ]

@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod heap;
 pub mod kernel;
 pub mod lifecycle;
+pub mod offcpu;
 mod perf_event;
 mod process_tracker;
 mod registry;

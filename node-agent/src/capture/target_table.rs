@@ -38,6 +38,12 @@ impl TargetValue for crate::bpf::runqlat::types::ff_target {
     }
 }
 
+impl TargetValue for crate::bpf::offcpu::types::ff_target {
+    fn new(index: u32, flags: u32) -> Self {
+        Self { index, flags }
+    }
+}
+
 impl TargetValue for crate::bpf::heap::types::ff_target {
     fn new(index: u32, flags: u32) -> Self {
         Self { index, flags }
