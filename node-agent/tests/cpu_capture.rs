@@ -316,17 +316,20 @@ fn kernel_stacks_on_top(config: SamplerConfig) {
     let dir = tempfile::tempdir().unwrap();
     let reader = compile_c(dir.path(), "ffreadzero", KERNEL_BOUND);
     let mut target = TestCgroup::new("cpu-kernel");
-    target.spawn(&mut Command::new(&reader));
+    let pid = target.spawn(&mut Command::new(&reader));
+    support::wait_mapped(pid, "libc.so");
     let samplers = Samplers::new(config);
-    let capture = samplers
-        .start_cpu(
-            &[CaptureTarget::raw(target.cgroup.clone())],
-            &CpuOptions {
-                frequency: 999,
-                ..CpuOptions::default()
-            },
-        )
-        .expect("start cpu capture");
+    // From the user registers down, the stack runs through libc's read(): measured with
+    // the process's tables loaded (`start_cpu_with_tables`).
+    let capture = support::start_cpu_with_tables(
+        &samplers,
+        &[CaptureTarget::raw(target.cgroup.clone())],
+        &CpuOptions {
+            frequency: 999,
+            ..CpuOptions::default()
+        },
+        &[pid],
+    );
     target.wait_cpu(Duration::from_millis(1500));
     let result = capture.finish().expect("finish");
     target.kill_all();

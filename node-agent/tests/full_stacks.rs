@@ -246,9 +246,21 @@ fn c_full_chain(config: SamplerConfig) {
         &["-O2", "-fomit-frame-pointer", "-g"],
     );
     let mut cg = TestCgroup::new("stacks-c");
-    cg.spawn(&mut Command::new(&bin));
+    let pid = cg.spawn(&mut Command::new(&bin));
+    support::wait_mapped(pid, "libc.so");
     let samplers = Samplers::new(config);
-    let (file, result) = capture(&samplers, &cg, dir.path(), "c", 4);
+    // The walker is measured with the process's tables loaded (`start_cpu_with_tables`).
+    let capture = support::start_cpu_with_tables(
+        &samplers,
+        &[CaptureTarget::raw(cg.cgroup.clone())],
+        &CpuOptions {
+            frequency: HZ,
+            ..CpuOptions::default()
+        },
+        &[pid],
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let (file, result) = finish(&samplers, capture, dir.path(), "c");
     assert_eq!(result.drops.total(), 0, "{:?}", result.drops);
     let ts = traces(&file, &[]);
     let (leaf, via_c) = chain_share(&ts, "ff_leaf", &["ff_c", "ff_b", "ff_a", "main"]);

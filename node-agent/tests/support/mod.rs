@@ -406,3 +406,63 @@ pub fn with_only_capabilities(cmd: &mut Command, keep: &[u32]) {
         });
     }
 }
+
+/// Waits until process `pid` maps a file whose path contains `name` (e.g. "libc.so": the
+/// dynamic loader has mapped it, so the process is past its start and a snapshot of its
+/// mappings holds what its stacks run through). Panics after a minute.
+pub fn wait_mapped(pid: u32, name: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        if maps.lines().any(|l| l.contains(name)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} did not map {name} within a minute"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Starts a CPU capture whose whole window walks `pids` with their unwind tables loaded.
+///
+/// A capture's start gives the tables of its targets' processes a moment (the unwinder's
+/// budget) and leaves what takes longer to the unwinder's worker, so samples taken until
+/// the worker is done walk by frame pointers only: how many depends on the machine (a
+/// second of libc's table under QEMU's TCG on a loaded host). A test of what the walker
+/// does with tables therefore waits for the unwinder's own signal that each process is
+/// registered, under a first capture that asked for them, and measures a second capture on
+/// the same sampler; the first is finished and dropped. Panics when a process gets no
+/// tables within a minute.
+pub fn start_cpu_with_tables(
+    samplers: &flamefleet_agent::capture::Samplers,
+    targets: &[flamefleet_agent::capture::CaptureTarget],
+    options: &flamefleet_agent::capture::cpu::CpuOptions,
+    pids: &[u32],
+) -> flamefleet_agent::capture::cpu::CpuCapture {
+    let first = samplers
+        .start_cpu(targets, options)
+        .expect("start the capture that registers the processes");
+    let unwinder = first
+        .sampler()
+        .unwinder()
+        .cloned()
+        .expect("CFI unwinding is on");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    for &pid in pids {
+        while !unwinder.is_registered(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "process {pid} got no unwind tables within a minute: {:?}",
+                unwinder.stats()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let measured = samplers
+        .start_cpu(targets, options)
+        .expect("start the measured capture");
+    drop(first.finish().expect("finish the registering capture"));
+    measured
+}
