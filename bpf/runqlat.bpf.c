@@ -533,6 +533,8 @@ int BPF_PROG(switch_hybrid, bool preempt, struct task_struct *prev, struct task_
 			seen->fix = 0;
 		}
 		c->waits += 1;
+		if (!prev->pid)
+			c->after_idle += 1;
 		s.target = t.index;
 		s.flags = t.flags;
 		record(&s, (__s64)wait, next->tgid, next->comm);

@@ -59,6 +59,7 @@ struct runqlat_cpu {
 	__u64 epoch_start; /* rq clock when the current epoch began; 0: never sampled */
 	__u64 last_sample; /* rq clock of the last calibration sample */
 	__u64 waits;        /* waits recorded */
+	__u64 after_idle;   /* of those, ended on a CPU that was idle (prev the idle task) */
 	__u64 clock_reads;  /* waits whose end was read from the clock (rq clock stale) */
 	__u64 uncalibrated; /* of those, before this CPU had a calibration sample */
 	__u64 split;        /* waits split by a migration, counted whole */

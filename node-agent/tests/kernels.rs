@@ -31,6 +31,9 @@ struct GuestKernel {
     /// (`ran`), needs CAP_SYS_ADMIN for perf-event uprobes and says so (`needs SYS_ADMIN`),
     /// or is refused for what the kernel lacks (`refused`).
     heap_ebpf_chart_caps: &'static str,
+    /// Whether runqlat's waits after idle end at PSI's stamp there
+    /// (`runqlat.after_idle=psi-stamps`; else they read the clock).
+    psi_stamps: bool,
 }
 
 /// The engines' tests every guest runs: (test binary, test).
@@ -63,6 +66,14 @@ const TESTS: &[(&str, &str)] = &[
 
 /// Run where eBPF heap sampling runs.
 const HEAP_EBPF_TEST: (&str, &str) = ("heap_ebpf", "inuse_space_and_call_sites_match_the_truth");
+
+/// Run where runqlat takes PSI's stamps after idle: a guest runs nothing but the test, so
+/// its CPUs idle between the workload's waits whatever the host's load (on a saturated
+/// host they never do, and the test says so).
+const PSI_TEST: (&str, &str) = (
+    "runqlat_capture",
+    "hybrid_clock_takes_psi_stamps_after_idle_and_agrees_with_the_clock",
+);
 
 /// Run where the CPU sampler takes the user registers of a task sampled in the kernel from
 /// the top of its kernel stack (no `bpf_task_pt_regs`).
@@ -100,7 +111,7 @@ fn test_executables() -> HashMap<String, PathBuf> {
     for name in TESTS
         .iter()
         .map(|t| t.0)
-        .chain([HEAP_EBPF_TEST.0, STACK_TOP_TEST.0])
+        .chain([HEAP_EBPF_TEST.0, STACK_TOP_TEST.0, PSI_TEST.0])
     {
         build.args(["--test", name]);
     }
@@ -144,6 +155,9 @@ fn run_tier(k: &GuestKernel) {
     }
     if k.frame_walk == "bounded-loop" {
         tests.push(STACK_TOP_TEST);
+    }
+    if k.psi_stamps {
+        tests.push(PSI_TEST);
     }
     let mut script = format!("cd {}\nfailed=0\n", env!("CARGO_MANIFEST_DIR"));
     for (bin, test) in &tests {
@@ -227,9 +241,15 @@ fn run_tier(k: &GuestKernel) {
         .find_map(|l| l.find(&marker).map(|at| &l[at..]))
         .unwrap_or_else(|| panic!("no feature line from {}:\n{}", k.release, out.output));
     println!("  {features}");
+    let after_idle = if k.psi_stamps {
+        "psi-stamps"
+    } else {
+        "clock-read-after-idle"
+    };
     for expected in [
         format!("cpu.frame_walk={}", k.frame_walk),
         format!("targets={}", k.targets),
+        format!("runqlat.after_idle={after_idle}"),
     ] {
         assert!(
             features.contains(&expected),
@@ -262,6 +282,7 @@ fn linux_5_10() {
         targets: "ancestry-walk",
         heap_ebpf: "refused",
         heap_ebpf_chart_caps: "refused",
+        psi_stamps: false,
     });
 }
 
@@ -278,6 +299,7 @@ fn linux_6_1() {
         targets: "ancestry-walk",
         heap_ebpf: "ran",
         heap_ebpf_chart_caps: "needs SYS_ADMIN",
+        psi_stamps: false,
     });
 }
 
@@ -289,5 +311,6 @@ fn linux_6_12() {
         targets: "cgroup-storage-cache",
         heap_ebpf: "ran",
         heap_ebpf_chart_caps: "ran",
+        psi_stamps: true,
     });
 }

@@ -99,6 +99,10 @@ pub enum StartStorage {
 pub struct ClockStats {
     /// Waits recorded.
     pub waits: u64,
+    /// Of those, waits that ended on a CPU that was idle (the switch came from the idle
+    /// task): each took PSI's stamp of the switch or read the clock. None where no CPU
+    /// of the targets ever idles (a saturated node).
+    pub after_idle: u64,
     /// Waits that ended while the run-queue clock was stale (a wakeup preemption): their
     /// end was read from the clock (`bpf_ktime_get_ns`) instead.
     pub clock_reads: u64,
@@ -118,9 +122,11 @@ pub struct ClockStats {
 }
 
 impl ClockStats {
-    fn since(self, before: Self) -> Self {
+    /// The counts of a window: these less those `before` it.
+    pub fn since(self, before: Self) -> Self {
         Self {
             waits: self.waits.saturating_sub(before.waits),
+            after_idle: self.after_idle.saturating_sub(before.after_idle),
             clock_reads: self.clock_reads.saturating_sub(before.clock_reads),
             uncalibrated: self.uncalibrated.saturating_sub(before.uncalibrated),
             split: self.split.saturating_sub(before.split),

@@ -238,8 +238,8 @@ impl RunqlatResult {
         ));
         if let Some(c) = self.clock {
             b.comment(&format!(
-                "hybrid clock (node-wide): {} waits, {} ended on a stale run-queue clock and were read from the clock ({} before calibration), {} ended after idle at PSI's switch stamp ({} checked against the clock, {} rejected), {} counted whole across a migration",
-                c.waits, c.clock_reads, c.uncalibrated, c.psi_stamps, c.psi_checks, c.psi_rejects, c.split
+                "hybrid clock (node-wide): {} waits, {} ended on a CPU that was idle, {} ended on a stale run-queue clock and were read from the clock ({} before calibration), {} ended after idle at PSI's switch stamp ({} checked against the clock, {} rejected), {} counted whole across a migration",
+                c.waits, c.after_idle, c.clock_reads, c.uncalibrated, c.psi_stamps, c.psi_checks, c.psi_rejects, c.split
             ));
         }
         let unit_ns = self.unit.nanos();

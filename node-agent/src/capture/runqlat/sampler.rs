@@ -158,6 +158,12 @@ impl RunqlatSampler {
         }
     }
 
+    /// The hybrid variant's counters now, node-wide (`None` for the other variants): a
+    /// window's are the difference of two readings ([`ClockStats::since`]).
+    pub fn clock_stats(&self) -> Option<ClockStats> {
+        read_clock_stats(&self.lock().maps)
+    }
+
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -355,6 +361,7 @@ pub(super) fn read_clock_stats(maps: &Maps) -> Option<ClockStats> {
     for v in per_cpu.unwrap_or_default() {
         if let Some(c) = from_bytes::<runqlat_cpu>(&v) {
             sum.waits += c.waits;
+            sum.after_idle += c.after_idle;
             sum.clock_reads += c.clock_reads;
             sum.uncalibrated += c.uncalibrated;
             sum.split += c.split;
