@@ -518,3 +518,50 @@ fn captures_without_cap_sys_resource_or_names_the_memlock_limit() {
         println!("memlock: no part on this kernel");
     }
 }
+
+/// A CPU capture by the agent with only the chart's capabilities (CAP_BPF, CAP_PERFMON,
+/// CAP_SYS_PTRACE). Where `kernel.perf_event_paranoid` is 2 or less it runs; above 2 (the
+/// default of Debian's kernels, as in the guest tier) a distribution kernel refuses
+/// `perf_event_open` to CAP_PERFMON: then the agent may run (a kernel that allows it) or is
+/// refused with the sysctl named and what to do, never told to "run as root".
+#[test]
+fn captures_with_only_the_charts_capabilities_or_names_perf_event_paranoid() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cg = TestCgroup::new("cpu-caps");
+    cg.spawn(&mut Command::new("sh").args(["-c", "while :; do :; done"]));
+    let out = dir.path().join("cpu.pb.gz");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"));
+    cmd.args(["capture", "--type", "cpu", "--duration", "1s", "--cgroup"])
+        .arg(&cg.cgroup.path)
+        .arg("-o")
+        .arg(&out);
+    let caps = support::chart_capabilities();
+    support::with_only_capabilities(&mut cmd, &caps);
+    let output = cmd.output().expect("running flamefleet-agent capture");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .expect("kernel.perf_event_paranoid")
+        .trim()
+        .parse()
+        .expect("a number");
+    if output.status.success() {
+        let d = Decoded::read(&out);
+        assert!(!d.profile.sample.is_empty(), "no samples: {stderr}");
+        println!("cpu caps: ran with the chart's capabilities (perf_event_paranoid {paranoid})");
+        return;
+    }
+    assert!(
+        paranoid > 2,
+        "a CPU capture with the chart's capabilities {caps:?} failed at perf_event_paranoid {paranoid}: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("kernel.perf_event_paranoid is {paranoid}"))
+            && stderr.contains("CAP_SYS_ADMIN")
+            && stderr.contains("kernel.perf_event_paranoid=2")
+            && !stderr.contains("run as root"),
+        "the refusal should name the sysctl and the remedies: {stderr}"
+    );
+    println!("cpu caps: refused at perf_event_paranoid {paranoid}, naming it");
+}

@@ -520,9 +520,7 @@ fn probe_perf_uprobe() -> PerfUprobeAccess {
     }
     match std::io::Error::last_os_error().raw_os_error() {
         Some(libc::EACCES | libc::EPERM) => PerfUprobeAccess::Denied {
-            paranoid: std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-                .ok()
-                .and_then(|p| p.trim().parse().ok()),
+            paranoid: perf_event_paranoid(),
             sys_admin: has_capability(CAP_SYS_ADMIN),
         },
         _ => PerfUprobeAccess::Allowed,
@@ -670,6 +668,26 @@ fn has_capability(cap: u32) -> bool {
                 .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
         .is_some_and(|eff| eff & (1u64 << cap) != 0)
+}
+
+/// `kernel.perf_event_paranoid` (`None`: unreadable).
+pub(crate) fn perf_event_paranoid() -> Option<i32> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+}
+
+/// Why `perf_event_open` refused a process that holds CAP_PERFMON, when the reason is
+/// `kernel.perf_event_paranoid` above 2: distribution kernels (Debian's 5.10, 6.1 and
+/// 6.12 among them: measured, CAP_PERFMON is refused there) then allow it only to
+/// CAP_SYS_ADMIN. `None` when that is not the case.
+pub(crate) fn paranoid_refusal() -> Option<String> {
+    let level = perf_event_paranoid()?;
+    (level > 2 && has_capability(CAP_PERFMON) && !has_capability(CAP_SYS_ADMIN)).then(|| {
+        format!(
+            "kernel.perf_event_paranoid is {level} on this node: above 2, distribution kernels (Debian's, Ubuntu's) refuse perf_event_open to every process without CAP_SYS_ADMIN, CAP_PERFMON included; set it to 2 on the node (sysctl kernel.perf_event_paranoid=2, e.g. in /etc/sysctl.d: the agent's container cannot, /proc/sys is read-only there) or grant the agent SYS_ADMIN"
+        )
+    })
 }
 
 /// Whether this process holds the capabilities loading BPF needs (CAP_BPF and

@@ -85,9 +85,15 @@ pub fn open(kind: PerfEventKind, cpu: u32, frequency: u64) -> Result<OwnedFd> {
     if fd < 0 {
         let err = std::io::Error::last_os_error();
         return Err(match err.raw_os_error() {
-            Some(libc::EACCES | libc::EPERM) => CaptureError::Privilege {
-                action: format!("opening perf event {} on CPU {cpu}", kind.name()),
-                found: format!("{err} (kernel.perf_event_paranoid may also forbid it)"),
+            Some(libc::EACCES | libc::EPERM) => match super::kernel::paranoid_refusal() {
+                Some(why) => CaptureError::KernelFeature {
+                    feature: format!("perf event {} on CPU {cpu} for CAP_PERFMON", kind.name()),
+                    detail: format!("{why} ({err})"),
+                },
+                None => CaptureError::Privilege {
+                    action: format!("opening perf event {} on CPU {cpu}", kind.name()),
+                    found: format!("{err} (kernel.perf_event_paranoid may also forbid it)"),
+                },
             },
             Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV) => CaptureError::KernelFeature {
                 feature: format!("perf event {}", kind.name()),
