@@ -404,3 +404,96 @@ fn per_stack_totals_agree_with_offcputime() {
     }
     assert_eq!(compared, WORKERS.len());
 }
+
+const GOBLOCK: &str = include_str!("offcpu_workloads/goblock/main.go");
+const GOBLOCK_MOD: &str = include_str!("offcpu_workloads/goblock/go.mod");
+
+/// Off-CPU ns under stacks holding every one of `user` (user frames) and `kernel` (a kernel
+/// frame), and the total of the profile.
+fn under(d: &Decoded, user: &[&str], kernel: &str) -> (i64, i64) {
+    let (mut hit, mut total) = (0, 0);
+    for s in &d.profile.sample {
+        total += s.value[0];
+        let frames: Vec<(bool, Vec<&str>)> = s
+            .location_id
+            .iter()
+            .map(|&l| (d.is_kernel(l), d.functions(l)))
+            .collect();
+        let has = |name: &str, kernel_frame: bool| {
+            frames
+                .iter()
+                .any(|(k, f)| *k == kernel_frame && f.iter().any(|n| n.contains(name)))
+        };
+        if user.iter().all(|u| has(u, false)) && has(kernel, true) {
+            hit += s.value[0];
+        }
+    }
+    (hit, total)
+}
+
+#[test]
+fn go_waits_show_their_go_callers() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("main.go"), GOBLOCK).unwrap();
+    std::fs::write(dir.path().join("go.mod"), GOBLOCK_MOD).unwrap();
+    let bin = dir.path().join("goblock");
+    let out = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(".")
+        .current_dir(dir.path())
+        .env("CGO_ENABLED", "0")
+        .output()
+        .expect("running go build (install Go)");
+    assert!(
+        out.status.success(),
+        "go build failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut cg = TestCgroup::new("offcpu-go");
+    start_ready(&mut cg, &mut Command::new(&bin));
+    let samplers = Samplers::new(SamplerConfig::default());
+    let capture = samplers
+        .start_offcpu(
+            &[CaptureTarget::raw(cg.cgroup.clone())],
+            &OffcpuOptions::default(),
+        )
+        .expect("start off-CPU capture");
+    let window = Duration::from_secs(3);
+    std::thread::sleep(window);
+    let result = capture.finish().expect("finish");
+    let file = write_profile(dir.path(), "goblock", &result, &samplers);
+    let d = Decoded::read(&file);
+    // Each waiting goroutine is locked to its own thread, which blocks (in the runtime's
+    // futex sleep, on the scheduler's stack) for nearly all of the window.
+    let floor = window.as_nanos() as i64 / 2;
+    for (what, user) in [
+        (
+            "channel receive",
+            &[
+                "main.receiver",
+                "main.receive",
+                "runtime.chanrecv",
+                "runtime.gopark",
+            ][..],
+        ),
+        (
+            "time.Sleep",
+            &["main.sleeper", "main.nap", "time.Sleep", "runtime.gopark"][..],
+        ),
+    ] {
+        let (hit, total) = under(&d, user, "futex");
+        eprintln!(
+            "{what}: {:.3} s of {:.3} s off-CPU under {} and a futex kernel frame",
+            hit as f64 / 1e9,
+            total as f64 / 1e9,
+            user.join(" > ")
+        );
+        assert!(
+            hit >= floor,
+            "{what}: expected at least {floor} ns off-CPU under {user:?} (with a futex kernel frame), found {hit} of {total}"
+        );
+    }
+}

@@ -225,6 +225,8 @@ fn load<'obj>(
         ro.capture_kernel_stacks = options.kernel_stacks;
         ro.ff_cgrp_cache = cache;
         ro.ff_stack_seed = stack_maps::seed();
+        // A Go thread blocked in the scheduler waits for the goroutine that parked on it.
+        ro.ff_go_park_stitch = true;
     }
     if let Some(u) = unwinder {
         u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
