@@ -72,7 +72,8 @@ pub(crate) enum ProbeMode {
     Session,
     /// Every entry and return probe as a uprobe_multi link (Linux 6.6+).
     Multi,
-    /// Perf-event uprobes (any kernel; CAP_SYS_ADMIN on recent ones).
+    /// Perf-event uprobes (any kernel; CAP_SYS_ADMIN on most: see
+    /// [`crate::capture::kernel::PerfUprobeAccess`]).
     #[default]
     Classic,
 }
@@ -436,7 +437,9 @@ fn run_owner(
     let u = tracker.unwinder().map(|u| &**u);
     // Best first: session uprobes (Linux 6.13+: no return trap for unsampled calls), then
     // uprobe_multi links (6.6+), then perf-event uprobes. The two link-based modes need only
-    // CAP_BPF and CAP_PERFMON; perf-event uprobes need CAP_SYS_ADMIN on recent kernels.
+    // CAP_BPF and CAP_PERFMON; perf-event uprobes need CAP_SYS_ADMIN on kernels carrying the
+    // fix of CVE-2025-38466 (probed: `heap_ebpf_refusal` refuses before this point when they
+    // are denied).
     // The kernel's BTF says which link types exist (KernelFeatures); a load that fails
     // anyway falls through to the next mode.
     let features = KernelFeatures::get();
@@ -635,7 +638,14 @@ fn attach_binary(
 ) -> Result<usize> {
     let mut probes = 0;
     for ep in &bin.entry_points {
-        let what = || format!("attaching a uprobe to {} in {}", ep.symbol, bin.name);
+        let what = || {
+            let kind = if mode == ProbeMode::Classic {
+                "a perf-event uprobe"
+            } else {
+                "a uprobe"
+            };
+            format!("attaching {kind} to {} in {}", ep.symbol, bin.name)
+        };
         if mode == ProbeMode::Session && ep.kind == EntryKind::Malloc {
             let opts = libbpf_rs::UprobeMultiOpts {
                 offsets: vec![ep.probe_offset as usize],
