@@ -21,6 +21,11 @@
  *   bpf_get_task_stack: it names why the thread blocked) and is added to
  *   `counts`.
  *
+ * A Go thread blocks on its scheduler stack (g0) right after a goroutine parked
+ * on it: the walk goes on from runtime.mcall to that goroutine's stack
+ * (ff_go_park_stitch, unwind.bpf.h), so a channel receive or time.Sleep shows
+ * with its Go callers.
+ *
  * A switch of threads outside the targets costs two per-CPU cache probes
  * (cgroup ID and target generation -> target) and no helper call.
  *

@@ -276,8 +276,20 @@ fn kernel_part(frames: &[String]) -> Vec<String> {
 /// Whether `ours` (leaf first) is the root end of `theirs`: the same stack seen by both,
 /// `offcputime`'s with its own program, the tracepoint and the scheduler's functions at
 /// the leaf (it walks the running task), ours without them (the stopped task's stack).
+/// `offcputime` also records preemptions (a runnable thread switched out, e.g. by an
+/// interrupt in the middle of `futex_wait`), which are run-queue time here: a stack with
+/// the preemption's frames is never the same as a block's.
 fn same_stack(ours: &[String], theirs: &[String]) -> bool {
-    !ours.is_empty() && theirs.ends_with(ours)
+    const PREEMPTION: [&str; 4] = [
+        "preempt_schedule",
+        "irqentry_exit",
+        "asm_sysvec",
+        "__cond_resched",
+    ];
+    let preempted = theirs
+        .iter()
+        .any(|f| PREEMPTION.iter().any(|p| f.starts_with(p)));
+    !ours.is_empty() && !preempted && theirs.ends_with(ours)
 }
 
 /// Whether `pid` holds a BPF link (its programs are attached).
@@ -300,13 +312,19 @@ fn per_stack_totals_agree_with_offcputime() {
     let mut cg = TestCgroup::new("offcpu-peer");
     let pid = start_ready(&mut cg, &mut Command::new(&bin));
     let tids = threads(pid);
+    let samplers = Samplers::new(SamplerConfig::default());
+    let capture = samplers
+        .start_offcpu(
+            &[CaptureTarget::raw(cg.cgroup.clone())],
+            &OffcpuOptions::default(),
+        )
+        .expect("start off-CPU capture");
     // The same threads (the process), blocks of at least 1 ms as ours. offcputime also
     // counts preemptions (a runnable thread switched out), which are not off-CPU time
     // here; their stacks (an interrupt's return) match none of ours.
     let peer = Command::new("offcputime")
-        // Its stack map is 1024 stacks by default; the workers' user stacks, walked by
-        // frame pointers they do not keep, are garbage of many shapes that would fill it
-        // and lose kernel stacks.
+        // Its stack map is 1024 stacks by default: without room the kernel stacks of the
+        // workers' blocks would be lost among those of their preemptions.
         .args([
             "-m",
             "1000",
@@ -321,17 +339,13 @@ fn per_stack_totals_agree_with_offcputime() {
         .spawn()
         .expect("running offcputime (install libbpf-tools: scripts/setup.sh)");
     let peer_pid = peer.id();
+    // The same window for both: ours is read when offcputime has attached and again when
+    // it is stopped, and only the difference counts.
     wait_until("offcputime to attach", || has_bpf_link(peer_pid));
     let peer_started = Instant::now();
-    let samplers = Samplers::new(SamplerConfig::default());
-    let capture = samplers
-        .start_offcpu(
-            &[CaptureTarget::raw(cg.cgroup.clone())],
-            &OffcpuOptions::default(),
-        )
-        .expect("start off-CPU capture");
+    let before = capture.peek().expect("peek");
     std::thread::sleep(WINDOW);
-    let result = capture.finish().expect("finish");
+    let after = capture.peek().expect("peek");
     // SIGINT ends offcputime's wait; it then prints its maps.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(peer_pid as i32),
@@ -339,6 +353,8 @@ fn per_stack_totals_agree_with_offcputime() {
     )
     .unwrap();
     let peer_window = peer_started.elapsed();
+    let ours_window = after.duration - before.duration;
+    drop(capture);
     let out = peer.wait_with_output().unwrap();
     assert!(
         out.status.success(),
@@ -346,21 +362,32 @@ fn per_stack_totals_agree_with_offcputime() {
         String::from_utf8_lossy(&out.stderr)
     );
     let peer_stacks = parse_offcputime(&String::from_utf8_lossy(&out.stdout));
-    let ours_window = result.duration;
 
     // Ours per (thread, kernel stack): blocked + runnable, which is what offcputime
-    // measures (switch-out to switch-in).
+    // measures (switch-out to switch-in), over the window.
     let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
-    let mut ours: HashMap<(String, Vec<String>), u64> = HashMap::new();
-    for s in &result.samples {
-        let mut b = flamefleet_agent::pprof::ProfileBuilder::new(&[("x", "y")]);
-        let frames: Vec<String> = symbolizer
-            .kernel_frames(&mut b, &s.kernel_stack)
-            .iter()
-            .filter_map(|f| f.lines.last().map(|l| l.function.clone()))
-            .collect();
-        *ours.entry((s.comm.clone(), frames)).or_default() += s.blocked_ns + s.queued_ns;
-    }
+    let mut totals = |samples: &OffcpuSamples| {
+        let mut out: HashMap<(String, Vec<String>), i128> = HashMap::new();
+        for s in &samples.samples {
+            let mut b = flamefleet_agent::pprof::ProfileBuilder::new(&[("x", "y")]);
+            let frames: Vec<String> = symbolizer
+                .kernel_frames(&mut b, &s.kernel_stack)
+                .iter()
+                .filter_map(|f| f.lines.last().map(|l| l.function.clone()))
+                .collect();
+            *out.entry((s.comm.clone(), frames)).or_default() +=
+                i128::from(s.blocked_ns + s.queued_ns);
+        }
+        out
+    };
+    let (at_start, at_end) = (totals(&before), totals(&after));
+    let ours: HashMap<(String, Vec<String>), u64> = at_end
+        .into_iter()
+        .map(|(k, v)| {
+            let d = v - at_start.get(&k).copied().unwrap_or(0);
+            (k, u64::try_from(d).unwrap_or(0))
+        })
+        .collect();
     let rate = |total_ns: f64, window: Duration| total_ns / window.as_secs_f64();
     let mut compared = 0;
     for (name, _, _, kernel) in WORKERS {
@@ -403,4 +430,97 @@ fn per_stack_totals_agree_with_offcputime() {
         compared += 1;
     }
     assert_eq!(compared, WORKERS.len());
+}
+
+const GOBLOCK: &str = include_str!("offcpu_workloads/goblock/main.go");
+const GOBLOCK_MOD: &str = include_str!("offcpu_workloads/goblock/go.mod");
+
+/// Off-CPU ns under stacks holding every one of `user` (user frames) and `kernel` (a kernel
+/// frame), and the total of the profile.
+fn under(d: &Decoded, user: &[&str], kernel: &str) -> (i64, i64) {
+    let (mut hit, mut total) = (0, 0);
+    for s in &d.profile.sample {
+        total += s.value[0];
+        let frames: Vec<(bool, Vec<&str>)> = s
+            .location_id
+            .iter()
+            .map(|&l| (d.is_kernel(l), d.functions(l)))
+            .collect();
+        let has = |name: &str, kernel_frame: bool| {
+            frames
+                .iter()
+                .any(|(k, f)| *k == kernel_frame && f.iter().any(|n| n.contains(name)))
+        };
+        if user.iter().all(|u| has(u, false)) && has(kernel, true) {
+            hit += s.value[0];
+        }
+    }
+    (hit, total)
+}
+
+#[test]
+fn go_waits_show_their_go_callers() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("main.go"), GOBLOCK).unwrap();
+    std::fs::write(dir.path().join("go.mod"), GOBLOCK_MOD).unwrap();
+    let bin = dir.path().join("goblock");
+    let out = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(".")
+        .current_dir(dir.path())
+        .env("CGO_ENABLED", "0")
+        .output()
+        .expect("running go build (install Go)");
+    assert!(
+        out.status.success(),
+        "go build failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut cg = TestCgroup::new("offcpu-go");
+    start_ready(&mut cg, &mut Command::new(&bin));
+    let samplers = Samplers::new(SamplerConfig::default());
+    let capture = samplers
+        .start_offcpu(
+            &[CaptureTarget::raw(cg.cgroup.clone())],
+            &OffcpuOptions::default(),
+        )
+        .expect("start off-CPU capture");
+    let window = Duration::from_secs(3);
+    std::thread::sleep(window);
+    let result = capture.finish().expect("finish");
+    let file = write_profile(dir.path(), "goblock", &result, &samplers);
+    let d = Decoded::read(&file);
+    // Each waiting goroutine is locked to its own thread, which blocks (in the runtime's
+    // futex sleep, on the scheduler's stack) for nearly all of the window.
+    let floor = window.as_nanos() as i64 / 2;
+    for (what, user) in [
+        (
+            "channel receive",
+            &[
+                "main.receiver",
+                "main.receive",
+                "runtime.chanrecv",
+                "runtime.gopark",
+            ][..],
+        ),
+        (
+            "time.Sleep",
+            &["main.sleeper", "main.nap", "time.Sleep", "runtime.gopark"][..],
+        ),
+    ] {
+        let (hit, total) = under(&d, user, "futex");
+        eprintln!(
+            "{what}: {:.3} s of {:.3} s off-CPU under {} and a futex kernel frame",
+            hit as f64 / 1e9,
+            total as f64 / 1e9,
+            user.join(" > ")
+        );
+        assert!(
+            hit >= floor,
+            "{what}: expected at least {floor} ns off-CPU under {user:?} (with a futex kernel frame), found {hit} of {total}"
+        );
+    }
 }
