@@ -530,7 +530,7 @@ fn captures_with_only_the_charts_capabilities_or_names_perf_event_paranoid() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let mut cg = TestCgroup::new("cpu-caps");
-    cg.spawn(&mut Command::new("sh").args(["-c", "while :; do :; done"]));
+    cg.spawn(Command::new("sh").args(["-c", "while :; do :; done"]));
     let out = dir.path().join("cpu.pb.gz");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"));
     cmd.args(["capture", "--type", "cpu", "--duration", "1s", "--cgroup"])
