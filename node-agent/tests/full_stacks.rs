@@ -134,7 +134,8 @@ fn assert_chain(file: &Path, leaf: &str, chain: &[&str], extra: &[&str]) -> f64 
     pct
 }
 
-/// Captures the cgroup for `secs`, writes the profile, returns it and the result.
+/// Captures the cgroup for `secs` with its processes' unwind tables loaded
+/// (`start_cpu_with_tables`), writes the profile, returns it and the result.
 fn capture(
     samplers: &Samplers,
     cg: &TestCgroup,
@@ -142,15 +143,16 @@ fn capture(
     name: &str,
     secs: u64,
 ) -> (PathBuf, CpuSamples) {
-    let capture = samplers
-        .start_cpu(
-            &[CaptureTarget::raw(cg.cgroup.clone())],
-            &CpuOptions {
-                frequency: HZ,
-                ..CpuOptions::default()
-            },
-        )
-        .expect("start CPU capture");
+    let pids = cg.cgroup.procs_recursive().expect("the cgroup's processes");
+    let capture = support::start_cpu_with_tables(
+        samplers,
+        &[CaptureTarget::raw(cg.cgroup.clone())],
+        &CpuOptions {
+            frequency: HZ,
+            ..CpuOptions::default()
+        },
+        &pids,
+    );
     std::thread::sleep(Duration::from_secs(secs));
     finish(samplers, capture, dir, name)
 }
