@@ -25,6 +25,7 @@ pub fn artifact_names(profile_type: ProfileType, node: &str) -> Vec<String> {
             format!("runqlat-{node}.pb.gz"),
             format!("runqlat-{node}.txt"),
         ],
+        ProfileType::Offcpu => vec![format!("offcpu-{node}.pb.gz")],
     }
 }
 
