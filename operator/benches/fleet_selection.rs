@@ -1,5 +1,5 @@
-//! Sampling-controller cost at fleet size (issue 9, section 6): prints figures, asserts
-//! nothing.
+//! Sampling-controller cost at fleet size: what one policy's run costs the operator when
+//! the cluster is large (10,000 pods, 1,310 runs). Prints figures, asserts nothing.
 //!
 //! The fleet: 10,000 Running pods in 20 namespaces on 500 nodes, each node with a Running
 //! agent pod, and 100 hourly policies with their history (10 succeeded and 3 failed runs each,

@@ -34,4 +34,20 @@ pub mod agent {
             ProfileType::Unspecified => Vec::new(),
         }
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn names_follow_the_agent_contract() {
+            assert_eq!(artifact_names(ProfileType::Cpu, "w1"), ["cpu-w1.pb.gz"]);
+            assert_eq!(artifact_names(ProfileType::Heap, "w1"), ["heap-w1.pb.gz"]);
+            assert_eq!(
+                artifact_names(ProfileType::Runqlat, "w1"),
+                ["runqlat-w1.pb.gz", "runqlat-w1.txt"]
+            );
+            assert_eq!(artifact_names(ProfileType::Offcpu, "w1"), ["offcpu-w1.pb.gz"]);
+        }
+    }
 }

@@ -453,26 +453,6 @@ pub fn check_btf() -> Result<()> {
     }
 }
 
-/// The cgroups a capture puts in the target map (each target's own cgroup,
-/// without repeats; the kernel covers their descendants, live) and, for each,
-/// the index of the target it belongs to.
-pub(crate) fn expand_targets(
-    targets: &[CaptureTarget],
-) -> (Vec<target_table::TargetCgroup>, Vec<usize>) {
-    let mut cgroups: Vec<target_table::TargetCgroup> = Vec::new();
-    let mut owner_of = Vec::new();
-    for (i, t) in targets.iter().enumerate() {
-        if !cgroups.iter().any(|c| c.id == t.cgroup.id) {
-            cgroups.push(target_table::TargetCgroup {
-                id: t.cgroup.id,
-                path: t.cgroup.path.clone(),
-            });
-            owner_of.push(i);
-        }
-    }
-    (cgroups, owner_of)
-}
-
 /// A NUL-terminated `comm` array from BPF as a string.
 pub(crate) fn comm_string(raw: &[i8]) -> String {
     let bytes: Vec<u8> = raw

@@ -8,6 +8,16 @@ use flamefleet_proto::agent::{self as pb, CaptureRequest};
 use super::outcome::NodeOutcome;
 use super::{CapturePlan, NodePlan};
 
+/// The wire form of a profile type.
+pub fn proto_type(profile_type: ProfileType) -> pb::ProfileType {
+    match profile_type {
+        ProfileType::Cpu => pb::ProfileType::Cpu,
+        ProfileType::Heap => pb::ProfileType::Heap,
+        ProfileType::Runqlat => pb::ProfileType::Runqlat,
+        ProfileType::Offcpu => pb::ProfileType::Offcpu,
+    }
+}
+
 /// The CaptureRequest of one node (pure).
 pub fn capture_request(
     plan: &CapturePlan,
@@ -15,12 +25,7 @@ pub fn capture_request(
     uploads: Vec<pb::UploadSlot>,
 ) -> CaptureRequest {
     let spec = &plan.spec;
-    let profile_type = match spec.profile_type {
-        ProfileType::Cpu => pb::ProfileType::Cpu,
-        ProfileType::Heap => pb::ProfileType::Heap,
-        ProfileType::Runqlat => pb::ProfileType::Runqlat,
-        ProfileType::Offcpu => pb::ProfileType::Offcpu,
-    };
+    let profile_type = proto_type(spec.profile_type);
     let heap = (spec.profile_type == ProfileType::Heap).then(|| {
         let options = spec.heap_options();
         let mut heap = pb::HeapOptions {

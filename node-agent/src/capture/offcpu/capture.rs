@@ -13,7 +13,7 @@ use super::sampler::{
 use super::{OffcpuSample, OffcpuSamples, OffcpuStats, ShortBlocks};
 use crate::bpf::from_bytes;
 use crate::bpf::offcpu::types::offcpu_key;
-use crate::capture::target_table::delete_target_entries;
+use crate::capture::target_table::{CaptureCgroups, delete_target_entries};
 use crate::capture::{CaptureTarget, Result, stack_maps};
 use crate::unwind::WalkStats;
 
@@ -22,10 +22,8 @@ use crate::unwind::WalkStats;
 pub struct OffcpuCapture {
     pub(super) sampler: Arc<OffcpuSampler>,
     pub(super) targets: Vec<CaptureTarget>,
-    /// The target cgroups, deduplicated; `owner_of[i]` is the position in `targets` of
-    /// `cgroup_ids[i]`.
-    pub(super) cgroup_ids: Vec<u64>,
-    pub(super) owner_of: Vec<usize>,
+    /// The target cgroups and which target each belongs to.
+    pub(super) cgroups: CaptureCgroups,
     pub(super) baseline: HashMap<Vec<u8>, Totals>,
     pub(super) short_before: HashMap<u32, Totals>,
     pub(super) stats_before: OffcpuStats,
@@ -50,7 +48,7 @@ impl Drop for OffcpuCapture {
             table,
             unreferenced,
         } = &mut *shared;
-        let removed = table.release(&maps.target_maps(), &self.cgroup_ids);
+        let removed = table.release(&maps.target_maps(), self.cgroups.ids());
         delete_target_entries::<offcpu_key>(&maps.counts, &removed, |k| k.target);
         if !removed.is_empty() {
             let freed = drop_unreferenced_stacks(maps, unreferenced);
@@ -87,7 +85,7 @@ impl OffcpuCapture {
         let duration = self.started_at.elapsed();
         let shared = self.sampler.lock();
         // Indices nested below a target (another capture's) count for it too.
-        let target_of_index = shared.table.owners(&self.cgroup_ids, &self.owner_of);
+        let target_of_index = self.cgroups.owners(&shared.table);
         let own: HashSet<u32> = target_of_index.keys().copied().collect();
         let now = read_counts(&shared.maps.counts, &own)?;
         let short_now = read_short(&shared.maps.short_blocks, &own)?;

@@ -16,7 +16,7 @@ use crate::bpf::offcpu::{OffcpuSkel, OffcpuSkelBuilder};
 use crate::capture::kernel::KernelFeatures;
 use crate::capture::process_tracker::ProcessTracker;
 use crate::capture::sampler_thread::{self, OwnerThread, Woken};
-use crate::capture::target_table::{TargetMaps, TargetTable};
+use crate::capture::target_table::{CaptureCgroups, TargetMaps, TargetTable};
 use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig, stack_maps};
 use crate::process::ProcessCatalog;
 use crate::unwind::{Unwinder, WalkStats};
@@ -170,7 +170,7 @@ impl OffcpuSampler {
                 "no target cgroup given".into(),
             ));
         }
-        let (cgroups, owner_of) = crate::capture::expand_targets(targets);
+        let (own_cgroups, cgroups) = CaptureCgroups::of(targets);
         // Processes running already will not announce themselves by exec. Their tables
         // are loaded before their cgroups become targets, so that even their first
         // blocks unwind fully.
@@ -179,8 +179,7 @@ impl OffcpuSampler {
         let mut shared = self.lock();
         let Shared { maps, table, .. } = &mut *shared;
         table.acquire::<ff_target>(&maps.target_maps(), &cgroups, 0, |a, _| Ok(a))?;
-        let cgroup_ids: Vec<u64> = cgroups.iter().map(|c| c.id).collect();
-        let own: HashSet<u32> = table.covered(&cgroup_ids).into_keys().collect();
+        let own = own_cgroups.covered(table);
         let baseline = read_counts(&maps.counts, &own)?;
         let short_before = read_short(&maps.short_blocks, &own)?;
         let stats_before = read_stats(&maps.cpus);
@@ -189,8 +188,7 @@ impl OffcpuSampler {
         Ok(OffcpuCapture {
             sampler: self.clone(),
             targets: targets.to_vec(),
-            cgroup_ids,
-            owner_of,
+            cgroups: own_cgroups,
             baseline,
             short_before,
             stats_before,

@@ -18,7 +18,8 @@
 //!   capture of the policy's profile type. Ad hoc requests never count here and are never
 //!   held back: scheduled runs yield to them.
 //!
-//! Per-tenant limits on ad hoc requests (issue 11) are a separate module.
+//! Per-tenant limits on ad hoc requests are a separate concern, admitted in
+//! `controllers/profile_request/limits.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
@@ -39,7 +40,8 @@ use crate::pods::slim::SlimPod;
 pub const DEFAULT_MAX_CONCURRENT: usize = 1;
 /// Default `maxDutyCyclePercent`. Google-Wide Profiling runs a few seconds every few
 /// minutes (a few percent of the time) to stay within a 1-2% fleet overhead; at the 19 Hz
-/// default of a policy's CPU captures (about 0.1% of a CPU while running, seed 004), 5%
+/// default of a policy's CPU captures (about 0.1% of a CPU while running, docs/benchmarks.md
+/// "Continuous profiling"), 5%
 /// of the time costs a node about 0.005% on average, and a heap capture (~3% slower
 /// allocations while running) about 0.15%.
 pub const DEFAULT_DUTY_PERCENT: u32 = 5;

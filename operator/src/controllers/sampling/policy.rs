@@ -50,7 +50,8 @@ pub const CONDITION_PODS_MATCHED: &str = "PodsMatched";
 pub const DEFAULT_STARTING_DEADLINE: Duration =
     Duration::from_secs(DEFAULT_STARTING_DEADLINE_SECONDS.unsigned_abs());
 /// CPU frequency of a run whose template sets none: continuous profiling at 19 Hz costs
-/// about 0.1% of a CPU (seed 004), against the 99 Hz of an ad hoc request.
+/// about 0.1% of a CPU (docs/benchmarks.md, "Continuous profiling"), against the 99 Hz of
+/// an ad hoc request.
 pub const DEFAULT_POLICY_FREQUENCY_HZ: i32 = 19;
 /// Longest wait between two looks at a policy (status and coverage refresh).
 const MAX_REQUEUE: Duration = Duration::from_secs(300);
