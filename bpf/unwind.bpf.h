@@ -129,7 +129,18 @@ struct ff_walk {
 	struct ff_unwind_scratch *s;
 	struct ff_unwind_proc *proc; /* NULL: frame pointers only */
 	__u32 hint; /* index of the last frame's mapping */
+	__u32 go_parked; /* the walk went on from a Go thread's scheduler stack */
 };
+
+/*
+ * Set before load: at Go's runtime.mcall (FF_CFA_GO_MCALL), go on walking the
+ * goroutine that parked. A Go thread with nothing to run blocks in the
+ * scheduler, on its own stack, right after a goroutine parked on it (a channel
+ * receive, a sleep, a lock): for off-CPU time that goroutine's stack says what
+ * the thread waits for. For CPU samples it would not (the scheduler's work is
+ * not the goroutine's), so there the walk ends at mcall.
+ */
+const volatile bool ff_go_park_stitch = false;
 
 /* A binary search run by bpf_loop(): lo and hi narrow on `key`. */
 struct ff_search {
@@ -256,8 +267,8 @@ static __always_inline int ff_unwind_frame(struct ff_walk *w, const bool loops)
 {
 	struct ff_unwind_scratch *s = w->s;
 	struct ff_unwind_row row = {};
-	struct ff_unwind_mapping *m;
-	__u64 pc, sp, bp, cfa, ra, lookup;
+	struct ff_unwind_mapping *m = NULL;
+	__u64 pc, sp, bp, cfa, ra, lookup, g;
 	__u32 n, kind = FF_CFA_NONE;
 	void *table;
 
@@ -325,6 +336,25 @@ static __always_inline int ff_unwind_frame(struct ff_walk *w, const bool loops)
 		break;
 	case FF_CFA_END:
 		return 1;
+	case FF_CFA_GO_MCALL:
+		if (!ff_go_park_stitch || w->go_parked || !m)
+			return 1;
+		/* mcall(fn) called fn(g) with g pushed on the scheduler stack; g.sched
+		 * holds the sp and pc gopark (or another caller of mcall) had. */
+		if (ff_read(&g, sp + (__s64)row.rbp_off * 8) || !g ||
+		    ff_read(&cfa, g + row.cfa_off) || ff_read(&ra, g + row.cfa_off + 8)) {
+			ff_unwind_count(FF_UW_READ_FAILED);
+			return 1;
+		}
+		/* The caller is Go runtime code, in the binary mcall is in. */
+		if (ra < m->start || ra >= m->end || !cfa)
+			return 1;
+		w->go_parked = 1;
+		ff_unwind_count(FF_UW_GO_PARKED);
+		s->sp = cfa;
+		s->bp = 0;
+		s->pc = ra;
+		return 0;
 	default:
 		ff_unwind_count(FF_UW_UNSUPPORTED);
 		return 1;

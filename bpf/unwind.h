@@ -31,6 +31,11 @@ enum ff_cfa_kind {
 	FF_CFA_DEREF_RBP = 4,   /* stack realignment: CFA = *(rbp + cfa_off) */
 	FF_CFA_END = 5,         /* return address undefined: outermost frame */
 	FF_CFA_UNSUPPORTED = 6, /* a rule the BPF walker cannot evaluate: stop */
+	/* Go's runtime.mcall, at the bottom of a thread's scheduler (g0) stack: the
+	 * goroutine it switched away from is at sp + 8 * rbp_off, its saved sp and
+	 * pc at that goroutine + cfa_off (g.sched). Off-CPU walks continue on the
+	 * goroutine's stack (ff_go_park_stitch); others end here. */
+	FF_CFA_GO_MCALL = 7,
 };
 
 /* `kind` bit: after this frame the caller's rbp is unknown (saved out of range). */
@@ -84,7 +89,8 @@ enum ff_unwind_stat {
 	FF_UW_TABLE_MISSING = 7, /* frames whose table was evicted: frame pointer used */
 	FF_UW_STACK_LOST = 8,    /* stack not stored: `user_stacks` full */
 	FF_UW_BAD_STEP = 9,      /* stacks stopped because the stack pointer did not grow */
-	FF_UW_STAT_MAX = 10,
+	FF_UW_GO_PARKED = 10,    /* stacks continued on the goroutine that parked (FF_CFA_GO_MCALL) */
+	FF_UW_STAT_MAX = 11,
 };
 
 #endif

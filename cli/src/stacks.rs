@@ -1,5 +1,5 @@
-//! Stacks of a pprof profile: which sample type to read, function names root→leaf,
-//! collapsed ("folded") stacks for flame graphs.
+//! Stacks of a pprof profile: which sample type to read and how its values read (seconds,
+//! bytes, counts), function names root→leaf, collapsed ("folded") stacks for flame graphs.
 
 use std::collections::BTreeMap;
 
@@ -44,6 +44,30 @@ pub fn value_type(profile: &Profile, index: usize) -> (String, String) {
     )
 }
 
+/// Formats a value in its unit the way pprof does (seconds, bytes, or plain counts).
+pub fn format_value(value: i64, unit: &str) -> String {
+    let v = value as f64;
+    match unit {
+        "nanoseconds" => format!("{:.2}s", v / 1e9),
+        "microseconds" => format!("{:.2}s", v / 1e6),
+        "bytes" => {
+            let units = ["B", "kB", "MB", "GB", "TB"];
+            let mut v = v;
+            let mut i = 0;
+            while v.abs() >= 1024.0 && i + 1 < units.len() {
+                v /= 1024.0;
+                i += 1;
+            }
+            if i == 0 {
+                format!("{value}B")
+            } else {
+                format!("{v:.2}{}", units[i])
+            }
+        }
+        _ => value.to_string(),
+    }
+}
+
 /// The sum over all samples of the value at `index`.
 pub fn total(profile: &Profile, index: usize) -> i64 {
     profile
@@ -72,10 +96,7 @@ pub fn total_text(profile: &Profile) -> String {
     }
     let index = value_index(profile);
     let (kind, unit) = value_type(profile, index);
-    format!(
-        "{} {kind}",
-        crate::top_functions::format_value(total(profile, index), &unit)
-    )
+    format!("{} {kind}", format_value(total(profile, index), &unit))
 }
 
 /// Resolves a sample's location IDs to function names (the pprof kit's reader).

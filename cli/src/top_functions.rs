@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 
 use flamefleet_proto::pprof::Profile;
 
-use crate::stacks::{Frames, value_type};
+use crate::stacks::{Frames, format_value, value_type};
 
 /// One function's totals.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,30 +55,6 @@ pub fn top(profile: &Profile, index: usize) -> (Vec<TopEntry>, i64) {
             .then(a.name.cmp(&b.name))
     });
     (entries, total)
-}
-
-/// Formats a value in its unit the way pprof does (seconds, bytes, or plain counts).
-pub fn format_value(value: i64, unit: &str) -> String {
-    let v = value as f64;
-    match unit {
-        "nanoseconds" => format!("{:.2}s", v / 1e9),
-        "microseconds" => format!("{:.2}s", v / 1e6),
-        "bytes" => {
-            let units = ["B", "kB", "MB", "GB", "TB"];
-            let mut v = v;
-            let mut i = 0;
-            while v.abs() >= 1024.0 && i + 1 < units.len() {
-                v /= 1024.0;
-                i += 1;
-            }
-            if i == 0 {
-                format!("{value}B")
-            } else {
-                format!("{v:.2}{}", units[i])
-            }
-        }
-        _ => value.to_string(),
-    }
 }
 
 /// Renders the top `limit` functions as a table like `go tool pprof -top`.

@@ -6,11 +6,12 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use flamefleet_api::{NodePhase, RequestPhase, SamplingPolicy};
+use flamefleet_api::{NodePhase, ProfileRequest, RequestPhase, SamplingPolicy};
 use flamefleet_proto::agent::LatencyHistogram;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use support::{
-    Store, cli, create_typed_request, files, namespace, node, runqlat_pprof, write_status,
+    Store, cli, create_request_as, create_typed_request, files, namespace, node, runqlat_pprof,
+    write_status,
 };
 
 fn svg_doc(text: &str) -> roxmltree::Document<'_> {
@@ -167,6 +168,29 @@ async fn a_runqlat_request_renders_as_a_histogram_with_its_percentiles() {
     );
 }
 
+/// Creates a runqlat request through `api` (whoever's client it is) with `metadata`, and
+/// finishes it as the operator would after capturing `buckets` of waits on one node.
+async fn captured(
+    ns: &flamefleet_e2e::TestNamespace,
+    store: &Store,
+    api: &Api<ProfileRequest>,
+    metadata: serde_json::Value,
+    buckets: &[(usize, i64)],
+) {
+    let req = create_request_as(api, metadata, "runqlat").await;
+    let name = req.metadata.name.clone().unwrap();
+    let a = store
+        .upload(&req, "runqlat-node-a.pb.gz", &runqlat_pprof(buckets))
+        .await;
+    write_status(
+        ns,
+        &name,
+        RequestPhase::Succeeded,
+        vec![node("node-a", NodePhase::Succeeded, None, vec![a])],
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runqlat_policy_renders_as_a_latency_heat_map_over_its_runs() {
     let ns = namespace("cli-heat").await;
@@ -179,6 +203,7 @@ async fn a_runqlat_policy_renders_as_a_latency_heat_map_over_its_runs() {
         "spec": {
             "schedule": "*/1 * * * *",
             "suspend": true,
+            "startingDeadlineSeconds": 3600,
             "template": {"type": "runqlat", "selector": {"matchLabels": {"app": "web"}}, "duration": "5s"}
         }
     }))
@@ -196,34 +221,65 @@ async fn a_runqlat_policy_renders_as_a_latency_heat_map_over_its_runs() {
         (start + 60, vec![(2, 300), (4, 200), (6, 20)]),
         (start + 120, vec![(5, 100), (8, 200), (11, 40)]),
     ];
-    let mut expected = BTreeMap::new();
-    for (t, buckets) in &runs {
-        let name = format!("rq-fleet-{t}");
-        let req = create_typed_request(
-            &ns,
-            &name,
-            "runqlat",
-            serde_json::json!({
+    // The operator's status: the last scheduled time it handled.
+    let last = k8s_openapi::jiff::Timestamp::from_second(start + 120).unwrap();
+    policies
+        .patch_status(
+            "rq-fleet",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"lastScheduleTime": last.to_string()}})),
+        )
+        .await
+        .unwrap();
+    let run_metadata = |name: &str, t: i64, owned: bool| {
+        let mut metadata = serde_json::json!({
+            "name": name,
+            "labels": {
                 "flamefleet.dev/policy": "rq-fleet",
                 "flamefleet.dev/policy-uid": uid,
                 "flamefleet.dev/scheduled-time": t.to_string(),
-            }),
-        )
-        .await;
-        let a = store
-            .upload(&req, "runqlat-node-a.pb.gz", &runqlat_pprof(buckets))
-            .await;
-        write_status(
+            },
+        });
+        if owned {
+            metadata["ownerReferences"] = serde_json::json!([{
+                "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
+                "name": "rq-fleet", "uid": uid, "controller": true,
+            }]);
+        }
+        metadata
+    };
+    let mut expected = BTreeMap::new();
+    for (t, buckets) in &runs {
+        let name = format!("rq-fleet-{t}");
+        captured(
             &ns,
-            &name,
-            RequestPhase::Succeeded,
-            vec![node("node-a", NodePhase::Succeeded, None, vec![a])],
+            &store,
+            &ns.api(),
+            run_metadata(&name, *t, true),
+            buckets,
         )
         .await;
         for &(i, n) in buckets {
             let lo = flamefleet_proto::latency::bucket_bounds(i).0 * 1000;
             expected.insert((*t, lo), n as u64);
         }
+    }
+    // A tenant with `edit` in the namespace forges runs of the policy, with waits far
+    // longer than any genuine run's, and they are captured like any request of hers: one
+    // carrying only the UID label, one with the policy's controller ownerReference and name
+    // at a time the policy never reached, one with the ownerReference at a time it ran but
+    // not under the policy's name for it.
+    let mallory: Api<ProfileRequest> = Api::namespaced(
+        ns.tenant_client(&ns.unique("mallory")).await.unwrap(),
+        ns.name(),
+    );
+    let forged = [
+        run_metadata("mallory-1", start + 60, false),
+        run_metadata(&format!("rq-fleet-{now}"), now, true),
+        run_metadata("rq-fleet-copy", start + 60, true),
+    ];
+    for metadata in forged {
+        captured(&ns, &store, &mallory, metadata, &[(15, 9_999)]).await;
     }
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().to_str().unwrap();
@@ -245,6 +301,11 @@ async fn a_runqlat_policy_renders_as_a_latency_heat_map_over_its_runs() {
     assert_eq!(r.code, 0, "{r:?}");
     assert!(
         r.stdout.contains("runqlat: merged 3 profiles (1460 waits)"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("ignored 3 ProfileRequests"),
         "{}",
         r.stdout
     );
@@ -321,4 +382,14 @@ async fn a_runqlat_policy_renders_as_a_latency_heat_map_over_its_runs() {
         .map(|b| num::<u64>(b, "data-count"))
         .sum();
     assert_eq!(total, 1460);
+    // The list of runs leaves the forgeries out too.
+    let r = cli(&kc, ns.name(), &["list", "sp/rq-fleet"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        r.stdout.contains("ignored 3 ProfileRequests"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(r.stdout.matches("rq-fleet-").count(), 3, "{}", r.stdout);
+    assert!(!r.stdout.contains("mallory-1"), "{}", r.stdout);
 }

@@ -17,6 +17,7 @@ pub mod crd_yaml;
 pub mod download_seal;
 pub mod duration;
 pub mod phase;
+pub mod policy_runs;
 pub mod profile_download;
 pub mod profile_request;
 pub mod result_slice;

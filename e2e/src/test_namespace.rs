@@ -136,6 +136,18 @@ impl TestNamespace {
         .map(|_| ())
     }
 
+    /// A client for the new user `user`, holding in this namespace only what the chart's
+    /// aggregated `edit` role grants on Flamefleet's kinds ([`edit_rules`]): a tenant.
+    ///
+    /// # Errors
+    /// When the binding, the user's certificate or its client cannot be made.
+    pub async fn tenant_client(&self, user: &str) -> Result<Client> {
+        self.bind_rules("User", user, "flamefleet-edit", edit_rules())
+            .await?;
+        let kubeconfig = self.control_plane.kubeconfig_for_user(user, &[])?;
+        crate::control_plane::client_from_kubeconfig(&kubeconfig).await
+    }
+
     /// Binds a new Role `role` with `rules` to `kind` (`User` or `ServiceAccount`) `subject`;
     /// returns the RoleBinding's name (delete it to revoke).
     ///
@@ -194,6 +206,19 @@ impl TestNamespace {
     pub fn unique(&self, prefix: &str) -> String {
         unique_name(prefix)
     }
+}
+
+/// The rules the chart's `<release>-edit` ClusterRole aggregates into `edit`
+/// (charts/flamefleet/templates/user-roles.yaml).
+pub fn edit_rules() -> serde_json::Value {
+    json!([
+        {"apiGroups": ["flamefleet.dev"], "resources": ["profilerequests", "samplingpolicies"],
+         "verbs": ["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]},
+        {"apiGroups": ["flamefleet.dev"], "resources": ["profiledownloads"],
+         "verbs": ["get", "list", "watch", "create", "delete"]},
+        {"apiGroups": ["flamefleet.dev"], "resources": ["profileresultslices"],
+         "verbs": ["get", "list", "watch"]},
+    ])
 }
 
 /// RBAC rules to `get` ProfileRequest `request` and download its artifacts (the CLI lists

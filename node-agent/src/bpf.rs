@@ -21,6 +21,11 @@ unsafe impl Pod for runqlat::types::runqlat_drops {}
 unsafe impl Pod for runqlat::types::runqlat_slots {}
 unsafe impl Pod for runqlat::types::runqlat_cpu {}
 unsafe impl Pod for heap::types::ff_target {}
+unsafe impl Pod for offcpu::types::ff_target {}
+unsafe impl Pod for offcpu::types::offcpu_key {}
+unsafe impl Pod for offcpu::types::offcpu_val {}
+unsafe impl Pod for offcpu::types::offcpu_short {}
+unsafe impl Pod for offcpu::types::offcpu_cpu {}
 unsafe impl Pod for u64 {}
 unsafe impl Pod for u32 {}
 unsafe impl Pod for i32 {}

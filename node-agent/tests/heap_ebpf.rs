@@ -396,11 +396,14 @@ int main(void) {
 }
 "#;
 
-/// eBPF heap sampling by the agent with only the chart's capabilities (no CAP_SYS_ADMIN):
-/// where the kernel lacks `uprobe_multi` links (6.1) its uprobes are perf-event uprobes,
-/// which `perf_event_open` grants to CAP_PERFMON. The profile names the allocating
-/// function. Where eBPF heap sampling is refused (5.10), the same command fails with the
-/// reason.
+/// eBPF heap sampling by the agent with only the chart's capabilities (no CAP_SYS_ADMIN).
+/// Where the kernel has `uprobe_multi` links (6.6+) they need only CAP_BPF and
+/// CAP_PERFMON: the capture runs and its profile names the allocating function. Where it
+/// has not (6.1), the uprobes are perf-event uprobes, which kernels carrying the fix of
+/// CVE-2025-38466 open only to CAP_SYS_ADMIN: then the capture is refused up front with a
+/// reason naming CAP_SYS_ADMIN, and the same capture with SYS_ADMIN added runs, which
+/// proves that capability is the one missing. Where eBPF heap sampling is refused for what
+/// the kernel lacks (5.10), the command fails with that reason.
 #[test]
 fn ebpf_heap_runs_with_only_the_charts_capabilities() {
     require_root();
@@ -411,57 +414,92 @@ fn ebpf_heap_runs_with_only_the_charts_capabilities() {
     let mut cg = TestCgroup::new("heap-caps");
     cg.spawn(&mut Command::new(&bin));
     let out = dir.path().join("heap.pb.gz");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"));
-    cmd.args([
-        "capture",
-        "--type",
-        "heap",
-        "--heap-source",
-        "ebpf",
-        "--force",
-        "--duration",
-        "2s",
-        "--cgroup",
-    ])
-    .arg(&cg.cgroup.path)
-    .arg("-o")
-    .arg(&out);
+    let capture = |caps: &[u32]| {
+        let _ = std::fs::remove_file(&out);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"));
+        cmd.args([
+            "capture",
+            "--type",
+            "heap",
+            "--heap-source",
+            "ebpf",
+            "--force",
+            "--duration",
+            "2s",
+            "--cgroup",
+        ])
+        .arg(&cg.cgroup.path)
+        .arg("-o")
+        .arg(&out);
+        support::with_only_capabilities(&mut cmd, caps);
+        let output = cmd.output().expect("running flamefleet-agent capture");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        (output.status.success(), stderr)
+    };
+    let named_bytes = || {
+        let d = Decoded::read(&out);
+        let named: i64 = d
+            .profile
+            .sample
+            .iter()
+            .filter(|s| {
+                s.location_id
+                    .iter()
+                    .any(|&l| d.functions(l).contains(&"ff_caps_alloc"))
+            })
+            .map(|s| s.value.iter().copied().max().unwrap_or(0))
+            .sum();
+        (named, d.profile.sample.len())
+    };
     let caps = support::chart_capabilities();
-    support::with_only_capabilities(&mut cmd, &caps);
-    let output = cmd.output().expect("running flamefleet-agent capture");
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (ok, stderr) = capture(&caps);
     if let Some(reason) = features.heap_ebpf_refusal() {
         assert!(
-            !output.status.success() && stderr.contains(&reason),
+            !ok && stderr.contains(&reason),
             "expected the refusal ({reason}): {stderr}"
         );
         println!("heap-ebpf caps: refused with the reason, as it should");
         return;
     }
+    if ok {
+        let (named, samples) = named_bytes();
+        assert!(
+            named > 0,
+            "no sample under ff_caps_alloc in {samples} samples: {stderr}"
+        );
+        println!(
+            "heap-ebpf caps: ran with the chart's capabilities {caps:?} via {}",
+            features.heap_probes()
+        );
+        return;
+    }
+    // Refused with the chart's capabilities: only where perf-event uprobes are the
+    // mechanism, and for CAP_SYS_ADMIN, said up front rather than as a failed attach.
     assert!(
-        output.status.success(),
-        "a heap capture with the chart's capabilities {caps:?} ({}): {stderr}",
+        !features.uprobe_multi.found,
+        "a heap capture with the chart's capabilities {caps:?} failed on a kernel with uprobe_multi links ({}): {stderr}",
         features.heap_probes()
     );
-    let d = Decoded::read(&out);
-    let named: i64 = d
-        .profile
-        .sample
-        .iter()
-        .filter(|s| {
-            s.location_id
-                .iter()
-                .any(|&l| d.functions(l).contains(&"ff_caps_alloc"))
-        })
-        .map(|s| s.value.iter().copied().max().unwrap_or(0))
-        .sum();
+    assert!(
+        stderr.contains("perf-event uprobes")
+            && stderr.contains("only to CAP_SYS_ADMIN")
+            && stderr.contains(&features.release)
+            && stderr.contains("Linux 6.6"),
+        "the refusal should name the mechanism, the kernel, CAP_SYS_ADMIN and the kernel that needs none: {stderr}"
+    );
+    const CAP_SYS_ADMIN: u32 = 21;
+    let with_sys_admin: Vec<u32> = caps.iter().copied().chain([CAP_SYS_ADMIN]).collect();
+    let (ok, stderr_admin) = capture(&with_sys_admin);
+    assert!(
+        ok,
+        "refused for CAP_SYS_ADMIN ({stderr}), but with SYS_ADMIN added it still fails: {stderr_admin}"
+    );
+    let (named, samples) = named_bytes();
     assert!(
         named > 0,
-        "no sample under ff_caps_alloc in {} samples: {stderr}",
-        d.profile.sample.len()
+        "no sample under ff_caps_alloc in {samples} samples with SYS_ADMIN added: {stderr_admin}"
     );
     println!(
-        "heap-ebpf caps: ran with the chart's capabilities {caps:?} via {}",
-        features.heap_probes()
+        "heap-ebpf caps: needs SYS_ADMIN here (perf-event uprobes), refused without it with the reason; ran with it"
     );
 }

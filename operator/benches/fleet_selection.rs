@@ -1,5 +1,5 @@
-//! Sampling-controller cost at fleet size (issue 9, section 6): prints figures, asserts
-//! nothing.
+//! Sampling-controller cost at fleet size: what one policy's run costs the operator when
+//! the cluster is large (10,000 pods, 1,310 runs). Prints figures, asserts nothing.
 //!
 //! The fleet: 10,000 Running pods in 20 namespaces on 500 nodes, each node with a Running
 //! agent pod, and 100 hourly policies with their history (10 succeeded and 3 failed runs each,
@@ -24,13 +24,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use flamefleet_api::policy_runs::{POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL};
 use flamefleet_api::{ProfileRequest, ProfileResultSlice, RotationState, SamplingLimits};
 use flamefleet_operator::controllers::sampling::budget::{Budget, Ledger};
 use flamefleet_operator::controllers::sampling::fleet::{Fleet, PodIndex, Scope, slim_slice};
 use flamefleet_operator::controllers::sampling::rotation::{self, Limits};
-use flamefleet_operator::controllers::sampling::run_name::{
-    POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL,
-};
 use flamefleet_operator::pods::AGENT_LABEL;
 use flamefleet_operator::pods::slim::SlimPod;
 use k8s_openapi::api::core::v1::Namespace;

@@ -3,18 +3,25 @@
 //! `kubectl profile list sp/NAME` lists the runs. `csp/NAME` does the same for a
 //! ClusterSamplingPolicy, whose runs live in several namespaces.
 //!
-//! Runs are found by the `flamefleet.dev/policy-uid` label the operator puts on them, and
+//! Runs are the requests the operator would count as the policy's runs
+//! ([`RunIdentity`]): the `flamefleet.dev/policy-uid` label only narrows the listing, since
+//! any tenant with `edit` in a namespace can copy it onto requests of its own. Requests that
+//! carry the label but are not runs are left out, and the count of them is printed. Runs are
 //! placed in the window by their `flamefleet.dev/scheduled-time` label. Every merged sample
 //! keeps its labels (namespace, pod, container, node, ...) and gains `run`, so the merged
 //! profile can still be split (`go tool pprof -tagfocus=node=...`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use flamefleet_api::policy_runs::{self, POLICY_UID_LABEL, PolicyKind, RunIdentity};
 use flamefleet_api::{ClusterSamplingPolicy, ProfileRequest, RequestPhase, SamplingPolicy};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, ListParams};
+use kube::core::Selector;
 
 use crate::cluster::Cluster;
 use crate::download::{FromRequest, fetch_all};
@@ -25,11 +32,6 @@ use crate::{latency, merge, profile_file, stacks};
 
 use super::get::{Format, render};
 use super::list::age;
-
-/// Label the operator puts on every run: the policy's UID.
-pub const POLICY_UID_LABEL: &str = "flamefleet.dev/policy-uid";
-/// Label the operator puts on every run: the scheduled time, Unix seconds.
-pub const SCHEDULED_TIME_LABEL: &str = "flamefleet.dev/scheduled-time";
 
 /// A policy named on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,54 +83,128 @@ fn kube_err(action: String) -> impl FnOnce(kube::Error) -> Error {
     }
 }
 
-/// The policy's UID and its runs (newest first).
+/// A policy's runs, and how many requests claimed to be runs without being ones.
+#[derive(Debug, Default)]
+pub struct Runs {
+    /// The runs, newest first.
+    pub runs: Vec<ProfileRequest>,
+    /// Requests carrying the policy's UID label that are not its runs.
+    pub ignored: usize,
+}
+
+impl Runs {
+    /// A line about the ignored requests (empty when there are none).
+    fn ignored_note(&self) -> String {
+        if self.ignored == 0 {
+            return String::new();
+        }
+        format!(
+            "ignored {} ProfileRequests that carry the policy's UID label but are not its runs (not created by the policy: owner, name, namespace or time do not match)\n",
+            self.ignored
+        )
+    }
+}
+
+/// The namespaces a ClusterSamplingPolicy's `namespaceSelector` selects now (`None`:
+/// every namespace).
+async fn sampled_namespaces(
+    cluster: &Cluster,
+    policy: &str,
+    selector: Option<&LabelSelector>,
+) -> Result<Option<BTreeSet<String>>> {
+    let Some(selector) = selector else {
+        return Ok(None);
+    };
+    // A selector the API cannot evaluate selects nothing: the operator never runs it.
+    let Ok(selector) = Selector::try_from(selector.clone()) else {
+        return Ok(Some(BTreeSet::new()));
+    };
+    let api: Api<Namespace> = Api::all(cluster.client.clone());
+    let list = api
+        .list_metadata(&ListParams::default().labels_from(&selector))
+        .await
+        .map_err(|source| Error::Kube {
+            action: format!(
+                "listing the namespaces csp/{policy} samples (a cluster policy's fleet view needs `list` on namespaces)"
+            ),
+            source,
+        })?;
+    Ok(Some(
+        list.items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect(),
+    ))
+}
+
+/// The policy's runs (newest first), recognised as the operator recognises them.
 ///
 /// # Errors
 /// [`Error::PolicyNotFound`] when the policy does not exist; API errors.
-pub async fn runs(cluster: &Cluster, policy: &PolicyRef) -> Result<Vec<ProfileRequest>> {
+pub async fn runs(cluster: &Cluster, policy: &PolicyRef) -> Result<Runs> {
     let not_found = || Error::PolicyNotFound {
         policy: policy.shown(),
         namespace: cluster.namespace.clone(),
     };
-    let uid = match policy {
+    let identity = match policy {
         PolicyRef::Namespaced(name) => {
             let api: Api<SamplingPolicy> =
                 Api::namespaced(cluster.client.clone(), &cluster.namespace);
-            api.get_opt(name)
+            let p = api
+                .get_opt(name)
                 .await
                 .map_err(kube_err(format!("getting samplingpolicy {name}")))?
-                .and_then(|p| p.metadata.uid)
+                .ok_or_else(not_found)?;
+            let uid = p.metadata.uid.clone().ok_or_else(not_found)?;
+            RunIdentity::of_policy(
+                PolicyKind::Namespaced,
+                name,
+                &uid,
+                &p.spec,
+                p.status.as_ref(),
+                Some(BTreeSet::from([cluster.namespace.clone()])),
+            )
         }
         PolicyRef::Cluster(name) => {
             let api: Api<ClusterSamplingPolicy> = Api::all(cluster.client.clone());
-            api.get_opt(name)
+            let p = api
+                .get_opt(name)
                 .await
                 .map_err(kube_err(format!("getting clustersamplingpolicy {name}")))?
-                .and_then(|p| p.metadata.uid)
+                .ok_or_else(not_found)?;
+            let uid = p.metadata.uid.clone().ok_or_else(not_found)?;
+            let namespaces =
+                sampled_namespaces(cluster, name, p.spec.namespace_selector.as_ref()).await?;
+            RunIdentity::of_policy(
+                PolicyKind::Cluster,
+                name,
+                &uid,
+                &p.spec.policy,
+                p.status.as_ref(),
+                namespaces,
+            )
         }
-    }
-    .ok_or_else(not_found)?;
+    };
     let api: Api<ProfileRequest> = match policy {
         PolicyRef::Namespaced(_) => Api::namespaced(cluster.client.clone(), &cluster.namespace),
         PolicyRef::Cluster(_) => Api::all(cluster.client.clone()),
     };
-    let mut items = api
-        .list(&ListParams::default().labels(&format!("{POLICY_UID_LABEL}={uid}")))
+    let labelled = api
+        .list(&ListParams::default().labels(&format!("{POLICY_UID_LABEL}={}", identity.uid)))
         .await
         .map_err(kube_err(format!("listing the runs of {}", policy.shown())))?
         .items;
-    items.sort_by_key(|r| std::cmp::Reverse(scheduled_second(r)));
-    Ok(items)
+    let (mut runs, ignored) = identity.partition(labelled);
+    runs.sort_by_key(|r| std::cmp::Reverse(scheduled_second(r)));
+    Ok(Runs {
+        runs,
+        ignored: ignored.len(),
+    })
 }
 
 /// A run's scheduled time in Unix seconds (0 when unlabelled).
 pub fn scheduled_second(run: &ProfileRequest) -> i64 {
-    run.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(SCHEDULED_TIME_LABEL))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    policy_runs::scheduled_second(run).unwrap_or(0)
 }
 
 /// The runs scheduled within `since` of `now` (pure).
@@ -176,7 +252,9 @@ pub async fn get(
     force: bool,
     out: &mut dyn Write,
 ) -> Result<Vec<PathBuf>> {
-    let all = runs(cluster, policy).await?;
+    let found = runs(cluster, policy).await?;
+    let _ = write!(out, "{}", found.ignored_note());
+    let all = found.runs;
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let window = in_window(&all, since, now);
     let finished: Vec<&ProfileRequest> = window
@@ -321,13 +399,14 @@ fn latency_over_time(
 /// # Errors
 /// [`Error::PolicyNotFound`] and API errors.
 pub async fn list(cluster: &Cluster, policy: &PolicyRef, out: &mut dyn Write) -> Result<()> {
-    let all = runs(cluster, policy).await?;
-    if all.is_empty() {
+    let found = runs(cluster, policy).await?;
+    let _ = write!(out, "{}", found.ignored_note());
+    if found.runs.is_empty() {
         let _ = writeln!(out, "No runs of {} yet.", policy.shown());
         return Ok(());
     }
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let _ = write!(out, "{}", runs_table(&all, now));
+    let _ = write!(out, "{}", runs_table(&found.runs, now));
     Ok(())
 }
 
@@ -385,6 +464,7 @@ pub fn runs_table(runs: &[ProfileRequest], now: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flamefleet_api::policy_runs::SCHEDULED_TIME_LABEL;
     use serde_json::json;
 
     fn run(name: &str, scheduled: i64, phase: &str, samples: i64) -> ProfileRequest {

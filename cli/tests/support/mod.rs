@@ -350,11 +350,25 @@ pub async fn create_typed_request(
     profile_type: &str,
     labels: serde_json::Value,
 ) -> ProfileRequest {
-    let api: Api<ProfileRequest> = ns.api();
+    create_request_as(
+        &ns.api(),
+        serde_json::json!({"name": name, "labels": labels}),
+        profile_type,
+    )
+    .await
+}
+
+/// Creates through `api` (whoever's client it is) a ProfileRequest of `profile_type`
+/// targeting pod `web-0`, with `metadata` (name, labels, ownerReferences, ...).
+pub async fn create_request_as(
+    api: &Api<ProfileRequest>,
+    metadata: serde_json::Value,
+    profile_type: &str,
+) -> ProfileRequest {
     let req: ProfileRequest = serde_json::from_value(serde_json::json!({
         "apiVersion": "flamefleet.dev/v1alpha1",
         "kind": "ProfileRequest",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": metadata,
         "spec": {"type": profile_type, "podNames": ["web-0"], "duration": "10s"}
     }))
     .unwrap();

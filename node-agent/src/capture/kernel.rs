@@ -53,6 +53,49 @@ pub struct KernelFeatures {
     pub uprobe_session: Feature,
     /// BPF memory charged to the memory cgroup instead of RLIMIT_MEMLOCK.
     pub memcg_accounting: Feature,
+    /// Whether this process may open perf-event uprobes, the heap sampler's probes where
+    /// the kernel has no `uprobe_multi` links.
+    pub perf_uprobes: PerfUprobeAccess,
+}
+
+/// Whether the kernel lets this process open perf-event uprobes (`perf_event_open` on the
+/// `uprobe` PMU). Mainline opened them to CAP_PERFMON in 5.8 and took that back in 6.16
+/// ("perf: Revert to requiring CAP_SYS_ADMIN for uprobes", CVE-2025-38466: a uprobe placed
+/// in the middle of an instruction corrupts the processes that run it), and so did the
+/// stable releases 5.10.240, 5.15.189, 6.1.146, 6.6.99 and 6.12.39: whether a 6.1 node's
+/// kernel asks for CAP_SYS_ADMIN depends on its point release and its distribution's
+/// patches, so it is probed. `uprobe_multi` links (6.6+) are not affected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PerfUprobeAccess {
+    /// Not probed: the kernel has `uprobe_multi` links, which need only CAP_BPF and
+    /// CAP_PERFMON.
+    NotNeeded,
+    /// The kernel let this process open one.
+    Allowed,
+    /// The kernel refused it (EACCES or EPERM).
+    Denied {
+        /// `kernel.perf_event_paranoid` when probed: above 2, distribution kernels
+        /// (Debian's, Ubuntu's) refuse every `perf_event_open` without CAP_SYS_ADMIN.
+        paranoid: Option<i32>,
+        /// Whether this process holds CAP_SYS_ADMIN (then something else refused it, such
+        /// as a security module).
+        sys_admin: bool,
+    },
+    /// The kernel has no `uprobe` PMU (`/sys/bus/event_source/devices/uprobe`): libbpf
+    /// then creates uprobes through tracefs, whose permissions decide.
+    NoPmu,
+}
+
+impl PerfUprobeAccess {
+    /// The name logs and metrics use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NotNeeded => "not-needed",
+            Self::Allowed => "allowed",
+            Self::Denied { .. } => "denied",
+            Self::NoPmu => "no-pmu",
+        }
+    }
 }
 
 /// How the CPU sampler and the heap sampler walk user stacks with CFI.
@@ -117,6 +160,7 @@ impl KernelFeatures {
             what,
             found,
         };
+        let uprobe_multi = has_enum_value("bpf_attach_type", "BPF_TRACE_UPROBE_MULTI");
         Self {
             release,
             btf: feature(
@@ -168,7 +212,7 @@ impl KernelFeatures {
                 "uprobe_multi",
                 "6.6",
                 "uprobe_multi BPF links",
-                has_enum_value("bpf_attach_type", "BPF_TRACE_UPROBE_MULTI"),
+                uprobe_multi,
             ),
             uprobe_session: feature(
                 "uprobe_session",
@@ -183,6 +227,11 @@ impl KernelFeatures {
                 "BPF memory charged to the memory cgroup (not RLIMIT_MEMLOCK)",
                 has_member("bpf_map", "memcg") || has_member("bpf_map", "objcg"),
             ),
+            perf_uprobes: if uprobe_multi {
+                PerfUprobeAccess::NotNeeded
+            } else {
+                probe_perf_uprobe()
+            },
         }
     }
 
@@ -221,16 +270,60 @@ impl KernelFeatures {
     }
 
     /// Why eBPF heap sampling cannot run here (`None`: it can): it keeps per-thread state
-    /// in task storage and walks stacks under `bpf_loop()` from uprobes.
+    /// in task storage and walks stacks under `bpf_loop()` from uprobes, which it must be
+    /// allowed to attach.
     pub fn heap_ebpf_refusal(&self) -> Option<String> {
+        const OTHER_SOURCES: &str = "Go programs (runtime buckets) and processes serving a pprof heap endpoint still get heap profiles";
         let missing: Vec<String> = [self.task_storage, self.bpf_loop, self.task_btf]
+            .iter()
+            .filter(|f| !f.found)
+            .map(|f| format!("{} (Linux {})", f.what, f.since))
+            .collect();
+        if !missing.is_empty() {
+            return Some(format!(
+                "eBPF heap sampling needs {}, which kernel {} lacks; {OTHER_SOURCES}",
+                missing.join(" and "),
+                self.release
+            ));
+        }
+        let PerfUprobeAccess::Denied {
+            paranoid,
+            sys_admin,
+        } = self.perf_uprobes
+        else {
+            return None;
+        };
+        let why = if sys_admin {
+            "refuses them to this process although it holds CAP_SYS_ADMIN (a security module may forbid them)".to_owned()
+        } else {
+            let paranoid = match paranoid {
+                Some(p) if p > 2 => format!(
+                    " (and kernel.perf_event_paranoid is {p} here: above 2, distribution kernels such as Debian's refuse every perf_event_open without CAP_SYS_ADMIN)"
+                ),
+                _ => String::new(),
+            };
+            format!(
+                "opens them only to CAP_SYS_ADMIN, which the agent lacks{paranoid}: grant it SYS_ADMIN (the chart's agent.capabilities; docs/security.md says what that costs) on nodes older than Linux 6.6 where eBPF heap profiles are wanted"
+            )
+        };
+        Some(format!(
+            "eBPF heap sampling attaches perf-event uprobes on kernel {} (it lacks {}, which Linux {} and later have, where CAP_BPF and CAP_PERFMON suffice), and this kernel {why}; {OTHER_SOURCES}",
+            self.release, self.uprobe_multi.what, self.uprobe_multi.since
+        ))
+    }
+
+    /// Why off-CPU profiles cannot run here (`None`: they can): the program walks user
+    /// stacks under `bpf_loop()` from `sched_switch` with the blocking task's saved
+    /// registers, and keeps each block's stamp in task storage.
+    pub fn offcpu_refusal(&self) -> Option<String> {
+        let missing: Vec<String> = [self.bpf_loop, self.task_pt_regs, self.task_storage]
             .iter()
             .filter(|f| !f.found)
             .map(|f| format!("{} (Linux {})", f.what, f.since))
             .collect();
         (!missing.is_empty()).then(|| {
             format!(
-                "eBPF heap sampling needs {}, which kernel {} lacks; Go programs (runtime buckets) and processes serving a pprof heap endpoint still get heap profiles",
+                "off-CPU profiles need {}, which kernel {} lacks; CPU profiles and runqlat still run here",
                 missing.join(" and "),
                 self.release
             )
@@ -266,10 +359,21 @@ impl KernelFeatures {
             ("runqlat", runqlat.to_owned()),
             ("runqlat.after_idle", psi.to_owned()),
             (
+                "heap_ebpf.perf_uprobes",
+                self.perf_uprobes.name().to_owned(),
+            ),
+            (
                 "heap_ebpf",
                 match self.heap_ebpf_refusal() {
                     Some(_) => "refused".to_owned(),
                     None => self.heap_probes().to_owned(),
+                },
+            ),
+            (
+                "offcpu",
+                match self.offcpu_refusal() {
+                    Some(_) => "refused".to_owned(),
+                    None => "tp_btf-sched_switch".to_owned(),
                 },
             ),
         ]
@@ -374,6 +478,54 @@ pub(crate) fn limit_text(bytes: u64) -> String {
         "unlimited".to_owned()
     } else {
         format!("{} KiB", bytes / 1024)
+    }
+}
+
+/// Asks the kernel for a perf-event uprobe on this process's own executable at an offset
+/// past the end of any file: the kernel checks the caller's privileges first
+/// (`perf_event_open`'s paranoid checks, then the uprobe PMU's capability check) and
+/// refuses the offset before it places any breakpoint, so EACCES or EPERM says "not
+/// allowed" and any other answer "allowed".
+fn probe_perf_uprobe() -> PerfUprobeAccess {
+    let Some(pmu) = std::fs::read_to_string("/sys/bus/event_source/devices/uprobe/type")
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+    else {
+        return PerfUprobeAccess::NoPmu;
+    };
+    let path = c"/proc/self/exe";
+    // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
+    let mut attr: sys::perf_event_attr = unsafe { std::mem::zeroed() };
+    attr.size = std::mem::size_of::<sys::perf_event_attr>() as u32;
+    attr.type_ = pmu;
+    attr.__bindgen_anon_3.uprobe_path = path.as_ptr() as u64;
+    // Positive as the kernel's signed file offset, and beyond any file's size.
+    attr.__bindgen_anon_4.probe_offset = 1 << 62;
+    // SAFETY: valid attr and path pointers for the call; pid -1 with cpu 0, as libbpf opens
+    // uprobes.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const sys::perf_event_attr,
+            -1i32,
+            0i32,
+            -1i32,
+            super::perf_event::PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: a descriptor the call just returned, closed once.
+        unsafe { libc::close(fd as i32) };
+        return PerfUprobeAccess::Allowed;
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => PerfUprobeAccess::Denied {
+            paranoid: std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+                .ok()
+                .and_then(|p| p.trim().parse().ok()),
+            sys_admin: has_capability(CAP_SYS_ADMIN),
+        },
+        _ => PerfUprobeAccess::Allowed,
     }
 }
 
@@ -503,28 +655,33 @@ pub(crate) fn verifier_tail(lines: &[String], n: usize) -> Vec<String> {
         .collect()
 }
 
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Whether this process's effective set holds capability `cap`, from `/proc/self/status`.
+fn has_capability(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|eff| eff & (1u64 << cap) != 0)
+}
+
 /// Whether this process holds the capabilities loading BPF needs (CAP_BPF and
-/// CAP_PERFMON, or CAP_SYS_ADMIN), from `/proc/self/status`.
+/// CAP_PERFMON, or CAP_SYS_ADMIN).
 pub(crate) fn has_bpf_privileges() -> bool {
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    let Some(eff) = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-    else {
-        return false;
-    };
-    let has = |c: u32| eff & (1u64 << c) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+    has_capability(CAP_SYS_ADMIN) || (has_capability(CAP_BPF) && has_capability(CAP_PERFMON))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn lines(text: &str) -> Vec<String> {
@@ -555,6 +712,24 @@ mod tests {
         let log = lines("a\nb\nc\nd");
         assert_eq!(lacking(&log), None);
         assert_eq!(verifier_tail(&log, 2), vec!["c".to_owned(), "d".to_owned()]);
+    }
+
+    #[test]
+    fn perf_event_uprobes_are_allowed_to_cap_sys_admin() {
+        // The probe's one "allowed" answer that does not depend on the kernel build: the
+        // capability every kernel opens perf-event uprobes to (the tests run as root).
+        assert!(
+            has_capability(CAP_SYS_ADMIN),
+            "run the agent's tests as root (scripts/test.sh)"
+        );
+        let access = probe_perf_uprobe();
+        assert!(
+            matches!(access, PerfUprobeAccess::Allowed | PerfUprobeAccess::NoPmu),
+            "{access:?}"
+        );
+        if Path::new("/sys/bus/event_source/devices/uprobe/type").exists() {
+            assert_eq!(access, PerfUprobeAccess::Allowed);
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod heap;
 pub mod kernel;
 pub mod lifecycle;
+pub mod offcpu;
 mod perf_event;
 mod process_tracker;
 mod registry;
@@ -53,7 +54,7 @@ pub enum CaptureError {
     /// The kernel refused a BPF object the agent holds the privileges to load: the
     /// verifier or a missing map type or helper.
     #[error(
-        "{action}: the kernel refused it ({source}){}; last lines of the verifier's log: {}",
+        "{action}: the kernel refused it ({error:#}){}; last lines of the verifier's log: {}",
         lacking.as_ref().map(|(what, since)| format!(": this kernel lacks {what}, which {since} and later have")).unwrap_or_default(),
         if verifier.is_empty() { "(none)".to_owned() } else { verifier.join(" | ") }
     )]
@@ -64,8 +65,8 @@ pub enum CaptureError {
         lacking: Option<(String, &'static str)>,
         /// The verifier's last lines (more of them are in the agent's log).
         verifier: Vec<String>,
-        /// The libbpf error.
-        source: libbpf_rs::Error,
+        /// The libbpf error, shown whole (with the kernel's errno) in the message.
+        error: libbpf_rs::Error,
     },
     /// Options out of range.
     #[error("invalid option: {0}")]
@@ -84,12 +85,13 @@ pub enum CaptureError {
         wanted: usize,
     },
     /// A libbpf operation failed.
-    #[error("{action}: {source}")]
+    #[error("{action}: {error:#}")]
     Bpf {
         /// What was being done.
         action: String,
-        /// The libbpf error.
-        source: libbpf_rs::Error,
+        /// The libbpf error, shown whole in the message: libbpf's own context ("failed to
+        /// attach uprobe") and below it the kernel's errno, which says why.
+        error: libbpf_rs::Error,
     },
     /// The sampler handed out all its target indices; the registry starts a
     /// fresh sampler when it sees this.
@@ -144,7 +146,7 @@ impl CaptureError {
             if !kernel::has_bpf_privileges() {
                 return Self::Privilege {
                     action,
-                    found: source.to_string(),
+                    found: format!("{source:#}"),
                 };
             }
             if let Some(lacking) = Self::memlock_refusal() {
@@ -152,11 +154,14 @@ impl CaptureError {
                     action,
                     lacking: Some(lacking),
                     verifier: Vec::new(),
-                    source,
+                    error: source,
                 };
             }
         }
-        Self::Bpf { action, source }
+        Self::Bpf {
+            action,
+            error: source,
+        }
     }
 
     /// What a permission error means to a process holding the privileges on a kernel that
@@ -193,7 +198,7 @@ impl CaptureError {
             if denied && !kernel::has_bpf_privileges() {
                 return Self::Privilege {
                     action: action.to_owned(),
-                    found: source.to_string(),
+                    found: format!("{source:#}"),
                 };
             }
             let lacking = if denied {
@@ -204,7 +209,7 @@ impl CaptureError {
             let tail = kernel::verifier_tail(&lines, 40);
             tracing::warn!(
                 action,
-                error = %source,
+                error = format!("{source:#}"),
                 kernel = %kernel::KernelFeatures::get().release,
                 "the kernel refused a BPF object; the verifier's last lines:\n{}",
                 tail.join("\n")
@@ -213,7 +218,7 @@ impl CaptureError {
                 action: action.to_owned(),
                 lacking,
                 verifier: kernel::verifier_tail(&lines, 3),
-                source,
+                error: source,
             }
         })
     }
@@ -448,26 +453,6 @@ pub fn check_btf() -> Result<()> {
     }
 }
 
-/// The cgroups a capture puts in the target map (each target's own cgroup,
-/// without repeats; the kernel covers their descendants, live) and, for each,
-/// the index of the target it belongs to.
-pub(crate) fn expand_targets(
-    targets: &[CaptureTarget],
-) -> (Vec<target_table::TargetCgroup>, Vec<usize>) {
-    let mut cgroups: Vec<target_table::TargetCgroup> = Vec::new();
-    let mut owner_of = Vec::new();
-    for (i, t) in targets.iter().enumerate() {
-        if !cgroups.iter().any(|c| c.id == t.cgroup.id) {
-            cgroups.push(target_table::TargetCgroup {
-                id: t.cgroup.id,
-                path: t.cgroup.path.clone(),
-            });
-            owner_of.push(i);
-        }
-    }
-    (cgroups, owner_of)
-}
-
 /// A NUL-terminated `comm` array from BPF as a string.
 pub(crate) fn comm_string(raw: &[i8]) -> String {
     let bytes: Vec<u8> = raw
@@ -519,4 +504,26 @@ pub fn route_libbpf_logs() {
     ROUTED.call_once(|| {
         libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, forward)));
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use libbpf_rs::ErrorExt as _;
+
+    use super::CaptureError;
+
+    #[test]
+    fn a_libbpf_failure_keeps_the_kernels_errno() {
+        // As libbpf-rs reports a failed attach: its own context over the kernel's errno.
+        let failed: Result<(), libbpf_rs::Error> =
+            Err(std::io::Error::from_raw_os_error(libc::EBUSY).into());
+        let source = failed.context("failed to attach uprobe").unwrap_err();
+        let msg =
+            CaptureError::bpf("attaching a uprobe to malloc in libc.so.6", source).to_string();
+        assert!(
+            msg.starts_with("attaching a uprobe to malloc in libc.so.6: failed to attach uprobe: ")
+                && msg.contains(&std::io::Error::from_raw_os_error(libc::EBUSY).to_string()),
+            "{msg}"
+        );
+    }
 }

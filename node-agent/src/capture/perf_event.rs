@@ -8,7 +8,7 @@ use libbpf_rs::libbpf_sys as sys;
 use super::{CaptureError, Result};
 
 /// `PERF_FLAG_FD_CLOEXEC` of linux/perf_event.h (libc does not export it).
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+pub(crate) const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
 /// Which perf event drives the CPU sampler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

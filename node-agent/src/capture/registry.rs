@@ -1,4 +1,4 @@
-//! One sampler per profile type per node (CPU, runqlat, eBPF heap), shared by concurrent
+//! One sampler per profile type per node (CPU, runqlat, eBPF heap, off-CPU), shared by concurrent
 //! captures, all sized by the node's [`SamplerConfig`] and feeding one process catalog.
 //!
 //! The registry holds weak references: the first capture of a type starts
@@ -25,6 +25,7 @@ use std::time::Duration;
 use super::cpu::{CpuCapture, CpuOptions, CpuSampler};
 use super::heap::ebpf::EbpfHeapOptions;
 use super::heap::ebpf::sampler::{HeapSampler, JoinedCapture};
+use super::offcpu::{OffcpuCapture, OffcpuOptions, OffcpuSampler};
 use super::runqlat::{RunqlatCapture, RunqlatOptions, RunqlatSampler};
 use super::{CaptureError, CaptureTarget, Result, SamplerConfig};
 use crate::process::ProcessCatalog;
@@ -37,6 +38,7 @@ pub struct Samplers {
     cpu: Mutex<Weak<CpuSampler>>,
     runqlat: Mutex<Weak<RunqlatSampler>>,
     heap: Mutex<Weak<HeapSampler>>,
+    offcpu: Mutex<Weak<OffcpuSampler>>,
     /// Keeps the last CPU sampler loaded for a while after its last capture.
     cpu_linger: LingerSlot,
 }
@@ -177,7 +179,8 @@ impl Samplers {
         };
         dead(running(&self.cpu).map(|s| s.is_alive()), "cpu")?;
         dead(running(&self.runqlat).map(|s| s.is_alive()), "runqlat")?;
-        dead(running(&self.heap).map(|s| s.is_alive()), "eBPF heap")
+        dead(running(&self.heap).map(|s| s.is_alive()), "eBPF heap")?;
+        dead(running(&self.offcpu).map(|s| s.is_alive()), "off-CPU")
     }
 
     /// Process snapshots used to symbolize what the samplers saw.
@@ -233,7 +236,33 @@ impl Samplers {
                 }
             }
         }
+        if let Some(fill) = running(&self.offcpu).map(|s| s.map_fill()) {
+            for (map, n) in [
+                ("targets", fill.targets),
+                ("counts", fill.counts),
+                ("kernel_stacks", fill.kernel_stacks),
+                ("user_stacks", fill.user_stacks),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "flamefleet_agent_map_entries{{sampler=\"offcpu\",map=\"{map}\"}} {n}"
+                );
+            }
+        }
         out
+    }
+
+    /// Starts an off-CPU capture of `targets`. The first concurrent capture's options
+    /// (minimum block time, kernel stacks) win: later captures join the running sampler
+    /// and their results report the effective options.
+    pub fn start_offcpu(
+        &self,
+        targets: &[CaptureTarget],
+        options: &OffcpuOptions,
+    ) -> Result<OffcpuCapture> {
+        options.validate()?;
+        let start = || OffcpuSampler::start(&self.config, *options, self.catalog.clone());
+        with_sampler(&self.offcpu, start, |s| s.capture(targets))
     }
 
     /// Starts a run-queue latency capture of `targets`.

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 
-use super::{CaptureError, Result};
+use super::{CaptureError, CaptureTarget, Result};
 use crate::bpf::{Pod, as_bytes, from_bytes};
 
 /// Mirror of `struct ff_target`, generic over the skeleton's generated type.
@@ -38,9 +38,64 @@ impl TargetValue for crate::bpf::runqlat::types::ff_target {
     }
 }
 
+impl TargetValue for crate::bpf::offcpu::types::ff_target {
+    fn new(index: u32, flags: u32) -> Self {
+        Self { index, flags }
+    }
+}
+
 impl TargetValue for crate::bpf::heap::types::ff_target {
     fn new(index: u32, flags: u32) -> Self {
         Self { index, flags }
+    }
+}
+
+/// The cgroups one capture puts in the table, each once and in order, and for each the
+/// position among the capture's targets of the target it belongs to: what the capture
+/// gives back when it ends and what its counts are read under.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CaptureCgroups {
+    ids: Vec<u64>,
+    owner_of: Vec<usize>,
+}
+
+impl CaptureCgroups {
+    /// The cgroups of `targets` (each target's own cgroup, without repeats: the kernel
+    /// covers their descendants, live), and the same as the table takes them.
+    pub(crate) fn of(targets: &[CaptureTarget]) -> (Self, Vec<TargetCgroup>) {
+        let mut cgroups: Vec<TargetCgroup> = Vec::new();
+        let mut own = Self::default();
+        for (i, t) in targets.iter().enumerate() {
+            if !own.ids.contains(&t.cgroup.id) {
+                cgroups.push(TargetCgroup {
+                    id: t.cgroup.id,
+                    path: t.cgroup.path.clone(),
+                });
+                own.ids.push(t.cgroup.id);
+                own.owner_of.push(i);
+            }
+        }
+        (own, cgroups)
+    }
+
+    /// The cgroup IDs, to release.
+    pub(crate) fn ids(&self) -> &[u64] {
+        &self.ids
+    }
+
+    /// The indices whose counts belong to the capture ([`TargetTable::covered`]).
+    pub(crate) fn covered(&self, table: &TargetTable) -> HashSet<u32> {
+        table.covered(&self.ids).into_keys().collect()
+    }
+
+    /// [`Self::covered`], each index with the capture's target it counts for (indices
+    /// nested below a target, another capture's, count for it too).
+    pub(crate) fn owners(&self, table: &TargetTable) -> HashMap<u32, usize> {
+        table
+            .covered(&self.ids)
+            .into_iter()
+            .filter_map(|(index, pos)| Some((index, *self.owner_of.get(pos)?)))
+            .collect()
     }
 }
 
@@ -231,15 +286,6 @@ impl TargetTable {
             self.bump(maps);
         }
         removed
-    }
-
-    /// [`Self::covered`], each index with the capture's target it counts for:
-    /// `owner_of[i]` is the position in the capture's targets of `cgroup_ids[i]`.
-    pub(crate) fn owners(&self, cgroup_ids: &[u64], owner_of: &[usize]) -> HashMap<u32, usize> {
-        self.covered(cgroup_ids)
-            .into_iter()
-            .filter_map(|(index, pos)| Some((index, *owner_of.get(pos)?)))
-            .collect()
     }
 
     /// The indices whose counts belong to a capture of `cgroup_ids` (in that

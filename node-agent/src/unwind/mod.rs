@@ -145,12 +145,15 @@ pub struct WalkStats {
     pub stack_lost: u64,
     /// Stacks stopped because the stack pointer went backwards.
     pub bad_step: u64,
+    /// Stacks continued from a Go thread's scheduler stack on the goroutine that parked
+    /// (off-CPU walks only).
+    pub go_parked: u64,
 }
 
 impl WalkStats {
     /// Reads the per-CPU `unwind_stats` array of a BPF object.
     pub fn read(map: &impl libbpf_rs::MapCore) -> Self {
-        let mut v = [0u64; 10];
+        let mut v = [0u64; 11];
         for (i, total) in v.iter_mut().enumerate() {
             let per_cpu = map
                 .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
@@ -174,6 +177,7 @@ impl WalkStats {
             table_missing: v[7],
             stack_lost: v[8],
             bad_step: v[9],
+            go_parked: v[10],
         }
     }
 
@@ -181,7 +185,7 @@ impl WalkStats {
     pub fn comment(&self) -> String {
         format!(
             "user stacks: {} walked, frames by CFI {} / by frame pointer {}; without tables (yet): {}; \
-             stopped: unsupported CFI {}, unreadable stack {}, bad step {}, truncated at 127 {}, table evicted {}",
+             stopped: unsupported CFI {}, unreadable stack {}, bad step {}, truncated at 127 {}, table evicted {}{}",
             self.stacks,
             self.frames_cfi,
             self.frames_fp,
@@ -190,7 +194,15 @@ impl WalkStats {
             self.read_failed,
             self.bad_step,
             self.truncated,
-            self.table_missing
+            self.table_missing,
+            if self.go_parked > 0 {
+                format!(
+                    "; continued on the goroutine that parked: {}",
+                    self.go_parked
+                )
+            } else {
+                String::new()
+            }
         )
     }
 
@@ -208,6 +220,7 @@ impl WalkStats {
             table_missing: d(self.table_missing, before.table_missing),
             stack_lost: d(self.stack_lost, before.stack_lost),
             bad_step: d(self.bad_step, before.bad_step),
+            go_parked: d(self.go_parked, before.go_parked),
         }
     }
 }

@@ -49,6 +49,9 @@ pub mod kind {
     pub const END: u8 = 5;
     /// Rule the walker cannot evaluate.
     pub const UNSUPPORTED: u8 = 6;
+    /// Go's `runtime.mcall`: the goroutine it switched away from is at sp + 8 × rbp_off,
+    /// its saved sp and pc at that goroutine + off.
+    pub const GO_MCALL: u8 = 7;
     /// Flag: rbp cannot be recovered after this frame.
     pub const RBP_LOST: u8 = 0x10;
 }
@@ -349,8 +352,50 @@ fn build_until<'data, R: object::ReadRef<'data>>(
         }
         prev_end = end;
     }
+    if out.go
+        && let Some((start, end)) = symbol_range(&obj, "runtime.mcall")
+    {
+        merged = with_go_mcall(merged, start, end);
+    }
     out.rows = merged;
     Ok(out)
+}
+
+/// Where `g.sched` (a `gobuf`: sp, then pc) sits in Go's `runtime.g`. The fields before it
+/// (`stack`, `stackguard0`, `stackguard1`, `_panic`, `_defer`, `m`) and gobuf's first two
+/// have not moved since Go 1.4; the runtime's comment says debuggers hard-code them.
+const GO_G_SCHED: i16 = 0x38;
+
+/// The address range of the ELF symbol `name`, if the binary has a symbol table.
+fn symbol_range<'data, R: object::ReadRef<'data>>(
+    obj: &object::File<'data, R>,
+    name: &str,
+) -> Option<(u32, u32)> {
+    use object::ObjectSymbol as _;
+    let sym = obj.symbols().find(|s| s.name() == Ok(name))?;
+    let start = u32::try_from(sym.address()).ok()?;
+    let end = u32::try_from(sym.address().checked_add(sym.size())?).ok()?;
+    (end > start).then_some((start, end))
+}
+
+/// `rows` with `[start, end)` (Go's `runtime.mcall`) covered by one [`kind::GO_MCALL`] row:
+/// there, on a thread's scheduler stack, the caller is not above on this stack but is the
+/// goroutine mcall switched away from (Go 1.17 to 1.26: mcall pushes it right before
+/// calling fn, so it is at the walker's sp once fn's frame is unwound).
+fn with_go_mcall(rows: Vec<Row>, start: u32, end: u32) -> Vec<Row> {
+    let at_end = rows.iter().rev().find(|r| r.pc <= end).copied();
+    let mut out: Vec<Row> = rows.iter().copied().filter(|r| r.pc < start).collect();
+    out.push(Row {
+        pc: start,
+        cfa_off: GO_G_SCHED,
+        kind: kind::GO_MCALL,
+        rbp_off: 0,
+    });
+    if !rows.iter().any(|r| r.pc == end) {
+        out.push(at_end.map_or(Row::none(end), |r| Row { pc: end, ..r }));
+    }
+    out.extend(rows.iter().copied().filter(|r| r.pc >= end));
+    out
 }
 
 /// Appends `r` unless it repeats the previous row's rule; a row at the previous row's

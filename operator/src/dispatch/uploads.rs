@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use flamefleet_api::ProfileType;
-use flamefleet_proto::agent::UploadSlot;
+use flamefleet_proto::agent::{UploadSlot, artifact_names};
 
 use crate::Result;
 use crate::store::{ArtifactStore, RequestRef, UploadLimits};
@@ -14,18 +14,6 @@ use crate::store::{ArtifactStore, RequestRef, UploadLimits};
 pub struct UrlPolicy {
     /// Largest artifact accepted, bytes.
     pub max_bytes: u64,
-}
-
-/// The artifact names of one node for a profile type (the agent contract).
-pub fn artifact_names(profile_type: ProfileType, node: &str) -> Vec<String> {
-    match profile_type {
-        ProfileType::Cpu => vec![format!("cpu-{node}.pb.gz")],
-        ProfileType::Heap => vec![format!("heap-{node}.pb.gz")],
-        ProfileType::Runqlat => vec![
-            format!("runqlat-{node}.pb.gz"),
-            format!("runqlat-{node}.txt"),
-        ],
-    }
 }
 
 /// Signs one upload slot per artifact of `node`; the PUT URLs live for `upload_ttl` (the
@@ -39,7 +27,7 @@ pub async fn upload_slots(
     upload_ttl: Duration,
 ) -> Result<Vec<UploadSlot>> {
     let mut slots = Vec::new();
-    for name in artifact_names(profile_type, node) {
+    for name in artifact_names(super::wire::proto_type(profile_type), node) {
         let key = request.artifact(name.clone())?;
         let limits = UploadLimits {
             max_bytes: policy.max_bytes,
@@ -55,19 +43,4 @@ pub async fn upload_slots(
         });
     }
     Ok(slots)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_follow_the_agent_contract() {
-        assert_eq!(artifact_names(ProfileType::Cpu, "w1"), ["cpu-w1.pb.gz"]);
-        assert_eq!(artifact_names(ProfileType::Heap, "w1"), ["heap-w1.pb.gz"]);
-        assert_eq!(
-            artifact_names(ProfileType::Runqlat, "w1"),
-            ["runqlat-w1.pb.gz", "runqlat-w1.txt"]
-        );
-    }
 }

@@ -8,6 +8,16 @@ use flamefleet_proto::agent::{self as pb, CaptureRequest};
 use super::outcome::NodeOutcome;
 use super::{CapturePlan, NodePlan};
 
+/// The wire form of a profile type.
+pub fn proto_type(profile_type: ProfileType) -> pb::ProfileType {
+    match profile_type {
+        ProfileType::Cpu => pb::ProfileType::Cpu,
+        ProfileType::Heap => pb::ProfileType::Heap,
+        ProfileType::Runqlat => pb::ProfileType::Runqlat,
+        ProfileType::Offcpu => pb::ProfileType::Offcpu,
+    }
+}
+
 /// The CaptureRequest of one node (pure).
 pub fn capture_request(
     plan: &CapturePlan,
@@ -15,11 +25,7 @@ pub fn capture_request(
     uploads: Vec<pb::UploadSlot>,
 ) -> CaptureRequest {
     let spec = &plan.spec;
-    let profile_type = match spec.profile_type {
-        ProfileType::Cpu => pb::ProfileType::Cpu,
-        ProfileType::Heap => pb::ProfileType::Heap,
-        ProfileType::Runqlat => pb::ProfileType::Runqlat,
-    };
+    let profile_type = proto_type(spec.profile_type);
     let heap = (spec.profile_type == ProfileType::Heap).then(|| {
         let options = spec.heap_options();
         let mut heap = pb::HeapOptions {
@@ -58,6 +64,17 @@ pub fn capture_request(
         });
         runqlat
     });
+    let offcpu = (spec.profile_type == ProfileType::Offcpu).then(|| {
+        let options = spec.offcpu_options();
+        pb::OffcpuOptions {
+            min_block_micros: options
+                .min_block_micros
+                .and_then(|us| u32::try_from(us).ok()),
+            max_overhead_percent: options
+                .max_overhead_percent
+                .and_then(|p| u32::try_from(p).ok()),
+        }
+    });
     let cpu = (spec.profile_type == ProfileType::Cpu).then(|| pb::CpuOptions {
         frequency_hz: u32::try_from(spec.frequency_hz()).unwrap_or(99),
     });
@@ -70,6 +87,7 @@ pub fn capture_request(
         cpu,
         heap,
         runqlat,
+        offcpu,
         targets: node
             .targets
             .iter()

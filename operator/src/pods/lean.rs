@@ -3,11 +3,11 @@
 //! deletion timestamp).
 //!
 //! Every request lists its target pods (agents come from the pod cache, `pods::slim`).
-//! Deserializing full `Pod`s spent most of the operator's CPU per request in a
-//! 5,000-node fleet (perf, issue 13: `ManagedFieldsEntry`/`FieldsV1` and their timestamps
-//! alone ~20%, pods ~35% with a dev build) and held every pod's managed fields in memory
-//! while a request started. Here the unknown fields are skipped by the JSON reader instead
-//! of being built and dropped. Spec and status stay the full `k8s_openapi` types, so the
+//! Full `Pod`s would cost most of the operator's CPU per request in a 5,000-node fleet
+//! (in a perf profile, `ManagedFieldsEntry`/`FieldsV1` and their timestamps alone ~20%,
+//! pods ~35% with a dev build) and hold every pod's managed fields in memory while a
+//! request starts. Here the unknown fields are skipped by the JSON reader instead of being
+//! built and dropped. Spec and status stay the full `k8s_openapi` types, so the
 //! callers keep working on `Pod`.
 
 use std::collections::BTreeMap;

@@ -2,7 +2,7 @@
 //! fields of a pod that fleet sampling and agent discovery read.
 //!
 //! A `k8s_openapi` `Pod` is large even when emptied (its `PodSpec` and `PodStatus` are
-//! inline structs of dozens of fields), and the watch used to build every pod in full
+//! inline structs of dozens of fields), and a watch of `Pod`s builds every pod in full
 //! (managed fields, containers, conditions) only to drop most of it. `SlimPod` is
 //! deserialized straight from the API server's JSON: the fields below are kept and every
 //! other one is skipped by the reader. Heap per cached pod, `cargo bench -p

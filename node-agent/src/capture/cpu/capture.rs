@@ -11,7 +11,7 @@ use super::sampler::{CpuSampler, Shared, drop_unreferenced_stacks, read_counts, 
 use super::{CpuDrops, CpuSample, CpuSamples};
 use crate::bpf::cpu_sampler::types::cpu_sample_key;
 use crate::bpf::from_bytes;
-use crate::capture::target_table::delete_target_entries;
+use crate::capture::target_table::{CaptureCgroups, delete_target_entries};
 use crate::capture::{CaptureTarget, Result, stack_maps};
 use crate::unwind::WalkStats;
 
@@ -20,10 +20,8 @@ use crate::unwind::WalkStats;
 pub struct CpuCapture {
     pub(super) sampler: Arc<CpuSampler>,
     pub(super) targets: Vec<CaptureTarget>,
-    /// The target cgroups, deduplicated; `owner_of[i]` is the position in
-    /// `targets` of `cgroup_ids[i]`.
-    pub(super) cgroup_ids: Vec<u64>,
-    pub(super) owner_of: Vec<usize>,
+    /// The target cgroups and which target each belongs to.
+    pub(super) cgroups: CaptureCgroups,
     pub(super) baseline: HashMap<Vec<u8>, u64>,
     pub(super) drops_before: CpuDrops,
     pub(super) walk_before: WalkStats,
@@ -44,7 +42,7 @@ impl Drop for CpuCapture {
     fn drop(&mut self) {
         let mut shared = self.sampler.lock();
         let Shared { maps, table, .. } = &mut *shared;
-        let removed = table.release(&maps.target_maps(), &self.cgroup_ids);
+        let removed = table.release(&maps.target_maps(), self.cgroups.ids());
         delete_target_entries::<cpu_sample_key>(&maps.counts, &removed, |k| k.target);
         if !removed.is_empty() {
             let freed = drop_unreferenced_stacks(maps);
@@ -83,7 +81,7 @@ impl CpuCapture {
         let duration = self.started_at.elapsed();
         let shared = self.sampler.lock();
         // Indices nested below a target (another capture's) count for it too.
-        let target_of_index = shared.table.owners(&self.cgroup_ids, &self.owner_of);
+        let target_of_index = self.cgroups.owners(&shared.table);
         let own: HashSet<u32> = target_of_index.keys().copied().collect();
         let now = read_counts(&shared.maps.counts, &own)?;
         let mut drops = read_drops(&shared.maps.drops).since(self.drops_before);

@@ -17,7 +17,7 @@ use crate::bpf::from_bytes;
 use crate::capture::kernel::{FrameWalk, KernelFeatures};
 use crate::capture::process_tracker::ProcessTracker;
 use crate::capture::sampler_thread::{self, OwnerThread, Woken};
-use crate::capture::target_table::{TargetMaps, TargetTable};
+use crate::capture::target_table::{CaptureCgroups, TargetMaps, TargetTable};
 use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event, stack_maps};
 use crate::process::ProcessCatalog;
 use crate::unwind::{Unwinder, WalkStats};
@@ -244,7 +244,7 @@ impl CpuSampler {
             ));
         }
         // A target covers its cgroup and, live, everything below it.
-        let (cgroups, owner_of) = crate::capture::expand_targets(targets);
+        let (own_cgroups, cgroups) = CaptureCgroups::of(targets);
         // Processes running already will not announce themselves by exec. Their tables
         // are loaded before their cgroups become targets, so that even their first
         // samples unwind fully.
@@ -261,12 +261,10 @@ impl CpuSampler {
             self.attach(&mut shared.perf)?;
         }
         shared.active += 1;
-        let cgroup_ids: Vec<u64> = cgroups.iter().map(|c| c.id).collect();
         let begun = (|| {
             let Shared { maps, table, .. } = &mut *shared;
             table.acquire::<ff_target>(&maps.target_maps(), &cgroups, 0, |a, _| Ok(a))?;
-            let covered = table.covered(&cgroup_ids);
-            let baseline = read_counts(&maps.counts, &covered.keys().copied().collect())?;
+            let baseline = read_counts(&maps.counts, &own_cgroups.covered(table))?;
             Ok((
                 baseline,
                 read_drops(&maps.drops),
@@ -284,8 +282,7 @@ impl CpuSampler {
         Ok(CpuCapture {
             sampler: self.clone(),
             targets: targets.to_vec(),
-            cgroup_ids,
-            owner_of,
+            cgroups: own_cgroups,
             baseline,
             drops_before,
             walk_before,

@@ -8,7 +8,7 @@ use std::time::{Instant, SystemTime};
 use super::sampler::{RawHist, RunqlatSampler, Shared, read_clock_stats, read_drops, read_hists};
 use super::{ClockStats, Histogram, RunqlatDrops, RunqlatOptions, RunqlatResult};
 use crate::bpf::runqlat::types::runqlat_key;
-use crate::capture::target_table::delete_target_entries;
+use crate::capture::target_table::{CaptureCgroups, delete_target_entries};
 use crate::capture::{CaptureTarget, Result};
 
 /// A running runqlat capture; [`RunqlatCapture::finish`] returns its histograms.
@@ -16,10 +16,8 @@ pub struct RunqlatCapture {
     pub(super) sampler: Arc<RunqlatSampler>,
     pub(super) targets: Vec<CaptureTarget>,
     pub(super) options: RunqlatOptions,
-    /// The target cgroups, deduplicated; `owner_of[i]` is the position in
-    /// `targets` of `cgroup_ids[i]`.
-    pub(super) cgroup_ids: Vec<u64>,
-    pub(super) owner_of: Vec<usize>,
+    /// The target cgroups and which target each belongs to.
+    pub(super) cgroups: CaptureCgroups,
     pub(super) baseline: HashMap<(u32, u32), RawHist>,
     pub(super) drops_before: RunqlatDrops,
     pub(super) clock_before: Option<ClockStats>,
@@ -39,7 +37,7 @@ impl Drop for RunqlatCapture {
     fn drop(&mut self) {
         let mut shared = self.sampler.lock();
         let Shared { maps, table } = &mut *shared;
-        let removed = table.release(&maps.target_maps(), &self.cgroup_ids);
+        let removed = table.release(&maps.target_maps(), self.cgroups.ids());
         delete_target_entries::<runqlat_key>(&maps.hists, &removed, |k| k.target);
         // Per-target slots stay: indices are never reused by this sampler.
     }
@@ -57,7 +55,7 @@ impl RunqlatCapture {
         let duration = self.started_at.elapsed();
         let shared = self.sampler.lock();
         // Indices nested below a target (another capture's) count for it too.
-        let target_of_index = shared.table.owners(&self.cgroup_ids, &self.owner_of);
+        let target_of_index = self.cgroups.owners(&shared.table);
         let own: HashSet<u32> = target_of_index.keys().copied().collect();
         let now = read_hists(&shared.maps, &own)?;
         let drops = read_drops(&shared.maps.drops);

@@ -19,7 +19,7 @@ use crate::bpf::runqlat::types::{
 };
 use crate::bpf::runqlat::{RunqlatSkel, RunqlatSkelBuilder};
 use crate::capture::sampler_thread::{self, OwnerThread, Woken};
-use crate::capture::target_table::{TargetMaps, TargetTable};
+use crate::capture::target_table::{CaptureCgroups, TargetMaps, TargetTable};
 use crate::capture::{CaptureError, CaptureTarget, Result, RunqlatClock, SamplerConfig};
 
 pub(super) struct Maps {
@@ -181,7 +181,7 @@ impl RunqlatSampler {
         if options.unit == LatencyUnit::Millis {
             flags |= FLAG_UNIT_MS;
         }
-        let (cgroups, owner_of) = crate::capture::expand_targets(targets);
+        let (own_cgroups, cgroups) = CaptureCgroups::of(targets);
         let mut shared = self.lock();
         let Shared { maps, table } = &mut *shared;
         table.acquire::<ff_target>(&maps.target_maps(), &cgroups, flags, |old, new| {
@@ -192,8 +192,7 @@ impl RunqlatSampler {
             }
             Ok(old | new)
         })?;
-        let cgroup_ids: Vec<u64> = cgroups.iter().map(|c| c.id).collect();
-        let own: HashSet<u32> = table.covered(&cgroup_ids).into_keys().collect();
+        let own = own_cgroups.covered(table);
         let baseline = read_hists(maps, &own)?;
         let drops_before = read_drops(&maps.drops);
         let clock_before = read_clock_stats(maps);
@@ -202,8 +201,7 @@ impl RunqlatSampler {
             sampler: self.clone(),
             targets: targets.to_vec(),
             options: *options,
-            cgroup_ids,
-            owner_of,
+            cgroups: own_cgroups,
             baseline,
             drops_before,
             clock_before,

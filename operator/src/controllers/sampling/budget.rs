@@ -18,9 +18,10 @@
 //!   capture of the policy's profile type. Ad hoc requests never count here and are never
 //!   held back: scheduled runs yield to them.
 //!
-//! Per-tenant limits on ad hoc requests (issue 11) are a separate module.
+//! Per-tenant limits on ad hoc requests are a separate concern, admitted in
+//! `controllers/profile_request/limits.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -33,14 +34,14 @@ use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 
 use super::rotation::{NodeGate, SkipReason};
-use super::run_name::POLICY_UID_LABEL;
 use crate::pods::slim::SlimPod;
 
 /// Default `maxConcurrentCapturesPerNode`: one capture at a time per node.
 pub const DEFAULT_MAX_CONCURRENT: usize = 1;
 /// Default `maxDutyCyclePercent`. Google-Wide Profiling runs a few seconds every few
 /// minutes (a few percent of the time) to stay within a 1-2% fleet overhead; at the 19 Hz
-/// default of a policy's CPU captures (about 0.1% of a CPU while running, seed 004), 5%
+/// default of a policy's CPU captures (about 0.1% of a CPU while running, docs/benchmarks.md
+/// "Continuous profiling"), 5%
 /// of the time costs a node about 0.005% on average, and a heap capture (~3% slower
 /// allocations while running) about 0.15%.
 pub const DEFAULT_DUTY_PERCENT: u32 = 5;
@@ -246,8 +247,9 @@ pub struct Reservation {
 }
 
 /// Memory of scheduled capture time across run deletions (history limits delete runs within
-/// the duty window), and of runs created but not yet cached. Lost on restart: after one,
-/// the duty cycle counts the runs that still exist.
+/// the duty window), of runs created but not yet cached, and of which requests are genuine
+/// runs. Lost on restart: after one, the duty cycle counts the runs that still exist, as
+/// each policy's first reconcile recognises them.
 #[derive(Debug, Default)]
 pub struct Ledger {
     inner: Mutex<LedgerInner>,
@@ -257,9 +259,41 @@ pub struct Ledger {
 struct LedgerInner {
     duty: HashMap<String, DutyEntry>,
     reservations: Vec<Reservation>,
+    /// UIDs of the requests each policy (by UID) recognised as its runs.
+    runs_by_policy: HashMap<String, HashSet<String>>,
+    /// The same, by request UID: the policy whose run it is.
+    runs: HashMap<String, String>,
 }
 
 impl Ledger {
+    /// Records `runs` as the genuine runs of the policy `policy_uid`, in place of what it
+    /// recognised before. A request's labels say nothing the budget trusts: a tenant could
+    /// label its ad hoc requests as runs and spend every policy's duty cycle on its nodes.
+    pub fn recognise(&self, policy_uid: &str, runs: &[std::sync::Arc<ProfileRequest>]) {
+        let uids: HashSet<String> = runs.iter().filter_map(|r| r.metadata.uid.clone()).collect();
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = &mut *inner;
+        if let Some(before) = inner.runs_by_policy.get(policy_uid) {
+            for uid in before.difference(&uids) {
+                inner.runs.remove(uid);
+            }
+        }
+        for uid in &uids {
+            inner.runs.insert(uid.clone(), policy_uid.to_string());
+        }
+        inner.runs_by_policy.insert(policy_uid.to_string(), uids);
+    }
+
+    /// Forgets the runs of a deleted policy.
+    pub fn forget_policy(&self, policy_uid: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(before) = inner.runs_by_policy.remove(policy_uid) {
+            for uid in before {
+                inner.runs.remove(&uid);
+            }
+        }
+    }
+
     /// Reserves a just-created run.
     pub fn reserve(&self, reservation: Reservation) {
         self.inner
@@ -303,8 +337,12 @@ impl Ledger {
                 .as_deref()
                 .and_then(|uid| results.get(uid))
                 .map_or(&[][..], Vec::as_slice);
+            let scheduled = request
+                .metadata
+                .uid
+                .as_deref()
+                .is_some_and(|uid| inner.runs.contains_key(uid));
             let occupancy = occupancy(request, nodes, &mut placer);
-            let scheduled = is_run(request);
             let profile_type = request.spec.profile_type;
             for node in &occupancy.running {
                 load.add_capture(
@@ -352,15 +390,6 @@ impl Ledger {
         }
         load
     }
-}
-
-/// True for a ProfileRequest created by a policy.
-pub fn is_run(request: &ProfileRequest) -> bool {
-    request
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(POLICY_UID_LABEL))
 }
 
 /// What one request occupies.
@@ -485,6 +514,7 @@ pub fn busy_nodes(load: &NodeLoad) -> BTreeMap<String, usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flamefleet_api::policy_runs::POLICY_UID_LABEL;
     use serde_json::json;
     use std::sync::Arc;
 
@@ -563,6 +593,7 @@ mod tests {
         );
         let slices = [slice("run", json!([{"node": "n1", "phase": "Succeeded"}]))];
         let ledger = Ledger::default();
+        ledger.recognise("p", std::slice::from_ref(&run));
         let budget = Budget {
             max_concurrent: 5,
             max_duty_percent: 10,
@@ -631,5 +662,33 @@ mod tests {
         )]));
         let load = Ledger::default().load(&[Arc::new(forged)], &[], &[pod], now());
         assert_eq!(busy_nodes(&load), BTreeMap::from([("n7".to_string(), 1)]));
+    }
+
+    #[test]
+    fn only_recognised_runs_count_as_scheduled_time() {
+        let labelled = request(
+            "labelled",
+            json!({POLICY_UID_LABEL: "p"}),
+            json!({"phase": "Running", "startTime": "2026-01-05T10:00:00Z", "nodeCount": 1}),
+        );
+        let slices = [slice(
+            "labelled",
+            json!([{"node": "n1", "phase": "Running"}]),
+        )];
+        let ledger = Ledger::default();
+        // The policy's runs do not include it: its label alone makes it an ad hoc request.
+        ledger.recognise("p", &[]);
+        let load = ledger.load(std::slice::from_ref(&labelled), &slices, &[], now());
+        assert!(!load.captures("n1")[0].scheduled);
+        assert_eq!(load.duty_seconds("n1", ProfileType::Cpu, 0, i64::MAX), 0);
+        // Recognised, it is scheduled capture time; forgotten with its policy, it runs on as
+        // an ad hoc request.
+        ledger.recognise("p", std::slice::from_ref(&labelled));
+        let load = ledger.load(std::slice::from_ref(&labelled), &slices, &[], now());
+        assert!(load.captures("n1")[0].scheduled);
+        assert_eq!(load.duty_seconds("n1", ProfileType::Cpu, 0, i64::MAX), 20);
+        ledger.forget_policy("p");
+        let load = ledger.load(&[labelled], &slices, &[], now());
+        assert!(!load.captures("n1")[0].scheduled);
     }
 }

@@ -23,10 +23,10 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::rotation::{Candidate, position, sort};
-use super::run_name::POLICY_UID_LABEL;
 use crate::pods::agents;
 use crate::pods::slim::SlimPod;
 use crate::{Error, Result};
+use flamefleet_api::policy_runs::POLICY_UID_LABEL;
 
 /// Which namespaces a policy samples.
 #[derive(Debug, Clone)]

@@ -1,115 +1,24 @@
-//! A policy's runs over time: which requests are its runs, which are active, when one last
-//! succeeded, and which finished runs the history limits delete (the ProfileRequest
-//! finalizer then deletes their artifacts).
+//! A policy's runs over time: which are active, when one last succeeded, and which
+//! finished runs the history limits delete (the ProfileRequest finalizer then deletes their
+//! artifacts).
 //!
-//! Labels, annotations and ownerReferences of a ProfileRequest are written by whoever
-//! creates it: a tenant with `edit` in a namespace can copy a policy's UID into requests of
-//! its own. So a request counts as a run of a policy only when everything a tenant cannot
-//! choose agrees ([`RunIdentity::recognises`]): the controller ownerReference names the
-//! policy with its UID, the namespace is one the policy samples now, the name is the one
-//! the policy gives its run of that scheduled time, the scheduled time is one the policy has
-//! reached (its own status, which tenants cannot write), and the API server's
-//! `creationTimestamp` falls between that time and its starting deadline. And history is
-//! counted per namespace, ordered by `creationTimestamp`: whatever a tenant creates in its
-//! namespace, no run of another namespace is deleted to make room for it.
+//! Only requests [`RunIdentity`](flamefleet_api::policy_runs::RunIdentity) recognises reach
+//! this module. History is counted per namespace, ordered by `creationTimestamp`: whatever a
+//! tenant creates in its namespace, no run of another namespace is deleted to make room for
+//! it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use flamefleet_api::policy_runs::scheduled_second;
 use flamefleet_api::{HistoryLimits, ProfileRequest, RequestPhase, RunReference};
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-
-use super::run_name::{PolicyKind, SCHEDULED_TIME_LABEL, run_name};
 
 /// Default `successfulRunsHistoryLimit`.
 pub const DEFAULT_SUCCESSFUL: usize = 10;
 /// Default `failedRunsHistoryLimit`.
 pub const DEFAULT_FAILED: usize = 3;
-
-/// The scheduled time (Unix seconds) of a run, from its label.
-pub fn scheduled_second(run: &ProfileRequest) -> Option<i64> {
-    run.labels().get(SCHEDULED_TIME_LABEL)?.parse().ok()
-}
-
-/// How far the API server's clock may be behind the operator's: a run created right at
-/// its scheduled time may carry a `creationTimestamp` this much earlier.
-const CLOCK_SKEW_SECONDS: i64 = 5;
-/// How long after its starting deadline a late run may still be created (the reconcile
-/// that creates several late runs takes a few API round trips per run).
-const CREATION_SLACK_SECONDS: i64 = 60;
-
-/// What identifies the runs of one policy (see the module documentation).
-#[derive(Debug, Clone)]
-pub struct RunIdentity {
-    /// `apiVersion` of the policy's kind.
-    pub api_version: String,
-    /// Kind of the policy.
-    pub kind: PolicyKind,
-    /// The policy's name.
-    pub name: String,
-    /// The policy's UID.
-    pub uid: String,
-    /// The namespaces the policy samples now (`None`: every namespace).
-    pub namespaces: Option<BTreeSet<String>>,
-    /// The latest scheduled time the policy has handled or planned (Unix seconds), from
-    /// its status; `None` before its first.
-    pub reached: Option<i64>,
-    /// The policy's starting deadline, seconds.
-    pub deadline_seconds: i64,
-}
-
-impl RunIdentity {
-    /// Whether `request` is one of the policy's runs.
-    pub fn recognises(&self, request: &ProfileRequest) -> bool {
-        self.why_not(request).is_none()
-    }
-
-    /// Why `request` is not one of the policy's runs (`None`: it is).
-    pub fn why_not(&self, request: &ProfileRequest) -> Option<&'static str> {
-        let owned = request.owner_references().iter().any(|o| {
-            o.controller == Some(true)
-                && o.uid == self.uid
-                && o.kind == self.kind.as_str()
-                && o.api_version == self.api_version
-        });
-        if !owned {
-            return Some("no controller ownerReference to the policy");
-        }
-        let namespace = request.namespace().unwrap_or_default();
-        if self
-            .namespaces
-            .as_ref()
-            .is_some_and(|set| !set.contains(&namespace))
-        {
-            return Some("not in a namespace the policy samples");
-        }
-        let Some(t) = scheduled_second(request) else {
-            return Some("no scheduled-time label");
-        };
-        if self.reached.is_none_or(|reached| t > reached) {
-            return Some("scheduled after the last time the policy handled");
-        }
-        let expected = Timestamp::from_second(t)
-            .ok()
-            .map(|at| run_name(&self.name, self.kind, at));
-        if expected.as_deref() != Some(request.name_any().as_str()) {
-            return Some("not the name of the policy's run at its scheduled time");
-        }
-        let Some(created) = request.metadata.creation_timestamp.as_ref() else {
-            return Some("no creationTimestamp");
-        };
-        let created = created.0.as_second();
-        if created < t - CLOCK_SKEW_SECONDS {
-            return Some("created before its scheduled time");
-        }
-        if created > t + self.deadline_seconds + CREATION_SLACK_SECONDS {
-            return Some("created after its starting deadline");
-        }
-        None
-    }
-}
 
 fn phase(run: &ProfileRequest) -> Option<RequestPhase> {
     run.status.as_ref().and_then(|s| s.phase)
@@ -198,6 +107,8 @@ pub fn expired(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flamefleet_api::policy_runs::SCHEDULED_TIME_LABEL;
+    use jiff::Timestamp;
     use serde_json::json;
 
     fn run(t: i64, phase: Option<&str>) -> Arc<ProfileRequest> {
@@ -261,72 +172,5 @@ mod tests {
         assert_eq!(gone.len(), 7, "{gone:?}");
         assert!(gone.iter().all(|n| n.starts_with("a-")), "{gone:?}");
         assert!(!gone.contains(&"a-19".to_string()));
-    }
-
-    fn identity() -> RunIdentity {
-        RunIdentity {
-            api_version: "flamefleet.dev/v1alpha1".into(),
-            kind: PolicyKind::Cluster,
-            name: "fleet".into(),
-            uid: "u-1".into(),
-            namespaces: Some(BTreeSet::from(["a".to_string(), "b".to_string()])),
-            reached: Some(2_000_000_000),
-            deadline_seconds: 300,
-        }
-    }
-
-    fn claimed(ns: &str, t: i64, created: i64, name: Option<String>) -> ProfileRequest {
-        serde_json::from_value(json!({
-            "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",
-            "metadata": {
-                "name": name.unwrap_or_else(|| format!("fleet-c{t}")), "namespace": ns,
-                "creationTimestamp": Timestamp::from_second(created).unwrap().to_string(),
-                "labels": {SCHEDULED_TIME_LABEL: t.to_string()},
-                "ownerReferences": [{"apiVersion": "flamefleet.dev/v1alpha1",
-                    "kind": "ClusterSamplingPolicy", "name": "fleet", "uid": "u-1",
-                    "controller": true}],
-            },
-            "spec": {"type": "cpu", "podNames": ["a"], "duration": "1s"},
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn only_what_a_tenant_cannot_choose_makes_a_run() {
-        let id = identity();
-        let t = 1_900_000_000;
-        assert_eq!(id.why_not(&claimed("b", t, t + 1, None)), None);
-        let far_future = 4_000_000_000;
-        assert_eq!(
-            id.why_not(&claimed("a", far_future, t, None)),
-            Some("scheduled after the last time the policy handled")
-        );
-        assert_eq!(
-            id.why_not(&claimed("a", t - 3_600, t, None)),
-            Some("created after its starting deadline")
-        );
-        assert_eq!(
-            id.why_not(&claimed("a", t, t - 60, None)),
-            Some("created before its scheduled time")
-        );
-        assert_eq!(
-            id.why_not(&claimed("c", t, t, None)),
-            Some("not in a namespace the policy samples")
-        );
-        assert_eq!(
-            id.why_not(&claimed("a", t, t, Some("mine".into()))),
-            Some("not the name of the policy's run at its scheduled time")
-        );
-        let mut label_only = claimed("a", t, t, None);
-        label_only.metadata.owner_references = None;
-        assert_eq!(
-            id.why_not(&label_only),
-            Some("no controller ownerReference to the policy")
-        );
-        let mut not_controller = claimed("a", t, t, None);
-        if let Some(o) = not_controller.metadata.owner_references.as_mut() {
-            o[0].controller = None;
-        }
-        assert!(!id.recognises(&not_controller));
     }
 }

@@ -7,7 +7,8 @@
 //! - [`fleet`]: the cached pods, namespaces and requests, and which pods are eligible;
 //! - [`rotation`]: which pods this run takes so the whole fleet is covered in turn;
 //! - [`budget`]: which nodes can take another capture;
-//! - [`run_name`]: names and labels that make runs exactly-once;
+//! - [`flamefleet_api::policy_runs`]: names and labels that make runs exactly-once, and
+//!   which requests are genuine runs;
 //! - [`history`]: active runs, last success, and the history limits;
 //! - [`policy`]: the reconciler tying them together, with the run's coverage and status.
 
@@ -16,7 +17,6 @@ pub mod fleet;
 pub mod history;
 pub mod policy;
 pub mod rotation;
-pub mod run_name;
 pub mod schedule;
 
 use std::collections::HashMap;
@@ -38,8 +38,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::metrics::Metrics;
+use flamefleet_api::policy_runs::PolicyKind;
 use fleet::Fleet;
-use run_name::PolicyKind;
 
 /// What the cluster admin bounds about every namespace's policies (operator flags): without
 /// them one namespace with `edit` could create any number of policies firing every second.

@@ -32,12 +32,13 @@ use tracing::instrument;
 use super::budget::{Budget, Reservation};
 use super::fleet::{Scope, selector_of};
 use super::rotation::{self, Limits};
-use super::run_name::{
-    POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL, PolicyKind, SCHEDULED_AT_ANNOTATION,
-    SCHEDULED_TIME_LABEL, is_label_value, run_name,
-};
 use super::{Policy, SamplingContext, history, schedule};
 use crate::{Error, Result};
+use flamefleet_api::policy_runs::{
+    DEFAULT_STARTING_DEADLINE_SECONDS, POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL,
+    PolicyKind, RunIdentity, SCHEDULED_AT_ANNOTATION, SCHEDULED_TIME_LABEL, is_label_value,
+    run_name, scheduled_second,
+};
 
 /// The finalizer that deletes a policy's runs (and, through theirs, their artifacts).
 pub const FINALIZER: &str = "flamefleet.dev/runs";
@@ -46,9 +47,11 @@ pub const CONDITION_SCHEDULE_VALID: &str = "ScheduleValid";
 /// Condition: the template's selector matches pods that can be sampled.
 pub const CONDITION_PODS_MATCHED: &str = "PodsMatched";
 /// Default `startingDeadlineSeconds`.
-pub const DEFAULT_STARTING_DEADLINE: Duration = Duration::from_secs(300);
+pub const DEFAULT_STARTING_DEADLINE: Duration =
+    Duration::from_secs(DEFAULT_STARTING_DEADLINE_SECONDS.unsigned_abs());
 /// CPU frequency of a run whose template sets none: continuous profiling at 19 Hz costs
-/// about 0.1% of a CPU (seed 004), against the 99 Hz of an ad hoc request.
+/// about 0.1% of a CPU (docs/benchmarks.md, "Continuous profiling"), against the 99 Hz of
+/// an ad hoc request.
 pub const DEFAULT_POLICY_FREQUENCY_HZ: i32 = 19;
 /// Longest wait between two looks at a policy (status and coverage refresh).
 const MAX_REQUEUE: Duration = Duration::from_secs(300);
@@ -277,7 +280,7 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
         .map_or(DEFAULT_STARTING_DEADLINE, Duration::from_secs);
 
     // History: finished runs beyond the limits go (their finalizer deletes the artifacts).
-    let runs = runs_of(ctx, &current, &status, &uid, deadline)?;
+    let runs = runs_of(ctx, &current, &status, &uid)?;
     for run in history::expired(&runs, spec.history.as_ref()) {
         delete_run(ctx, &run).await?;
     }
@@ -359,7 +362,7 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
     }
 
     // Active runs, last success and coverage, from the cache.
-    let runs = runs_of(ctx, &current, &status, &uid, deadline)?;
+    let runs = runs_of(ctx, &current, &status, &uid)?;
     status.active = history::active(&runs);
     status.active_count = Some(i32::try_from(status.active.len()).unwrap_or(i32::MAX));
     if let Some(t) = history::last_success(&runs)
@@ -381,34 +384,23 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
 }
 
 /// The policy's runs among the cached requests that carry its UID label: only those
-/// [`history::RunIdentity`] recognises (a tenant can copy the label, not the rest).
+/// [`RunIdentity`] recognises (a tenant can copy the label, not the rest). The budget
+/// learns them too, so that only genuine runs count as scheduled capture time.
 fn runs_of<P: Policy>(
     ctx: &SamplingContext,
     policy: &P,
     status: &SamplingPolicyStatus,
     uid: &str,
-    deadline: Duration,
 ) -> Result<Vec<Arc<ProfileRequest>>> {
-    let reached = status
-        .last_schedule_time
-        .iter()
-        .chain(status.pending_run.iter().map(|p| &p.scheduled_time))
-        .map(|t| t.0.as_second())
-        .max();
-    let identity = history::RunIdentity {
-        api_version: P::api_version(&()).to_string(),
-        kind: P::KIND,
-        name: policy.name_any(),
-        uid: uid.to_string(),
-        namespaces: ctx.fleet.namespaces_in(&scope_of(policy)?),
-        reached,
-        deadline_seconds: i64::try_from(deadline.as_secs()).unwrap_or(i64::MAX),
-    };
-    let (runs, claimed): (Vec<_>, Vec<_>) = ctx
-        .fleet
-        .runs_of(uid)
-        .into_iter()
-        .partition(|r| identity.recognises(r));
+    let identity = RunIdentity::of_policy(
+        P::KIND,
+        &policy.name_any(),
+        uid,
+        policy.policy_spec(),
+        Some(status),
+        ctx.fleet.namespaces_in(&scope_of(policy)?),
+    );
+    let (runs, claimed) = identity.partition(ctx.fleet.runs_of(uid));
     for r in claimed.iter().take(3) {
         tracing::debug!(
             namespace = r.namespace().unwrap_or_default(),
@@ -417,6 +409,7 @@ fn runs_of<P: Policy>(
             "a request carries the policy's UID label but is not one of its runs"
         );
     }
+    ctx.ledger.recognise(uid, &runs);
     Ok(runs)
 }
 
@@ -845,6 +838,7 @@ async fn cleanup<P: Policy>(policy: Arc<P>, ctx: &SamplingContext) -> Result<Act
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&uid);
+    ctx.ledger.forget_policy(&uid);
     tracing::info!(runs = runs.items.len(), "deleted the policy's runs");
     Ok(Action::await_change())
 }
@@ -862,7 +856,7 @@ fn remember_profiled(ctx: &SamplingContext, uid: &str, namespace: &str, pods: &[
 /// there is; runs deleted by the history limits are remembered only by a running operator).
 fn record_profiled(ctx: &SamplingContext, uid: &str, runs: &[Arc<ProfileRequest>]) {
     for run in runs {
-        if let Some(t) = history::scheduled_second(run) {
+        if let Some(t) = scheduled_second(run) {
             remember_profiled(
                 ctx,
                 uid,

@@ -195,7 +195,7 @@ struct Capture(JoinedCapture);
 
 impl Drop for Capture {
     fn drop(&mut self) {
-        self.0.sampler.release(self.0.id, &self.0.cgroup_ids);
+        self.0.sampler.release(self.0.id, self.0.cgroups.ids());
     }
 }
 
@@ -317,7 +317,7 @@ fn read_capture(
     rate: u64,
 ) -> Result<CaptureRead> {
     // Indices nested below a target (another capture's) count for it too.
-    let target_of_index = shared.table.owners(&capture.cgroup_ids, &capture.owner_of);
+    let target_of_index = capture.cgroups.owners(&shared.table);
     let own: HashSet<u32> = target_of_index.keys().copied().collect();
     // Sampled (count, bytes) per aggregation key: allocated, in use.
     let mut sampled: HashMap<sampler::AggKey, [u64; 4]> = HashMap::new();

@@ -46,7 +46,7 @@ use crate::capture::heap::sampling;
 use crate::capture::kernel::KernelFeatures;
 use crate::capture::process_tracker::ProcessTracker;
 use crate::capture::sampler_thread::{self, OwnerThread};
-use crate::capture::target_table::{TargetCgroup, TargetMaps, TargetTable};
+use crate::capture::target_table::{CaptureCgroups, TargetMaps, TargetTable};
 use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig, stack_maps};
 use crate::process::ProcessCatalog;
 use crate::unwind::Unwinder;
@@ -72,7 +72,8 @@ pub(crate) enum ProbeMode {
     Session,
     /// Every entry and return probe as a uprobe_multi link (Linux 6.6+).
     Multi,
-    /// Perf-event uprobes (any kernel; CAP_SYS_ADMIN on recent ones).
+    /// Perf-event uprobes (any kernel; CAP_SYS_ADMIN on most: see
+    /// [`crate::capture::kernel::PerfUprobeAccess`]).
     #[default]
     Classic,
 }
@@ -169,8 +170,8 @@ impl std::fmt::Debug for HeapSampler {
 pub(crate) struct JoinedCapture {
     pub(crate) sampler: Arc<HeapSampler>,
     pub(crate) id: u64,
-    pub(crate) cgroup_ids: Vec<u64>,
-    pub(crate) owner_of: Vec<usize>,
+    /// Its target cgroups and which target each belongs to.
+    pub(crate) cgroups: CaptureCgroups,
     /// `heap_agg` alloc counters of the capture's indices when it started.
     pub(crate) baseline: HashMap<AggKey, (u64, u64)>,
     pub(crate) start_ns: u64,
@@ -287,8 +288,7 @@ impl HeapSampler {
 
     /// Adds `targets` to the target table and takes the capture's baseline.
     pub(crate) fn register(self: &Arc<Self>, targets: &[CaptureTarget]) -> Result<JoinedCapture> {
-        let (cgroups, owner_of): (Vec<TargetCgroup>, Vec<usize>) =
-            crate::capture::expand_targets(targets);
+        let (own_cgroups, cgroups) = CaptureCgroups::of(targets);
         let id = self.next_capture.fetch_add(1, Ordering::Relaxed);
         let mut shared = self.lock();
         let Shared {
@@ -298,15 +298,14 @@ impl HeapSampler {
             ..
         } = &mut *shared;
         table.acquire::<types::ff_target>(&maps.target_maps(), &cgroups, 0, |a, _| Ok(a))?;
-        let cgroup_ids: Vec<u64> = cgroups.iter().map(|c| c.id).collect();
-        let own: HashSet<u32> = table.covered(&cgroup_ids).keys().copied().collect();
+        let own = own_cgroups.covered(table);
         // Baseline first, then the start time: an allocation in between counts in
         // alloc_* but not in inuse_* (never in-use without having been allocated).
         let baseline = match read_alloc_counters(&maps.heap_agg, &own) {
             Ok(rows) => rows.into_iter().map(|(k, v)| (agg_key(&k), v)).collect(),
             Err(e) => {
                 // Not joined after all: give the targets back.
-                table.release(&maps.target_maps(), &cgroup_ids);
+                table.release(&maps.target_maps(), own_cgroups.ids());
                 return Err(e);
             }
         };
@@ -316,8 +315,7 @@ impl HeapSampler {
         Ok(JoinedCapture {
             sampler: Arc::clone(self),
             id,
-            cgroup_ids,
-            owner_of,
+            cgroups: own_cgroups,
             baseline,
             start_ns,
         })
@@ -436,7 +434,9 @@ fn run_owner(
     let u = tracker.unwinder().map(|u| &**u);
     // Best first: session uprobes (Linux 6.13+: no return trap for unsampled calls), then
     // uprobe_multi links (6.6+), then perf-event uprobes. The two link-based modes need only
-    // CAP_BPF and CAP_PERFMON; perf-event uprobes need CAP_SYS_ADMIN on recent kernels.
+    // CAP_BPF and CAP_PERFMON; perf-event uprobes need CAP_SYS_ADMIN on kernels carrying the
+    // fix of CVE-2025-38466 (probed: `heap_ebpf_refusal` refuses before this point when they
+    // are denied).
     // The kernel's BTF says which link types exist (KernelFeatures); a load that fails
     // anyway falls through to the next mode.
     let features = KernelFeatures::get();
@@ -635,7 +635,14 @@ fn attach_binary(
 ) -> Result<usize> {
     let mut probes = 0;
     for ep in &bin.entry_points {
-        let what = || format!("attaching a uprobe to {} in {}", ep.symbol, bin.name);
+        let what = || {
+            let kind = if mode == ProbeMode::Classic {
+                "a perf-event uprobe"
+            } else {
+                "a uprobe"
+            };
+            format!("attaching {kind} to {} in {}", ep.symbol, bin.name)
+        };
         if mode == ProbeMode::Session && ep.kind == EntryKind::Malloc {
             let opts = libbpf_rs::UprobeMultiOpts {
                 offsets: vec![ep.probe_offset as usize],

@@ -1,0 +1,3 @@
+module goblock
+
+go 1.21
