@@ -6,7 +6,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use flamefleet_api::ProfileType;
 use flamefleet_api::profile_request::{
-    MAX_FREQUENCY_HZ, MAX_SAMPLE_BYTES, MIN_FREQUENCY_HZ, MIN_SAMPLE_BYTES,
+    MAX_BLOCK_MICROS, MAX_FREQUENCY_HZ, MAX_SAMPLE_BYTES, MIN_BLOCK_MICROS, MIN_FREQUENCY_HZ,
+    MIN_SAMPLE_BYTES,
 };
 use kubectl_profile::cluster::{Cluster, ConnectOptions};
 use kubectl_profile::commands::{capture, fleet, get, list, merge};
@@ -106,6 +107,21 @@ struct RunqlatArgs {
     unit: Option<capture::RunqlatUnitArg>,
 }
 
+/// `kubectl profile offcpu`.
+#[derive(clap::Args)]
+struct OffcpuArgs {
+    #[command(flatten)]
+    common: CaptureArgs,
+    /// Blocks shorter than this many microseconds are counted, not attributed to a stack
+    /// (default 1000).
+    #[arg(long, value_name = "MICROS", value_parser = clap::value_parser!(i32).range(i64::from(MIN_BLOCK_MICROS)..=i64::from(MAX_BLOCK_MICROS)))]
+    min_block_micros: Option<i32>,
+    /// Refuse when a first window projects more stack-walk overhead than this percent of
+    /// the pods' CPU time, 0 to 100 (default 3; 0 turns the guard off).
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(i32).range(0..=100))]
+    max_overhead_percent: Option<i32>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Capture a CPU profile.
@@ -114,6 +130,8 @@ enum Command {
     Heap(HeapArgs),
     /// Capture a run-queue latency histogram.
     Runqlat(RunqlatArgs),
+    /// Capture an off-CPU profile: where the pods' threads block, by stack.
+    Offcpu(OffcpuArgs),
     /// Download (and render) the artifacts of a request, or (sp/NAME, csp/NAME) the merged
     /// profiles of a sampling policy's runs over a time window.
     Get {
@@ -258,6 +276,13 @@ async fn run(cli: Cli) -> Result<()> {
                 unit: a.unit,
             };
             capture_cmd(&cluster, ProfileType::Runqlat, a.common, options, &mut out).await
+        }
+        Command::Offcpu(a) => {
+            let options = capture::TypeOptions::Offcpu {
+                min_block_micros: a.min_block_micros,
+                max_overhead_percent: a.max_overhead_percent,
+            };
+            capture_cmd(&cluster, ProfileType::Offcpu, a.common, options, &mut out).await
         }
         Command::Get {
             name,

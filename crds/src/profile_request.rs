@@ -29,6 +29,12 @@ pub const MAX_SAMPLE_BYTES: i64 = 1 << 30;
 /// pattern already refuses anything else with its own message, and CEL's `duration()` would
 /// add a second, confusing one (a type conversion error) for the same value.
 pub const CAPTURE_DURATION_RULE: &str = r"!self.matches(r'^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$') || (duration(self) >= duration('1s') && duration(self) <= duration('10m'))";
+/// Lowest `offcpu.minBlockMicros` the schema accepts.
+pub const MIN_BLOCK_MICROS: i32 = 1;
+/// Highest `offcpu.minBlockMicros` the schema accepts (10 s).
+pub const MAX_BLOCK_MICROS: i32 = 10_000_000;
+/// Most kernel functions `status.summary.offcpu.topBlocking` lists.
+pub const MAX_TOP_BLOCKING: usize = 5;
 /// Most `podNames` of one request.
 pub const MAX_POD_NAMES: usize = 256;
 
@@ -44,7 +50,7 @@ pub const MAX_POD_NAMES: usize = 256;
     category = "flamefleet",
     status = "ProfileRequestStatus",
     derive = "PartialEq",
-    doc = "A request to capture a CPU profile, a heap profile or a run-queue latency histogram of selected pods",
+    doc = "A request to capture a CPU profile, a heap profile, an off-CPU profile or a run-queue latency histogram of selected pods",
     printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Pods", type_ = "integer", json_path = ".status.podCount"),
@@ -61,10 +67,11 @@ pub const MAX_POD_NAMES: usize = 256;
     validation = Rule::new("has(self.selector) || (has(self.podNames) && size(self.podNames) > 0)").message("either selector or podNames must be set"),
     validation = Rule::new("!has(self.cpu) || self.type == 'cpu'").message("cpu options are only allowed when type is cpu"),
     validation = Rule::new("!has(self.heap) || self.type == 'heap'").message("heap options are only allowed when type is heap"),
-    validation = Rule::new("!has(self.runqlat) || self.type == 'runqlat'").message("runqlat options are only allowed when type is runqlat")
+    validation = Rule::new("!has(self.runqlat) || self.type == 'runqlat'").message("runqlat options are only allowed when type is runqlat"),
+    validation = Rule::new("!has(self.offcpu) || self.type == 'offcpu'").message("offcpu options are only allowed when type is offcpu")
 )]
 pub struct ProfileRequestSpec {
-    /// The profile to capture: cpu, heap or runqlat.
+    /// The profile to capture: cpu, heap, runqlat or offcpu.
     #[serde(rename = "type")]
     pub profile_type: ProfileType,
     /// Pods of the request's namespace to profile, by label.
@@ -87,6 +94,9 @@ pub struct ProfileRequestSpec {
     /// Options of a runqlat histogram; only with `type: runqlat`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runqlat: Option<RunqlatOptions>,
+    /// Options of an off-CPU profile; only with `type: offcpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offcpu: Option<OffcpuOptions>,
     /// Delete the request this many seconds after it finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
@@ -119,6 +129,11 @@ impl ProfileRequestSpec {
     pub fn runqlat_options(&self) -> RunqlatOptions {
         self.runqlat.clone().unwrap_or_default()
     }
+
+    /// The off-CPU options, defaults filled in when absent.
+    pub fn offcpu_options(&self) -> OffcpuOptions {
+        self.offcpu.clone().unwrap_or_default()
+    }
 }
 
 /// The kind of profile to capture.
@@ -131,15 +146,18 @@ pub enum ProfileType {
     Heap,
     /// Run-queue latency histogram from scheduler tracepoints.
     Runqlat,
+    /// Where threads block (off CPU, not runnable), by stack, from `sched_switch`.
+    Offcpu,
 }
 
 impl ProfileType {
-    /// The wire name (`cpu`, `heap`, `runqlat`).
+    /// The wire name (`cpu`, `heap`, `runqlat`, `offcpu`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Cpu => "cpu",
             Self::Heap => "heap",
             Self::Runqlat => "runqlat",
+            Self::Offcpu => "offcpu",
         }
     }
 }
@@ -238,6 +256,23 @@ pub struct RunqlatOptions {
     /// Unit of the histogram buckets.
     #[serde(default)]
     pub unit: RunqlatUnit,
+}
+
+/// Options of an off-CPU profile (docs/offcpu.md).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OffcpuOptions {
+    /// Blocks shorter than this many microseconds are counted and timed, never attributed
+    /// to a stack (default 1000: 1 ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_BLOCK_MICROS, max = MAX_BLOCK_MICROS))]
+    pub min_block_micros: Option<i32>,
+    /// Refuse the capture when a short first window projects more overhead (the targets'
+    /// blocks times the cost of walking their stacks) than this percent of the targets'
+    /// CPU time (default 3; 0 turns the guard off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_overhead_percent: Option<i32>,
 }
 
 /// Unit of runqlat histogram buckets.
@@ -420,6 +455,37 @@ pub struct ProfileSummary {
     /// Run-queue latency percentiles (runqlat only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runqlat: Option<LatencySummary>,
+    /// Time blocked and where (offcpu only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offcpu: Option<OffcpuSummary>,
+}
+
+/// What the targets' threads waited for, over all nodes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OffcpuSummary {
+    /// Time the threads spent blocked (off CPU, not runnable), milliseconds.
+    pub off_cpu_millis: i64,
+    /// Time the woken threads then waited for a CPU (run-queue time, not counted as
+    /// off-CPU), milliseconds.
+    pub runnable_millis: i64,
+    /// Blocks counted.
+    pub blocks: i64,
+    /// The kernel functions the threads blocked in, most blocked time first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_TOP_BLOCKING))]
+    pub top_blocking: Vec<BlockingFunction>,
+}
+
+/// A kernel function threads blocked in, and for how long over all nodes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockingFunction {
+    /// The kernel function (the first frame below the scheduler's).
+    #[schemars(length(max = 256))]
+    pub function: String,
+    /// Time blocked in it, milliseconds.
+    pub millis: i64,
 }
 
 /// The frequency CPU samples were really taken at.

@@ -29,7 +29,6 @@
 mod pipeline_support;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use flamefleet_api::result_slice::ProfileResultSlice;
@@ -131,20 +130,10 @@ async fn largest_objects(client: &kube::Client, ns: &str, name: &str, uid: &str)
 }
 
 fn kubectl_profile(cluster: &HollowCluster, args: &[&str]) -> (bool, String) {
-    let out = Command::new(&pipeline_support::bins().kubectl_profile)
-        .arg("--kubeconfig")
-        .arg(cluster.target_ns.control_plane().kubeconfig())
-        .args(["-n", cluster.target_ns.name()])
-        .args(args)
-        .output()
-        .expect("running kubectl-profile");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
+    pipeline_support::kubectl_profile(
+        cluster.target_ns.control_plane().kubeconfig(),
+        cluster.target_ns.name(),
+        args,
     )
 }
 

@@ -6,26 +6,9 @@
 mod pipeline_support;
 
 use std::path::Path;
-use std::process::Command;
 
 use flamefleet_e2e::TestNamespace;
-use pipeline_support::{Pipeline, PipelineOptions, RUN_LABEL, bins, pprof_top, serial};
-
-fn kubectl_profile(pipeline: &Pipeline, ns: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(&bins().kubectl_profile)
-        .arg("--kubeconfig")
-        .arg(&pipeline.kubeconfig)
-        .args(["-n", ns])
-        .args(args)
-        .output()
-        .expect("running kubectl-profile");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
+use pipeline_support::{Pipeline, PipelineOptions, RUN_LABEL, kubectl_profile, pprof_top, serial};
 
 fn files_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -57,7 +40,7 @@ async fn kubectl_profile_cpu_through_the_pipeline() {
 
     // create -> wait -> download, with a flame graph.
     let (ok, text) = kubectl_profile(
-        &pipeline,
+        &pipeline.kubeconfig,
         ns.name(),
         &[
             "cpu",
@@ -102,7 +85,7 @@ async fn kubectl_profile_cpu_through_the_pipeline() {
 
     // get --format text lists the hot function first.
     let (ok, text) = kubectl_profile(
-        &pipeline,
+        &pipeline.kubeconfig,
         ns.name(),
         &["get", &name, "--format", "text", "-o", &out_arg],
     );
@@ -120,23 +103,27 @@ async fn kubectl_profile_cpu_through_the_pipeline() {
     // merge (by request name), list, delete.
     let merged = out_dir.join("merged.pb.gz");
     let (ok, text) = kubectl_profile(
-        &pipeline,
+        &pipeline.kubeconfig,
         ns.name(),
         &["merge", &name, "-o", &merged.to_string_lossy()],
     );
     assert!(ok, "{text}");
     assert!(pprof_top(&merged).contains("burn_cpu"));
-    let (ok, text) = kubectl_profile(&pipeline, ns.name(), &["list"]);
+    let (ok, text) = kubectl_profile(&pipeline.kubeconfig, ns.name(), &["list"]);
     assert!(
         ok && text.contains(&name) && text.contains("Succeeded"),
         "{text}"
     );
-    let (ok, text) = kubectl_profile(&pipeline, ns.name(), &["delete", &name]);
+    let (ok, text) = kubectl_profile(&pipeline.kubeconfig, ns.name(), &["delete", &name]);
     assert!(ok, "{text}");
     // The operator's finalizer removes the artifacts, then the request goes.
     let mut last = String::new();
     for _ in 0..30 {
-        let (ok, text) = kubectl_profile(&pipeline, ns.name(), &["get", &name, "-o", &out_arg]);
+        let (ok, text) = kubectl_profile(
+            &pipeline.kubeconfig,
+            ns.name(),
+            &["get", &name, "-o", &out_arg],
+        );
         if !ok && text.contains("not found") {
             return;
         }

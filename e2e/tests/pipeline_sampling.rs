@@ -13,7 +13,9 @@ use flamefleet_e2e::TestNamespace;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use pipeline_support::{Pipeline, PipelineOptions, is_terminal, runs_of, scheduled_second, serial};
+use pipeline_support::{
+    Pipeline, PipelineOptions, is_terminal, kubectl_profile, runs_of, scheduled_second, serial,
+};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -573,25 +575,6 @@ async fn schedules_past_the_schema_and_empty_selectors_are_reported_in_condition
     }
 }
 
-/// Runs `kubectl profile ARGS` in `ns`; (success, stdout + stderr).
-fn kubectl_profile(pipeline: &Pipeline, ns: &str, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(&pipeline_support::bins().kubectl_profile)
-        .arg("--kubeconfig")
-        .arg(&pipeline.kubeconfig)
-        .args(["-n", ns])
-        .args(args)
-        .output()
-        .expect("running kubectl-profile");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
 /// The total of the first sample value of a gzipped pprof file.
 fn sample_total(file: &std::path::Path) -> i64 {
     use std::io::Read as _;
@@ -664,7 +647,7 @@ async fn the_fleet_view_merges_every_run_of_the_window_into_one_profile() {
     assert!(succeeded.len() >= 3);
 
     // `list sp/NAME`: every run, one line each.
-    let (ok, text) = kubectl_profile(&pipeline, ns.name(), &["list", "sp/web-view"]);
+    let (ok, text) = kubectl_profile(&pipeline.kubeconfig, ns.name(), &["list", "sp/web-view"]);
     assert!(ok, "{text}");
     for run in &runs {
         assert!(
@@ -677,7 +660,7 @@ async fn the_fleet_view_merges_every_run_of_the_window_into_one_profile() {
     // `get sp/NAME --since 1h`: one merged profile whose total is the runs' totals.
     let dir = tempfile::tempdir().unwrap();
     let (ok, text) = kubectl_profile(
-        &pipeline,
+        &pipeline.kubeconfig,
         ns.name(),
         &[
             "get",
@@ -725,7 +708,7 @@ async fn the_fleet_view_merges_every_run_of_the_window_into_one_profile() {
     }
     // A window with nothing in it says so.
     let (ok, text) = kubectl_profile(
-        &pipeline,
+        &pipeline.kubeconfig,
         ns.name(),
         &[
             "get",
@@ -866,7 +849,7 @@ async fn a_cluster_policy_samples_only_the_namespaces_it_selects() {
     // The cluster fleet view downloads across the runs' namespaces.
     let dir = tempfile::tempdir().unwrap();
     let (ok, text) = kubectl_profile(
-        &pipeline,
+        &pipeline.kubeconfig,
         chosen.name(),
         &[
             "get",

@@ -6,7 +6,8 @@
 //! - Forged runs: ten finished ProfileRequests carrying a ClusterSamplingPolicy's UID
 //!   (label and controller ownerReference) with far-future scheduled times, in one of the
 //!   policy's namespaces, must not make the operator delete the other namespace's run or its
-//!   artifacts, and never count in the policy's history or status.
+//!   artifacts, never count in the policy's history or status, and stay out of the CLI's
+//!   fleet view of the policy.
 //! - A burst: fifty requests created at once in a namespace limited to two concurrent
 //!   captures; a watch of their phases never sees more than two Running, and all fifty
 //!   succeed.
@@ -29,7 +30,9 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use pipeline_support::{Pipeline, PipelineOptions, RUN_LABEL, is_terminal, runs_of, serial};
+use pipeline_support::{
+    Pipeline, PipelineOptions, RUN_LABEL, is_terminal, kubectl_profile, runs_of, serial,
+};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
@@ -252,6 +255,25 @@ async fn forged_runs_of_a_cluster_policy_delete_nothing_and_never_count() {
     assert!(
         last_success <= last_genuine_success,
         "lastSuccessfulTime {last_success} comes from a forged run (the last genuine run succeeded at {last_genuine_success})"
+    );
+    // The CLI's fleet view of the policy recognises runs as the operator does: b's run is
+    // listed, no forged one, and the forgeries are counted as left out.
+    let (ok, text) = kubectl_profile(
+        &pipeline.kubeconfig,
+        a.name(),
+        &["list", &format!("csp/{name}")],
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains(&genuine.name_any()), "{text}");
+    for n in &forged {
+        assert!(
+            !text.contains(n.as_str()),
+            "the fleet view lists the forged {n}:\n{text}"
+        );
+    }
+    assert!(
+        text.contains(&format!("ignored {} ProfileRequests", forged.len())),
+        "{text}"
     );
     policies.delete(&name, &Default::default()).await.unwrap();
 }

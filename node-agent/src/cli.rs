@@ -2,8 +2,8 @@
 //! with no Kubernetes, and writes a gzipped pprof file.
 //!
 //! ```text
-//! flamefleet-agent capture --type cpu|runqlat --cgroup PATH... [--duration 10s]
-//!     [--frequency 99] -o out.pb.gz [--text]
+//! flamefleet-agent capture --type cpu|runqlat|offcpu --cgroup PATH... [--duration 10s]
+//!     [--frequency 99] [--min-block 1ms] -o out.pb.gz [--text]
 //! flamefleet-agent capture --type heap [--heap-source auto|endpoint|ebpf|goruntime]
 //!     [--cgroup PATH...] [--sample-bytes 524288]
 //!     [--endpoint URL... | --port P [--pid PID] [--path /debug/pprof/heap]] -o out.pb.gz
@@ -18,6 +18,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::capture::cpu::{CpuOptions, PerfEventKind};
 use crate::capture::heap::{self, HeapError, HeapSource};
 use crate::capture::lifecycle::{self, CaptureSpec, EngineError};
+use crate::capture::offcpu::{OffcpuGuard, OffcpuOptions};
 use crate::capture::runqlat::{LatencyUnit, RunqlatOptions};
 use crate::capture::window::Stop;
 use crate::capture::{CaptureError, CaptureTarget, SamplerConfig, Samplers, TargetLabels};
@@ -150,6 +151,8 @@ pub enum ProfileType {
     Runqlat,
     /// Heap profile, from a pprof endpoint or eBPF allocation sampling.
     Heap,
+    /// Off-CPU time: where threads block, by stack.
+    Offcpu,
 }
 
 /// Histogram unit on the command line.
@@ -210,13 +213,17 @@ pub struct CaptureArgs {
     /// Heap (eBPF): mean bytes allocated between samples; 0 samples every allocation.
     #[arg(long, default_value_t = heap::sampling::DEFAULT_SAMPLE_BYTES)]
     pub sample_bytes: u64,
-    /// Heap (eBPF): refuse when the first 300 ms project more uprobe overhead
-    /// than this percent of the targets' CPU time (0: no guard).
+    /// Heap (eBPF) and off-CPU: refuse when a short first window projects more
+    /// overhead (uprobe traps, stack walks) than this percent of the targets' CPU time
+    /// (0: no guard).
     #[arg(long, default_value_t = heap::overhead::DEFAULT_MAX_OVERHEAD_PERCENT)]
     pub max_overhead_percent: f64,
-    /// Heap (eBPF): capture even above --max-overhead-percent.
+    /// Heap (eBPF) and off-CPU: capture even above --max-overhead-percent.
     #[arg(long)]
     pub force: bool,
+    /// Off-CPU: blocks shorter than this are counted, not attributed to a stack.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1ms")]
+    pub min_block: Duration,
     /// Heap: pprof endpoint URL, e.g. http://10.0.0.5:6060/debug/pprof/heap; repeatable
     /// (fetched as a pod's containers are: a few at a time), each with the --cgroup given
     /// in the same place, if any.
@@ -358,10 +365,24 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
             request.ebpf.force = args.force;
             CaptureSpec::Heap(request)
         }
+        ProfileType::Offcpu => CaptureSpec::Offcpu {
+            targets,
+            options: OffcpuOptions {
+                min_block: args.min_block,
+                kernel_stacks: !args.no_kernel_stacks,
+                cfi_unwind: !args.frame_pointers_only,
+            },
+            guard: OffcpuGuard {
+                max_overhead_percent: args.max_overhead_percent,
+                force: args.force,
+            },
+            duration: args.duration,
+        },
     };
     let announced = match &spec {
         CaptureSpec::Cpu { targets, .. } => Some(("cpu", targets.len())),
         CaptureSpec::Runqlat { targets, .. } => Some(("runqlat", targets.len())),
+        CaptureSpec::Offcpu { targets, .. } => Some(("offcpu", targets.len())),
         CaptureSpec::Heap(_) => None,
     };
     let mut running = lifecycle::start(&samplers, spec)?;

@@ -140,6 +140,56 @@ fn value_total(profile: &flamefleet_proto::pprof::Profile, name: &str) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offcpu_reports_the_blocked_time_and_where_it_blocked() {
+    require_root();
+    let _serial = serial().await;
+    let node = "node-offcpu";
+    // The allocator sleeps 2 ms per iteration (usleep): blocked nearly all the time.
+    let Setup {
+        mut client,
+        agent,
+        upload,
+        tree,
+        pki: _pki,
+    } = Setup::new(node, allocator()).await;
+    let uid = unique("uid-offcpu");
+    let mut req = cpu_request(&uid, node, &tree, &upload, 2000);
+    req.r#type = flamefleet_proto::agent::ProfileType::Offcpu as i32;
+    req.cpu = None;
+    req.uploads = upload.slots(&uid, &[format!("offcpu-{node}.pb.gz")]);
+    let progress = collect(&mut client, req).await;
+    assert_full_lifecycle(&progress, &agent);
+    let last = done(&progress);
+    let pb = &last.artifacts[0];
+    assert_eq!(pb.name, format!("offcpu-{node}.pb.gz"));
+    let profile = flamefleet_agent::pprof::decode(&upload.body(&uid, &pb.name).expect("uploaded"))
+        .expect("decode");
+    let blocked = value_total(&profile, "off_cpu");
+    let blocks = value_total(&profile, "blocks");
+    assert!(
+        blocked >= 1_000_000_000,
+        "only {blocked} ns blocked in 2 s of a thread sleeping 2 ms per iteration"
+    );
+    assert!(blocks >= 100, "only {blocks} blocks");
+    assert_eq!(pb.samples, blocks as u64);
+    let typed = last.capture_summary.as_deref().expect("a typed summary");
+    assert_eq!(typed.display(), last.summary);
+    let Some(Kind::Offcpu(o)) = &typed.kind else {
+        panic!("an off-CPU summary: {typed:?}");
+    };
+    assert_eq!(o.blocked_ns, blocked as u64);
+    assert_eq!(o.blocks, blocks as u64);
+    assert_eq!(o.min_block_micros, 1000);
+    let top = o.top_blocking.first().expect("a top blocking function");
+    assert!(
+        top.function.contains("nanosleep"),
+        "the sleeper blocks in nanosleep, found {:?}",
+        o.top_blocking
+    );
+    assert_eq!(last.summary["blocks"], blocks.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runqlat_counts_each_wait_once_and_reports_its_histogram() {
     require_root();
     let _serial = serial().await;

@@ -50,7 +50,8 @@ async fn only_the_operator_is_served_and_only_as_this_node() {
         vec![
             ProfileType::Cpu as i32,
             ProfileType::Heap as i32,
-            ProfileType::Runqlat as i32
+            ProfileType::Runqlat as i32,
+            ProfileType::Offcpu as i32
         ]
     );
     assert!(

@@ -20,7 +20,8 @@ pub mod agent {
 
     /// The artifacts an agent on `node` uploads for a capture of type `ty`,
     /// one `UploadSlot` each (the operator-agent contract): `cpu-<node>.pb.gz`,
-    /// `heap-<node>.pb.gz`, or `runqlat-<node>.pb.gz` and `runqlat-<node>.txt`.
+    /// `heap-<node>.pb.gz`, `offcpu-<node>.pb.gz`, or `runqlat-<node>.pb.gz` and
+    /// `runqlat-<node>.txt`.
     pub fn artifact_names(ty: ProfileType, node: &str) -> Vec<String> {
         match ty {
             ProfileType::Cpu => vec![format!("cpu-{node}.pb.gz")],
@@ -29,6 +30,7 @@ pub mod agent {
                 format!("runqlat-{node}.pb.gz"),
                 format!("runqlat-{node}.txt"),
             ],
+            ProfileType::Offcpu => vec![format!("offcpu-{node}.pb.gz")],
             ProfileType::Unspecified => Vec::new(),
         }
     }
@@ -44,6 +46,10 @@ pub mod agent {
             assert_eq!(
                 artifact_names(ProfileType::Runqlat, "w1"),
                 ["runqlat-w1.pb.gz", "runqlat-w1.txt"]
+            );
+            assert_eq!(
+                artifact_names(ProfileType::Offcpu, "w1"),
+                ["offcpu-w1.pb.gz"]
             );
         }
     }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use crate::agent::capture_summary::Kind;
 use crate::agent::{
     CaptureSummary, CpuSummary, HeapEbpfStats, HeapSource, HeapSourceUsed, HeapSummary,
-    LatencyUnit, RunqlatSummary,
+    LatencyUnit, OffcpuSummary, RunqlatSummary,
 };
 
 impl HeapSourceUsed {
@@ -63,6 +63,7 @@ impl CaptureSummary {
             Some(Kind::Cpu(c)) => c.samples,
             Some(Kind::Runqlat(r)) => r.waits,
             Some(Kind::Heap(h)) => h.allocations,
+            Some(Kind::Offcpu(o)) => o.blocks,
             None => 0,
         }
     }
@@ -72,6 +73,7 @@ impl CaptureSummary {
         match &self.kind {
             Some(Kind::Cpu(c)) => c.dropped_samples,
             Some(Kind::Runqlat(r)) => r.dropped_samples,
+            Some(Kind::Offcpu(o)) => o.dropped_blocks,
             Some(Kind::Heap(_)) | None => 0,
         }
     }
@@ -82,6 +84,7 @@ impl CaptureSummary {
             Some(Kind::Cpu(c)) => cpu_display(c),
             Some(Kind::Runqlat(r)) => runqlat_display(r),
             Some(Kind::Heap(h)) => heap_display(h),
+            Some(Kind::Offcpu(o)) => offcpu_display(o),
             None => HashMap::new(),
         }
     }
@@ -109,6 +112,39 @@ fn cpu_display(c: &CpuSummary) -> HashMap<String, String> {
                 c.frequency_hz, c.requested_frequency_hz
             ),
         );
+    }
+    out
+}
+
+fn offcpu_display(o: &OffcpuSummary) -> HashMap<String, String> {
+    let mut out = HashMap::from([
+        ("samples".to_owned(), o.blocks.to_string()),
+        ("blocks".to_owned(), o.blocks.to_string()),
+        (
+            "off_cpu_seconds".to_owned(),
+            format!("{:.3}", o.blocked_ns as f64 / 1e9),
+        ),
+        (
+            "runnable_seconds".to_owned(),
+            format!("{:.3}", o.runnable_ns as f64 / 1e9),
+        ),
+        ("dropped_samples".to_owned(), o.dropped_blocks.to_string()),
+        (
+            "unsymbolized_frames_pct".to_owned(),
+            format!("{:.2}", o.unsymbolized_frames_pct),
+        ),
+        (
+            "min_block_micros".to_owned(),
+            o.min_block_micros.to_string(),
+        ),
+    ]);
+    if !o.top_blocking.is_empty() {
+        let top: Vec<String> = o
+            .top_blocking
+            .iter()
+            .map(|b| format!("{} {:.3}s", b.function, b.blocked_ns as f64 / 1e9))
+            .collect();
+        out.insert("top_blocking".into(), top.join(", "));
     }
     out
 }

@@ -80,6 +80,7 @@ impl CaptureEngine for HollowEngine {
                 ProfileType::Cpu as i32,
                 ProfileType::Heap as i32,
                 ProfileType::Runqlat as i32,
+                ProfileType::Offcpu as i32,
             ],
             agent_version: concat!("hollow-", env!("CARGO_PKG_VERSION")).into(),
             api_version: flamefleet_agent::service::info::API_VERSION.into(),

@@ -9,7 +9,8 @@ use flamefleet_agent::capture::lifecycle::{Finished, Symbolized};
 use flamefleet_pprof::{Frame, FrameLine, Label, ProfileBuilder};
 use flamefleet_proto::agent::capture_summary::Kind;
 use flamefleet_proto::agent::{
-    CaptureSummary, CpuSummary, HeapSummary, LatencyHistogram, ProfileType, RunqlatSummary,
+    BlockingFunction, CaptureSummary, CpuSummary, HeapSummary, LatencyHistogram, OffcpuSummary,
+    ProfileType, RunqlatSummary,
 };
 
 /// A synthetic stack of `functions`, leaf first.
@@ -165,6 +166,39 @@ pub fn build(
                 max_us: histogram.max_us(),
             });
             finished(b.build(), summary, Some(text), Some(histogram))
+        }
+        ProfileType::Offcpu => {
+            // Each pod's thread blocked half the window, in two stacks.
+            let mut b = ProfileBuilder::new(&[("off_cpu", "nanoseconds"), ("blocks", "count")]);
+            b.default_sample_type("off_cpu");
+            let per_pod = i64::try_from(duration.as_nanos() / 2).unwrap_or(i64::MAX);
+            let (mut blocked, mut blocks) = (0u64, 0u64);
+            for labels in &label_sets {
+                let (read, sleep) = (per_pod * 3 / 4, per_pod / 4);
+                b.add_sample(
+                    &stack(&["futex_wait_queue", "hollow::lock", "main"]),
+                    &[read, 300],
+                    labels,
+                );
+                b.add_sample(
+                    &stack(&["hrtimer_nanosleep", "hollow::nap", "main"]),
+                    &[sleep, 100],
+                    labels,
+                );
+                blocked += u64::try_from(read + sleep).unwrap_or(0);
+                blocks += 400;
+            }
+            let summary = Kind::Offcpu(OffcpuSummary {
+                blocked_ns: blocked,
+                blocks,
+                min_block_micros: 1000,
+                top_blocking: vec![BlockingFunction {
+                    function: "futex_wait_queue".into(),
+                    blocked_ns: blocked * 3 / 4,
+                }],
+                ..Default::default()
+            });
+            finished(b.build(), summary, None, None)
         }
     }
 }

@@ -143,6 +143,25 @@ pub fn bins() -> &'static Bins {
     })
 }
 
+/// Runs `kubectl profile ARGS` with `kubeconfig` in `ns`; (success, stdout + stderr).
+pub fn kubectl_profile(kubeconfig: &Path, ns: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(&bins().kubectl_profile)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .expect("running kubectl-profile");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// The workload binary (spin / alloc / wake), compiled once per process with frame pointers.
 pub fn workload_bin() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

@@ -21,6 +21,7 @@ use flamefleet_proto::pprof::Profile;
 
 use super::cpu::{CpuCapture, CpuOptions};
 use super::heap::{self, HeapCapture, HeapError, HeapRequest};
+use super::offcpu::{OffcpuCapture, OffcpuGuard, OffcpuOptions, overhead};
 use super::runqlat::{RunqlatCapture, RunqlatOptions};
 use super::window::{self, Stop, Window, WindowEnd};
 use super::{CaptureError, CaptureTarget, Samplers};
@@ -50,6 +51,17 @@ pub enum CaptureSpec {
     },
     /// A heap profile (its targets carry their endpoints; its eBPF options the window).
     Heap(HeapRequest),
+    /// Off-CPU time of `targets` over `duration`.
+    Offcpu {
+        /// The cgroups and their labels.
+        targets: Vec<CaptureTarget>,
+        /// Minimum block time, kernel stacks, stack walk.
+        options: OffcpuOptions,
+        /// The overhead guard of the first window.
+        guard: OffcpuGuard,
+        /// The window.
+        duration: Duration,
+    },
 }
 
 /// Why a capture could not start, run or finish.
@@ -89,6 +101,19 @@ enum Engine {
         deadline: Instant,
     },
     Heap(HeapCapture),
+    Offcpu {
+        capture: OffcpuCapture,
+        targets: Vec<CaptureTarget>,
+        catalog: ProcessCatalog,
+        node: String,
+        started: Instant,
+        duration: Duration,
+        guard: OffcpuGuard,
+        /// The targets' CPU time at the start, for the guard.
+        cpu_at_start: Duration,
+        /// Whether the guard's window was judged.
+        guarded: bool,
+    },
 }
 
 /// What a finished capture produced.
@@ -147,6 +172,22 @@ pub fn start(samplers: &Samplers, spec: CaptureSpec) -> Result<Running, EngineEr
             deadline: Instant::now() + duration,
         },
         CaptureSpec::Heap(request) => Engine::Heap(heap::start(samplers, &request)?),
+        CaptureSpec::Offcpu {
+            targets,
+            options,
+            guard,
+            duration,
+        } => Engine::Offcpu {
+            capture: samplers.start_offcpu(&targets, &options)?,
+            cpu_at_start: overhead::targets_cpu(&targets),
+            targets,
+            catalog: samplers.catalog().clone(),
+            node,
+            started: Instant::now(),
+            duration,
+            guard,
+            guarded: false,
+        },
     };
     Ok(Running { engine })
 }
@@ -158,6 +199,9 @@ impl Running {
         match &self.engine {
             Engine::Cpu { capture, .. } => Some(std::sync::Arc::as_ptr(capture.sampler()) as usize),
             Engine::Runqlat { capture, .. } => {
+                Some(std::sync::Arc::as_ptr(capture.sampler()) as usize)
+            }
+            Engine::Offcpu { capture, .. } => {
                 Some(std::sync::Arc::as_ptr(capture.sampler()) as usize)
             }
             Engine::Heap(_) => None,
@@ -237,6 +281,48 @@ impl Running {
                     symbolized: Symbolized::default(),
                 })
             }
+            Engine::Offcpu {
+                capture,
+                node,
+                catalog,
+                ..
+            } => {
+                let after_window = Instant::now();
+                let result = capture.finish()?;
+                let mut symbolizer = StackSymbolizer::new(catalog);
+                let built = result.to_profile(&mut symbolizer, &node);
+                let summary = CaptureSummary {
+                    kind: Some(Kind::Offcpu(pb::OffcpuSummary {
+                        blocked_ns: result.blocked_ns(),
+                        blocks: result.blocks(),
+                        runnable_ns: result.queued_ns(),
+                        dropped_blocks: result.stats.lost(),
+                        unsymbolized_frames_pct: symbolizer.stats.unsymbolized_pct(),
+                        min_block_micros: u32::try_from(result.options.min_block.as_micros())
+                            .unwrap_or(u32::MAX),
+                        top_blocking: built
+                            .top_blocking
+                            .iter()
+                            .take(5)
+                            .map(|(function, ns)| pb::BlockingFunction {
+                                function: function.clone(),
+                                blocked_ns: *ns,
+                            })
+                            .collect(),
+                    })),
+                };
+                Ok(Finished {
+                    report: built.text(&result, 20),
+                    profile: built.profile,
+                    histogram_text: None,
+                    summary,
+                    runqlat_histogram: None,
+                    symbolized: Symbolized {
+                        during_window: None,
+                        after_window: Some(after_window.elapsed()),
+                    },
+                })
+            }
             Engine::Heap(h) => {
                 let result = h.finish()?;
                 Ok(Finished {
@@ -272,6 +358,9 @@ impl Window for Running {
             } => Some(*started + *duration),
             Engine::Runqlat { deadline, .. } => Some(*deadline),
             Engine::Heap(h) => h.deadline(),
+            Engine::Offcpu {
+                started, duration, ..
+            } => Some(*started + *duration),
         }
     }
 
@@ -288,6 +377,14 @@ impl Window for Running {
             }
             Engine::Runqlat { .. } => None,
             Engine::Heap(h) => h.next_work(),
+            Engine::Offcpu {
+                started,
+                duration,
+                guard,
+                guarded,
+                ..
+            } => (guard.active() && !*guarded)
+                .then(|| *started + overhead::GUARD_WINDOW.min(*duration / 2)),
         }
     }
 
@@ -308,6 +405,28 @@ impl Window for Running {
             }
             Engine::Runqlat { .. } => Ok(()),
             Engine::Heap(h) => Ok(h.work()?),
+            Engine::Offcpu {
+                capture,
+                targets,
+                started,
+                guard,
+                cpu_at_start,
+                guarded,
+                ..
+            } => {
+                *guarded = true;
+                let blocks = capture.stats().blocks;
+                let cpu = overhead::targets_cpu(targets).saturating_sub(*cpu_at_start);
+                let projection = overhead::project(blocks, started.elapsed(), cpu);
+                tracing::info!(?projection, "off-CPU overhead guard");
+                if projection.refuses(guard.max_overhead_percent) && !guard.force {
+                    return Err(CaptureError::InvalidOptions(
+                        projection.refusal(guard.max_overhead_percent),
+                    )
+                    .into());
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -14,6 +14,7 @@ use super::targets;
 use crate::capture::cpu::CpuOptions;
 use crate::capture::heap::{self, HeapSource};
 use crate::capture::lifecycle::{self, CaptureSpec, EngineError, Finished, Running};
+use crate::capture::offcpu::{OffcpuGuard, OffcpuOptions, overhead};
 use crate::capture::runqlat::{LatencyUnit, RunqlatOptions};
 use crate::capture::window::Window;
 use crate::capture::{CaptureTarget, Samplers};
@@ -218,6 +219,27 @@ fn spec(
                 heap_request.ebpf.max_overhead_percent = f64::from(max);
             }
             Ok(CaptureSpec::Heap(heap_request))
+        }
+        ProfileType::Offcpu => {
+            let opts = request.offcpu.unwrap_or_default();
+            Ok(CaptureSpec::Offcpu {
+                targets,
+                options: OffcpuOptions {
+                    min_block: opts
+                        .min_block_micros
+                        .map_or(OffcpuOptions::default().min_block, |us| {
+                            Duration::from_micros(u64::from(us))
+                        }),
+                    ..OffcpuOptions::default()
+                },
+                guard: OffcpuGuard {
+                    max_overhead_percent: opts
+                        .max_overhead_percent
+                        .map_or(overhead::DEFAULT_MAX_OVERHEAD_PERCENT, f64::from),
+                    force: false,
+                },
+                duration,
+            })
         }
         ProfileType::Unspecified => Err(PipelineError::Invalid("profile type missing".into())),
     }

@@ -47,6 +47,13 @@ pub fn info(node: &str) -> InfoResponse {
     if btf.present {
         supported.push(ProfileType::Runqlat as i32);
     }
+    if btf.present
+        && crate::capture::kernel::KernelFeatures::get()
+            .offcpu_refusal()
+            .is_none()
+    {
+        supported.push(ProfileType::Offcpu as i32);
+    }
     let missing_features = [btf, perf]
         .into_iter()
         .filter(|f| !f.present)

@@ -76,6 +76,7 @@ fn type_label(ty: ProfileType) -> &'static str {
         ProfileType::Cpu => "cpu",
         ProfileType::Heap => "heap",
         ProfileType::Runqlat => "runqlat",
+        ProfileType::Offcpu => "offcpu",
         ProfileType::Unspecified => "unspecified",
     }
 }

@@ -564,6 +564,7 @@ pub fn cpu_request(
         cpu: Some(CpuOptions { frequency_hz: 99 }),
         heap: None,
         runqlat: None,
+        offcpu: None,
         targets: vec![tree.target("shop", "checkout-1", "app")],
         uploads: upload.slots(uid, &[format!("cpu-{node}.pb.gz")]),
     }

@@ -47,7 +47,9 @@ pub fn check_sample_type(sample_type: &str) -> Result<(), String> {
 
 /// A node's typed summary as the operator keeps it (until its numbers are folded into the
 /// request's summary): CPU and run-queue summaries are numbers only; a heap summary's
-/// lists keep at most [`MAX_SUMMARY_LIST`] entries and its texts are cut.
+/// lists keep at most [`MAX_SUMMARY_LIST`] entries and its texts are cut; an off-CPU
+/// summary keeps its first [`flamefleet_api::profile_request::MAX_TOP_BLOCKING`] kernel
+/// functions, their names cut.
 pub fn bounded_summary(summary: Option<Box<CaptureSummary>>) -> Option<Box<CaptureSummary>> {
     let mut summary = summary?;
     if let Some(Kind::Heap(heap)) = summary.kind.as_mut() {
@@ -67,6 +69,14 @@ pub fn bounded_summary(summary: Option<Box<CaptureSummary>>) -> Option<Box<Captu
             for a in &mut ebpf.allocators {
                 *a = truncated(a, MAX_SUMMARY_NAME_BYTES);
             }
+        }
+    }
+    if let Some(Kind::Offcpu(offcpu)) = summary.kind.as_mut() {
+        offcpu
+            .top_blocking
+            .truncate(flamefleet_api::profile_request::MAX_TOP_BLOCKING);
+        for b in &mut offcpu.top_blocking {
+            b.function = truncated(&b.function, MAX_SUMMARY_NAME_BYTES);
         }
     }
     Some(summary)

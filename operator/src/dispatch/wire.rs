@@ -14,6 +14,7 @@ pub fn proto_type(profile_type: ProfileType) -> pb::ProfileType {
         ProfileType::Cpu => pb::ProfileType::Cpu,
         ProfileType::Heap => pb::ProfileType::Heap,
         ProfileType::Runqlat => pb::ProfileType::Runqlat,
+        ProfileType::Offcpu => pb::ProfileType::Offcpu,
     }
 }
 
@@ -63,6 +64,17 @@ pub fn capture_request(
         });
         runqlat
     });
+    let offcpu = (spec.profile_type == ProfileType::Offcpu).then(|| {
+        let options = spec.offcpu_options();
+        pb::OffcpuOptions {
+            min_block_micros: options
+                .min_block_micros
+                .and_then(|us| u32::try_from(us).ok()),
+            max_overhead_percent: options
+                .max_overhead_percent
+                .and_then(|p| u32::try_from(p).ok()),
+        }
+    });
     let cpu = (spec.profile_type == ProfileType::Cpu).then(|| pb::CpuOptions {
         frequency_hz: u32::try_from(spec.frequency_hz()).unwrap_or(99),
     });
@@ -75,6 +87,7 @@ pub fn capture_request(
         cpu,
         heap,
         runqlat,
+        offcpu,
         targets: node
             .targets
             .iter()

@@ -8,16 +8,18 @@
 //! runqlat measures; it is kept apart here (`queued_ns`), never counted as off-CPU time.
 //!
 //! Layout: [`sampler`] (the loaded program and its maps), [`capture`] (one capture's window
-//! on the sampler), [`profile`] (samples, symbolization, pprof).
+//! on the sampler), [`profile`] (samples, symbolization, pprof), [`overhead`] (the guard of
+//! a capture's first window).
 
 mod capture;
+pub mod overhead;
 mod profile;
 mod sampler;
 
 use std::time::Duration;
 
 pub use self::capture::OffcpuCapture;
-pub use self::profile::{OffcpuSample, OffcpuSamples, ShortBlocks};
+pub use self::profile::{OffcpuProfile, OffcpuSample, OffcpuSamples, ShortBlocks};
 pub use self::sampler::OffcpuSampler;
 use super::{CaptureError, Result};
 
@@ -61,6 +63,32 @@ impl OffcpuOptions {
             )));
         }
         Ok(())
+    }
+}
+
+/// The overhead guard of one capture (not a sampler option: each capture judges the cost
+/// to its own targets, see [`overhead`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OffcpuGuard {
+    /// Refuse above this projected percent of the targets' CPU time; 0: no guard.
+    pub max_overhead_percent: f64,
+    /// Capture even above the limit.
+    pub force: bool,
+}
+
+impl Default for OffcpuGuard {
+    fn default() -> Self {
+        Self {
+            max_overhead_percent: overhead::DEFAULT_MAX_OVERHEAD_PERCENT,
+            force: false,
+        }
+    }
+}
+
+impl OffcpuGuard {
+    /// Whether the guard judges a first window at all.
+    pub fn active(&self) -> bool {
+        self.max_overhead_percent > 0.0 && !self.force
     }
 }
 

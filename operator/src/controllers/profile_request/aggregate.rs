@@ -6,11 +6,16 @@
 //! module sums up what the nodes measured, one outcome at a time as they arrive, so the
 //! table keeps no per-node summary.
 
+use std::collections::BTreeMap;
+
+use flamefleet_api::profile_request::{BlockingFunction, MAX_TOP_BLOCKING, OffcpuSummary};
 use flamefleet_api::{
     CpuSummary, LatencySummary, NodeCounts, NodeFailureEntry, NodeStatus, ProfileSummary,
 };
 use flamefleet_proto::agent::capture_summary::Kind;
-use flamefleet_proto::agent::{CaptureSummary, LatencyHistogram, RunqlatSummary};
+use flamefleet_proto::agent::{
+    CaptureSummary, LatencyHistogram, OffcpuSummary as OffcpuMeasure, RunqlatSummary,
+};
 
 use crate::events::truncated;
 
@@ -36,6 +41,21 @@ pub struct Measures {
     mergeable: bool,
     /// The worst node's percentiles.
     worst: Option<LatencySummary>,
+    /// Off-CPU totals over nodes, and time per blocking kernel function.
+    offcpu: Option<OffcpuFold>,
+}
+
+/// Most kernel functions kept while folding nodes' off-CPU summaries (each node names at
+/// most [`MAX_TOP_BLOCKING`]; nodes may name different ones).
+const MAX_BLOCKING_FOLDED: usize = 64;
+
+/// The nodes' off-CPU summaries, summed.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct OffcpuFold {
+    blocked_ns: u64,
+    runnable_ns: u64,
+    blocks: u64,
+    by_function: BTreeMap<String, u64>,
 }
 
 impl Default for Measures {
@@ -45,6 +65,7 @@ impl Default for Measures {
             waits: None,
             mergeable: true,
             worst: None,
+            offcpu: None,
         }
     }
 }
@@ -61,6 +82,7 @@ impl Measures {
                 self.add_cpu(summary, cpu.frequency_hz, cpu.requested_frequency_hz)
             }
             Some(Kind::Runqlat(runqlat)) => self.add_worst(runqlat),
+            Some(Kind::Offcpu(offcpu)) => self.add_offcpu(offcpu),
             Some(Kind::Heap(_)) | None => {}
         }
         let has_percentiles = matches!(
@@ -121,6 +143,40 @@ impl Measures {
         }
     }
 
+    fn add_offcpu(&mut self, m: &OffcpuMeasure) {
+        let f = self.offcpu.get_or_insert_with(OffcpuFold::default);
+        f.blocked_ns = f.blocked_ns.saturating_add(m.blocked_ns);
+        f.runnable_ns = f.runnable_ns.saturating_add(m.runnable_ns);
+        f.blocks = f.blocks.saturating_add(m.blocks);
+        for b in m.top_blocking.iter().take(MAX_TOP_BLOCKING) {
+            if f.by_function.len() < MAX_BLOCKING_FOLDED || f.by_function.contains_key(&b.function)
+            {
+                let t = f.by_function.entry(b.function.clone()).or_default();
+                *t = t.saturating_add(b.blocked_ns);
+            }
+        }
+    }
+
+    fn offcpu(&self) -> Option<OffcpuSummary> {
+        let f = self.offcpu.as_ref()?;
+        let millis = |ns: u64| i64::try_from(ns / 1_000_000).unwrap_or(i64::MAX);
+        let mut top: Vec<(&String, &u64)> = f.by_function.iter().collect();
+        top.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+        Some(OffcpuSummary {
+            off_cpu_millis: millis(f.blocked_ns),
+            runnable_millis: millis(f.runnable_ns),
+            blocks: i64::try_from(f.blocks).unwrap_or(i64::MAX),
+            top_blocking: top
+                .into_iter()
+                .take(MAX_TOP_BLOCKING)
+                .map(|(function, ns)| BlockingFunction {
+                    function: function.clone(),
+                    millis: millis(*ns),
+                })
+                .collect(),
+        })
+    }
+
     /// Percentiles of every node's waits together, when every node with a runqlat result
     /// sent its histogram in one unit; else the worst node's.
     fn runqlat(&self) -> Option<LatencySummary> {
@@ -147,6 +203,7 @@ impl Measures {
             artifacts: Some(i32::try_from(count).unwrap_or(i32::MAX)),
             cpu: self.cpu.clone(),
             runqlat: self.runqlat(),
+            offcpu: self.offcpu(),
         }
     }
 }
@@ -469,5 +526,62 @@ mod tests {
         assert_eq!(cpu.frequency_hz, 19);
         assert_eq!(cpu.requested_frequency_hz, Some(99));
         assert!(cpu.message.unwrap().contains("19 Hz"));
+    }
+
+    #[test]
+    fn off_cpu_summaries_add_up_over_nodes_with_the_top_blocking_functions() {
+        let node = |blocked: u64, top: &[(&str, u64)]| CaptureSummary {
+            kind: Some(Kind::Offcpu(OffcpuMeasure {
+                blocked_ns: blocked,
+                runnable_ns: 1_000_000,
+                blocks: 10,
+                top_blocking: top
+                    .iter()
+                    .map(|(f, ns)| flamefleet_proto::agent::BlockingFunction {
+                        function: (*f).to_owned(),
+                        blocked_ns: *ns,
+                    })
+                    .collect(),
+                ..Default::default()
+            })),
+        };
+        let mut m = Measures::default();
+        m.add(
+            Some(&node(
+                3_000_000_000,
+                &[
+                    ("futex_wait_queue", 2_000_000_000),
+                    ("pipe_read", 1_000_000_000),
+                ],
+            )),
+            None,
+        );
+        m.add(
+            Some(&node(
+                2_000_000_000,
+                &[("pipe_read", 1_500_000_000), ("do_epoll_wait", 500_000_000)],
+            )),
+            None,
+        );
+        let s = m
+            .summary(std::iter::empty())
+            .offcpu
+            .expect("an off-CPU summary");
+        assert_eq!(s.off_cpu_millis, 5000);
+        assert_eq!(s.runnable_millis, 2);
+        assert_eq!(s.blocks, 20);
+        let top: Vec<(&str, i64)> = s
+            .top_blocking
+            .iter()
+            .map(|b| (b.function.as_str(), b.millis))
+            .collect();
+        assert_eq!(
+            top,
+            [
+                ("pipe_read", 2500),
+                ("futex_wait_queue", 2000),
+                ("do_epoll_wait", 500)
+            ]
+        );
     }
 }

@@ -95,7 +95,9 @@ pub fn check_spec(
                 ));
             }
         }
-        ProfileType::Runqlat => {}
+        // The off-CPU guard protects the request's own pods (their blocks pay the walks);
+        // the node-wide cost of a switch of other pods is a few loads whatever they ask.
+        ProfileType::Runqlat | ProfileType::Offcpu => {}
     }
     Ok(())
 }
