@@ -71,14 +71,6 @@ const TESTS: &[(&str, &str)] = &[
 /// Run where eBPF heap sampling runs.
 const HEAP_EBPF_TEST: (&str, &str) = ("heap_ebpf", "inuse_space_and_call_sites_match_the_truth");
 
-/// Run where runqlat takes PSI's stamps after idle: a guest runs nothing but the test, so
-/// its CPUs idle between the workload's waits whatever the host's load (on a saturated
-/// host they never do, and the test says so).
-const PSI_TEST: (&str, &str) = (
-    "runqlat_capture",
-    "hybrid_clock_takes_psi_stamps_after_idle_and_agrees_with_the_clock",
-);
-
 /// Run where the CPU sampler takes the user registers of a task sampled in the kernel from
 /// the top of its kernel stack (no `bpf_task_pt_regs`).
 const STACK_TOP_TEST: (&str, &str) = ("cpu_capture", "kernel_stacks_sit_on_top_of_the_user_stack");
@@ -115,7 +107,7 @@ fn test_executables() -> HashMap<String, PathBuf> {
     for name in TESTS
         .iter()
         .map(|t| t.0)
-        .chain([HEAP_EBPF_TEST.0, STACK_TOP_TEST.0, PSI_TEST.0])
+        .chain([HEAP_EBPF_TEST.0, STACK_TOP_TEST.0])
     {
         build.args(["--test", name]);
     }
@@ -159,9 +151,6 @@ fn run_tier(k: &GuestKernel) {
     }
     if k.frame_walk == "bounded-loop" {
         tests.push(STACK_TOP_TEST);
-    }
-    if k.psi_stamps {
-        tests.push(PSI_TEST);
     }
     let mut script = format!("cd {}\nfailed=0\n", env!("CARGO_MANIFEST_DIR"));
     for (bin, test) in &tests {
