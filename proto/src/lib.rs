@@ -47,7 +47,10 @@ pub mod agent {
                 artifact_names(ProfileType::Runqlat, "w1"),
                 ["runqlat-w1.pb.gz", "runqlat-w1.txt"]
             );
-            assert_eq!(artifact_names(ProfileType::Offcpu, "w1"), ["offcpu-w1.pb.gz"]);
+            assert_eq!(
+                artifact_names(ProfileType::Offcpu, "w1"),
+                ["offcpu-w1.pb.gz"]
+            );
         }
     }
 }
