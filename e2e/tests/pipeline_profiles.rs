@@ -64,13 +64,19 @@ fn pprof_top_index(file: &Path, index: &str) -> String {
 }
 
 /// Runs one request of `profile_type` over pods on both nodes and checks every artifact;
-/// returns the downloaded pprof artifacts too.
+/// returns the downloaded pprof artifacts too. `operator_args` are the cluster admin's
+/// flags for the operator (e.g. a tenant limit lifted).
 async fn profile_two_nodes(
     profile_type: &str,
     mode: &str,
     extra: serde_json::Value,
+    operator_args: &[&str],
 ) -> (Pipeline, ProfileRequest, Vec<Downloaded>) {
-    let mut pipeline = Pipeline::start(PipelineOptions::default()).await;
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        operator_args: operator_args.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    })
+    .await;
     let ns = TestNamespace::create(&format!("ff-{profile_type}"))
         .await
         .unwrap();
@@ -180,7 +186,7 @@ async fn profile_two_nodes(
 async fn cpu_request_succeeds_on_two_nodes_with_readable_profiles() {
     let _serial = serial().await;
     let (pipeline, done, profiles) =
-        profile_two_nodes("cpu", "spin", json!({"cpu": {"frequencyHz": 199}})).await;
+        profile_two_nodes("cpu", "spin", json!({"cpu": {"frequencyHz": 199}}), &[]).await;
     let summary = done.status.unwrap().summary.expect("a summary");
     assert_eq!(summary.artifacts, Some(2));
     // summary.samples: the CPU samples of every node's profile (samples/count).
@@ -214,7 +220,7 @@ async fn cpu_request_succeeds_on_two_nodes_with_readable_profiles() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runqlat_request_succeeds_with_percentiles_in_the_summary() {
     let _serial = serial().await;
-    let (pipeline, done, profiles) = profile_two_nodes("runqlat", "wake", json!({})).await;
+    let (pipeline, done, profiles) = profile_two_nodes("runqlat", "wake", json!({}), &[]).await;
     let names: Vec<String> = pipeline_support::artifacts_of(&pipeline.client, &done)
         .await
         .into_iter()
@@ -286,8 +292,10 @@ async fn heap_request_succeeds_with_ebpf_allocation_profiles() {
     let (_pipeline, done, profiles) = profile_two_nodes(
         "heap",
         "alloc",
-        // The alloc workload is nearly all allocator calls: the overhead guard would refuse it.
+        // The alloc workload is nearly all allocator calls: the overhead guard would refuse
+        // it. Turning the guard off takes the cluster admin lifting the ceiling first.
         json!({"heap": {"source": "ebpf", "maxOverheadPercent": 0}}),
+        &["--max-heap-overhead-percent=0"],
     )
     .await;
     let samples = done

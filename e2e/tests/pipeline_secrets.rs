@@ -25,7 +25,9 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 const TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A store that fails every upload: it closes the connection after reading the request
-/// head, or (with `echo` set) answers 403 with the request head in its body.
+/// head, or (with `echo` set) reads the whole request and answers 403 with the request head
+/// in its body. (Answering before the body is read would make the client's send fail with a
+/// reset instead of reading the 403, depending on timing.)
 async fn hostile_store(echo: Arc<AtomicBool>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -33,17 +35,12 @@ async fn hostile_store(echo: Arc<AtomicBool>) -> String {
         while let Ok((mut sock, _)) = listener.accept().await {
             let echo = echo.clone();
             tokio::spawn(async move {
-                let mut head = vec![0u8; 4096];
-                let n = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut head))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .unwrap_or(0);
-                head.truncate(n);
-                if echo.load(Ordering::SeqCst) {
-                    let text = String::from_utf8_lossy(&head);
+                let echoing = echo.load(Ordering::SeqCst);
+                let request = read_request(&mut sock, echoing).await;
+                if echoing {
+                    let head = request.split("\r\n\r\n").next().unwrap_or_default();
                     let body = format!(
-                        "<Error><Code>SignatureDoesNotMatch</Code><Request>{text}</Request></Error>"
+                        "<Error><Code>SignatureDoesNotMatch</Code><Request>{head}</Request></Error>"
                     );
                     let answer = format!(
                         "HTTP/1.1 403 Forbidden\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -57,6 +54,43 @@ async fn hostile_store(echo: Arc<AtomicBool>) -> String {
         }
     });
     format!("http://{addr}/")
+}
+
+/// Reads a request's head and, with `whole`, its body as far as its content-length says
+/// (at most 4 MiB, 5 s per read); the text read so far.
+async fn read_request(sock: &mut tokio::net::TcpStream, whole: bool) -> String {
+    let mut data = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => break,
+        };
+        data.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&data);
+        let Some(head_end) = text.find("\r\n\r\n") else {
+            if data.len() > 4 << 20 {
+                break;
+            }
+            continue;
+        };
+        if !whole {
+            break;
+        }
+        let length = text[..head_end]
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse::<usize>().ok())
+                    .flatten()
+            })
+            .unwrap_or(0);
+        if data.len() >= head_end + 4 + length || data.len() > 4 << 20 {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&data).into_owned()
 }
 
 /// Every place a user or an operator reads, with where it came from.

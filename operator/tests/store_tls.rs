@@ -86,6 +86,62 @@ async fn the_store_serves_https_only_to_clients_that_trust_the_operator_ca() {
     );
 }
 
+/// A client that offers HTTP/2 first, as the kubelet's probes and curl do, is answered over
+/// the HTTP/1.1 the store speaks.
+#[tokio::test]
+async fn a_client_preferring_http2_is_answered_over_http1() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, _) = OperatorCa::generate("test-ca").unwrap();
+    let pair = loopback_pair(&ca);
+    let files = write_pair(dir.path(), &pair.chain_pem, &pair.key_pem);
+    let (_store, bound) = server::spawn(
+        config(&dir.path().join("artifacts"), "https://127.0.0.1/"),
+        "127.0.0.1:0".parse().unwrap(),
+        Some(files),
+    )
+    .await
+    .expect("serving HTTPS");
+
+    let mut roots = rustls::RootCertStore::empty();
+    let ca_der = rustls_pemfile_der(ca.cert_pem());
+    roots.add(ca_der).unwrap();
+    let mut client = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    client.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", bound.port()))
+        .await
+        .unwrap();
+    let mut tls = connector
+        .connect("127.0.0.1".try_into().unwrap(), tcp)
+        .await
+        .expect("TLS handshake");
+    assert_eq!(
+        tls.get_ref().1.alpn_protocol(),
+        Some(b"http/1.1".as_slice()),
+        "the store must not offer a protocol it does not serve"
+    );
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(15), tls.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 15 s")
+        .ok();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// The DER of a one-certificate PEM.
+fn rustls_pemfile_der(pem: &str) -> rustls::pki_types::CertificateDer<'static> {
+    use rustls::pki_types::pem::PemObject as _;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+}
+
 #[tokio::test]
 async fn a_key_that_does_not_match_its_certificate_is_refused_at_start() {
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -134,7 +134,11 @@ pub fn server_config(files: TlsFiles) -> Result<Arc<rustls::ServerConfig>> {
     .map_err(config_err)?
     .with_no_client_auth()
     .with_cert_resolver(current);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // HTTP/1.1 only: the store's server (flamefleet_proto::http_serve) speaks HTTP/1.1 with
+    // per-connection bounds. Offering h2 here made every client that prefers it (the
+    // kubelet's probes, curl, Go and browser clients) negotiate a protocol the server then
+    // does not speak, and fail.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
