@@ -34,20 +34,32 @@ fn loopback_pair(ca: &OperatorCa) -> flamefleet_operator::identity::ca::IssuedPa
         .unwrap()
 }
 
-#[tokio::test]
-async fn the_store_serves_https_only_to_clients_that_trust_the_operator_ca() {
+/// A built-in store serving HTTPS on a loopback port with a certificate from a new CA; the
+/// directory and store must live as long as the test uses them.
+async fn https_store() -> (
+    tempfile::TempDir,
+    OperatorCa,
+    std::sync::Arc<flamefleet_operator::store::builtin::BuiltinStore>,
+    std::net::SocketAddr,
+) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let (ca, _) = OperatorCa::generate("test-ca").unwrap();
     let pair = loopback_pair(&ca);
     let files = write_pair(dir.path(), &pair.chain_pem, &pair.key_pem);
-    let (_store, bound) = server::spawn(
+    let (store, bound) = server::spawn(
         config(&dir.path().join("artifacts"), "https://127.0.0.1/"),
         "127.0.0.1:0".parse().unwrap(),
         Some(files),
     )
     .await
     .expect("serving HTTPS");
+    (dir, ca, store, bound)
+}
+
+#[tokio::test]
+async fn the_store_serves_https_only_to_clients_that_trust_the_operator_ca() {
+    let (_dir, ca, _store, bound) = https_store().await;
 
     let trusting = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(ca.cert_pem().as_bytes()).unwrap())
@@ -91,18 +103,7 @@ async fn the_store_serves_https_only_to_clients_that_trust_the_operator_ca() {
 #[tokio::test]
 async fn a_client_preferring_http2_is_answered_over_http1() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let dir = tempfile::tempdir().unwrap();
-    let (ca, _) = OperatorCa::generate("test-ca").unwrap();
-    let pair = loopback_pair(&ca);
-    let files = write_pair(dir.path(), &pair.chain_pem, &pair.key_pem);
-    let (_store, bound) = server::spawn(
-        config(&dir.path().join("artifacts"), "https://127.0.0.1/"),
-        "127.0.0.1:0".parse().unwrap(),
-        Some(files),
-    )
-    .await
-    .expect("serving HTTPS");
+    let (_dir, ca, _store, bound) = https_store().await;
 
     let mut roots = rustls::RootCertStore::empty();
     let ca_der = rustls_pemfile_der(ca.cert_pem());
