@@ -140,6 +140,16 @@ impl CaptureError {
     /// Wraps a libbpf error, recognising permission problems: a permission error only when
     /// the process lacks the privileges; with them, on a kernel that charges BPF memory to
     /// RLIMIT_MEMLOCK, the limit that refused it.
+    /// A handle of its own on a loaded map `what` (the samplers keep maps past the skeleton's
+    /// borrow).
+    pub(crate) fn map_handle(
+        map: &libbpf_rs::MapMut<'_>,
+        what: &str,
+    ) -> Result<libbpf_rs::MapHandle, Self> {
+        libbpf_rs::MapHandle::try_from(map)
+            .map_err(|e| Self::bpf(format!("duplicating map {what}"), e))
+    }
+
     pub(crate) fn bpf(action: impl Into<String>, source: libbpf_rs::Error) -> Self {
         let action = action.into();
         if source.kind() == libbpf_rs::ErrorKind::PermissionDenied {

@@ -391,9 +391,7 @@ fn load<'obj>(
             .attach()
             .map_err(|e| CaptureError::bpf("attaching to sched_process_exec", e))?,
     ];
-    let handle = |m: &libbpf_rs::MapMut<'_>, what: &str| {
-        MapHandle::try_from(m).map_err(|e| CaptureError::bpf(format!("duplicating map {what}"), e))
-    };
+    let handle = CaptureError::map_handle;
     let maps = Maps {
         targets: handle(&skel.maps.targets, "targets")?,
         generation: handle(&skel.maps.target_generation, "target_generation")?,

@@ -264,9 +264,7 @@ fn load<'obj>(
     let mut skel = CaptureError::load("loading the runqlat BPF programs", || open.load())?;
     skel.attach()
         .map_err(|e| CaptureError::bpf("attaching runqlat to the sched tracepoints", e))?;
-    let handle = |m: &libbpf_rs::MapMut<'_>, what: &str| {
-        MapHandle::try_from(m).map_err(|e| CaptureError::bpf(format!("duplicating map {what}"), e))
-    };
+    let handle = CaptureError::map_handle;
     let maps = Maps {
         targets: handle(&skel.maps.targets, "targets")?,
         generation: handle(&skel.maps.target_generation, "target_generation")?,
