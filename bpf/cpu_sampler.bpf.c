@@ -18,6 +18,7 @@
 #include "targets.bpf.h"
 #include "proc_events.bpf.h"
 #include "unwind.bpf.h"
+#include "python.bpf.h"
 #include "cpu_sampler.h"
 
 #define EEXIST 17
@@ -28,6 +29,9 @@ const volatile bool capture_kernel_stacks = true;
 /* Set before load: walk user stacks with CFI tables (unwind.bpf.h); false
  * keeps the kernel's frame-pointer walk (bpf_get_stack). */
 const volatile bool cfi_unwind = true;
+/* Set before load: read Python frames (python.bpf.h) of the processes user space
+ * registered; needs the CFI walk's program set. */
+const volatile bool python_frames = true;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -173,6 +177,9 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	/* The user stack first: both walks use this CPU's scratch in turn. */
 	if (cfi_unwind) {
 		key.user_stack = user_stack_of(ctx, key.tgid, user_mode);
+		/* After the user stack (the scratch is free again), before the kernel's. */
+		if (python_frames)
+			key.py_stack = ff_py_walk_stack(id, bpf_get_current_task_btf()->thread.fsbase);
 	} else {
 		key.user_stack = fp_stack(ctx, &user_stacks, BPF_F_USER_STACK, &lost);
 		if (lost)

@@ -15,6 +15,8 @@ struct cpu_sample_key {
 	 * of their frames); 0 when none was taken. */
 	__u64 user_stack;
 	__u64 kernel_stack;
+	/* Key of the Python frames in `py_stacks` (python.bpf.h); 0 when none. */
+	__u64 py_stack;
 	char comm[FF_COMM_LEN];
 };
 

@@ -10,7 +10,8 @@
  *   (the CFI walker of unwind.bpf.h: a thread's memory is readable only while
  *   its address space is the current one, so this walk cannot wait for the
  *   block's end), and the block is stamped in task storage with the
- *   scheduler's clock and the thread's run_delay.
+ *   scheduler's clock and the thread's run_delay. A CPython thread's Python
+ *   frames are read then too (python.bpf.h), as the CPU sampler reads them.
  * - Switch-in of a thread with a stamp: the time it was blocked runs from the
  *   switch-out to its wakeup. The scheduler stamps the wakeup itself
  *   (sched_info.last_queued, set when the task is queued, on the run-queue
@@ -27,7 +28,7 @@
  * with its Go callers.
  *
  * A switch of threads outside the targets costs two per-CPU cache probes
- * (cgroup ID and target generation -> target) and no helper call.
+ * (cgroup serial number and target generation -> target) and no helper call.
  *
  * Needs bpf_loop (5.17) for the walk and task storage (5.11) for the stamps;
  * user space refuses older kernels (KernelFeatures::offcpu_refusal).
@@ -40,6 +41,7 @@
 #include "targets.bpf.h"
 #include "proc_events.bpf.h"
 #include "unwind.bpf.h"
+#include "python.bpf.h"
 #include "offcpu.h"
 
 #define TASK_RUNNING 0
@@ -50,6 +52,9 @@
 const volatile __u64 min_block_ns = 1000000;
 /* Set before load: also record kernel stacks. */
 const volatile bool capture_kernel_stacks = true;
+/* Set before load: read the Python frames (python.bpf.h) of the processes user space
+ * registered, when they block. */
+const volatile bool python_frames = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -130,6 +135,9 @@ static __always_inline __u64 clock_of(struct task_struct *p)
  * The target covering `p`, through this CPU's cache: plain loads on a hit,
  * the cgroup-storage lookup (or ancestry walk) on a miss. sched_switch runs
  * with interrupts off, so nothing else touches this CPU's slots meanwhile.
+ * The cache is keyed by the cgroup's serial number, unique for the kernel's
+ * lifetime like its ID but one dependent load nearer (in the cgroup itself;
+ * the ID is in its kernfs node): this is every switch's cost.
  */
 static __always_inline bool cached_target(struct offcpu_cpu *c, struct task_struct *p,
 					  __u64 generation, struct ff_target *out)
@@ -140,7 +148,7 @@ static __always_inline bool cached_target(struct offcpu_cpu *c, struct task_stru
 
 	if (!cgrp)
 		return false;
-	id = cgrp->kn->id;
+	id = cgrp->self.serial_nr;
 	slot = &c->cache[id & (OFFCPU_CACHE_SLOTS - 1)];
 	if (slot->cgroup == id && slot->generation == generation) {
 		*out = slot->target;
@@ -186,8 +194,15 @@ static __always_inline void switch_out(struct offcpu_cpu *c, struct task_struct 
 	tgid = prev->tgid;
 	st->target = t.index;
 	st->user_stack = 0;
-	if (prev->mm && !(prev->flags & PF_KTHREAD))
+	st->py_stack = 0;
+	if (prev->mm && !(prev->flags & PF_KTHREAD)) {
 		st->user_stack = user_stack_of(prev, tgid);
+		/* After the user stack (the walks share this CPU's scratch). `prev` is
+		 * the current task here; its identity is read from it all the same. */
+		if (python_frames)
+			st->py_stack = ff_py_walk_stack(((__u64)tgid << 32) | (__u32)prev->pid,
+							prev->thread.fsbase);
+	}
 	if (OFFCPU_SCHED_CLOCK)
 		st->run_delay = prev->sched_info.run_delay;
 	/* Last: a stamp counts only once it is whole. */
@@ -270,6 +285,7 @@ static __always_inline void switch_in(struct offcpu_cpu *c, struct task_struct *
 	key.tgid = next->tgid;
 	key.pid = next->pid;
 	key.user_stack = st->user_stack;
+	key.py_stack = st->py_stack;
 	__builtin_memcpy(key.comm, next->comm, sizeof(key.comm));
 	if (capture_kernel_stacks) {
 		/* The stopped task's stack, as it blocked: __schedule() and its

@@ -15,6 +15,9 @@ struct offcpu_key {
 	 * of their frames); 0 when none was taken. */
 	__u64 user_stack;
 	__u64 kernel_stack;
+	/* Key in `py_stacks` of the Python frames it blocked in (python.h); 0
+	 * for a thread not running Python code. */
+	__u64 py_stack;
 	char comm[FF_COMM_LEN];
 };
 
@@ -30,6 +33,7 @@ struct offcpu_stamp {
 	__u64 out;        /* clock at the switch-out; 0: no block pending */
 	__u64 run_delay;  /* sched_info.run_delay at the switch-out */
 	__u64 user_stack; /* key in `user_stacks` of the stack it blocked with */
+	__u64 py_stack;   /* key in `py_stacks` of its Python frames then */
 	__u32 target;     /* target index when it blocked */
 	__u32 pad;
 };
@@ -58,7 +62,7 @@ struct offcpu_short {
 #define OFFCPU_CACHE_SLOTS 16
 
 struct offcpu_cache_slot {
-	__u64 cgroup;     /* cgroup ID; 0: empty */
+	__u64 cgroup;     /* cgroup serial number (css.serial_nr, never reused) */
 	__u64 generation; /* of the target map when the slot was filled */
 	struct ff_target target;
 };

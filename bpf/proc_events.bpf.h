@@ -58,11 +58,16 @@ static __always_inline void ff_announce(__u32 tgid, __u32 target, __u32 kind)
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* Announces the current task's process `tgid` unless it was announced already. */
+/* Announces the current task's process `tgid` unless it was announced already. Called for
+ * every sample, so it looks the process up before it inserts it: an update of an LRU map
+ * takes a free node off the LRU lists, under their locks, before it finds the key there
+ * and puts the node back, while a lookup takes no lock. */
 static __always_inline void ff_announce_first(__u32 tgid, __u32 target)
 {
 	__u8 yes = 1;
 
+	if (bpf_map_lookup_elem(&ff_seen_tgids, &tgid))
+		return;
 	if (bpf_map_update_elem(&ff_seen_tgids, &tgid, &yes, BPF_NOEXIST) == 0)
 		ff_announce(tgid, target, FF_PROC_FIRST_SEEN);
 }

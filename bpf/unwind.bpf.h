@@ -5,11 +5,12 @@
  * Each frame's address is looked up in the process's mappings that have a
  * CFI table (`unwind_procs`), then in that binary's table (`unwind_tables`:
  * a hash of per-binary arrays of 4 KiB pages of sorted rows; two binary
- * searches). The row says how to find the caller's stack pointer (CFA),
- * return address (CFA - 8) and frame pointer. Frames without a table (JIT
- * code, a process the agent has not registered yet, a binary over the memory
- * budget) take a frame-pointer step instead, so the walk degrades to what
- * the kernel's frame-pointer walk gives, never to less.
+ * searches), unless this CPU's row cache (`unwind_row_cache`) holds the row
+ * for that table and address. The row says how to find the caller's stack
+ * pointer (CFA), return address (CFA - 8) and frame pointer. Frames without a
+ * table (JIT code, a process the agent has not registered yet, a binary over
+ * the memory budget) take a frame-pointer step instead, so the walk degrades
+ * to what the kernel's frame-pointer walk gives, never to less.
  *
  * The tables and process entries are created by user space and shared by
  * every program including this header (the agent reuses the same map fds in
@@ -105,6 +106,36 @@ struct {
 	__type(value, __u64);
 } unwind_stats SEC(".maps");
 
+/*
+ * Rows found, remembered per CPU by (table, address). A profiler samples hot code at the
+ * same few addresses again and again; a hit replaces the table's lookup and both binary
+ * searches (over a dozen cache lines, most of them cold at a profiler's rates: each step
+ * of the page search reads a line of another page) with one line. Table IDs are not
+ * reused while the agent runs and a loaded table never changes, so an entry is never
+ * stale. Direct-mapped: a slot keeps the last row hashed to it. One array element per
+ * CPU, so that a walk looks it up once and each frame then touches its slot alone. Per
+ * CPU, so only walks that cannot be preempted use it (ff_unwind_per_task walks do not),
+ * and only under bpf_loop() (the bounded walk of older kernels keeps its verified size).
+ */
+#define FF_ROW_CACHE_SLOTS 1024
+
+struct ff_row_cache_slot {
+	__u32 table; /* 0: empty (table IDs start at 1) */
+	__u32 addr;
+	struct ff_unwind_row row;
+};
+
+struct ff_row_cache {
+	struct ff_row_cache_slot slots[FF_ROW_CACHE_SLOTS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ff_row_cache);
+} unwind_row_cache SEC(".maps");
+
 /* Never written: makes the shared types part of the BTF for the skeleton. */
 struct ff_unwind_proc ff_unwind_proc_layout SEC(".bss");
 struct ff_unwind_page ff_unwind_page_layout SEC(".bss");
@@ -128,6 +159,7 @@ static __always_inline void ff_unwind_count(__u32 stat)
 struct ff_walk {
 	struct ff_unwind_scratch *s;
 	struct ff_unwind_proc *proc; /* NULL: frame pointers only */
+	struct ff_row_cache *rows; /* NULL: every row is searched for */
 	__u32 hint; /* index of the last frame's mapping */
 	__u32 go_parked; /* the walk went on from a Go thread's scheduler stack */
 };
@@ -254,6 +286,15 @@ static __always_inline int ff_read(__u64 *dst, __u64 addr)
 	return bpf_probe_read_user(dst, sizeof(*dst), (const void *)addr);
 }
 
+/* The row cache's slot for (table, addr): a multiplicative hash's top bits. */
+static __always_inline struct ff_row_cache_slot *ff_row_slot(struct ff_row_cache *rows,
+							     __u32 table, __u32 addr)
+{
+	__u32 i = ((addr ^ (table * 0x9e3779b9U)) * 0x85ebca6bU) >> 22;
+
+	return &rows->slots[i & (FF_ROW_CACHE_SLOTS - 1)];
+}
+
 static __always_inline struct ff_unwind_mapping *
 ff_find_mapping_bounded(struct ff_unwind_scratch *s, struct ff_unwind_proc *proc, __u64 pc);
 static __always_inline bool ff_find_row_bounded(struct ff_unwind_scratch *s, void *table,
@@ -268,8 +309,9 @@ static __always_inline int ff_unwind_frame(struct ff_walk *w, const bool loops)
 	struct ff_unwind_scratch *s = w->s;
 	struct ff_unwind_row row = {};
 	struct ff_unwind_mapping *m = NULL;
+	struct ff_row_cache_slot *slot = NULL;
 	__u64 pc, sp, bp, cfa, ra, lookup, g;
-	__u32 n, kind = FF_CFA_NONE;
+	__u32 n, addr, id, kind = FF_CFA_NONE;
 	void *table;
 
 	if (!s)
@@ -294,14 +336,30 @@ static __always_inline int ff_unwind_frame(struct ff_walk *w, const bool loops)
 		m = loops ? ff_find_mapping(w->proc, lookup, &w->hint)
 			  : ff_find_mapping_bounded(s, w->proc, lookup);
 		if (m) {
-			table = bpf_map_lookup_elem(&unwind_tables, &m->table);
-			if (!table)
-				ff_unwind_count(FF_UW_TABLE_MISSING);
-			else if (lookup - m->bias <= 0xffffffffULL &&
-				 (loops ? ff_find_row(table, m->pages, (__u32)(lookup - m->bias), &row)
-					: ff_find_row_bounded(s, table, m->pages,
-							      (__u32)(lookup - m->bias), &row)))
+			/* Read once: user space may rewrite the entry meanwhile. */
+			id = m->table;
+			addr = (__u32)(lookup - m->bias);
+			if (loops && w->rows && lookup - m->bias <= 0xffffffffULL)
+				slot = ff_row_slot(w->rows, id, addr);
+			if (slot && slot->table == id && slot->addr == addr) {
+				row = slot->row;
 				kind = row.kind;
+			} else {
+				table = bpf_map_lookup_elem(&unwind_tables, &id);
+				if (!table) {
+					ff_unwind_count(FF_UW_TABLE_MISSING);
+				} else if (lookup - m->bias <= 0xffffffffULL &&
+					   (loops ? ff_find_row(table, m->pages, addr, &row)
+						  : ff_find_row_bounded(s, table, m->pages, addr,
+									&row))) {
+					kind = row.kind;
+					if (slot) {
+						slot->table = id;
+						slot->addr = addr;
+						slot->row = row;
+					}
+				}
+			}
 		}
 	}
 
@@ -605,14 +663,16 @@ __noinline __u64 ff_walk_user_stack(__u32 tgid)
 {
 	struct ff_unwind_scratch *s = ff_unwind_scratch_get();
 	struct ff_walk w = {};
+	__u32 n, zero = 0;
 	__u64 h;
-	__u32 n;
 
 	if (!s)
 		return 0;
 	s->n = 0;
 	w.s = s;
 	w.proc = bpf_map_lookup_elem(&unwind_procs, &tgid);
+	if (!ff_unwind_per_task)
+		w.rows = bpf_map_lookup_elem(&unwind_row_cache, &zero);
 	ff_unwind_count(FF_UW_STACKS);
 	if (!w.proc)
 		ff_unwind_count(FF_UW_NO_PROC);

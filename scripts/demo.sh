@@ -5,7 +5,8 @@
 #                            containerd, kube-proxy, CoreDNS: scripts/cluster.sh); build and
 #                            import the images; helm install Flamefleet from charts/flamefleet;
 #                            deploy the demo workload; profile it with
-#                            `kubectl profile cpu|heap|runqlat` and download real profiles;
+#                            `kubectl profile cpu|heap|runqlat|offcpu` and download real
+#                            profiles (printing the top blocking stacks of the off-CPU one);
 #                            then scale the workloads to 0 (they keep more busy threads
 #                            than CPUs)
 #   scripts/demo.sh down     uninstall Flamefleet and stop the cluster
@@ -95,12 +96,15 @@ k -n "$DEMO_NS" scale deploy/checkout deploy/inventory --replicas=1 >/dev/null
 k -n "$DEMO_NS" rollout status deploy/checkout --timeout 120s
 k -n "$DEMO_NS" rollout status deploy/inventory --timeout 120s
 
-step "profile it: kubectl profile cpu|heap|runqlat deploy/checkout --duration $DURATION"
+step "profile it: kubectl profile cpu|heap|runqlat|offcpu deploy/checkout --duration $DURATION"
 rm -rf "$DEMO_DIR/profiles"
 mkdir -p "$DEMO_DIR/profiles"
-for type in cpu heap runqlat; do
+for type in cpu heap runqlat offcpu; do
+  # The off-CPU profile as folded stacks too: its top blocking stacks are printed whole.
+  format=svg
+  [[ "$type" == offcpu ]] && format=folded
   ( k profile "$type" deploy/checkout -n "$DEMO_NS" --duration "$DURATION" \
-      -o "$DEMO_DIR/profiles" --format svg >"$DEMO_DIR/$type.log" 2>&1 ||
+      -o "$DEMO_DIR/profiles" --format "$format" >"$DEMO_DIR/$type.log" 2>&1 ||
       { echo "kubectl profile $type failed:"; cat "$DEMO_DIR/$type.log"; exit 1; } ) &
 done
 # The Go service declares no pprof endpoint: its heap comes from the Go runtime's own profile.
@@ -124,6 +128,11 @@ echo "--- heap of the Go inventory service, read from the Go runtime (go tool pp
 go tool pprof -top -nodecount=5 -sample_index=inuse_space "$(only "$DEMO_DIR/profiles/inventory/heap-*-$NODE_NAME.pb.gz")" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
 echo "--- runqlat: run-queue latency of the checkout pod (histogram with p50/p90/p99: runqlat-*.svg)"
 sed -n '1,30p' "$(only "$DEMO_DIR/profiles/runqlat-*-$NODE_NAME.txt")"
+echo "--- offcpu: where the checkout pod's threads wait, top blocking stacks (ms blocked; root first, down to the kernel function that waited)"
+# Folded: "frame;frame;... nanoseconds" (frame names may hold spaces: the value is last).
+awk '{ v = $NF; sub(/ [0-9]+$/, ""); printf "%s\t%s\n", v, $0 }' \
+  "$(only "$DEMO_DIR/profiles/offcpu-*-$NODE_NAME.folded")" |
+  sort -t"$(printf '\t')" -k1,1nr | head -n5 | awk -F'\t' '{ printf "%8.0f ms  %s\n", $1 / 1e6, $2 }'
 k get preq -n "$DEMO_NS"
 
 # The checkout service keeps more busy threads than CPUs (that is what its runqlat shows):

@@ -32,6 +32,9 @@ APT_PACKAGES=(
   g++       # a C++ -O2 binary
   binutils  # objcopy strips .eh_frame for the missing-CFI test
   nodejs    # node --perf-basic-prof: JIT frames named from the perf map
+  # node-agent/tests/java_stacks.rs: Java frames of HotSpot 17 (Debian's default java);
+  # Temurin 25 comes from scripts/install-temurin.sh
+  openjdk-17-jdk-headless
   # control plane: Debian's etcd is a fallback only (we build etcd 3.6 for kube-apiserver 1.34)
   etcd-server
   # the one-node cluster (scripts/cluster.sh): container runtime, OCI runtime (runc: crun
@@ -59,6 +62,8 @@ APT_PACKAGES=(
 EXTRA_INSTALLERS=(
   scripts/install-s3-test-server.sh
   scripts/guest-kernels.sh
+  scripts/install-pythons.sh  # node-agent/tests/python_stacks.rs: CPython 3.8-3.13 (pyenv)
+  scripts/install-temurin.sh  # node-agent/tests/java_stacks.rs: Temurin 25 beside Debian's JDK 17
 )
 
 # shellcheck source=scripts/env.sh

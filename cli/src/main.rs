@@ -120,6 +120,13 @@ struct OffcpuArgs {
     /// the pods' CPU time, 0 to 100 (default 3; 0 turns the guard off).
     #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(i32).range(0..=100))]
     max_overhead_percent: Option<i32>,
+    /// The wall-clock view: on-CPU samples too, in the same profile (sample type
+    /// wall/nanoseconds: on-CPU plus blocked time per stack).
+    #[arg(long)]
+    with_on_cpu: bool,
+    /// With --with-on-cpu: on-CPU samples per second per CPU, 1 to 1000 (default 99).
+    #[arg(long, value_name = "HZ", requires = "with_on_cpu", value_parser = clap::value_parser!(i32).range(i64::from(MIN_FREQUENCY_HZ)..=i64::from(MAX_FREQUENCY_HZ)))]
+    frequency: Option<i32>,
 }
 
 #[derive(Subcommand)]
@@ -281,6 +288,8 @@ async fn run(cli: Cli) -> Result<()> {
             let options = capture::TypeOptions::Offcpu {
                 min_block_micros: a.min_block_micros,
                 max_overhead_percent: a.max_overhead_percent,
+                with_on_cpu: a.with_on_cpu,
+                frequency_hz: a.frequency,
             };
             capture_cmd(&cluster, ProfileType::Offcpu, a.common, options, &mut out).await
         }

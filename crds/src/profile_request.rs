@@ -65,7 +65,7 @@ pub const MAX_POD_NAMES: usize = 256;
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("has(self.selector) || (has(self.podNames) && size(self.podNames) > 0)").message("either selector or podNames must be set"),
-    validation = Rule::new("!has(self.cpu) || self.type == 'cpu'").message("cpu options are only allowed when type is cpu"),
+    validation = Rule::new("!has(self.cpu) || self.type == 'cpu' || (self.type == 'offcpu' && has(self.offcpu) && has(self.offcpu.withOnCpu) && self.offcpu.withOnCpu)").message("cpu options are only allowed when type is cpu, or offcpu with offcpu.withOnCpu (the on-CPU samples' frequency)"),
     validation = Rule::new("!has(self.heap) || self.type == 'heap'").message("heap options are only allowed when type is heap"),
     validation = Rule::new("!has(self.runqlat) || self.type == 'runqlat'").message("runqlat options are only allowed when type is runqlat"),
     validation = Rule::new("!has(self.offcpu) || self.type == 'offcpu'").message("offcpu options are only allowed when type is offcpu")
@@ -273,6 +273,11 @@ pub struct OffcpuOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
     pub max_overhead_percent: Option<i32>,
+    /// The wall-clock view: the targets' on-CPU samples too (at `cpu.frequencyHz`), in the
+    /// same profile, whose default sample type is then `wall/nanoseconds` (on-CPU plus
+    /// off-CPU time per stack; run-queue waits stay out). Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub with_on_cpu: Option<bool>,
 }
 
 /// Unit of runqlat histogram buckets.
@@ -458,7 +463,15 @@ pub struct ProfileSummary {
     /// Time blocked and where (offcpu only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offcpu: Option<OffcpuSummary>,
+    /// What a reader of the figures must know about how nodes measured them, each once:
+    /// an unstable scheduler clock (runqlat, offcpu), kernel frames left unnamed and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_SUMMARY_NOTES))]
+    pub notes: Vec<String>,
 }
+
+/// Most entries of `status.summary.notes`.
+pub const MAX_SUMMARY_NOTES: usize = 5;
 
 /// What the targets' threads waited for, over all nodes.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
@@ -471,6 +484,10 @@ pub struct OffcpuSummary {
     pub runnable_millis: i64,
     /// Blocks counted.
     pub blocks: i64,
+    /// With `offcpu.withOnCpu`: the threads' on-CPU time (CPU samples times the sampling
+    /// period), milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_cpu_millis: Option<i64>,
     /// The kernel functions the threads blocked in, most blocked time first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_TOP_BLOCKING))]

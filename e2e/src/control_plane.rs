@@ -1,5 +1,6 @@
 //! Starting, reaching and stopping a local etcd + kube-apiserver pair.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -38,6 +39,53 @@ pub struct ControlPlane {
     children: Mutex<Vec<Child>>,
     lifetime: Option<Lifetime>,
     startup: Duration,
+    /// How to start each child again (same order as `children`: etcd, kube-apiserver).
+    respawn: Vec<Respawn>,
+    etcd_url: String,
+}
+
+/// One process of the control plane, for tests that stop and restart it (faults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    /// etcd.
+    Etcd,
+    /// kube-apiserver.
+    ApiServer,
+}
+
+impl Component {
+    fn index(self) -> usize {
+        match self {
+            Self::Etcd => 0,
+            Self::ApiServer => 1,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Etcd => "etcd",
+            Self::ApiServer => "kube-apiserver",
+        }
+    }
+}
+
+/// The command line and log of a control-plane process, to start it again on the same
+/// ports and state after a fault test stopped it.
+#[derive(Debug, Clone)]
+struct Respawn {
+    program: PathBuf,
+    args: Vec<OsString>,
+    log: PathBuf,
+}
+
+impl Respawn {
+    fn of(cmd: &Command, log: &Path) -> Self {
+        Self {
+            program: PathBuf::from(cmd.get_program()),
+            args: cmd.get_args().map(OsString::from).collect(),
+            log: log.to_path_buf(),
+        }
+    }
 }
 
 /// Pid files of a detached control plane, in `dir`.
@@ -105,6 +153,8 @@ impl ControlPlane {
             children: Mutex::new(Vec::new()),
             lifetime: None,
             startup: Duration::ZERO,
+            respawn: Vec::new(),
+            etcd_url: String::new(),
         }
     }
 
@@ -159,7 +209,9 @@ impl ControlPlane {
             // Test data is disposable: skip fsync, it is the slowest part of etcd on a VM.
             .args(["--unsafe-no-fsync", "--log-level", "warn"]);
         let mut children = Vec::new();
+        let mut respawn = Vec::new();
         let etcd_log = dir.join("etcd.log");
+        respawn.push(Respawn::of(&etcd, &etcd_log));
         children.push(spawn(&mut etcd, &etcd_log, lifetime)?);
 
         let server = format!("https://127.0.0.1:{apiserver_port}");
@@ -194,6 +246,7 @@ impl ControlPlane {
             .arg("--profiling=false")
             .arg("--v=1");
         let apiserver_log = dir.join("kube-apiserver.log");
+        respawn.push(Respawn::of(&apiserver, &apiserver_log));
         children.push(spawn(&mut apiserver, &apiserver_log, lifetime)?);
 
         if lifetime == Lifetime::Detached {
@@ -224,6 +277,8 @@ impl ControlPlane {
             children: Mutex::new(children),
             lifetime: Some(lifetime),
             startup: Duration::ZERO,
+            respawn,
+            etcd_url,
         };
         let logs = [etcd_log, apiserver_log];
         if let Err(e) = cp.wait_ready(&logs) {
@@ -348,6 +403,72 @@ impl ControlPlane {
         Ok(path)
     }
 
+    /// etcd's client URL (empty for an external control plane): fault tests talk to etcd
+    /// directly (its JSON gateway), e.g. to compact its history.
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd_url
+    }
+
+    /// Stops one process of the control plane (SIGTERM, SIGKILL after 10 s) and reaps it;
+    /// its state stays for [`ControlPlane::restart`]. For fault tests, which must own the
+    /// control plane: every other client of it loses it too.
+    ///
+    /// # Errors
+    /// [`Error::NotOwned`] on a control plane this process did not start.
+    pub fn stop(&self, component: Component) -> Result<()> {
+        if self.respawn.is_empty() {
+            return Err(Error::NotOwned("stopping a control-plane process"));
+        }
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        let child = &mut children[component.index()];
+        if child.try_wait().ok().flatten().is_none()
+            && let Ok(pid) = i32::try_from(child.id())
+        {
+            terminate(pid);
+        }
+        let _ = child.wait();
+        Ok(())
+    }
+
+    /// Starts a process stopped by [`ControlPlane::stop`] again, with the same flags, ports
+    /// and data, appending to its log, and waits until the API server answers `/readyz`
+    /// (which checks etcd too).
+    ///
+    /// # Errors
+    /// [`Error::NotOwned`] on a control plane this process did not start;
+    /// [`Error::StartFailed`] when it exits or the API server is not ready in time.
+    pub fn restart(&self, component: Component) -> Result<()> {
+        let Some(respawn) = self.respawn.get(component.index()).cloned() else {
+            return Err(Error::NotOwned("restarting a control-plane process"));
+        };
+        let lifetime = self.lifetime.unwrap_or(Lifetime::TiedToThisProcess);
+        let child = if lifetime == Lifetime::TiedToThisProcess {
+            // PR_SET_PDEATHSIG follows the forking thread (see `shared`): fork from a thread
+            // that lives as long as the process, not from the calling test's.
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name(format!("flamefleet-{}", component.name()))
+                .spawn(move || {
+                    let _ = tx.send(respawn.spawn(lifetime));
+                    loop {
+                        std::thread::park();
+                    }
+                })
+                .map_err(io_err("spawning a control-plane thread"))?;
+            rx.recv().map_err(|_| {
+                Error::SharedUnavailable("the control-plane thread died".to_string())
+            })??
+        } else {
+            respawn.spawn(lifetime)?
+        };
+        {
+            let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+            children[component.index()] = child;
+        }
+        let logs = [self.respawn[0].log.clone(), self.respawn[1].log.clone()];
+        self.wait_ready(&logs)
+    }
+
     /// Stops a detached control plane whose state is in `dir` (SIGTERM, then SIGKILL after
     /// 10s). Returns how many processes were stopped.
     pub fn stop_detached(dir: &Path) -> Result<usize> {
@@ -401,8 +522,25 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
     Client::try_from(config).map_err(|e| kc_err(e.to_string()))
 }
 
+impl Respawn {
+    fn spawn(&self, lifetime: Lifetime) -> Result<Child> {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        let out = File::options()
+            .append(true)
+            .create(true)
+            .open(&self.log)
+            .map_err(io_err(format!("opening {}", self.log.display())))?;
+        spawn_to(&mut cmd, out, lifetime)
+    }
+}
+
 fn spawn(cmd: &mut Command, log: &Path, lifetime: Lifetime) -> Result<Child> {
     let out = File::create(log).map_err(io_err(format!("creating {}", log.display())))?;
+    spawn_to(cmd, out, lifetime)
+}
+
+fn spawn_to(cmd: &mut Command, out: File, lifetime: Lifetime) -> Result<Child> {
     let err = out
         .try_clone()
         .map_err(io_err("duplicating a log handle"))?;

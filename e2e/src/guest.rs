@@ -325,8 +325,14 @@ pub struct GuestConfig {
     pub memory_mib: u32,
     /// Virtual CPUs.
     pub cpus: u32,
-    /// How long the command may run before the guest is killed.
+    /// How long the command may run before the guest is killed (counted from the end of
+    /// the boot timeout at the latest).
     pub timeout: Duration,
+    /// How long a boot may take, from QEMU's start to `INIT` starting the command (about
+    /// 15 s here under TCG; minutes on a loaded host).
+    pub boot_timeout: Duration,
+    /// Boots tried before giving up on a guest that keeps hanging before the command.
+    pub boot_attempts: u32,
     /// Environment variables the command sees (besides PATH and HOME, copied from here).
     pub env: Vec<(String, String)>,
 }
@@ -337,6 +343,8 @@ impl Default for GuestConfig {
             memory_mib: 3072,
             cpus: 2,
             timeout: Duration::from_secs(20 * 60),
+            boot_timeout: Duration::from_secs(180),
+            boot_attempts: 3,
             env: Vec::new(),
         }
     }
@@ -353,8 +361,19 @@ pub struct GuestOutput {
     pub output: String,
     /// The guest's serial console (kernel messages, INIT's lines).
     pub console: String,
-    /// From QEMU's start to the guest's power-off.
+    /// From QEMU's start to the guest's power-off (of the boot that ran the command).
     pub elapsed: Duration,
+    /// Boots that hung before the command started and were killed and tried again.
+    pub hung_boots: Vec<HungBoot>,
+}
+
+/// A boot killed because it had not started the command by the boot timeout.
+#[derive(Debug, Clone)]
+pub struct HungBoot {
+    /// How long it ran.
+    pub seconds: u64,
+    /// The last lines of its serial console.
+    pub console_tail: String,
 }
 
 /// The last `n` lines of `text`.
@@ -367,10 +386,16 @@ pub fn tail(text: &str, n: usize) -> String {
 /// through the guest's overlay, working directory `/`); returns its exit status and
 /// output once the guest powered off.
 ///
+/// A guest that has not started the command within [`GuestConfig::boot_timeout`] is killed
+/// and booted again, up to [`GuestConfig::boot_attempts`] times in all: under TCG on a loaded
+/// host a guest kernel now and then stops early in its boot (seen once in about a hundred
+/// boots, silent on the console), and without this a hung boot would hold the caller until
+/// the command's whole timeout. Each hung boot is kept in [`GuestOutput::hung_boots`].
+///
 /// # Errors
 /// When QEMU, busybox or the kernel is missing, or the guest reports no exit status (it
-/// did not boot, crashed, or ran past [`GuestConfig::timeout`]): the error holds the tail
-/// of the guest's console.
+/// did not boot in any attempt, crashed, or ran past [`GuestConfig::timeout`]): the error
+/// holds the tail of the guest's console.
 pub fn run(kernel: &Kernel, config: &GuestConfig, command: &str) -> Result<GuestOutput> {
     let qemu = tool(
         "qemu-system-x86_64",
@@ -383,9 +408,8 @@ pub fn run(kernel: &Kernel, config: &GuestConfig, command: &str) -> Result<Guest
         kernel.release
     ));
     let _ = std::fs::remove_dir_all(&work);
-    let job = work.join("job");
-    std::fs::create_dir_all(&job).map_err(io(format!("creating {}", job.display())))?;
-    let cleanup = RemoveOnDrop(work.clone());
+    std::fs::create_dir_all(&work).map_err(io(format!("creating {}", work.display())))?;
+    let _cleanup = RemoveOnDrop(work.clone());
     let initrd = work.join("initramfs.cpio");
     initramfs(kernel, &initrd)?;
 
@@ -397,13 +421,74 @@ pub fn run(kernel: &Kernel, config: &GuestConfig, command: &str) -> Result<Guest
     {
         env.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
-    let write = |name: &str, text: &str| {
-        std::fs::write(job.join(name), text).map_err(io(format!("writing the guest's {name}")))
-    };
-    write("env", &env)?;
-    write("command", command)?;
+    let mut hung_boots = Vec::new();
+    let attempts = config.boot_attempts.max(1);
+    for attempt in 1..=attempts {
+        // A fresh job directory per boot: a hung boot may have left nothing, or anything.
+        let job = work.join(format!("job-{attempt}"));
+        std::fs::create_dir_all(&job).map_err(io(format!("creating {}", job.display())))?;
+        let write = |name: &str, text: &str| {
+            std::fs::write(job.join(name), text).map_err(io(format!("writing the guest's {name}")))
+        };
+        write("env", &env)?;
+        write("command", command)?;
+        let console = work.join(format!("console-{attempt}.log"));
+        match boot(&qemu, kernel, config, &initrd, &job, &console)? {
+            Boot::Ran(mut out) => {
+                out.hung_boots = hung_boots;
+                return Ok(out);
+            }
+            Boot::Hung {
+                seconds,
+                console_tail,
+            } if attempt < attempts => {
+                hung_boots.push(HungBoot {
+                    seconds,
+                    console_tail,
+                });
+            }
+            Boot::Hung {
+                seconds,
+                console_tail,
+            } => {
+                return Err(GuestError::NoStatus {
+                    release: kernel.release.clone(),
+                    reason: format!(
+                        "it had not started the command {}s after QEMU started, in each of {attempts} boots",
+                        config.boot_timeout.as_secs()
+                    ),
+                    seconds,
+                    output_tail: String::new(),
+                    console_tail,
+                });
+            }
+            Boot::Failed(e) => return Err(e),
+        }
+    }
+    unreachable!("the last attempt returns")
+}
 
-    let console = work.join("console.log");
+/// The line `INIT` prints on the console just before it runs the command.
+const STARTED: &str = "flamefleet-guest: running the command on";
+
+enum Boot {
+    /// The guest ran the command and reported its status.
+    Ran(GuestOutput),
+    /// The guest had not started the command by the boot timeout; it was killed.
+    Hung { seconds: u64, console_tail: String },
+    /// It booted, but reported no status.
+    Failed(GuestError),
+}
+
+/// One QEMU run.
+fn boot(
+    qemu: &Path,
+    kernel: &Kernel,
+    config: &GuestConfig,
+    initrd: &Path,
+    job: &Path,
+    console: &Path,
+) -> Result<Boot> {
     let began = Instant::now();
     let mut qemu = Command::new(qemu);
     qemu.args([
@@ -430,8 +515,16 @@ pub fn run(kernel: &Kernel, config: &GuestConfig, command: &str) -> Result<Guest
     .arg("-kernel")
     .arg(kernel.image())
     .arg("-initrd")
-    .arg(&initrd)
-    .args(["-append", "console=ttyS0 panic=-1 oops=panic"])
+    .arg(initrd)
+    // tsc=reliable: under TCG the guest's TSC is the host's (QEMU reads it for the guest's
+    // rdtsc), constant-rate and in step across vCPUs, but the clocksource watchdog reads
+    // the HPET and the TSC back to back, and when the host deschedules the vCPU between
+    // the two reads (a loaded machine) it declares the TSC unstable. The kernel then marks
+    // its scheduler clock unstable too: a per-CPU clock kept within a tick of the last
+    // timer tick, which after a vCPU stall stamps waits early by up to the stall, so the
+    // run-queue clock and ktime stop agreeing (runqlat's comparison with libbpf-tools
+    // measured waits milliseconds apart). A real node's TSC or kvm-clock stays stable.
+    .args(["-append", "console=ttyS0 panic=-1 oops=panic tsc=reliable"])
     .arg("-virtfs")
     .arg(format!(
         "local,path=/,mount_tag={ROOT_TAG},security_model=none,readonly=on,multidevs=remap"
@@ -456,25 +549,32 @@ pub fn run(kernel: &Kernel, config: &GuestConfig, command: &str) -> Result<Guest
         });
     }
     let mut child = KillOnDrop(qemu.spawn().map_err(io("starting qemu-system-x86_64"))?);
-    let exited = wait_with_timeout(&mut child.0, config.timeout)?;
+    let exited = wait_for_guest(&mut child.0, config, console)?;
     let elapsed = began.elapsed();
-    let console_text = read_lossy(&console);
+    let console_text = read_lossy(console);
+    let Some(exited) = exited else {
+        return Ok(Boot::Hung {
+            seconds: elapsed.as_secs(),
+            console_tail: tail(&console_text, 60),
+        });
+    };
     let output = read_lossy(&job.join("output"));
     let status = std::fs::read_to_string(job.join("status"))
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok());
-    let result = match status {
-        Some(status) => Ok(GuestOutput {
+    Ok(match status {
+        Some(status) => Boot::Ran(GuestOutput {
             release: kernel.release.clone(),
             status,
             output,
             console: console_text,
             elapsed,
+            hung_boots: Vec::new(),
         }),
         None => {
             let reason = match exited {
-                None => format!("killed at the timeout of {:?}", config.timeout),
-                Some(s) => {
+                Exit::TimedOut => format!("killed at the timeout of {:?}", config.timeout),
+                Exit::Exited(s) => {
                     let mut stderr = String::new();
                     if let Some(mut e) = child.0.stderr.take() {
                         use std::io::Read as _;
@@ -483,7 +583,7 @@ pub fn run(kernel: &Kernel, config: &GuestConfig, command: &str) -> Result<Guest
                     format!("QEMU exited with {s}: {}", stderr.trim())
                 }
             };
-            Err(GuestError::NoStatus {
+            Boot::Failed(GuestError::NoStatus {
                 release: kernel.release.clone(),
                 reason,
                 seconds: elapsed.as_secs(),
@@ -491,26 +591,35 @@ pub fn run(kernel: &Kernel, config: &GuestConfig, command: &str) -> Result<Guest
                 console_tail: tail(&console_text, 60),
             })
         }
-    };
-    drop(child);
-    drop(cleanup);
-    result
+    })
 }
 
-/// Waits for `child`; `None` when it ran past `timeout` (it is killed then).
-fn wait_with_timeout(
-    child: &mut Child,
-    timeout: Duration,
-) -> Result<Option<std::process::ExitStatus>> {
-    let deadline = Instant::now() + timeout;
+enum Exit {
+    Exited(std::process::ExitStatus),
+    TimedOut,
+}
+
+/// Waits for the guest: `None` when it had not started the command by the boot timeout
+/// (killed then), [`Exit::TimedOut`] when it ran past the command's timeout (killed too).
+fn wait_for_guest(child: &mut Child, config: &GuestConfig, console: &Path) -> Result<Option<Exit>> {
+    let began = Instant::now();
+    let mut started = false;
     loop {
         if let Some(status) = child.try_wait().map_err(io("waiting for QEMU"))? {
-            return Ok(Some(status));
+            return Ok(Some(Exit::Exited(status)));
         }
-        if Instant::now() >= deadline {
+        if !started {
+            started = read_lossy(console).contains(STARTED);
+            if !started && began.elapsed() >= config.boot_timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(None);
+            }
+        }
+        if began.elapsed() >= config.boot_timeout + config.timeout {
             let _ = child.kill();
             let _ = child.wait();
-            return Ok(None);
+            return Ok(Some(Exit::TimedOut));
         }
         std::thread::sleep(Duration::from_millis(200));
     }

@@ -25,7 +25,7 @@ pub mod test_namespace;
 pub mod workload;
 
 pub use cluster::Cluster;
-pub use control_plane::{ControlPlane, Lifetime};
+pub use control_plane::{Component, ControlPlane, Lifetime};
 pub use test_namespace::TestNamespace;
 
 use std::path::PathBuf;

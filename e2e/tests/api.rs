@@ -99,6 +99,7 @@ async fn valid_examples_are_accepted_and_round_trip_through_the_rust_types() {
         "profilerequest-cpu.yaml",
         "profilerequest-heap.yaml",
         "profilerequest-runqlat.yaml",
+        "profilerequest-wall.yaml",
     ] {
         let local: ProfileRequest = serde_yaml::from_str(&example(file)).unwrap();
         let created = requests

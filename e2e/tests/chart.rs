@@ -317,10 +317,65 @@ fn defaults_close_the_debug_ports_and_render_the_network_policies() {
         "--artifact-quota-per-namespace=2Gi",
         "--store-gc-interval=10m",
         "--max-heap-overhead-percent=3",
+        "--max-offcpu-overhead-percent=3",
     ] {
         assert!(rendered.contains(flag), "{flag} missing");
     }
     assert!(rendered.contains("name: flamefleet-namespace-limits"));
+}
+
+/// The agent gets CAP_SYSLOG (kernel frames' names, the kernel log) with
+/// `agent.kernelSymbols`, on by default, CAP_SETUID and CAP_SETGID with
+/// `agent.javaAttachOtherUsers`, off by default, and only the listed capabilities without
+/// them.
+#[test]
+fn kernel_symbols_add_syslog_to_the_agents_capabilities() {
+    let agent_caps = |values: &[&str]| {
+        let (ok, rendered, err) = template(values);
+        assert!(ok, "helm template failed: {err}");
+        let agent = rendered
+            .split("\n---")
+            .find(|doc| doc.contains("kind: DaemonSet"))
+            .expect("the agent's DaemonSet")
+            .to_owned();
+        agent
+            .split_once("add:")
+            .expect("capabilities.add")
+            .1
+            .lines()
+            .skip(1)
+            .take_while(|l| l.trim_start().starts_with("- "))
+            .map(|l| l.trim().trim_start_matches("- ").to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        agent_caps(&[]),
+        ["BPF", "PERFMON", "SYS_PTRACE", "SYSLOG"],
+        "the default"
+    );
+    assert_eq!(
+        agent_caps(&["agent.kernelSymbols=false"]),
+        ["BPF", "PERFMON", "SYS_PTRACE"]
+    );
+    assert_eq!(
+        agent_caps(&["agent.capabilities={BPF,PERFMON,SYSLOG}"]),
+        ["BPF", "PERFMON", "SYSLOG"],
+        "listed already: once"
+    );
+    assert_eq!(
+        agent_caps(&["agent.javaAttachOtherUsers=true"]),
+        ["BPF", "PERFMON", "SYS_PTRACE", "SYSLOG", "SETUID", "SETGID"],
+        "JVMs of other users: the attach thread takes their user and group"
+    );
+    assert_eq!(
+        agent_caps(&[
+            "agent.javaAttachOtherUsers=true",
+            "agent.javaAttach=false",
+            "agent.kernelSymbols=false"
+        ]),
+        ["BPF", "PERFMON", "SYS_PTRACE"],
+        "no attach at all: no identity to take"
+    );
 }
 
 #[test]
@@ -341,6 +396,10 @@ fn values_schema_refuses_bad_values_with_a_clear_message() {
         (
             vec!["operator.limits.maxCpuFrequencyHz=5000"],
             "maxCpuFrequencyHz",
+        ),
+        (
+            vec!["operator.limits.maxOffcpuOverheadPercent=101"],
+            "maxOffcpuOverheadPercent",
         ),
         (vec!["notAValue=1"], "notAValue"),
     ];

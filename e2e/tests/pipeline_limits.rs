@@ -1,9 +1,9 @@
 //! Per-tenant limits, end to end with the real operator and agents: a namespace at its limit
 //! of concurrent captures queues its next request (Pending, `Queued` saying why) while
 //! another namespace is unaffected, and the queued request starts once a slot frees; a
-//! request below the minimum heap sampling interval, or one that would switch the heap
-//! overhead guard off or raise it past the cluster admin's ceiling, fails with the limit and
-//! who sets it.
+//! request below the minimum heap sampling interval, or one that would switch the heap or
+//! off-CPU overhead guard off or raise it past the cluster admin's ceiling, fails with the
+//! limit and who sets it.
 
 mod pipeline_support;
 
@@ -159,6 +159,18 @@ async fn a_request_outside_the_spec_limits_fails_saying_which() {
             "guard-raised",
             json!({"type": "heap", "podNames": ["web-1"], "duration": "1s", "heap": {"source": "ebpf", "maxOverheadPercent": 50}}),
             "heap.maxOverheadPercent 50 is above this cluster's ceiling of 3%",
+        ),
+        // The off-CPU walks run inside context switches billed to other pods too, into
+        // maps all captures on the node share: the same ceiling, set apart.
+        (
+            "offcpu-guard-off",
+            json!({"type": "offcpu", "podNames": ["web-1"], "duration": "1s", "offcpu": {"maxOverheadPercent": 0}}),
+            "offcpu.maxOverheadPercent 0 (the overhead guard turned off) is above this cluster's ceiling of 3% (set by the cluster admin with the operator's --max-offcpu-overhead-percent)",
+        ),
+        (
+            "offcpu-guard-raised",
+            json!({"type": "offcpu", "podNames": ["web-1"], "duration": "1s", "offcpu": {"maxOverheadPercent": 20}}),
+            "offcpu.maxOverheadPercent 20 is above this cluster's ceiling of 3%",
         ),
     ];
     for (name, spec, message) in cases {

@@ -82,6 +82,17 @@ fn top_function(top: &str) -> String {
         .to_owned()
 }
 
+/// The `cum%` of `function` in `go tool pprof -top -cum` output (0 when it is not listed).
+fn cum_percent(top: &str, function: &str) -> f64 {
+    top.lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.len() >= 6 && cols[5..].join(" ") == function).then(|| cols[4])
+        })
+        .find_map(|c| c.trim_end_matches('%').parse().ok())
+        .unwrap_or(0.0)
+}
+
 fn checkout_deployment(namespace: &str, tag: &str) -> Value {
     demo_deployment(
         namespace,
@@ -247,9 +258,16 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     assert_eq!(sc.privileged, Some(false));
     let caps = sc.capabilities.unwrap();
     assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+    // The chart's defaults: capabilities [BPF, PERFMON, SYS_PTRACE] and kernelSymbols
+    // (on by default) adding SYSLOG; nothing else, and never SYS_ADMIN or SYS_RESOURCE.
     assert_eq!(
         caps.add,
-        Some(vec!["BPF".into(), "PERFMON".into(), "SYS_PTRACE".into()])
+        Some(vec![
+            "BPF".into(),
+            "PERFMON".into(),
+            "SYS_PTRACE".into(),
+            "SYSLOG".into()
+        ])
     );
     assert_eq!(live.host_pid, Some(true));
     let host_paths: Vec<String> = live
@@ -508,6 +526,45 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     );
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("usecs") && out.contains("p50"), "{out}");
+
+    // The checkout's two payment threads wait nearly all the time: one reading a pipe, one
+    // asleep. Their blocked time goes to the functions that wait. The kernel function under
+    // each is not named here: the chart's default capabilities leave out SYSLOG, without
+    // which /proc/kallsyms hides kernel addresses (perf_event_paranoid > 1), so kernel
+    // frames stay unsymbolized (node-agent/tests/offcpu_capture.rs checks them).
+    let off_dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = kubectl_profile(
+        cluster,
+        &[
+            "offcpu",
+            "deploy/checkout",
+            "-n",
+            &shop,
+            "--duration",
+            "3s",
+            "-o",
+            off_dir.path().to_str().unwrap(),
+            "--format",
+            "text",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let off = profile_in(off_dir.path());
+    let cum = pprof(&["-top", "-cum", "-nodecount=200"], &off);
+    for function in ["wait_for_payment", "call_payment_backend"] {
+        let share = cum_percent(&cum, function);
+        // Each is one thread blocked nearly all the window, among the workers' short
+        // waits for the session lock (time throttled by the CPU quota is not off-CPU time).
+        assert!(
+            share >= 20.0,
+            "{function}: {share}% of the off-CPU time:\n{cum}"
+        );
+    }
+    let tags = pprof(&["-tags"], &off);
+    assert!(
+        tags.contains("checkout"),
+        "labelled with the container: {tags}"
+    );
 
     step("a Go Deployment with no endpoint: its heap comes from the Go runtime's own profile");
     let inventory = serde_json::to_string(&demo_deployment(

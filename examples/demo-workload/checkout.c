@@ -1,4 +1,4 @@
-// The demo workload: a toy "checkout" service with three things worth
+// The demo workload: a toy "checkout" service with four things worth
 // profiling, each in a function whose name says what it is.
 //
 //  - CPU:     price_basket() is the hot spot (about 3/4 of the work);
@@ -8,6 +8,11 @@
 //             scratch_buffer() churns short-lived allocations.
 //  - runqlat: it runs more busy threads than the machine has CPUs, so its
 //             threads wait in the run queue.
+//  - offcpu:  two threads that use almost no CPU and wait: wait_for_payment()
+//             blocks reading a pipe until the payment backend answers, and
+//             call_payment_backend() (the backend) sleeps 20 ms per request.
+//             Off-CPU, each is blocked nearly all the time, under the kernel's
+//             pipe_read and hrtimer_nanosleep.
 //
 // Build: cc -O1 -g -fno-omit-frame-pointer -pthread checkout.c -o checkout
 // (frame pointers let the kernel walk user stacks).
@@ -16,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static volatile uint64_t sink;
@@ -74,6 +80,46 @@ __attribute__((noinline)) static void scratch_buffer(size_t size) {
     }
 }
 
+// Requests to the payment backend and its answers, one byte each.
+static int payment_requests[2], payment_answers[2];
+
+// The checkout side: send a payment and wait for the answer.
+__attribute__((noinline)) static void wait_for_payment(void) {
+    char c = 'p';
+    if (write(payment_requests[1], &c, 1) != 1 || read(payment_answers[0], &c, 1) != 1)
+        sleep(1);
+    sink += (uint64_t)c;
+}
+
+// The backend's latency: 20 ms per request, spent asleep.
+__attribute__((noinline)) static void call_payment_backend(void) {
+    struct timespec latency = {0, 20 * 1000 * 1000};
+    int rc = nanosleep(&latency, NULL);
+    sink += (uint64_t)rc;
+}
+
+static void *payments(void *arg) {
+    (void)arg;
+    for (;;)
+        wait_for_payment();
+    return NULL;
+}
+
+static void *payment_backend(void *arg) {
+    char c;
+    (void)arg;
+    for (;;) {
+        if (read(payment_requests[0], &c, 1) != 1) {
+            sleep(1);
+            continue;
+        }
+        call_payment_backend();
+        if (write(payment_answers[1], &c, 1) != 1)
+            sleep(1);
+    }
+    return NULL;
+}
+
 static void *worker(void *arg) {
     uint64_t seed = (uint64_t)(uintptr_t)arg;
     for (uint64_t n = 0;; n++) {
@@ -91,8 +137,13 @@ int main(int argc, char **argv) {
     int threads = (int)(cpus > 0 ? cpus : 1) + 2; // more runnable threads than CPUs
     if (argc > 1)
         threads = atoi(argv[1]);
-    printf("checkout: %d worker threads\n", threads);
+    printf("checkout: %d worker threads, 2 payment threads\n", threads);
     fflush(stdout);
+    if (pipe(payment_requests) == 0 && pipe(payment_answers) == 0) {
+        pthread_t t;
+        pthread_create(&t, NULL, payments, NULL);
+        pthread_create(&t, NULL, payment_backend, NULL);
+    }
     for (int i = 1; i < threads; i++) {
         pthread_t t;
         pthread_create(&t, NULL, worker, (void *)(uintptr_t)(i * 7919));

@@ -9,14 +9,19 @@
 //! earlier commit) beside this one, in the same rounds: its rows say `peer`. It runs with
 //! the default runqlat clock only.
 //!
-//! 1. runqlat: `perf bench sched pipe` throughput with no tracer, with
+//! `--only pipe,spin,bpf,sampler,agent` runs only the named sections (default: all);
+//! `--sampler-millions N` sets the spin behind the CPU sampler's per-sample BPF cost
+//! (default 10,000 million iterations per CPU, a few seconds: over a thousand samples) and
+//! `--sampler-hz N` its sampling frequency (default 99).
+//!
+//! 1. `pipe`, runqlat: `perf bench sched pipe` throughput with no tracer, with
 //!    libbpf-tools `runqlat` (all tasks, its default), with `runqlat -c <cg>`,
 //!    and with ours filtered to the benchmark's cgroup, with each of its
 //!    clocks (`--runqlat-clock hybrid`, the default; `hybrid-no-psi`, the same
 //!    without PSI's switch stamps; `scheduler`; `own`).
-//! 2. CPU sampler: throughput per CPU-second of a CPU-bound workload (one spinner per CPU)
+//! 2. `spin`, CPU sampler: throughput per CPU-second of a CPU-bound workload (one spinner per CPU)
 //!    with no profiler, `perf record -F 99 -g -a -e cpu-clock -G <cg>`, and ours at 99 Hz.
-//! 3. BPF cost per scheduler event (`kernel.bpf_stats_enabled=1`, run_time_ns
+//! 3. `bpf`, BPF cost per scheduler event (`kernel.bpf_stats_enabled=1`, run_time_ns
 //!    and run_cnt from `bpftool prog show`), ours (each clock) vs libbpf-tools
 //!    `runqlat -c` and `runqlat` (all tasks), with the waits each of those recorded
 //!    (`-c` tests the task running at the event, so it skips a wait that ends on an
@@ -30,24 +35,36 @@
 //!    run; ours, with the hybrid or scheduler clock, runs on `sched_switch`
 //!    only. Every total is divided by that event count (the workloads do the
 //!    same work in every run). `bpf_call_cost.sh` prices the building blocks.
-//! 4. The agent's own CPU time per 1,000 samples and its peak RSS.
+//!    `sampler`: the CPU sampler's BPF cost per sample over a spin run (`--sampler-millions`)
+//!    of two workloads, a frame-pointer spinner and a four-deep call chain built without
+//!    frame pointers (every caller found by the CFI walk): ours and the peer's in turn, the
+//!    order swapped every round, each agent's own program read by the IDs its process holds,
+//!    with the ratio ours / peer of each round.
+//! 4. `agent`, the agent's own CPU time per 1,000 samples and its peak RSS.
 //!
 //! Each condition runs once per round, conditions interleaved, and the
 //! median over rounds is printed (the machine may be shared).
 
 use std::collections::HashMap;
 use std::io::{BufRead as _, BufReader};
-use std::os::unix::process::CommandExt as _;
-use std::path::{Path, PathBuf};
+
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use flamefleet_agent::cgroup::{Cgroup, CgroupRoot};
+use shared::{
+    BenchCgroup, bpf_delta, bpf_stats, flag, interrupt, median, prog_ids_of, sched_messaging,
+    sched_pipe, sigint_ends,
+};
+
+mod shared;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_flamefleet-agent");
 const RUNQLAT: &str = "/usr/sbin/runqlat";
 const PIPE_LOOPS: &str = "200000";
+/// The sections `--only` chooses from, in the order they run.
+const SECTIONS: [&str; 5] = ["pipe", "spin", "bpf", "sampler", "agent"];
 /// Our runqlat's clocks: (name, agent arguments).
 const CLOCKS: [(&str, [&str; 2]); 4] = [
     ("hybrid (default)", ["--runqlat-clock", "hybrid"]),
@@ -79,59 +96,17 @@ __attribute__((noinline)) void spin(long n) { for (long i = 0; i < n; i++) sink 
 int main(int argc, char **argv) { spin(atol(argv[1]) * 1000000L); return 0; }
 "#;
 
-struct BenchCgroup(Cgroup);
-
-impl BenchCgroup {
-    fn new(name: &str) -> Result<Self> {
-        let root = CgroupRoot::detect()?;
-        let dir = root
-            .path()
-            .join(format!("flamefleet-bench-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Self(Cgroup::open(&dir)?))
-    }
-
-    fn path(&self) -> &Path {
-        &self.0.path
-    }
-
-    /// A command whose process joins this cgroup before exec.
-    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        use std::os::unix::ffi::OsStrExt as _;
-        let procs = std::ffi::CString::new(self.0.path.join("cgroup.procs").as_os_str().as_bytes())
-            .expect("no NUL in path");
-        let mut c = Command::new(program);
-        // SAFETY: async-signal-safe calls only, on memory prepared before fork.
-        unsafe {
-            c.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                libc::close(fd);
-                if ok {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        }
-        c
-    }
-}
-
-impl Drop for BenchCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.0.path.join("cgroup.kill"), "1");
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.0.path).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
+/// The same spin four calls deep (leaf <- f3 <- f2 <- f1 <- main), built without frame
+/// pointers (-O2 -fomit-frame-pointer): every caller is found by the CFI walk.
+const CHAIN: &str = r#"
+#include <stdlib.h>
+static volatile unsigned long sink;
+__attribute__((noinline)) void leaf(long n) { for (long i = 0; i < n; i++) sink += i; }
+__attribute__((noinline)) void f3(long n) { leaf(n); sink++; }
+__attribute__((noinline)) void f2(long n) { f3(n); sink++; }
+__attribute__((noinline)) void f1(long n) { f2(n); sink++; }
+int main(int argc, char **argv) { long m = atol(argv[1]); for (long k = 0; k < m; k++) f1(1000000L); return 0; }
+"#;
 
 /// A tracer/profiler running in the background for one measurement.
 struct Tracer {
@@ -149,15 +124,7 @@ impl Tracer {
         } else {
             cmd.stdout(Stdio::piped()).stderr(Stdio::null());
         }
-        // SIGINT ends the tracer (`stop`); a bench started in the background by a
-        // non-interactive shell inherits SIGINT ignored, which would make it last forever.
-        // SAFETY: signal(2) between fork and exec, async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::signal(libc::SIGINT, libc::SIG_DFL);
-                Ok(())
-            });
-        }
+        sigint_ends(&mut cmd);
         let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         let stream: Box<dyn std::io::Read + Send> = if from_stderr {
             Box::new(child.stderr.take().context("stderr")?)
@@ -180,9 +147,7 @@ impl Tracer {
     /// SIGINT, then wait (perf and runqlat exit cleanly on it); returns what the tracer
     /// printed after its ready line.
     fn stop(mut self) -> Vec<String> {
-        // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let _ = self.child.wait();
+        interrupt(&mut self.child);
         self.output.join().unwrap_or_default()
     }
 }
@@ -256,42 +221,17 @@ fn start_perf_record(cg_name: &str, out: &Path) -> Result<Tracer> {
     })
 }
 
-/// `perf bench sched pipe` in `cg`: operations per second.
-fn sched_pipe(cg: &BenchCgroup) -> Result<f64> {
-    let out = cg
-        .command("perf")
-        .args(["bench", "sched", "pipe", "-l", PIPE_LOOPS])
-        .output()
-        .context("running perf bench sched pipe (install linux-perf)")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.trim().strip_suffix("ops/sec"))
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("no ops/sec in perf bench output: {text}"))
-}
-
-/// `perf bench sched messaging` in `cg` (2 groups of 20 senders and 20 receivers over
-/// pipes, 200 loops): many more runnable tasks than CPUs.
-fn sched_messaging(cg: &BenchCgroup) -> Result<()> {
-    let out = cg
-        .command("perf")
-        .args(["bench", "sched", "messaging", "-p", "-g", "2", "-l", "200"])
-        .output()
-        .context("running perf bench sched messaging (install linux-perf)")?;
-    if !out.status.success() {
-        bail!(
-            "perf bench sched messaging failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
-}
-
 /// One spinner per CPU in `cg`, `millions` iterations each: iterations per
 /// CPU-second of the spinners. CPU time (not wall time) keeps other load on a
 /// shared machine out of the figure, while the sampling interrupts and BPF
 /// programs, which run on the interrupted task's time, stay in it.
 fn spin_throughput(cg: &BenchCgroup, spin: &Path, millions: u64, cpus: usize) -> Result<f64> {
+    let cpu = spin_cpu_time(cg, spin, millions, cpus)?;
+    Ok((millions * 1_000_000 * cpus as u64) as f64 / cpu.as_secs_f64())
+}
+
+/// One spinner per CPU in `cg`, `millions` iterations each: their CPU time together.
+fn spin_cpu_time(cg: &BenchCgroup, spin: &Path, millions: u64, cpus: usize) -> Result<Duration> {
     let mut kids = Vec::new();
     for _ in 0..cpus {
         kids.push(cg.command(spin).arg(millions.to_string()).spawn()?);
@@ -300,7 +240,7 @@ fn spin_throughput(cg: &BenchCgroup, spin: &Path, millions: u64, cpus: usize) ->
     for k in kids {
         cpu += wait_cpu_time(k)?.0;
     }
-    Ok((millions * 1_000_000 * cpus as u64) as f64 / cpu.as_secs_f64())
+    Ok(cpu)
 }
 
 /// Waits for a child; returns its user+system time and peak RSS (KiB).
@@ -327,63 +267,8 @@ struct Refs {
     ratio_all: Vec<f64>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn loss(base: f64, x: f64) -> f64 {
     100.0 * (base - x) / base
-}
-
-/// run_time_ns and run_cnt of each loaded program named in `names` (kernel names are cut
-/// at 15 characters), by program ID. Callers diff two readings with [`bpf_delta`].
-fn bpf_cost(names: &[&str]) -> Result<HashMap<u64, (u64, u64)>> {
-    let out = Command::new("bpftool")
-        .args(["prog", "show", "-j"])
-        .output()?;
-    let progs: Vec<serde_json::Value> =
-        serde_json::from_slice(&out.stdout).context("parsing bpftool prog show -j")?;
-    let mut by_id = HashMap::new();
-    for p in progs {
-        if names.contains(&p["name"].as_str().unwrap_or_default()) {
-            by_id.insert(
-                p["id"].as_u64().unwrap_or(0),
-                (
-                    p["run_time_ns"].as_u64().unwrap_or(0),
-                    p["run_cnt"].as_u64().unwrap_or(0),
-                ),
-            );
-        }
-    }
-    Ok(by_id)
-}
-
-/// (ns, runs) between two readings, over the programs present in both: a tracer stopped
-/// just before the first reading may still be listed in it while its programs unload.
-fn bpf_delta(before: &HashMap<u64, (u64, u64)>, after: &HashMap<u64, (u64, u64)>) -> (u64, u64) {
-    after
-        .iter()
-        .filter_map(|(id, &(ns1, c1))| {
-            let &(ns0, c0) = before.get(id)?;
-            Some((ns1.saturating_sub(ns0), c1.saturating_sub(c0)))
-        })
-        .fold((0, 0), |(ns, c), (dn, dc)| (ns + dn, c + dc))
-}
-
-fn compile_spin(dir: &Path) -> Result<PathBuf> {
-    let src = dir.join("ffbench_spin.c");
-    let bin = dir.join("ffbench_spin");
-    std::fs::write(&src, SPIN)?;
-    let st = Command::new("cc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()?;
-    if !st.success() {
-        bail!("cc failed");
-    }
-    Ok(bin)
 }
 
 /// Runs the agent to completion and returns (cpu time, peak RSS KiB, samples).
@@ -419,20 +304,29 @@ fn main() -> Result<()> {
         bail!("the benchmark loads eBPF programs: expected root, run it with sudo -E");
     }
     let args: Vec<String> = std::env::args().collect();
-    let rounds: usize = args
+    let rounds: usize = flag(&args, "--rounds").unwrap_or(5);
+    let peer: Option<String> = flag(&args, "--peer");
+    let only: Option<Vec<String>> =
+        flag::<String>(&args, "--only").map(|v| v.split(',').map(str::to_owned).collect());
+    if let Some(bad) = only
         .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let peer: Option<String> = args
-        .iter()
-        .position(|a| a == "--peer")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
+        .flatten()
+        .find(|s| !SECTIONS.contains(&s.as_str()))
+    {
+        bail!("--only: expected some of {SECTIONS:?}, found {bad:?}");
+    }
+    let runs = |section: &str| only.as_ref().is_none_or(|o| o.iter().any(|s| s == section));
+    let sampler_millions: u64 = flag(&args, "--sampler-millions").unwrap_or(10_000);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let dir = tempfile::tempdir()?;
-    let spin = compile_spin(dir.path())?;
+    let spin = shared::compile_c(dir.path(), "ffbench_spin", SPIN)?;
+    let chain = shared::compile_c_with(
+        dir.path(),
+        "ffbench_chain",
+        CHAIN,
+        &["-O2", "-g", "-fomit-frame-pointer"],
+    )?;
+    let sampler_hz: u64 = flag(&args, "--sampler-hz").unwrap_or(99);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     println!(
         "flamefleet capture overhead, kernel {}, {cpus} CPUs, {rounds} rounds (median)",
@@ -442,27 +336,73 @@ fn main() -> Result<()> {
         println!("peer: {p}");
     }
 
-    // 1. runqlat on perf bench sched pipe.
     let cg = BenchCgroup::new("pipe")?;
+    if runs("pipe") {
+        runqlat_pipe(&cg, rounds, peer.as_deref())?;
+    }
+    if runs("spin") {
+        sampler_spin(&cg, &spin, rounds, cpus, peer.as_deref())?;
+    }
+    if runs("bpf") || runs("sampler") {
+        let stats = "/proc/sys/kernel/bpf_stats_enabled";
+        let before = std::fs::read_to_string(stats).unwrap_or_else(|_| "0".into());
+        std::fs::write(stats, "1").context("enabling kernel.bpf_stats_enabled")?;
+        let measured = (|| {
+            if runs("bpf") {
+                runqlat_bpf(&cg, rounds, peer.as_deref())?;
+            }
+            if runs("sampler") {
+                let workloads: [(&str, &Path); 2] = [
+                    (
+                        "spin (-O1, frame pointers): spin <- main <- libc's start",
+                        &spin,
+                    ),
+                    (
+                        "chain (-O2 -fomit-frame-pointer): leaf <- f3 <- f2 <- f1 <- main <- libc's start",
+                        &chain,
+                    ),
+                ];
+                sampler_bpf(
+                    &cg,
+                    &workloads,
+                    rounds,
+                    cpus,
+                    (sampler_millions, sampler_hz),
+                    peer.as_deref(),
+                )?;
+            }
+            Ok::<_, anyhow::Error>(())
+        })();
+        std::fs::write(stats, before.trim())?;
+        measured?;
+    }
+    if runs("agent") {
+        agent_cpu(&cg, &spin, rounds, cpus, peer.as_deref())?;
+    }
+    Ok(())
+}
+
+/// 1. runqlat on perf bench sched pipe.
+fn runqlat_pipe(cg: &BenchCgroup, rounds: usize, peer: Option<&str>) -> Result<()> {
     let (mut none, mut theirs, mut theirs_cg) = (vec![], vec![], vec![]);
     let mut ours: Vec<Vec<f64>> = vec![vec![]; CLOCKS.len()];
     let mut peer_pipe = vec![];
     for _ in 0..rounds {
-        none.push(sched_pipe(&cg)?);
+        none.push(sched_pipe(cg, PIPE_LOOPS)?);
         let t = start_libbpf_runqlat(None)?;
-        theirs.push(sched_pipe(&cg)?);
+        theirs.push(sched_pipe(cg, PIPE_LOOPS)?);
         t.stop();
         let t = start_libbpf_runqlat(Some(cg.path()))?;
-        theirs_cg.push(sched_pipe(&cg)?);
+        theirs_cg.push(sched_pipe(cg, PIPE_LOOPS)?);
         t.stop();
         for (i, (_, args)) in CLOCKS.iter().enumerate() {
             let t = start_agent(AGENT, "runqlat", cg.path(), args)?;
-            ours[i].push(sched_pipe(&cg)?);
+            ours[i].push(sched_pipe(cg, PIPE_LOOPS)?);
             t.stop();
         }
-        if let Some(p) = &peer {
+        if let Some(p) = peer {
             let t = start_agent(p, "runqlat", cg.path(), &CLOCKS[0].1)?;
-            peer_pipe.push(sched_pipe(&cg)?);
+            peer_pipe.push(sched_pipe(cg, PIPE_LOOPS)?);
             t.stop();
         }
     }
@@ -497,27 +437,37 @@ fn main() -> Result<()> {
         );
     }
 
-    // 2. CPU sampler on a CPU-bound workload.
+    Ok(())
+}
+
+/// 2. CPU sampler on a CPU-bound workload.
+fn sampler_spin(
+    cg: &BenchCgroup,
+    spin: &Path,
+    rounds: usize,
+    cpus: usize,
+    peer: Option<&str>,
+) -> Result<()> {
     let cg_name = cg
         .path()
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or_default()
         .to_owned();
-    let perf_out = dir.path().join("perf.data");
+    let perf_out = std::env::temp_dir().join(format!("ffbench-perf-{}.data", std::process::id()));
     let millions = 400;
     let (mut none, mut perf, mut ours, mut peer_spin) = (vec![], vec![], vec![], vec![]);
     for _ in 0..rounds {
-        none.push(spin_throughput(&cg, &spin, millions, cpus)?);
+        none.push(spin_throughput(cg, spin, millions, cpus)?);
         let t = start_perf_record(&format!("/{cg_name}"), &perf_out)?;
-        perf.push(spin_throughput(&cg, &spin, millions, cpus)?);
+        perf.push(spin_throughput(cg, spin, millions, cpus)?);
         t.stop();
         let t = start_agent(AGENT, "cpu", cg.path(), &["--frequency", "99"])?;
-        ours.push(spin_throughput(&cg, &spin, millions, cpus)?);
+        ours.push(spin_throughput(cg, spin, millions, cpus)?);
         t.stop();
-        if let Some(p) = &peer {
+        if let Some(p) = peer {
             let t = start_agent(p, "cpu", cg.path(), &["--frequency", "99"])?;
-            peer_spin.push(spin_throughput(&cg, &spin, millions, cpus)?);
+            peer_spin.push(spin_throughput(cg, spin, millions, cpus)?);
             t.stop();
         }
     }
@@ -545,19 +495,26 @@ fn main() -> Result<()> {
         );
     }
 
-    // 3. BPF cost per event.
-    let stats = "/proc/sys/kernel/bpf_stats_enabled";
-    let before = std::fs::read_to_string(stats).unwrap_or_else(|_| "0".into());
-    std::fs::write(stats, "1").context("enabling kernel.bpf_stats_enabled")?;
-    // (BPF ns, BPF program runs) of one run of `workload`.
-    let measure = |names: &[&str], workload: &dyn Fn() -> Result<()>| -> Result<(u64, u64)> {
-        let before = bpf_cost(names)?;
-        workload()?;
-        Ok(bpf_delta(&before, &bpf_cost(names)?))
-    };
-    let per = |ns: u64, n: u64| ns as f64 / n.max(1) as f64;
-    let pipe = || sched_pipe(&cg).map(|_| ());
-    let messaging = || sched_messaging(&cg);
+    let _ = std::fs::remove_file(&perf_out);
+    Ok(())
+}
+
+/// (BPF ns, BPF program runs) of the programs named `names` over one run of `workload`
+/// (kernel.bpf_stats_enabled on).
+fn measure(names: &[&str], workload: &dyn Fn() -> Result<()>) -> Result<(u64, u64)> {
+    let before = bpf_stats(names)?;
+    workload()?;
+    Ok(bpf_delta(&before, &bpf_stats(names)?))
+}
+
+fn per(ns: u64, n: u64) -> f64 {
+    ns as f64 / n.max(1) as f64
+}
+
+/// 3. BPF cost per scheduler event (kernel.bpf_stats_enabled on).
+fn runqlat_bpf(cg: &BenchCgroup, rounds: usize, peer: Option<&str>) -> Result<()> {
+    let pipe = || sched_pipe(cg, PIPE_LOOPS).map(|_| ());
+    let messaging = || sched_messaging(cg);
     let workloads: [(&str, &dyn Fn() -> Result<()>); 2] = [
         ("perf bench sched pipe", &pipe),
         ("perf bench sched messaging -p -g 2 -l 200", &messaging),
@@ -591,7 +548,7 @@ fn main() -> Result<()> {
             let runs = CLOCKS
                 .iter()
                 .map(|(_, args)| (AGENT, args))
-                .chain(peer.as_deref().map(|p| (p, &CLOCKS[0].1)));
+                .chain(peer.map(|p| (p, &CLOCKS[0].1)));
             for (i, (agent, args)) in runs.enumerate() {
                 let t = start_agent(agent, "runqlat", cg.path(), args)?;
                 let (ons, ocnt) = measure(&OUR_RQ_PROGS, workload)?;
@@ -610,18 +567,6 @@ fn main() -> Result<()> {
         }
         bpf_rows.push((wname, theirs, events, ours, peer_refs));
     }
-    // (BPF ns, program runs) of the CPU sampler over one spin run, for `agent`.
-    let sampler_cost = |agent: &str| -> Result<(u64, u64)> {
-        let t = start_agent(agent, "cpu", cg.path(), &["--frequency", "99"])?;
-        let sampler_before = bpf_cost(&["on_cpu_sample"])?;
-        spin_throughput(&cg, &spin, 200, cpus)?;
-        let cost = bpf_delta(&sampler_before, &bpf_cost(&["on_cpu_sample"])?);
-        t.stop();
-        Ok(cost)
-    };
-    let (cpu_ns, cpu_runs) = sampler_cost(AGENT)?;
-    let peer_cpu = peer.as_deref().map(sampler_cost).transpose()?;
-    std::fs::write(stats, before.trim())?;
     println!(
         "\n## BPF run time per scheduler event (bpf_stats, one run of each workload per round, median of {rounds})"
     );
@@ -658,40 +603,169 @@ fn main() -> Result<()> {
             );
         }
     }
-    println!(
-        "flamefleet CPU sampler            {:>7.0} ns/sample over {} samples",
-        per(cpu_ns, cpu_runs),
-        cpu_runs
-    );
-    if let Some((ns, runs)) = peer_cpu {
-        println!(
-            "peer CPU sampler                  {:>7.0} ns/sample over {runs} samples",
-            per(ns, runs)
-        );
-    }
+    Ok(())
+}
 
-    // 4. The agent's own cost.
+/// One agent's figures for one workload over the rounds.
+#[derive(Clone, Default)]
+struct SamplerRuns {
+    /// BPF ns per program run (every sample of every CPU, early returns included).
+    ns_run: Vec<f64>,
+    /// BPF ns per sample of the target: all the runs' time over the target's samples,
+    /// counted as the frequency times the spinners' CPU time (the agent, ended by a signal,
+    /// prints no count).
+    ns_target: Vec<f64>,
+    runs: u64,
+    target_samples: f64,
+}
+
+/// `values` as "median (min-max)".
+fn spread(values: &[f64]) -> String {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:.0} ({min:.0}-{max:.0})", median(values.to_vec()))
+}
+
+/// `values` as "median [v1, v2, ...]".
+fn ratios(values: &[f64]) -> String {
+    let all: Vec<String> = values.iter().map(|v| format!("{v:.3}")).collect();
+    format!("{:.3} [{}]", median(values.to_vec()), all.join(", "))
+}
+
+/// 3b. The CPU sampler's BPF cost per sample (kernel.bpf_stats_enabled on), ours and the
+/// peer's on the same spins: each round runs every agent once per workload, the agents'
+/// order swapped from one round to the next (A B, B A, ...) so that a drift of the
+/// machine's load weighs on both alike. Each agent's own program is read, by the IDs its
+/// process holds: tests or other agents running beside the benchmark load programs of
+/// the same name.
+fn sampler_bpf(
+    cg: &BenchCgroup,
+    workloads: &[(&str, &Path)],
+    rounds: usize,
+    cpus: usize,
+    (millions, hz): (u64, u64),
+    peer: Option<&str>,
+) -> Result<()> {
+    let hz_arg = hz.to_string();
+    // (BPF ns, program runs, target samples) of one agent's CPU sampler over one spin run.
+    let sampler_cost = |agent: &str, spin: &Path| -> Result<(u64, u64, f64)> {
+        let t = start_agent(agent, "cpu", cg.path(), &["--frequency", &hz_arg])?;
+        let measured = (|| {
+            let ids = prog_ids_of(t.child.id(), "on_cpu_sample")?;
+            if ids.is_empty() {
+                bail!("{agent} holds no on_cpu_sample program");
+            }
+            let read = || -> Result<HashMap<u64, (u64, u64)>> {
+                let mut all = bpf_stats(&["on_cpu_sample"])?;
+                all.retain(|id, _| ids.contains(id));
+                Ok(all)
+            };
+            let before = read()?;
+            let cpu = spin_cpu_time(cg, spin, millions, cpus)?;
+            let (ns, runs) = bpf_delta(&before, &read()?);
+            Ok((ns, runs, hz as f64 * cpu.as_secs_f64()))
+        })();
+        t.stop();
+        measured
+    };
+    let agents: Vec<(&str, &str)> = [("flamefleet", AGENT)]
+        .into_iter()
+        .chain(peer.map(|p| ("peer", p)))
+        .collect();
+    let mut figures = vec![vec![SamplerRuns::default(); agents.len()]; workloads.len()];
+    for round in 0..rounds {
+        for (w, (_, spin)) in workloads.iter().enumerate() {
+            for k in 0..agents.len() {
+                let i = if round % 2 == 0 {
+                    k
+                } else {
+                    agents.len() - 1 - k
+                };
+                let (ns, runs, samples) = sampler_cost(agents[i].1, spin)?;
+                let f = &mut figures[w][i];
+                f.ns_run.push(per(ns, runs));
+                f.ns_target.push(ns as f64 / samples.max(1.0));
+                f.runs += runs;
+                f.target_samples += samples;
+            }
+        }
+    }
+    println!(
+        "\n## CPU sampler BPF run time per sample (bpf_stats of each agent's own program, {hz} Hz, {cpus} spinners x {millions}M iterations per run, {rounds} rounds, agents' order alternating): median (min-max) over rounds"
+    );
+    for ((wname, _), per_agent) in workloads.iter().zip(&figures) {
+        println!("{wname}:");
+        for ((name, _), f) in agents.iter().zip(per_agent) {
+            println!(
+                "  {name:<10} {} ns per program run, {} ns per target sample ({} runs, {:.0} target samples over the rounds)",
+                spread(&f.ns_run),
+                spread(&f.ns_target),
+                f.runs,
+                f.target_samples
+            );
+        }
+        if let [ours, theirs] = per_agent.as_slice() {
+            let ratio = |a: &[f64], b: &[f64]| -> Vec<f64> {
+                a.iter()
+                    .zip(b)
+                    .map(|(a, b)| a / b.max(f64::MIN_POSITIVE))
+                    .collect()
+            };
+            println!(
+                "  ratio flamefleet / peer, median of per-round ratios [rounds]: per program run {}, per target sample {}",
+                ratios(&ratio(&ours.ns_run, &theirs.ns_run)),
+                ratios(&ratio(&ours.ns_target, &theirs.ns_target))
+            );
+        }
+    }
+    Ok(())
+}
+
+/// 4. The agent's own cost: ours and the peer's in turn, once per round.
+fn agent_cpu(
+    cg: &BenchCgroup,
+    spin: &Path,
+    rounds: usize,
+    cpus: usize,
+    peer: Option<&str>,
+) -> Result<()> {
     let hogs: Vec<Child> = (0..cpus)
-        .map(|_| cg.command(&spin).arg("100000").spawn())
+        .map(|_| cg.command(spin).arg("100000").spawn())
         .collect::<std::io::Result<_>>()?;
     println!(
-        "\n## Agent cost: flamefleet-agent capture --type cpu, 10 s at 99 Hz, {cpus} busy CPUs"
+        "\n## Agent cost: flamefleet-agent capture --type cpu, 10 s at 99 Hz, {cpus} busy CPUs, median of {rounds}"
     );
-    let agents = [("flamefleet", AGENT)]
+    let agents: Vec<(&str, &str)> = [("flamefleet", AGENT)]
         .into_iter()
-        .chain(peer.as_deref().map(|p| ("peer", p)));
-    for (name, agent) in agents {
-        let (cpu_time, rss, samples) = agent_cost(agent, "cpu", cg.path(), 10)?;
-        println!(
-            "{name}: {samples} samples, agent CPU {:.1} ms total = {:.1} ms per 1,000 samples, peak RSS {:.1} MiB",
-            cpu_time.as_secs_f64() * 1e3,
-            cpu_time.as_secs_f64() * 1e6 / samples.max(1) as f64,
-            rss as f64 / 1024.0
-        );
-    }
+        .chain(peer.map(|p| ("peer", p)))
+        .collect();
+    let mut per_1000 = vec![Vec::new(); agents.len()];
+    let mut rss = vec![Vec::new(); agents.len()];
+    let measured = (|| {
+        for _ in 0..rounds {
+            for (i, (_, agent)) in agents.iter().enumerate() {
+                let (cpu_time, peak, samples) = agent_cost(agent, "cpu", cg.path(), 10)?;
+                per_1000[i].push(cpu_time.as_secs_f64() * 1e6 / samples.max(1) as f64);
+                rss[i].push(peak as f64 / 1024.0);
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    })();
     for mut h in hogs {
         let _ = h.kill();
         let _ = h.wait();
+    }
+    measured?;
+    for ((name, _), (ms, mib)) in agents.iter().zip(per_1000.into_iter().zip(rss)) {
+        println!(
+            "{name}: agent CPU {:.1} ms per 1,000 samples (rounds: {}), peak RSS {:.1} MiB",
+            median(ms.clone()),
+            ms.iter()
+                .map(|v| format!("{v:.1}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            median(mib)
+        );
     }
     Ok(())
 }

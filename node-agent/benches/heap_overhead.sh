@@ -10,10 +10,15 @@
 # Usage (root): node-agent/benches/heap_overhead.sh
 #   env: SECS=5 (per run), WORKS="0 2000 50000", AGENT=path/to/flamefleet-agent (default: release
 #        build, built if missing), CARGO_TARGET_DIR as usual.
+#        PEER_AGENT=path/to/another/flamefleet-agent (e.g. built from an earlier commit):
+#        measured beside AGENT, the two in turn for ROUNDS rounds (default 3; without
+#        PEER_AGENT, 1), medians printed; its rows say `old`.
 set -euo pipefail
 
 SECS=${SECS:-5}
 WORKS=${WORKS:-"0 2000 50000"}
+PEER_AGENT=${PEER_AGENT:-}
+ROUNDS=${ROUNDS:-$([ -n "$PEER_AGENT" ] && echo 3 || echo 1)}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
@@ -51,14 +56,20 @@ bench() {
 	sh -c "echo \$\$ > $CG/cgroup.procs; exec $TMP/malloc_bench $SECS $1" 2>/dev/null | awk '{ print $2 }'
 }
 
-# Sum of run_time_ns and run_cnt over all loaded BPF programs, "ns cnt".
+# The IDs of the BPF programs loaded now.
+prog_ids() { bpftool prog show -j | python3 -c 'import json, sys; print(",".join(str(p["id"]) for p in json.load(sys.stdin)))'; }
+
+# Sum of run_time_ns and run_cnt, "ns cnt", over the uprobe programs (type kprobe) not among
+# the IDs $1: the ones the tracer loaded since (other programs on the machine stay out).
 bpf_totals() {
 	bpftool prog show -j | python3 -c '
 import json, sys
+old = {int(i) for i in sys.argv[1].split(",") if i}
 ns = cnt = 0
 for p in json.load(sys.stdin):
-    ns += p.get("run_time_ns", 0); cnt += p.get("run_cnt", 0)
-print(ns, cnt)'
+    if p["id"] not in old and p.get("type") == "kprobe":
+        ns += p.get("run_time_ns", 0); cnt += p.get("run_cnt", 0)
+print(ns, cnt)' "$1"
 }
 
 per_call() { # before_ns before_cnt after_ns after_cnt
@@ -66,7 +77,7 @@ per_call() { # before_ns before_cnt after_ns after_cnt
 }
 
 sysctl -q kernel.bpf_stats_enabled=1
-declare -A BASE PEER OURS
+declare -A BASE PEER OURS OLD
 
 echo "== baseline (no profiler)"
 for w in $WORKS; do BASE[$w]=$(bench "$w"); echo "work=$w ops/cpu-s=${BASE[$w]}"; done
@@ -79,35 +90,61 @@ uretprobe:$LIBC:malloc /@size[tid]/ {
 }
 uprobe:$LIBC:free /cgroup == cgroupid("$CG")/ { delete(@bytes[arg0]); delete(@stack[arg0]); }
 EOF
+IDS=$(prog_ids)
 BPFTRACE_MAP_KEYS_MAX=65536 bpftrace "$TMP/memleak.bt" >"$TMP/bt.out" 2>&1 &
 BT=$!
 for _ in $(seq 100); do grep -q Attaching "$TMP/bt.out" 2>/dev/null && break; sleep 0.2; done
 sleep 1
-read -r b_ns b_cnt < <(bpf_totals)
+read -r b_ns b_cnt < <(bpf_totals "$IDS")
 for w in $WORKS; do PEER[$w]=$(bench "$w"); echo "work=$w ops/cpu-s=${PEER[$w]}"; done
-read -r a_ns a_cnt < <(bpf_totals)
+read -r a_ns a_cnt < <(bpf_totals "$IDS")
 PEER_NS=$(per_call "$b_ns" "$b_cnt" "$a_ns" "$a_cnt")
 kill -INT "$BT"; wait "$BT" 2>/dev/null || true; BT=
 echo "peer BPF cost per call: ${PEER_NS} ns"
 
-echo "== ours: flamefleet-agent capture --type heap (default sampling, 512 KiB)"
 # A process in the cgroup from the start, so its allocator is probed before the runs.
 sh -c "echo \$\$ > $CG/cgroup.procs; exec sleep 100000" &
 HOLDER=$!
 NW=$(echo $WORKS | wc -w)
-# --force: an allocator microbenchmark is exactly what the overhead guard refuses.
-"$AGENT" capture --type heap --force --cgroup "$CG" --duration "$((SECS * NW + 6))s" -o "$TMP/heap.pb.gz" --text \
-	>"$TMP/agent.out" 2>&1 &
-AP=$!
-sleep 3
-read -r b_ns b_cnt < <(bpf_totals)
-for w in $WORKS; do OURS[$w]=$(bench "$w"); echo "work=$w ops/cpu-s=${OURS[$w]}"; done
-read -r a_ns a_cnt < <(bpf_totals)
-OURS_NS=$(per_call "$b_ns" "$b_cnt" "$a_ns" "$a_cnt")
-wait "$AP"; AP=
+declare -A RUNS NS
+# One capture by agent $1 (label $2) over a run of each WORK: appends the ops per CPU second
+# to RUNS[$2,work] and the BPF ns per program run to NS[$2].
+ours() {
+	local ids
+	ids=$(prog_ids)
+	# --force: an allocator microbenchmark is exactly what the overhead guard refuses.
+	"$1" capture --type heap --force --cgroup "$CG" --duration "$((SECS * NW + 6))s" -o "$TMP/heap.pb.gz" --text \
+		>"$TMP/agent.out" 2>&1 &
+	AP=$!
+	sleep 3
+	read -r b_ns b_cnt < <(bpf_totals "$ids")
+	for w in $WORKS; do
+		local ops
+		ops=$(bench "$w")
+		echo "$2 work=$w ops/cpu-s=$ops"
+		RUNS[$2,$w]="${RUNS[$2,$w]:-} $ops"
+	done
+	read -r a_ns a_cnt < <(bpf_totals "$ids")
+	local ns
+	ns=$(per_call "$b_ns" "$b_cnt" "$a_ns" "$a_cnt")
+	NS[$2]="${NS[$2]:-} $ns"
+	wait "$AP"; AP=
+	echo "$2 BPF cost per call: $ns ns"
+	sed 's/^/  agent: /' "$TMP/agent.out"
+}
+median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != 'n/a']; print(f'{statistics.median(v):.0f}' if v else 'n/a')" "$@"; }
+echo "== ours: flamefleet-agent capture --type heap (default sampling, 512 KiB)${PEER_AGENT:+, and old: $PEER_AGENT, in turn}, $ROUNDS round(s)"
+for _ in $(seq "$ROUNDS"); do
+	ours "$AGENT" ours
+	if [ -n "$PEER_AGENT" ]; then ours "$PEER_AGENT" old; fi
+done
 kill "$HOLDER" 2>/dev/null || true; HOLDER=
-echo "ours BPF cost per call: ${OURS_NS} ns"
-sed 's/^/  agent: /' "$TMP/agent.out"
+for w in $WORKS; do
+	OURS[$w]=$(median ${RUNS[ours,$w]})
+	if [ -n "$PEER_AGENT" ]; then OLD[$w]=$(median ${RUNS[old,$w]}); fi
+done
+OURS_NS=$(median ${NS[ours]})
+if [ -n "$PEER_AGENT" ]; then OLD_NS=$(median ${NS[old]}); fi
 sysctl -q kernel.bpf_stats_enabled=0
 
 echo "== results: ops per CPU second, loss vs. baseline, CPU time added per operation (malloc+free, us)"
@@ -121,4 +158,14 @@ pa, oa = (1 / p - 1 / b) * 1e6, (1 / o - 1 / b) * 1e6
 r = f'{pa / oa:7.1f}' if oa > 0 else '    n/a'
 print(f'{$w:<6} {b:11.0f} {p:11.0f} {pl:6.1f}% {pa:9.2f} {o:11.0f} {ol:6.1f}% {oa:9.2f} {r}')"
 done
-echo "BPF ns per program run (kernel.bpf_stats_enabled): peer ${PEER_NS}, ours ${OURS_NS}"
+echo "BPF ns per program run (kernel.bpf_stats_enabled): peer ${PEER_NS}, ours ${OURS_NS} (median of $ROUNDS)"
+if [ -n "$PEER_AGENT" ]; then
+	echo "== ours vs old ($PEER_AGENT), medians of $ROUNDS rounds in turn: ops per CPU second, CPU time added per operation (us)"
+	printf "%-6s %11s %11s %9s %11s %9s\n" work base_ops ours_ops ours_us+ old_ops old_us+
+	for w in $WORKS; do
+		python3 -c "
+b, o, p = ${BASE[$w]}, ${OURS[$w]}, ${OLD[$w]}
+print(f'{$w:<6} {b:11.0f} {o:11.0f} {(1 / o - 1 / b) * 1e6:9.2f} {p:11.0f} {(1 / p - 1 / b) * 1e6:9.2f}')"
+	done
+	echo "BPF ns per program run: ours ${OURS_NS} (rounds:${NS[ours]}), old ${OLD_NS} (rounds:${NS[old]})"
+fi

@@ -332,6 +332,72 @@ fn fixture(name: &str, programs: &[&Path]) -> Result<Fixture> {
     Ok(f)
 }
 
+/// What one engine's table measures: which of a mechanism's programs' run time counts,
+/// and which programs' runs are its events.
+struct Measured {
+    title: &'static str,
+    unit: &'static str,
+    counted: fn(ProgramType) -> bool,
+    is_event: fn(&str) -> bool,
+}
+
+/// Runs every mechanism of `mechanisms` that loads here at once for `args.rounds` rounds
+/// of `args.window`: `start` starts one mechanism's capture in its own sampler, `finish`
+/// ends it and says what it did (the table's note). Prints the table.
+fn measure_rounds<C>(
+    args: &Args,
+    mechanisms: &[Mechanism],
+    what: &Measured,
+    start: impl Fn(&Samplers) -> Result<C>,
+    finish: impl Fn(C) -> Result<String>,
+) -> Result<()> {
+    let loaded: Vec<&Mechanism> = mechanisms.iter().filter(|m| m.loads).collect();
+    let samplers: Vec<Samplers> = loaded
+        .iter()
+        .map(|m| Samplers::new(m.config.clone()))
+        .collect();
+    let mut rows: Vec<Row> = loaded
+        .iter()
+        .map(|m| Row {
+            name: m.name,
+            ns: Vec::new(),
+            ratio: Vec::new(),
+            events: 0,
+            note: String::new(),
+        })
+        .collect();
+    // Each mechanism's programs: those its first start loaded (a sampler that stays
+    // loaded between rounds loads nothing new), and any a later start loaded again.
+    let mut ids: Vec<HashSet<u32>> = vec![HashSet::new(); samplers.len()];
+    for _ in 0..args.rounds {
+        let mut captures = Vec::new();
+        for (i, s) in samplers.iter().enumerate() {
+            let mut capture = None;
+            ids[i].extend(programs_of(|| {
+                capture = Some(start(s)?);
+                Ok(())
+            })?);
+            captures.extend(capture);
+        }
+        let before = prog_stats();
+        std::thread::sleep(args.window);
+        let after = prog_stats();
+        let mut per_round = Vec::new();
+        for (i, capture) in captures.into_iter().enumerate() {
+            let (ns, events) = cost(&ids[i], &before, &after, what.counted, what.is_event);
+            rows[i].events += events;
+            rows[i].note = finish(capture)?;
+            per_round.push(ns as f64 / events.max(1) as f64);
+        }
+        for (i, ns) in per_round.iter().enumerate() {
+            rows[i].ns.push(*ns);
+            rows[i].ratio.push(ns / per_round[0]);
+        }
+    }
+    print_table(what.title, what.unit, mechanisms, &rows);
+    Ok(())
+}
+
 fn cpu_rounds(args: &Args, features: &KernelFeatures, dir: &Path) -> Result<()> {
     let spinner = compile(
         dir,
@@ -349,70 +415,27 @@ fn cpu_rounds(args: &Args, features: &KernelFeatures, dir: &Path) -> Result<()> 
     let fx = fixture("cpu", &spinners)?;
     let target = [CaptureTarget::raw(Cgroup::open(&fx.dir)?)];
     let options = CpuOptions::default();
-    let mechanisms = cpu_mechanisms(features);
-    let loaded: Vec<&Mechanism> = mechanisms.iter().filter(|m| m.loads).collect();
-    let samplers: Vec<Samplers> = loaded
-        .iter()
-        .map(|m| Samplers::new(m.config.clone()))
-        .collect();
-    let mut rows: Vec<Row> = loaded
-        .iter()
-        .map(|m| Row {
-            name: m.name,
-            ns: Vec::new(),
-            ratio: Vec::new(),
-            events: 0,
-            note: String::new(),
-        })
-        .collect();
-    // Each mechanism's programs: those its first start loaded (a sampler that stays
-    // loaded between rounds loads nothing new), and any a later start loaded again.
-    let mut ids: Vec<HashSet<u32>> = vec![HashSet::new(); samplers.len()];
-    for _ in 0..args.rounds {
-        let mut captures = Vec::new();
-        for (i, s) in samplers.iter().enumerate() {
-            let mut capture = None;
-            ids[i].extend(programs_of(|| {
-                capture = Some(s.start_cpu(&target, &options)?);
-                Ok(())
-            })?);
-            captures.extend(capture);
-        }
-        let before = prog_stats();
-        std::thread::sleep(args.window);
-        let after = prog_stats();
-        let mut per_round = Vec::new();
-        for (i, capture) in captures.into_iter().enumerate() {
-            let (ns, events) = cost(
-                &ids[i],
-                &before,
-                &after,
-                |t| t == ProgramType::PerfEvent,
-                |n| n.starts_with("on_cpu_sample"),
-            );
+    measure_rounds(
+        args,
+        &cpu_mechanisms(features),
+        &Measured {
+            title: "CPU sampler: BPF run time per sample (99 Hz, one spinner per CPU, 24 frames without frame pointers)",
+            unit: "ns/sample",
+            counted: |t| t == ProgramType::PerfEvent,
+            is_event: |n| n.starts_with("on_cpu_sample"),
+        },
+        |s| Ok(s.start_cpu(&target, &options)?),
+        |capture| {
             let result = capture.finish()?;
             let (frames, samples) = result.samples.iter().fold((0u64, 0u64), |(f, n), s| {
                 (f + s.user_stack.len() as u64 * s.count, n + s.count)
             });
-            rows[i].events += events;
-            rows[i].note = format!(
+            Ok(format!(
                 "{:.1} user frames per sample",
                 frames as f64 / samples.max(1) as f64
-            );
-            per_round.push(ns as f64 / events.max(1) as f64);
-        }
-        for (i, ns) in per_round.iter().enumerate() {
-            rows[i].ns.push(*ns);
-            rows[i].ratio.push(ns / per_round[0]);
-        }
-    }
-    print_table(
-        "CPU sampler: BPF run time per sample (99 Hz, one spinner per CPU, 24 frames without frame pointers)",
-        "ns/sample",
-        &mechanisms,
-        &rows,
-    );
-    Ok(())
+            ))
+        },
+    )
 }
 
 fn runqlat_rounds(args: &Args, features: &KernelFeatures, dir: &Path) -> Result<()> {
@@ -421,68 +444,25 @@ fn runqlat_rounds(args: &Args, features: &KernelFeatures, dir: &Path) -> Result<
     let fx = fixture("rq", &[&ping_pong, &sleeper])?;
     let target = [CaptureTarget::raw(Cgroup::open(&fx.dir)?)];
     let options = RunqlatOptions::default();
-    let mechanisms = runqlat_mechanisms(features);
-    let loaded: Vec<&Mechanism> = mechanisms.iter().filter(|m| m.loads).collect();
-    let samplers: Vec<Samplers> = loaded
-        .iter()
-        .map(|m| Samplers::new(m.config.clone()))
-        .collect();
-    let mut rows: Vec<Row> = loaded
-        .iter()
-        .map(|m| Row {
-            name: m.name,
-            ns: Vec::new(),
-            ratio: Vec::new(),
-            events: 0,
-            note: String::new(),
-        })
-        .collect();
-    // Each mechanism's programs: those its first start loaded (a sampler that stays
-    // loaded between rounds loads nothing new), and any a later start loaded again.
-    let mut ids: Vec<HashSet<u32>> = vec![HashSet::new(); samplers.len()];
-    for _ in 0..args.rounds {
-        let mut captures = Vec::new();
-        for (i, s) in samplers.iter().enumerate() {
-            let mut capture = None;
-            ids[i].extend(programs_of(|| {
-                capture = Some(s.start_runqlat(&target, &options)?);
-                Ok(())
-            })?);
-            captures.extend(capture);
-        }
-        let before = prog_stats();
-        std::thread::sleep(args.window);
-        let after = prog_stats();
-        let mut per_round = Vec::new();
-        for (i, capture) in captures.into_iter().enumerate() {
-            let (ns, events) = cost(
-                &ids[i],
-                &before,
-                &after,
-                |_| true,
-                |n| n.starts_with("switch_"),
-            );
+    measure_rounds(
+        args,
+        &runqlat_mechanisms(features),
+        &Measured {
+            title: "runqlat: BPF run time per sched_switch (wakeup programs included; a ping-pong pair and a 1 ms sleeper)",
+            unit: "ns/switch",
+            counted: |_| true,
+            is_event: |n| n.starts_with("switch_"),
+        },
+        |s| Ok(s.start_runqlat(&target, &options)?),
+        |capture| {
             let result = capture.finish()?;
             let waits: u64 = result.per_target().iter().map(|h| h.count()).sum();
-            rows[i].events += events;
-            rows[i].note = match result.clock {
+            Ok(match result.clock {
                 Some(c) => format!("{waits} waits, {} PSI stamps", c.psi_stamps),
                 None => format!("{waits} waits"),
-            };
-            per_round.push(ns as f64 / events.max(1) as f64);
-        }
-        for (i, ns) in per_round.iter().enumerate() {
-            rows[i].ns.push(*ns);
-            rows[i].ratio.push(ns / per_round[0]);
-        }
-    }
-    print_table(
-        "runqlat: BPF run time per sched_switch (wakeup programs included; a ping-pong pair and a 1 ms sleeper)",
-        "ns/switch",
-        &mechanisms,
-        &rows,
-    );
-    Ok(())
+            })
+        },
+    )
 }
 
 /// Measures on the running kernel.

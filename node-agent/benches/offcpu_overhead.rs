@@ -2,8 +2,11 @@
 //! machine (not a test: it prints, never asserts).
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench offcpu_overhead -- [--rounds 3]
+//! sudo -E cargo bench -p flamefleet-agent --bench offcpu_overhead -- [--rounds 3] [--peer PATH]
 //! ```
+//!
+//! `--peer PATH` measures another build of `flamefleet-agent` (e.g. one built from an
+//! earlier commit) beside this one, target-less, in the same rounds: its row says `peer`.
 //!
 //! Per round, each condition once, interleaved; the median over rounds is printed:
 //!
@@ -12,6 +15,10 @@
 //!    same name by ID), on `perf bench sched pipe` (two processes waking each other through
 //!    pipes: every switch a block of well under 1 ms) and `perf bench sched messaging`
 //!    (40 tasks per group over pipes, more runnable tasks than CPUs):
+//!    - *floor*: an empty `tp_btf/sched_switch` program (compiled with clang at run time):
+//!      what bpf_stats charges any program on this machine (its two clock reads around the
+//!      run), which no program can go below. The cost of a program's own work is its
+//!      figure minus this one.
 //!    - *target-less*: the benchmark runs outside the traced threads: ours targets an idle
 //!      cgroup, `offcputime -p` an idle process. What every other pod's switch pays.
 //!    - *traced*: every switch of the benchmark is traced: ours targets the benchmark's
@@ -23,78 +30,36 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead as _, BufReader};
-use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use flamefleet_agent::cgroup::{Cgroup, CgroupRoot};
+use shared::{
+    BenchCgroup, bpf_stats, flag, interrupt, median, sched_messaging, sched_pipe, sigint_ends,
+};
+
+mod shared;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_flamefleet-agent");
 const OFFCPUTIME: &str = "/usr/sbin/offcputime";
 const PIPE_LOOPS: &str = "100000";
 /// Our program and libbpf-tools offcputime's (tp_btf and raw_tp builds).
 const OURS: [&str; 1] = ["offcpu_switch"];
+/// The empty program that measures the floor.
+const FLOOR: [&str; 1] = ["offcpu_floor"];
+/// Its source: no headers, so that any clang with the BPF target builds it.
+const FLOOR_SOURCE: &str = r#"
+__attribute__((section("tp_btf/sched_switch"), used)) int offcpu_floor(void *ctx) { return 0; }
+char _license[] __attribute__((section("license"), used)) = "GPL";
+"#;
 const THEIRS: [&str; 2] = ["sched_switch", "sched_switch_raw"];
 
-struct BenchCgroup(Cgroup);
-
-impl BenchCgroup {
-    fn new(name: &str) -> Result<Self> {
-        let root = CgroupRoot::detect()?;
-        let dir = root
-            .path()
-            .join(format!("flamefleet-bench-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Self(Cgroup::open(&dir)?))
-    }
-
-    fn path(&self) -> &Path {
-        &self.0.path
-    }
-
-    /// A command whose process joins this cgroup before exec.
-    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        use std::os::unix::ffi::OsStrExt as _;
-        let procs = std::ffi::CString::new(self.0.path.join("cgroup.procs").as_os_str().as_bytes())
-            .expect("no NUL in path");
-        let mut c = Command::new(program);
-        // SAFETY: async-signal-safe calls only, on memory prepared before fork.
-        unsafe {
-            c.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                libc::close(fd);
-                if ok {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        }
-        c
-    }
-}
-
-impl Drop for BenchCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.0.path.join("cgroup.kill"), "1");
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.0.path).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-/// A tracer running in the background for one measurement, and the IDs of its programs.
+/// A tracer running for one measurement, and the IDs of its programs.
 struct Tracer {
-    child: Child,
+    /// A tracer process, or the floor's program loaded by this one (its link attached).
+    child: Option<Child>,
+    floor: Option<(libbpf_rs::Object, libbpf_rs::Link)>,
     programs: HashSet<u64>,
 }
 
@@ -104,15 +69,7 @@ impl Tracer {
     fn start(mut cmd: Command, names: &[&str]) -> Result<Self> {
         let before: HashSet<u64> = bpf_stats(names)?.into_keys().collect();
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
-        // SIGINT ends the tracer; a bench started in the background by a non-interactive
-        // shell inherits SIGINT ignored.
-        // SAFETY: signal(2) between fork and exec, async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::signal(libc::SIGINT, libc::SIG_DFL);
-                Ok(())
-            });
-        }
+        sigint_ends(&mut cmd);
         let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         let stderr = child.stderr.take().context("stderr")?;
         std::thread::spawn(move || for _ in BufReader::new(stderr).lines() {});
@@ -123,7 +80,11 @@ impl Tracer {
             if !programs.is_empty() {
                 // The link follows the load; give the attach its moment by polling once more.
                 std::thread::sleep(Duration::from_millis(200));
-                return Ok(Self { child, programs });
+                return Ok(Self {
+                    child: Some(child),
+                    floor: None,
+                    programs,
+                });
             }
             if let Some(status) = child.try_wait()? {
                 bail!("{cmd:?} exited ({status}) before loading {names:?}");
@@ -135,6 +96,41 @@ impl Tracer {
         }
     }
 
+    /// The empty program, built from [`FLOOR_SOURCE`] in `dir` and attached.
+    fn floor(dir: &Path) -> Result<Self> {
+        let src = dir.join("offcpu_floor.bpf.c");
+        let obj = dir.join("offcpu_floor.bpf.o");
+        std::fs::write(&src, FLOOR_SOURCE)?;
+        let out = Command::new("clang")
+            .args(["-O2", "-g", "-target", "bpf", "-c"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&obj)
+            .output()
+            .context("running clang (install clang)")?;
+        if !out.status.success() {
+            bail!("clang: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let before: HashSet<u64> = bpf_stats(&FLOOR)?.into_keys().collect();
+        let object = libbpf_rs::ObjectBuilder::default()
+            .open_file(&obj)
+            .context("opening the floor program")?
+            .load()
+            .context("loading the floor program")?;
+        let link = object
+            .progs_mut()
+            .next()
+            .context("no program in the floor object")?
+            .attach()
+            .context("attaching the floor program")?;
+        let now: HashSet<u64> = bpf_stats(&FLOOR)?.into_keys().collect();
+        Ok(Self {
+            child: None,
+            floor: Some((object, link)),
+            programs: now.difference(&before).copied().collect(),
+        })
+    }
+
     /// (ns, runs) of this tracer's programs now.
     fn stats(&self, names: &[&str]) -> Result<(u64, u64)> {
         Ok(bpf_stats(names)?
@@ -143,38 +139,17 @@ impl Tracer {
             .fold((0, 0), |(ns, n), (_, (a, b))| (ns + a, n + b)))
     }
 
-    fn stop(mut self) {
-        // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let _ = self.child.wait();
+    fn stop(self) {
+        if let Some(mut child) = self.child {
+            interrupt(&mut child);
+        }
+        // The floor's link detaches as it drops.
+        drop(self.floor);
     }
 }
 
-/// run_time_ns and run_cnt of each loaded program named in `names`, by ID.
-fn bpf_stats(names: &[&str]) -> Result<HashMap<u64, (u64, u64)>> {
-    let out = Command::new("bpftool")
-        .args(["prog", "show", "-j"])
-        .output()
-        .context("running bpftool (install bpftool)")?;
-    let progs: Vec<serde_json::Value> =
-        serde_json::from_slice(&out.stdout).context("parsing bpftool prog show -j")?;
-    Ok(progs
-        .into_iter()
-        .filter(|p| names.contains(&p["name"].as_str().unwrap_or_default()))
-        .map(|p| {
-            (
-                p["id"].as_u64().unwrap_or(0),
-                (
-                    p["run_time_ns"].as_u64().unwrap_or(0),
-                    p["run_cnt"].as_u64().unwrap_or(0),
-                ),
-            )
-        })
-        .collect())
-}
-
-fn ours(cg: &Path, min_block: &str) -> Result<Tracer> {
-    let mut c = Command::new(AGENT);
+fn ours(agent: &str, cg: &Path, min_block: &str) -> Result<Tracer> {
+    let mut c = Command::new(agent);
     c.args([
         "capture",
         "--type",
@@ -219,81 +194,57 @@ impl Bench {
     }
 
     fn run(self, cg: &BenchCgroup) -> Result<f64> {
-        let mut cmd = cg.command("perf");
         match self {
-            Self::Pipe => cmd.args(["bench", "sched", "pipe", "-l", PIPE_LOOPS]),
+            Self::Pipe => sched_pipe(cg, PIPE_LOOPS),
             Self::Messaging => {
-                cmd.args(["bench", "sched", "messaging", "-p", "-g", "2", "-l", "200"])
+                let began = Instant::now();
+                sched_messaging(cg)?;
+                Ok(1.0 / began.elapsed().as_secs_f64())
             }
-        };
-        let began = Instant::now();
-        let out = cmd
-            .output()
-            .context("running perf bench (install linux-perf)")?;
-        let secs = began.elapsed().as_secs_f64();
-        if !out.status.success() {
-            bail!(
-                "{} failed: {}",
-                self.name(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        match self {
-            Self::Pipe => text
-                .lines()
-                .find_map(|l| l.trim().strip_suffix("ops/sec"))
-                .and_then(|v| v.trim().parse().ok())
-                .with_context(|| format!("no ops/sec in perf bench output: {text}")),
-            Self::Messaging => Ok(1.0 / secs),
         }
     }
 }
 
-/// The conditions of a round, in the order they run.
-const CONDITIONS: [&str; 6] = [
+/// The conditions of a round, in the order they run (the peer's only with `--peer`).
+const CONDITIONS: [&str; 8] = [
     "no tracer",
+    "empty tp_btf program (floor)",
     "offcputime -p <idle> (target-less)",
     "flamefleet, idle target (target-less)",
+    "peer, idle target (target-less)",
     "offcputime -m 1000 (all tasks)",
     "flamefleet, min block 1ms (traced)",
     "flamefleet, min block 0 (traced)",
 ];
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+const FLOOR_CONDITION: usize = 1;
+const PEER_CONDITION: usize = 4;
 
 fn main() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("the benchmark loads eBPF programs: expected root, run it with sudo -E");
     }
     let args: Vec<String> = std::env::args().collect();
-    let rounds: usize = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let rounds: usize = flag(&args, "--rounds").unwrap_or(3);
     let stats_path = "/proc/sys/kernel/bpf_stats_enabled";
     let stats_before = std::fs::read_to_string(stats_path).unwrap_or_default();
     std::fs::write(stats_path, "1").context("enabling kernel.bpf_stats_enabled")?;
-    let result = run(rounds);
+    let peer: Option<String> = flag(&args, "--peer");
+    let result = run(rounds, peer.as_deref());
     let _ = std::fs::write(stats_path, stats_before.trim());
     result
 }
 
-fn run(rounds: usize) -> Result<()> {
+fn run(rounds: usize, peer: Option<&str>) -> Result<()> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     println!(
         "flamefleet off-CPU overhead vs libbpf-tools offcputime, kernel {}, {cpus} CPUs, {rounds} rounds (median)",
         kernel.trim()
     );
+    if let Some(p) = peer {
+        println!("peer: {p}");
+    }
+    let work = tempfile::tempdir()?;
     let bench_cg = BenchCgroup::new("offcpu-bench")?;
     let idle_cg = BenchCgroup::new("offcpu-idle")?;
     let mut idle = idle_cg.command("sleep").arg("3600").spawn()?;
@@ -303,13 +254,16 @@ fn run(rounds: usize) -> Result<()> {
     for _ in 0..rounds {
         for bench in [Bench::Pipe, Bench::Messaging] {
             for (i, _) in CONDITIONS.iter().enumerate() {
-                let (tracer, names): (Option<Tracer>, &[&str]) = match i {
-                    0 => (None, &[]),
-                    1 => (Some(theirs(Some(idle.id()))?), &THEIRS),
-                    2 => (Some(ours(idle_cg.path(), "1ms")?), &OURS),
-                    3 => (Some(theirs(None)?), &THEIRS),
-                    4 => (Some(ours(bench_cg.path(), "1ms")?), &OURS),
-                    _ => (Some(ours(bench_cg.path(), "0s")?), &OURS),
+                let (tracer, names): (Option<Tracer>, &[&str]) = match (i, peer) {
+                    (0, _) => (None, &[]),
+                    (1, _) => (Some(Tracer::floor(work.path())?), &FLOOR),
+                    (2, _) => (Some(theirs(Some(idle.id()))?), &THEIRS),
+                    (3, _) => (Some(ours(AGENT, idle_cg.path(), "1ms")?), &OURS),
+                    (4, None) => continue,
+                    (4, Some(p)) => (Some(ours(p, idle_cg.path(), "1ms")?), &OURS),
+                    (5, _) => (Some(theirs(None)?), &THEIRS),
+                    (6, _) => (Some(ours(AGENT, bench_cg.path(), "1ms")?), &OURS),
+                    _ => (Some(ours(AGENT, bench_cg.path(), "0s")?), &OURS),
                 };
                 let before = match &tracer {
                     Some(t) => t.stats(names)?,
@@ -343,18 +297,31 @@ fn run(rounds: usize) -> Result<()> {
         );
         let base = median(speed.remove(&(bench, 0)).unwrap_or_default());
         println!("{:<40} {base:>10.1} {unit}", CONDITIONS[0]);
+        let floor = median(
+            cost.get(&(bench, FLOOR_CONDITION))
+                .cloned()
+                .unwrap_or_default(),
+        );
         for (i, name) in CONDITIONS.iter().enumerate().skip(1) {
+            if i == PEER_CONDITION && peer.is_none() {
+                continue;
+            }
             let s = median(speed.remove(&(bench, i)).unwrap_or_default());
             let ns = median(cost.remove(&(bench, i)).unwrap_or_default());
+            let over = if i == FLOOR_CONDITION {
+                String::new()
+            } else {
+                format!("  ({:+.1} over the floor)", ns - floor)
+            };
             println!(
-                "{name:<40} {s:>10.1} {unit}  loss {:>5.1}%  {ns:>7.1} ns/switch",
+                "{name:<40} {s:>10.1} {unit}  loss {:>5.1}%  {ns:>7.1} ns/switch{over}",
                 100.0 * (base - s) / base
             );
         }
     }
     println!(
         "\n(ns/switch: run_time_ns / run_cnt of the tracer's own sched_switch program over the benchmark's run; \
-         other engineers' builds may share the machine)"
+         the floor is bpf_stats' own charge to an empty program; other engineers' builds may share the machine)"
     );
     Ok(())
 }

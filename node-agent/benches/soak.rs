@@ -9,7 +9,6 @@
 //! ```
 
 use std::collections::VecDeque;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -93,31 +92,11 @@ impl Pod {
         self.started += 1;
         let dir = self.dir.join(format!("container-{}", self.started));
         std::fs::create_dir(&dir)?;
-        let procs = std::ffi::CString::new(
-            dir.join("cgroup.procs")
-                .into_os_string()
-                .into_encoded_bytes(),
-        )?;
         let mut cmd = Command::new(program);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                libc::close(fd);
-                if ok {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        }
+        shared::join_before_exec(&mut cmd, &dir);
         let child = cmd.spawn().context("spawning a container process")?;
         self.containers.push_back((dir, child));
         Ok(())

@@ -17,6 +17,7 @@ unsafe impl Pod for runqlat::types::runqlat_key {}
 unsafe impl Pod for runqlat::types::runqlat_hist {}
 unsafe impl Pod for runqlat::types::ff_target {}
 unsafe impl Pod for cpu_sampler::types::cpu_drops {}
+unsafe impl Pod for cpu_sampler::types::ff_py_proc {}
 unsafe impl Pod for runqlat::types::runqlat_drops {}
 unsafe impl Pod for runqlat::types::runqlat_slots {}
 unsafe impl Pod for runqlat::types::runqlat_cpu {}
@@ -37,6 +38,20 @@ pub fn from_bytes<T: Pod>(bytes: &[u8]) -> Option<T> {
     }
     // SAFETY: length checked; `T: Pod` accepts any bit pattern; unaligned read.
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// Every CPU's value of entry `key` of a per-CPU map, as `T`s (a value of another size is
+/// left out); none when the map has no such entry.
+pub fn per_cpu<T: Pod>(
+    map: &impl libbpf_rs::MapCore,
+    key: u32,
+) -> Result<Vec<T>, libbpf_rs::Error> {
+    Ok(map
+        .lookup_percpu(&key.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| from_bytes::<T>(v))
+        .collect())
 }
 
 /// The bytes of a `T`, to use as a map key or value.

@@ -224,6 +224,10 @@ pub struct CaptureArgs {
     /// Off-CPU: blocks shorter than this are counted, not attributed to a stack.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1ms")]
     pub min_block: Duration,
+    /// Off-CPU: the wall-clock view, on-CPU samples (at --frequency, --event) in the same
+    /// profile, its default sample type wall/nanoseconds (docs/offcpu.md).
+    #[arg(long)]
+    pub with_on_cpu: bool,
     /// Heap: pprof endpoint URL, e.g. http://10.0.0.5:6060/debug/pprof/heap; repeatable
     /// (fetched as a pod's containers are: a few at a time), each with the --cgroup given
     /// in the same place, if any.
@@ -325,18 +329,19 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
         config.node = node.clone();
     }
     let samplers = Samplers::new(config);
+    let cpu_options = CpuOptions {
+        frequency: args.frequency,
+        event: match args.event {
+            EventArg::CpuClock => PerfEventKind::CpuClock,
+            EventArg::Cycles => PerfEventKind::Cycles,
+        },
+        kernel_stacks: !args.no_kernel_stacks,
+        cfi_unwind: !args.frame_pointers_only,
+    };
     let spec = match args.profile_type {
         ProfileType::Cpu => CaptureSpec::Cpu {
             targets,
-            options: CpuOptions {
-                frequency: args.frequency,
-                event: match args.event {
-                    EventArg::CpuClock => PerfEventKind::CpuClock,
-                    EventArg::Cycles => PerfEventKind::Cycles,
-                },
-                kernel_stacks: !args.no_kernel_stacks,
-                cfi_unwind: !args.frame_pointers_only,
-            },
+            options: cpu_options,
             duration: args.duration,
         },
         ProfileType::Runqlat => CaptureSpec::Runqlat {
@@ -376,6 +381,7 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
                 max_overhead_percent: args.max_overhead_percent,
                 force: args.force,
             },
+            on_cpu: args.with_on_cpu.then_some(cpu_options),
             duration: args.duration,
         },
     };

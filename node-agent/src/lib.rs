@@ -5,7 +5,8 @@
 //! Layout: [`cgroup`] (targets → cgroups), [`capture`] (one engine per profile
 //! type and the shared sampler registry), [`process`] (process snapshots),
 //! [`symbolize`] (blazesym, kallsyms), [`pprof`] (the workspace's pprof kit),
-//! [`unwind`] (CFI tables for the BPF stack walker), [`cli`] (the `capture`
+//! [`unwind`] (CFI tables for the BPF stack walker), [`gopclntab`] (Go's own function
+//! table: names, lines and unwind rows of stripped Go binaries), [`cli`] (the `capture`
 //! subcommand), [`bpf`] (generated skeletons), [`service`] (the gRPC
 //! AgentService: capture table, upload, status write-back, mTLS).
 //!
@@ -21,11 +22,15 @@ pub mod bpf;
 pub mod capture;
 pub mod cgroup;
 pub mod cli;
+pub mod gopclntab;
+pub mod java;
 pub mod perf_map;
 pub mod process;
+pub mod python;
 pub mod service;
 pub mod sigbus;
 pub mod symbolize;
+pub mod trigger;
 pub mod unwind;
 
 /// The pprof kit (`flamefleet-pprof`): builder, bounded decode, validation, merge, readers.

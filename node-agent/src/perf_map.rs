@@ -226,7 +226,7 @@ fn parse_line(line: &[u8]) -> Option<(u64, u64, &str)> {
 }
 
 /// The pid of `tgid` in its innermost PID namespace.
-fn ns_pid(tgid: u32) -> Option<u32> {
+pub(crate) fn ns_pid(tgid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tgid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
     line.split_whitespace().last()?.parse().ok()

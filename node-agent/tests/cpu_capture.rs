@@ -565,3 +565,86 @@ fn captures_with_only_the_charts_capabilities_or_names_perf_event_paranoid() {
     );
     println!("cpu caps: refused at perf_event_paranoid {paranoid}, naming it");
 }
+
+/// Without CAP_SYSLOG the kernel shows `/proc/kallsyms` addresses to the agent only where
+/// `kernel.kptr_restrict` is 0 and `kernel.perf_event_paranoid` at most 1: elsewhere the
+/// agent's kernel frames stay addresses, and its report (the capture summary's notes) says
+/// why and how the chart grants it. With it (as root), the same capture names them.
+#[test]
+fn kernel_frames_without_cap_syslog_are_unnamed_and_the_report_says_why() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cg = TestCgroup::new("cpu-syslog");
+    // Time in the kernel: small reads and writes.
+    cg.spawn(Command::new("dd").args(["if=/dev/zero", "of=/dev/null", "bs=64"]));
+    let sysctl = |name: &str| -> i32 {
+        std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+            .unwrap_or_else(|e| panic!("kernel.{name}: {e}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (kptr, paranoid) = (sysctl("kptr_restrict"), sysctl("perf_event_paranoid"));
+    let hidden_without_syslog = kptr >= 1 || paranoid > 1;
+    let capture = |without_syslog: bool| {
+        let out = dir.path().join(format!("cpu-{without_syslog}.pb.gz"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"));
+        cmd.args([
+            "capture",
+            "--type",
+            "cpu",
+            "--duration",
+            "2s",
+            "--text",
+            "--cgroup",
+        ])
+        .arg(&cg.cgroup.path)
+        .arg("-o")
+        .arg(&out);
+        if without_syslog {
+            // Every capability but SYSLOG.
+            let keep: Vec<u32> = (0..64).filter(|&c| c != support::SYSLOG).collect();
+            support::with_only_capabilities(&mut cmd, &keep);
+        }
+        let output = cmd.output().expect("running flamefleet-agent capture");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "capture failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let d = Decoded::read(&out);
+        let (mut kernel, mut named) = (0, 0);
+        for loc in &d.profile.location {
+            if d.is_kernel(loc.id) {
+                kernel += 1;
+                named += usize::from(!d.functions(loc.id).is_empty());
+            }
+        }
+        (stdout, kernel, named)
+    };
+    let (report, kernel, named) = capture(true);
+    eprintln!(
+        "without CAP_SYSLOG (kptr_restrict {kptr}, perf_event_paranoid {paranoid}): \
+         {named} of {kernel} kernel locations named"
+    );
+    assert!(kernel > 0, "no kernel frames sampled: {report}");
+    if hidden_without_syslog {
+        assert_eq!(named, 0, "kernel frames named without CAP_SYSLOG");
+        assert!(
+            report.contains("kernel frames are unnamed")
+                && report.contains("CAP_SYSLOG")
+                && report.contains("agent.kernelSymbols"),
+            "the report should say why kernel frames are unnamed: {report}"
+        );
+    } else {
+        assert!(named > 0 && !report.contains("kernel frames are unnamed"));
+    }
+    let (report, kernel, named) = capture(false);
+    eprintln!("with CAP_SYSLOG: {named} of {kernel} kernel locations named");
+    if kptr < 2 {
+        assert!(named > 0, "no kernel frame named with CAP_SYSLOG: {report}");
+        assert!(!report.contains("kernel frames are unnamed"), "{report}");
+    }
+}

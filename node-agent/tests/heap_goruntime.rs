@@ -2,8 +2,8 @@
 //! programs built in the test with each supported Go toolchain keep a known
 //! live set; the agent reads the runtime's own heap profile from outside,
 //! with no endpoint declared, and must agree with the truth and with the
-//! process's own `/debug/pprof/heap` fetched at the same moment. Stripped
-//! binaries and programs without memory profiling fail with a clear reason;
+//! process's own `/debug/pprof/heap` fetched at the same moment, built plain and
+//! stripped (`-ldflags="-s -w"`). Programs without memory profiling fail with a clear reason;
 //! the target keeps running at full speed while it is read.
 
 mod support;
@@ -37,49 +37,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// Builds workload `name` (a folder of tests/heap_workloads) into `dir`.
 fn build_go(dir: &Path, name: &str, toolchain: Option<&str>, ldflags: &str, cgo: bool) -> PathBuf {
-    build_go_with(dir, name, toolchain, ldflags, cgo, &[])
-}
-
-/// [`build_go`] with extra `go build` flags (e.g. `-buildmode=pie`).
-fn build_go_with(
-    dir: &Path,
-    name: &str,
-    toolchain: Option<&str>,
-    ldflags: &str,
-    cgo: bool,
-    extra: &[&str],
-) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/heap_workloads")
-        .join(name);
-    let work = dir.join(format!(
-        "{name}-{}{}",
-        toolchain.unwrap_or("local"),
-        extra.join("")
-    ));
-    std::fs::create_dir_all(&work).unwrap();
-    for entry in std::fs::read_dir(&src).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), work.join(entry.file_name())).unwrap();
-    }
-    let bin = work.join(name);
-    let mut cmd = Command::new("go");
-    cmd.args(["build", "-ldflags", ldflags])
-        .args(extra)
-        .arg("-o")
-        .arg(&bin)
-        .arg(".")
-        .current_dir(&work)
-        .env("GOFLAGS", "-mod=mod")
-        .env("CGO_ENABLED", if cgo { "1" } else { "0" })
-        .env("GOTOOLCHAIN", toolchain.unwrap_or("local"));
-    let out = cmd.output().expect("running `go build` (install Go)");
-    assert!(
-        out.status.success(),
-        "go build of {name} with {toolchain:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    bin
+    support::go::build_workload(dir, name, toolchain, ldflags, cgo, &[])
 }
 
 /// Reads the workload's first line and returns what follows `prefix`.
@@ -177,16 +135,23 @@ fn fetch_endpoint(port: u16) -> Profile {
         .expect("the workload's own /debug/pprof/heap")
 }
 
-fn check_version(dir: &Path, toolchain: Option<&str>, pie: bool) {
-    let label = match (toolchain, pie) {
-        (Some(t), false) => t.to_owned(),
-        (Some(t), true) => format!("{t} pie"),
-        (None, false) => "installed go".to_owned(),
-        (None, true) => "installed go, -buildmode=pie".to_owned(),
-    };
+/// Checks the workload built by `toolchain` (`None`: the installed `go`), position-independent
+/// or not, and stripped (`-ldflags="-s -w"`) or not; the agent's inuse_space must be within
+/// `limit` (a fraction) of the process's own `/debug/pprof/heap`.
+fn check_version(dir: &Path, toolchain: Option<&str>, pie: bool, stripped: bool, limit: f64) {
+    let label = format!(
+        "{}{}{}",
+        toolchain.unwrap_or("installed go"),
+        if pie { ", -buildmode=pie" } else { "" },
+        if stripped { ", -ldflags=\"-s -w\"" } else { "" }
+    );
     let label = label.as_str();
     let extra: &[&str] = if pie { &["-buildmode=pie"] } else { &[] };
-    let bin = build_go_with(dir, "goruntime", toolchain, "", false, extra);
+    let ldflags = if stripped { "-s -w" } else { "" };
+    let bin = match std::env::var_os(support::go::PREBUILT_GORUNTIME) {
+        Some(prebuilt) if toolchain.is_none() && !pie && !stripped => PathBuf::from(prebuilt),
+        _ => support::go::build_workload(dir, "goruntime", toolchain, ldflags, false, extra),
+    };
     let mut cg = TestCgroup::new("goheap");
     // No churn here: the published profile then changes only with the
     // HTTP server's own allocations, so the agent's read and the process's
@@ -307,13 +272,27 @@ fn check_version(dir: &Path, toolchain: Option<&str>, pie: bool) {
         diff * 100.0
     );
     assert!(
-        diff.abs() <= 0.05,
-        "{label}: inuse_space {all:.0} vs the process's own {own_total:.0} (limit 5%)"
+        diff.abs() <= limit,
+        "{label}: inuse_space {all:.0} vs the process's own {own_total:.0} (limit {:.0}%)",
+        limit * 100.0
     );
+    // Each function's share too: keepA's and keepB's inuse_space in /debug/pprof/heap.
+    let own_by = inuse_by_function(&own);
+    for f in ["main.keepA", "main.keepB"] {
+        let (ours, theirs) = (
+            by.get(f).copied().unwrap_or(0.0),
+            own_by.get(f).copied().unwrap_or(0.0),
+        );
+        assert!(
+            theirs > 0.0 && (ours / theirs - 1.0).abs() <= limit,
+            "{label}: {f} inuse_space {ours:.0} vs the process's own {theirs:.0} (limit {:.0}%)",
+            limit * 100.0
+        );
+    }
     let (oa, ob) = (total(&d, "alloc_space"), total(&own, "alloc_space"));
     assert!(oa > 0.0 && ob > 0.0);
 
-    if toolchain.is_none() && !pie {
+    if toolchain.is_none() && !pie && !stripped {
         let file = dir.join("go-heap.pb.gz");
         flamefleet_agent::cli::write_profile(&file, p).unwrap();
         let top = pprof_top(&file, &["-sample_index=inuse_space"]);
@@ -325,27 +304,36 @@ fn check_version(dir: &Path, toolchain: Option<&str>, pie: bool) {
     cg.kill_all();
 }
 
+/// Each supported version's build, plain and stripped (`-ldflags="-s -w"`: no symbol table,
+/// no DWARF; the globals are then found from the runtime's code and the stacks named from
+/// Go's function table), and position-independent: the agent's heap profile is the process's
+/// own, within 2%.
 #[test]
 fn go_heap_matches_the_truth_and_its_own_endpoint_for_each_supported_version() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    // The local toolchain has its own test (below).
-    for toolchain in TOOLCHAINS.into_iter().flatten() {
-        check_version(dir.path(), Some(toolchain), false);
+    for toolchain in TOOLCHAINS {
+        // The local toolchain's plain build has its own test (below).
+        if toolchain.is_some() {
+            check_version(dir.path(), toolchain, false, false, 0.02);
+        }
+        check_version(dir.path(), toolchain, false, true, 0.02);
     }
     // Position-independent: the globals move by the load bias.
-    check_version(dir.path(), None, true);
+    check_version(dir.path(), None, true, false, 0.02);
+    check_version(dir.path(), None, true, true, 0.02);
 }
 
-/// The same check with the machine's own Go toolchain only: one build, which the guest
-/// tier (`tests/kernels.rs`) runs under each kernel (a build per toolchain is slow there).
+/// The same check with the machine's own Go toolchain only, which the guest tier
+/// (`tests/kernels.rs`) runs under each kernel with the workload it built on the host
+/// (`support::go::PREBUILT_GORUNTIME`): `go build` under TCG takes minutes.
 #[test]
 fn go_heap_matches_the_truth_and_its_own_endpoint_with_the_local_toolchain() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    check_version(dir.path(), None, false);
+    check_version(dir.path(), None, false, false, 0.05);
 }
 
 fn unseen_message(result: Result<HeapProfile, HeapError>) -> String {
@@ -358,31 +346,6 @@ fn unseen_message(result: Result<HeapProfile, HeapError>) -> String {
             p.profile.sample.len(),
             p.text()
         ),
-    }
-}
-
-#[test]
-fn stripped_go_binary_fails_with_a_clear_reason() {
-    require_root();
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let bin = build_go(dir.path(), "goruntime", None, "-s -w", false);
-    let mut cg = TestCgroup::new("goheap-stripped");
-    let (pid, stdout) = cg.spawn_piped(&mut Command::new(&bin));
-    let (_port, _keep) = ready_line(stdout, "ready ");
-    for source in [HeapSource::Auto, HeapSource::GoRuntime] {
-        let msg = unseen_message(heap::capture(
-            &flamefleet_agent::capture::Samplers::new(
-                flamefleet_agent::capture::SamplerConfig::default(),
-            ),
-            &request(source, &cg, "stripped"),
-        ));
-        eprintln!("{source:?}: {msg}");
-        assert!(
-            msg.contains(&format!("pid {pid}")) && msg.contains("stripped"),
-            "{msg}"
-        );
-        assert!(msg.contains("-ldflags=-s"), "{msg}");
     }
 }
 
@@ -431,6 +394,35 @@ fn go_program_without_memory_profiling_is_named_with_the_reason() {
             && n.source.is_none()
             && n.detail.contains("does not go through malloc")),
         "{text}"
+    );
+}
+
+/// Stripped (`-ldflags="-s -w"`), the same program is told apart the same way: its
+/// `disableMemoryProfiling` and `MemProfileRate` are found from `runtime.schedinit`'s code,
+/// and `runtime.memProfileInternal`, where the buckets would be found, is not in it.
+#[test]
+fn stripped_go_program_without_memory_profiling_is_named_with_the_reason() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_go(dir.path(), "gonopprof", None, "-s -w", false);
+    let mut cg = TestCgroup::new("goheap-nopprof-stripped");
+    let mut cmd = Command::new(&bin);
+    cmd.stdin(std::process::Stdio::piped());
+    let (pid, stdout) = cg.spawn_piped(&mut cmd);
+    let _stdin = cg.take_stdin(pid);
+    let (_, _keep) = ready_line(stdout, "ready");
+    let msg = unseen_message(heap::capture(
+        &flamefleet_agent::capture::Samplers::new(
+            flamefleet_agent::capture::SamplerConfig::default(),
+        ),
+        &request(HeapSource::GoRuntime, &cg, "nopprof-stripped"),
+    ));
+    eprintln!("{msg}");
+    assert!(msg.contains(&format!("pid {pid}")), "{msg}");
+    assert!(
+        msg.contains("disableMemoryProfiling") && msg.contains("MemProfileRate=0"),
+        "{msg}"
     );
 }
 

@@ -51,15 +51,45 @@ fn cc(args: &[&str]) {
     );
 }
 
-/// Waits for the workload's "ready" line.
-fn wait_ready(stdout: std::process::ChildStdout) -> std::io::BufReader<std::process::ChildStdout> {
+/// The workload's stdout, past its "ready" line (kept open: the workload writes on).
+type Ready = std::io::BufReader<std::process::ChildStdout>;
+
+/// Builds hostile_workloads/spin.c into `bin`, its hot function named `function`.
+fn spin_binary(bin: &Path, function: &str) {
+    cc(&[
+        &format!("-DSPIN_FN={function}"),
+        "-o",
+        bin.to_str().unwrap(),
+        workload("spin.c").to_str().unwrap(),
+    ]);
+}
+
+/// `flamefleet-agent capture` arguments of a 2 s CPU capture of `cgroups` into `out`.
+fn cpu_args<'a>(cgroups: &[&'a str], out: &'a Path) -> Vec<&'a str> {
+    let mut args = vec![
+        "--type",
+        "cpu",
+        "--duration",
+        "2s",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    for cg in cgroups {
+        args.extend(["--cgroup", cg]);
+    }
+    args
+}
+
+/// Starts `cmd` in `cg` and waits for its "ready" line; returns its PID and its stdout.
+fn spawn_ready(cg: &mut TestCgroup, cmd: &mut Command) -> (u32, Ready) {
     use std::io::BufRead as _;
+    let (pid, stdout) = cg.spawn_piped(cmd);
     let mut r = std::io::BufReader::new(stdout);
     let mut line = String::new();
     r.read_line(&mut line)
         .expect("reading the workload's ready line");
     assert!(line.starts_with("ready"), "workload said {line:?}");
-    r
+    (pid, r)
 }
 
 fn mkfifo(path: &Path) {
@@ -124,26 +154,13 @@ fn fifo_at_a_deleted_binary_path_does_not_hang_the_capture() {
         "-Wl,-rpath,$ORIGIN",
     ]);
     let mut cg = TestCgroup::new("hostile-fifo");
-    let (pid, stdout) = cg.spawn_piped(&mut Command::new(&app));
-    let _out = wait_ready(stdout);
+    let (pid, _out) = spawn_ready(&mut cg, &mut Command::new(&app));
     for f in [&app, &lib] {
         std::fs::remove_file(f).unwrap();
         mkfifo(f);
     }
     let out = d.join("cpu.pb.gz");
-    let run = chart_agent::capture(
-        &[
-            "--type",
-            "cpu",
-            "--cgroup",
-            cg.path().to_str().unwrap(),
-            "--duration",
-            "2s",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        DEADLINE,
-    );
+    let run = chart_agent::capture(&cpu_args(&[cg.path().to_str().unwrap()], &out), DEADLINE);
     assert_ended_well(&run);
     let p = Decoded::read(&out);
     let names = function_names(&p);
@@ -177,19 +194,12 @@ fn a_symlinked_mapping_names_no_foreign_frames() {
         (&victim, "victim_secret_fn_x"),
         (&attacker, "attacker_spin_fn_x"),
     ] {
-        cc(&[
-            &format!("-DSPIN_FN={name}"),
-            "-o",
-            bin.to_str().unwrap(),
-            workload("spin.c").to_str().unwrap(),
-        ]);
+        spin_binary(bin, name);
     }
     let mut victim_cg = TestCgroup::new("hostile-victim");
-    let (victim_pid, stdout) = victim_cg.spawn_piped(&mut Command::new(&victim));
-    let _victim_out = wait_ready(stdout);
+    let (victim_pid, _victim_out) = spawn_ready(&mut victim_cg, &mut Command::new(&victim));
     let mut attacker_cg = TestCgroup::new("hostile-attacker");
-    let (_, stdout) = attacker_cg.spawn_piped(&mut Command::new(&attacker));
-    let _attacker_out = wait_ready(stdout);
+    let (_, _attacker_out) = spawn_ready(&mut attacker_cg, &mut Command::new(&attacker));
     std::fs::remove_file(&attacker).unwrap();
     std::os::unix::fs::symlink(
         format!("/proc/{victim_pid}/root{}", victim.display()),
@@ -198,16 +208,7 @@ fn a_symlinked_mapping_names_no_foreign_frames() {
     .unwrap();
     let out = dir.path().join("cpu.pb.gz");
     let run = chart_agent::capture(
-        &[
-            "--type",
-            "cpu",
-            "--cgroup",
-            attacker_cg.path().to_str().unwrap(),
-            "--duration",
-            "2s",
-            "-o",
-            out.to_str().unwrap(),
-        ],
+        &cpu_args(&[attacker_cg.path().to_str().unwrap()], &out),
         DEADLINE,
     );
     assert_ended_well(&run);
@@ -234,15 +235,9 @@ impl GoodTarget {
 
     fn start(dir: &Path) -> Self {
         let bin = dir.join("good");
-        cc(&[
-            &format!("-DSPIN_FN={}", Self::FUNCTION),
-            "-o",
-            bin.to_str().unwrap(),
-            workload("spin.c").to_str().unwrap(),
-        ]);
+        spin_binary(&bin, Self::FUNCTION);
         let mut cg = TestCgroup::new("hostile-good");
-        let (_, stdout) = cg.spawn_piped(&mut Command::new(&bin));
-        let out = wait_ready(stdout);
+        let (_, out) = spawn_ready(&mut cg, &mut Command::new(&bin));
         Self { cg, _out: out }
     }
 
@@ -267,21 +262,7 @@ fn cpu_capture_with_good(
     good: &GoodTarget,
 ) -> (AgentRun, Option<Decoded>) {
     let out = dir.join("cpu.pb.gz");
-    let run = chart_agent::capture(
-        &[
-            "--type",
-            "cpu",
-            "--cgroup",
-            hostile,
-            "--cgroup",
-            good.path(),
-            "--duration",
-            "2s",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        DEADLINE,
-    );
+    let run = chart_agent::capture(&cpu_args(&[hostile, good.path()], &out), DEADLINE);
     let profile = out.exists().then(|| Decoded::read(&out));
     (run, profile)
 }
@@ -315,7 +296,8 @@ fn huge_perf_maps_cannot_exhaust_the_agent() {
     for _ in 0..8 {
         // Each in a mount namespace of its own with a tmpfs on /tmp: the maps take no disk
         // and go with their process.
-        let (_, stdout) = cg.spawn_piped(
+        let (_, out) = spawn_ready(
+            &mut cg,
             Command::new("unshare")
                 .args(["--mount", "--propagation", "private", "sh", "-c"])
                 .arg(format!(
@@ -323,7 +305,7 @@ fn huge_perf_maps_cannot_exhaust_the_agent() {
                     bin.display()
                 )),
         );
-        outs.push(wait_ready(stdout));
+        outs.push(out);
     }
     let (run, profile) = cpu_capture_with_good(dir.path(), cg.path().to_str().unwrap(), &good);
     report("8 perf maps of 64 MiB", &run);
@@ -355,8 +337,8 @@ fn a_huge_maps_file_cannot_exhaust_the_agent() {
     for i in 0..2 {
         let files = dir.path().join(format!("files{i}"));
         std::fs::create_dir(&files).unwrap();
-        let (_, stdout) = cg.spawn_piped(Command::new(&bin).arg(&files).arg("60000"));
-        outs.push(wait_ready(stdout));
+        let (_, out) = spawn_ready(&mut cg, Command::new(&bin).arg(&files).arg("60000"));
+        outs.push(out);
     }
     let (run, profile) = cpu_capture_with_good(dir.path(), cg.path().to_str().unwrap(), &good);
     report("2 processes with 230 MB maps files", &run);
@@ -449,20 +431,15 @@ fn a_cfi_bomb_cannot_exhaust_the_agent() {
     let mut outs = Vec::new();
     for (name, fdes) in [("bomb", 10_000_000u64), ("dense", 2_500_000)] {
         let plain = d.join(format!("{name}.plain"));
-        cc(&[
-            &format!("-DSPIN_FN={name}_spin"),
-            "-o",
-            plain.to_str().unwrap(),
-            workload("spin.c").to_str().unwrap(),
-        ]);
+        spin_binary(&plain, &format!("{name}_spin"));
         let bin = d.join(name);
         with_debug_frame_bomb(&plain, fdes, &bin);
         eprintln!(
             "{name}: {fdes} FDEs, {} KiB on disk",
             std::fs::metadata(&bin).unwrap().len() >> 10
         );
-        let (_, stdout) = cg.spawn_piped(&mut Command::new(&bin));
-        outs.push(wait_ready(stdout));
+        let (_, out) = spawn_ready(&mut cg, &mut Command::new(&bin));
+        outs.push(out);
     }
     let (run, profile) = cpu_capture_with_good(d, cg.path().to_str().unwrap(), &good);
     report("CFI bombs of 10 and 2.5 million FDEs", &run);
@@ -527,14 +504,13 @@ fn hostile_go_bucket_lists_cannot_exhaust_the_agent() {
     let dir = tempfile::tempdir().unwrap();
     let bin = build_go(dir.path(), "gobuckets");
     let mut good = TestCgroup::new("hostile-go-good");
-    let (good_pid, stdout) = good.spawn_piped(Command::new(&bin).arg("good"));
-    let _good_out = wait_ready(stdout);
+    let (good_pid, _good_out) = spawn_ready(&mut good, Command::new(&bin).arg("good"));
     let mut cg = TestCgroup::new("hostile-go");
     let mut hostile = Vec::new();
     let mut outs = Vec::new();
     for mode in ["selfloop", "overlap", "overlap"] {
-        let (pid, stdout) = cg.spawn_piped(Command::new(&bin).arg(mode));
-        outs.push(wait_ready(stdout));
+        let (pid, out) = spawn_ready(&mut cg, Command::new(&bin).arg(mode));
+        outs.push(out);
         hostile.push((pid, mode));
     }
     let out = dir.path().join("heap.pb.gz");
@@ -817,11 +793,9 @@ fn a_reused_pid_does_not_pull_another_process_into_a_heap_profile() {
         workload("spin.c").to_str().unwrap(),
     ]);
     let mut target = TestCgroup::new("hostile-reuse");
-    let (go_pid, stdout) = target.spawn_piped(Command::new(&go).arg("good"));
-    let _go_out = wait_ready(stdout);
+    let (go_pid, _go_out) = spawn_ready(&mut target, Command::new(&go).arg("good"));
     // A C process, so that the capture runs an eBPF window before reading Go heaps.
-    let (_, stdout) = target.spawn_piped(&mut Command::new(&spin));
-    let _spin_out = wait_ready(stdout);
+    let (_, _spin_out) = spawn_ready(&mut target, &mut Command::new(&spin));
     let other = TestCgroup::new("hostile-reuse-other");
     let out = dir.path().join("heap.pb.gz");
     let agent = chart_agent::start(&[
@@ -984,19 +958,9 @@ fn truncating_a_mapped_library_does_not_crash_the_agent() {
         keep >> 10
     );
     let mut cg = TestCgroup::new("hostile-sigbus");
-    let (_, stdout) = cg.spawn_piped(&mut Command::new(&app));
-    let _out = wait_ready(stdout);
+    let (_, _out) = spawn_ready(&mut cg, &mut Command::new(&app));
     let out = d.join("cpu.pb.gz");
-    let agent = chart_agent::start(&[
-        "--type",
-        "cpu",
-        "--cgroup",
-        cg.path().to_str().unwrap(),
-        "--duration",
-        "2s",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let agent = chart_agent::start(&cpu_args(&[cg.path().to_str().unwrap()], &out));
     let pid = agent.pid;
     let mut truncations = 0;
     let end = std::time::Instant::now() + DEADLINE;

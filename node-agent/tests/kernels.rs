@@ -3,17 +3,22 @@
 //! `scripts/setup.sh` installs QEMU and `scripts/guest-kernels.sh` the kernels). Real eBPF
 //! in the guest kernel on real processes in real cgroups: a frame-pointer-less C program's
 //! full chains (CPU), runqlat against libbpf-tools' runqlat, the Go runtime's heap buckets,
-//! and eBPF heap sampling or its refusal with the reason. Each kernel also says which
+//! eBPF heap sampling or its refusal with the reason, and off-CPU profiles (three threads
+//! blocking 5:3:2) or their refusal with what the kernel lacks. Each kernel also says which
 //! mechanism each engine chose there, and the tier checks it is the one that kernel should
 //! get.
 //!
 //! One guest at a time (TCG is CPU-heavy); the engines' tests run one at a time inside it.
+//! What only needs building (the test executables, the Go heap workload) is built on the
+//! host, whose files the guests see.
+
+mod support;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use flamefleet_e2e::guest::{self, GuestConfig, Kernel};
 
@@ -34,6 +39,11 @@ struct GuestKernel {
     /// Whether runqlat's waits after idle end at PSI's stamp there
     /// (`runqlat.after_idle=psi-stamps`; else they read the clock).
     psi_stamps: bool,
+    /// Whether off-CPU profiles run there (`ran`) or are refused (`refused`).
+    offcpu: &'static str,
+    /// What an off-CPU refusal must name (what the kernel lacks, with the release that has
+    /// it), as `KernelFeatures::offcpu_refusal` words it.
+    offcpu_lacks: &'static [&'static str],
 }
 
 /// The engines' tests every guest runs: (test binary, test).
@@ -66,6 +76,24 @@ const TESTS: &[(&str, &str)] = &[
         "heap_goruntime",
         "go_heap_matches_the_truth_and_its_own_endpoint_with_the_local_toolchain",
     ),
+    (
+        "offcpu_capture",
+        "offcpu_runs_or_is_refused_with_what_the_kernel_lacks",
+    ),
+];
+
+/// Run where off-CPU profiles run: the engine's core test on three threads of a
+/// frame-pointer-less C program blocking in three known places (each one's blocking time
+/// under its blocking function and the kernel frame that says why, its blocked total
+/// against the kernel's accounting), without the 5:3:2 shares, which the workload's
+/// helper threads do not keep under TCG on a loaded host (see the test); and each blocking
+/// stack's total against libbpf-tools' `offcputime` on the same kernel.
+const OFFCPU_TESTS: [(&str, &str); 2] = [
+    (
+        "offcpu_capture",
+        "blocked_time_under_the_blocking_functions_matches_the_kernels_accounting",
+    ),
+    ("offcpu_capture", "per_stack_totals_agree_with_offcputime"),
 ];
 
 /// Run where eBPF heap sampling runs.
@@ -106,6 +134,7 @@ fn test_executables() -> HashMap<String, PathBuf> {
         .current_dir(env!("CARGO_MANIFEST_DIR"));
     for name in TESTS
         .iter()
+        .chain(&OFFCPU_TESTS)
         .map(|t| t.0)
         .chain([HEAP_EBPF_TEST.0, STACK_TOP_TEST.0])
     {
@@ -134,6 +163,24 @@ fn test_executables() -> HashMap<String, PathBuf> {
     found
 }
 
+/// The Go heap test's workload, built once on the host with the installed toolchain for
+/// every guest (`go build` under TCG took 64 to 202 s per guest), in the target directory:
+/// the guests see it at the same path, and their own /tmp is not the host's.
+fn prebuilt_goruntime() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("guest-tier-go");
+        let _ = std::fs::remove_dir_all(&dir);
+        let began = Instant::now();
+        let bin = support::go::build_workload(&dir, "goruntime", None, "", false, &[]);
+        println!(
+            "goruntime built on the host in {:.1}s",
+            began.elapsed().as_secs_f64()
+        );
+        bin
+    })
+}
+
 /// The guests run one at a time.
 static ONE_GUEST: Mutex<()> = Mutex::new(());
 
@@ -151,6 +198,9 @@ fn run_tier(k: &GuestKernel) {
     }
     if k.frame_walk == "bounded-loop" {
         tests.push(STACK_TOP_TEST);
+    }
+    if k.offcpu == "ran" {
+        tests.extend(OFFCPU_TESTS);
     }
     let mut script = format!("cd {}\nfailed=0\n", env!("CARGO_MANIFEST_DIR"));
     for (bin, test) in &tests {
@@ -174,15 +224,29 @@ fn run_tier(k: &GuestKernel) {
         String::from_utf8_lossy(&pprof.stderr)
     );
     let pprof = String::from_utf8_lossy(&pprof.stdout).trim().to_owned();
+    // A tier runs in 2 to 3 minutes here (126-148 s at load 4-6); a hung boot is cut short
+    // by the boot timeout and tried again, so this bounds only a command that hangs.
     let config = GuestConfig {
-        timeout: Duration::from_secs(40 * 60),
+        timeout: Duration::from_secs(20 * 60),
         env: vec![
             ("RUST_BACKTRACE".into(), "1".into()),
             ("FLAMEFLEET_PPROF".into(), pprof),
+            (
+                support::go::PREBUILT_GORUNTIME.into(),
+                prebuilt_goruntime().display().to_string(),
+            ),
         ],
         ..GuestConfig::default()
     };
     let out = guest::run(&kernel, &config, &script).unwrap_or_else(|e| panic!("{e}"));
+    for hung in &out.hung_boots {
+        println!(
+            "{}: a boot hung before the command and was killed after {}s, then booted again; its console ended:\n{}",
+            k.release,
+            hung.seconds,
+            guest::tail(&hung.console_tail, 8)
+        );
+    }
     // The figures of this run, whatever the outcome.
     let timings: Vec<&str> = out
         .output
@@ -239,10 +303,16 @@ fn run_tier(k: &GuestKernel) {
     } else {
         "clock-read-after-idle"
     };
+    let offcpu = if k.offcpu == "ran" {
+        "tp_btf-sched_switch"
+    } else {
+        "refused"
+    };
     for expected in [
         format!("cpu.frame_walk={}", k.frame_walk),
         format!("targets={}", k.targets),
         format!("runqlat.after_idle={after_idle}"),
+        format!("offcpu={offcpu}"),
     ] {
         assert!(
             features.contains(&expected),
@@ -253,6 +323,7 @@ fn run_tier(k: &GuestKernel) {
     for said in [
         format!("heap-ebpf: {}", k.heap_ebpf),
         format!("heap-ebpf caps: {}", k.heap_ebpf_chart_caps),
+        format!("offcpu: {}", k.offcpu),
     ] {
         assert!(
             out.output.lines().any(|l| l.contains(&said)),
@@ -261,11 +332,25 @@ fn run_tier(k: &GuestKernel) {
             out.output
         );
     }
+    if let Some(refusal) = out
+        .output
+        .lines()
+        .find_map(|l| l.find("offcpu: refused: ").map(|at| &l[at..]))
+    {
+        println!("  {refusal}");
+        for lacks in k.offcpu_lacks {
+            assert!(
+                refusal.contains(lacks),
+                "{}'s off-CPU refusal should name {lacks:?}: {refusal}",
+                k.release
+            );
+        }
+    }
 }
 
 // Each guest boots under TCG and costs minutes: measured on this 2-core machine while
-// other builds ran, the 5.10 guest ran 260 s, 6.1 209 s, 6.12 214 s (`guest ran` in the
-// output), 11.4 minutes for the three.
+// other builds ran (load 4-9), the 5.10 guest ran 159-193 s, 6.1 212-223 s, 6.12 194-213 s
+// (`guest ran` in the output), 11.2-11.7 minutes for the three.
 #[test]
 fn linux_5_10() {
     run_tier(&GuestKernel {
@@ -275,6 +360,12 @@ fn linux_5_10() {
         heap_ebpf: "refused",
         heap_ebpf_chart_caps: "refused",
         psi_stamps: false,
+        offcpu: "refused",
+        offcpu_lacks: &[
+            "the bpf_loop() helper (Linux 5.17)",
+            "the bpf_task_pt_regs() helper (Linux 5.15)",
+            "task-local storage maps (BPF_MAP_TYPE_TASK_STORAGE) (Linux 5.11)",
+        ],
     });
 }
 
@@ -287,6 +378,8 @@ fn linux_6_1() {
         heap_ebpf: "ran",
         heap_ebpf_chart_caps: "needs SYS_ADMIN",
         psi_stamps: false,
+        offcpu: "ran",
+        offcpu_lacks: &[],
     });
 }
 
@@ -299,5 +392,39 @@ fn linux_6_12() {
         heap_ebpf: "ran",
         heap_ebpf_chart_caps: "ran",
         psi_stamps: true,
+        offcpu: "ran",
+        offcpu_lacks: &[],
     });
+}
+
+/// The boot watchdog, for real: a boot timeout far shorter than any boot (QEMU is still in
+/// the firmware or the early kernel after 2 s under TCG) makes every attempt count as hung,
+/// so each is killed, the next is booted, and the error names the boots and the console.
+#[test]
+fn a_boot_that_never_reaches_the_command_is_tried_again_then_reported() {
+    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    let kernel = Kernel::find("6.1.0-50-amd64").unwrap_or_else(|e| panic!("{e}"));
+    let config = GuestConfig {
+        boot_timeout: Duration::from_secs(2),
+        boot_attempts: 2,
+        ..GuestConfig::default()
+    };
+    let began = Instant::now();
+    let err = guest::run(&kernel, &config, "echo never")
+        .expect_err("a guest cannot run a command within 2 s of QEMU's start under TCG")
+        .to_string();
+    assert!(
+        err.contains("had not started the command 2s after QEMU started, in each of 2 boots"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--- last lines of the guest's console ---"),
+        "{err}"
+    );
+    // Two boots of about 2 s each, killed: far from the command's 20-minute timeout.
+    assert!(
+        began.elapsed() < Duration::from_secs(120),
+        "the hung boots were not cut at the boot timeout: {:?}",
+        began.elapsed()
+    );
 }

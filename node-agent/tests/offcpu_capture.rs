@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flamefleet_agent::capture::offcpu::{OffcpuOptions, OffcpuSamples};
+use flamefleet_agent::capture::offcpu::{OffcpuCapture, OffcpuOptions, OffcpuSamples};
 use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
 use flamefleet_agent::symbolize::StackSymbolizer;
 use support::{Decoded, TestCgroup, require_root, serial, wait_until};
@@ -86,6 +86,18 @@ fn schedstat(pid: u32, tid: u32) -> (u64, u64) {
     (f.next().unwrap(), f.next().unwrap())
 }
 
+/// The node's samplers and an off-CPU capture of `cg` with the default options.
+fn start_capture(cg: &TestCgroup) -> (Samplers, OffcpuCapture) {
+    let samplers = Samplers::new(SamplerConfig::default());
+    let capture = samplers
+        .start_offcpu(
+            &[CaptureTarget::raw(cg.cgroup.clone())],
+            &OffcpuOptions::default(),
+        )
+        .expect("start off-CPU capture");
+    (samplers, capture)
+}
+
 fn write_profile(dir: &Path, name: &str, samples: &OffcpuSamples, samplers: &Samplers) -> PathBuf {
     let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
     let built = samples.to_profile(&mut symbolizer, "test-node");
@@ -128,6 +140,23 @@ fn per_thread(d: &Decoded, user: &str, kernel: &str) -> HashMap<i64, (i64, i64, 
 
 #[test]
 fn three_threads_block_5_3_2_under_their_blocking_functions() {
+    blockers_under_their_blocking_functions(true);
+}
+
+/// The same profile and checks without the workload's 5:3:2: each worker's blocking time
+/// under the right kernel frame, and its blocked total against the kernel's accounting.
+/// The guest tier runs this one. Under QEMU's TCG on a loaded host the helper threads that
+/// end the pipe and mutex blocks wake late (in a 6.1 guest at load 8 the three blocks
+/// lasted about 28, 24 and 16 ms instead of 25, 15 and 10: 41.6/35.0/23.4%), so the workload no longer does what
+/// the shares expect, while what the profile says it did still matches the kernel.
+#[test]
+fn blocked_time_under_the_blocking_functions_matches_the_kernels_accounting() {
+    blockers_under_their_blocking_functions(false);
+}
+
+/// Captures blockers.c for [`WINDOW`] and checks the profile; with `shares`, also that the
+/// time under the three blocking functions is 5:3:2 (± 3 points).
+fn blockers_under_their_blocking_functions(shares: bool) {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -135,13 +164,7 @@ fn three_threads_block_5_3_2_under_their_blocking_functions() {
     let mut cg = TestCgroup::new("offcpu-c");
     let pid = start_ready(&mut cg, &mut Command::new(&bin));
     let tids = threads(pid);
-    let samplers = Samplers::new(SamplerConfig::default());
-    let capture = samplers
-        .start_offcpu(
-            &[CaptureTarget::raw(cg.cgroup.clone())],
-            &OffcpuOptions::default(),
-        )
-        .expect("start off-CPU capture");
+    let (samplers, capture) = start_capture(&cg);
     let t0 = Instant::now();
     let before: HashMap<&str, (u64, u64)> = WORKERS
         .iter()
@@ -193,7 +216,7 @@ fn three_threads_block_5_3_2_under_their_blocking_functions() {
             "{name}: {share:.1}% of the time under the blocking functions in {user} (expected {want}%)"
         );
         assert!(
-            (share - want).abs() <= 3.0,
+            !shares || (share - want).abs() <= 3.0,
             "{name}: expected {want} ± 3 points of the time under the blocking functions, found {share:.1}% in {user}"
         );
     }
@@ -230,6 +253,68 @@ fn three_threads_block_5_3_2_under_their_blocking_functions() {
             off.abs() <= 5.0,
             "{name}: blocked {blocked} ns, expected within 5% of wall - CPU - run-queue wait = {expected} ns"
         );
+    }
+}
+
+/// On a kernel that has what the off-CPU program needs, a capture starts and sees a
+/// process's sleeps under the kernel function that sleeps; on one that lacks it, the
+/// capture is refused with what the kernel lacks and which kernel has it. The guest tier
+/// (`tests/kernels.rs`) runs this under each kernel and reads the lines it prints.
+#[test]
+fn offcpu_runs_or_is_refused_with_what_the_kernel_lacks() {
+    require_root();
+    let _serial = serial();
+    let mut cg = TestCgroup::new("offcpu-refusal");
+    // Short sleeps, each a block that ends (off-CPU time is counted when it does).
+    cg.spawn(Command::new("sh").args(["-c", "while :; do sleep 0.01; done"]));
+    let samplers = Samplers::new(SamplerConfig::default());
+    let started = samplers.start_offcpu(
+        &[CaptureTarget::raw(cg.cgroup.clone())],
+        &OffcpuOptions::default(),
+    );
+    let features = flamefleet_agent::capture::kernel::KernelFeatures::get();
+    println!("{}", features.summary());
+    match features.offcpu_refusal() {
+        Some(reason) => {
+            let msg = started
+                .expect_err("an off-CPU capture on a kernel that lacks what it needs")
+                .to_string();
+            assert!(
+                msg.contains(&reason)
+                    && msg.contains(&format!("which kernel {} lacks", features.release))
+                    && msg.contains("(Linux 5."),
+                "the refusal should name what kernel {} lacks and which kernel has it: {msg}",
+                features.release
+            );
+            println!("offcpu: refused: {msg}");
+        }
+        None => {
+            let capture = started.expect("an off-CPU capture on a kernel that has what it needs");
+            let mut symbolizer = StackSymbolizer::new(samplers.catalog().clone());
+            // `sleep`'s blocks, under the kernel function that put it to sleep.
+            let mut slept = |samples: &OffcpuSamples| -> u64 {
+                samples
+                    .samples
+                    .iter()
+                    .filter(|s| s.comm == "sleep")
+                    .filter(|s| {
+                        let mut b = flamefleet_agent::pprof::ProfileBuilder::new(&[("x", "y")]);
+                        symbolizer
+                            .kernel_frames(&mut b, &s.kernel_stack)
+                            .iter()
+                            .flat_map(|f| &f.lines)
+                            .any(|l| l.function.contains("nanosleep"))
+                    })
+                    .map(|s| s.blocks)
+                    .sum()
+            };
+            wait_until("blocks of `sleep` under a nanosleep kernel frame", || {
+                slept(&capture.peek().expect("peek")) >= 10
+            });
+            let result = capture.finish().expect("finish");
+            assert_eq!(result.stats.lost(), 0, "blocks lost: {:?}", result.stats);
+            println!("offcpu: ran ({} blocks of sleep)", slept(&result));
+        }
     }
 }
 
@@ -312,16 +397,16 @@ fn per_stack_totals_agree_with_offcputime() {
     let mut cg = TestCgroup::new("offcpu-peer");
     let pid = start_ready(&mut cg, &mut Command::new(&bin));
     let tids = threads(pid);
-    let samplers = Samplers::new(SamplerConfig::default());
-    let capture = samplers
-        .start_offcpu(
-            &[CaptureTarget::raw(cg.cgroup.clone())],
-            &OffcpuOptions::default(),
-        )
-        .expect("start off-CPU capture");
+    let (samplers, capture) = start_capture(&cg);
     // The same threads (the process), blocks of at least 1 ms as ours. offcputime also
     // counts preemptions (a runnable thread switched out), which are not off-CPU time
     // here; their stacks (an interrupt's return) match none of ours.
+    // offcputime counts from its attach until it detaches as it exits, which is its
+    // duration argument plus the time it takes to print its maps (the programs stay
+    // attached while it reads kallsyms and prints: hundreds of milliseconds under TCG).
+    // So both ends are observed the same way here, by polling for its BPF links, and
+    // ours is read at those two moments: the two windows are of the same length, offset
+    // by at most the poll's lag, over a steady workload.
     let peer = Command::new("offcputime")
         // Its stack map is 1024 stacks by default: without room the kernel stacks of the
         // workers' blocks would be lost among those of their preemptions.
@@ -332,30 +417,27 @@ fn per_stack_totals_agree_with_offcputime() {
             "262144",
             "-p",
             &pid.to_string(),
-            "600",
+            &WINDOW.as_secs().max(1).to_string(),
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("running offcputime (install libbpf-tools: scripts/setup.sh)");
     let peer_pid = peer.id();
-    // The same window for both: ours is read when offcputime has attached and again when
-    // it is stopped, and only the difference counts.
+    // Its output is drained as it prints, or a full pipe would hold it attached.
+    let peer_output = std::thread::spawn(move || peer.wait_with_output());
     wait_until("offcputime to attach", || has_bpf_link(peer_pid));
     let peer_started = Instant::now();
     let before = capture.peek().expect("peek");
-    std::thread::sleep(WINDOW);
-    let after = capture.peek().expect("peek");
-    // SIGINT ends offcputime's wait; it then prints its maps.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(peer_pid as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    wait_until("offcputime to detach", || !has_bpf_link(peer_pid));
     let peer_window = peer_started.elapsed();
+    let after = capture.peek().expect("peek");
     let ours_window = after.duration - before.duration;
     drop(capture);
-    let out = peer.wait_with_output().unwrap();
+    let out = peer_output
+        .join()
+        .expect("offcputime's reader")
+        .expect("waiting for offcputime");
     assert!(
         out.status.success(),
         "offcputime failed: {}",
@@ -481,13 +563,7 @@ fn go_waits_show_their_go_callers() {
     );
     let mut cg = TestCgroup::new("offcpu-go");
     start_ready(&mut cg, &mut Command::new(&bin));
-    let samplers = Samplers::new(SamplerConfig::default());
-    let capture = samplers
-        .start_offcpu(
-            &[CaptureTarget::raw(cg.cgroup.clone())],
-            &OffcpuOptions::default(),
-        )
-        .expect("start off-CPU capture");
+    let (samplers, capture) = start_capture(&cg);
     let window = Duration::from_secs(3);
     std::thread::sleep(window);
     let result = capture.finish().expect("finish");
@@ -523,4 +599,165 @@ fn go_waits_show_their_go_callers() {
             "{what}: expected at least {floor} ns off-CPU under {user:?} (with a futex kernel frame), found {hit} of {total}"
         );
     }
+}
+
+const WALL: &str = include_str!("offcpu_workloads/wall.c");
+
+/// wall.c's thread: each round burns 6 ms of its own CPU time in `burn_cpu`, then sleeps
+/// 4 ms in `rest`: 60% of the time the wall-clock view counts is on a CPU.
+const WALL_ON_CPU_PCT: f64 = 60.0;
+
+/// The wall-clock view (`offcpu` with on-CPU samples, through the capture lifecycle as the
+/// agent service runs it): one profile whose `wall/nanoseconds` per stack is the on-CPU
+/// samples times the sampling period plus the blocked time, so a thread that burns 6 ms
+/// and sleeps 4 ms in turn shows 60/40 ± 3 points under the function that burns and the
+/// one that sleeps (with the kernel frame that sleeps); the summary's on-CPU total is the
+/// profile's.
+#[test]
+fn wall_profile_splits_burning_and_blocking_in_the_workloads_ratio() {
+    use flamefleet_agent::capture::cpu::CpuOptions;
+    use flamefleet_agent::capture::lifecycle::{self, CaptureSpec};
+    use flamefleet_agent::capture::offcpu::OffcpuGuard;
+    use flamefleet_proto::agent::capture_summary::Kind;
+
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("wall.c");
+    std::fs::write(&src, WALL).unwrap();
+    let bin = dir.path().join("wall");
+    let out = Command::new("cc")
+        .args(["-O2", "-fomit-frame-pointer", "-g", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("running cc (install gcc)");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut cg = TestCgroup::new("offcpu-wall");
+    let pid = start_ready(&mut cg, &mut Command::new(&bin));
+    let tid = threads(pid)["ff-wall"];
+    let samplers = Samplers::new(SamplerConfig::default());
+    let frequency = std::env::var("FF_WALL_HZ")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        // The highest frequency accepted: on a busy machine the thread may get a tenth of
+        // its CPU time, and the on-CPU share is then measured from a few hundred samples.
+        .unwrap_or(999);
+    let cpu_options = CpuOptions {
+        frequency,
+        ..CpuOptions::default()
+    };
+    let mut running = lifecycle::start(
+        &samplers,
+        CaptureSpec::Offcpu {
+            targets: vec![CaptureTarget::raw(cg.cgroup.clone())],
+            options: OffcpuOptions::default(),
+            guard: OffcpuGuard::default(),
+            on_cpu: Some(cpu_options),
+            duration: WINDOW,
+        },
+    )
+    .expect("start the wall-clock capture");
+    let (cpu0, rq0) = schedstat(pid, tid);
+    running
+        .run_window(&flamefleet_agent::capture::window::Stop::new())
+        .expect("the window");
+    let (cpu1, rq1) = schedstat(pid, tid);
+    let finished = running.finish().expect("finish");
+    let tid = i64::from(tid);
+    eprintln!("{}", finished.report);
+    let file = dir.path().join("wall.pb.gz");
+    flamefleet_agent::cli::write_profile(&file, &finished.profile).unwrap();
+    let d = Decoded::read(&file);
+    let types: Vec<&str> = d
+        .profile
+        .sample_type
+        .iter()
+        .map(|t| d.string(t.r#type))
+        .collect();
+    assert_eq!(types, ["wall", "on_cpu", "off_cpu", "blocks", "samples"]);
+    assert_eq!(d.string(d.profile.default_sample_type), "wall");
+
+    // The thread's wall time in the profile, under the function that burns and the one
+    // that sleeps; on- and off-CPU samples told apart by their `state` label.
+    let (mut total, mut burning, mut resting, mut on_cpu) = (0i64, 0i64, 0i64, 0i64);
+    let mut rest_in_kernel = 0i64;
+    for s in &d.profile.sample {
+        if d.num_label(s, "thread") != Some(tid) {
+            continue;
+        }
+        let state = d.label(s, "state");
+        assert!(
+            matches!(state, Some("on_cpu" | "off_cpu")),
+            "a sample without its state label: {state:?}"
+        );
+        assert_eq!(
+            s.value[0],
+            s.value[1] + s.value[2],
+            "wall = on-CPU + off-CPU"
+        );
+        let has = |name: &str, kernel: bool| {
+            s.location_id
+                .iter()
+                .any(|&l| d.is_kernel(l) == kernel && d.functions(l).contains(&name))
+        };
+        total += s.value[0];
+        if state == Some("on_cpu") {
+            on_cpu += s.value[1];
+        }
+        if has("burn_cpu", false) {
+            assert_eq!(state, Some("on_cpu"), "burn_cpu never blocks");
+            burning += s.value[0];
+        }
+        if has("rest", false) {
+            resting += s.value[0];
+            if state == Some("off_cpu") && has("hrtimer_nanosleep", true) {
+                rest_in_kernel += s.value[0];
+            }
+        }
+    }
+    let pct = |v: i64| 100.0 * v as f64 / total.max(1) as f64;
+    eprintln!(
+        "ff-wall: the kernel's accounting over the window: CPU {:.3} s, \
+         run-queue wait {:.3} s; the profile's on-CPU time {:.3} s at {frequency} Hz",
+        (cpu1 - cpu0) as f64 / 1e9,
+        (rq1 - rq0) as f64 / 1e9,
+        on_cpu as f64 / 1e9
+    );
+    eprintln!(
+        "ff-wall: {:.3} s of wall time in the profile: on CPU {:.1}%, under burn_cpu {:.1}%, \
+         under rest {:.1}% ({:.1}% under rest and hrtimer_nanosleep); expected {WALL_ON_CPU_PCT}/{}",
+        total as f64 / 1e9,
+        pct(on_cpu),
+        pct(burning),
+        pct(resting),
+        pct(rest_in_kernel),
+        100.0 - WALL_ON_CPU_PCT
+    );
+    assert!(
+        (pct(burning) - WALL_ON_CPU_PCT).abs() <= 3.0,
+        "expected {WALL_ON_CPU_PCT} ± 3 points of ff-wall's wall time under burn_cpu, found {:.1}%",
+        pct(burning)
+    );
+    assert!(
+        (pct(resting) - (100.0 - WALL_ON_CPU_PCT)).abs() <= 3.0,
+        "expected {} ± 3 points of ff-wall's wall time under rest, found {:.1}%",
+        100.0 - WALL_ON_CPU_PCT,
+        pct(resting)
+    );
+    assert!(
+        rest_in_kernel as f64 >= 0.95 * resting as f64,
+        "expected the sleeps under hrtimer_nanosleep, found {rest_in_kernel} of {resting} ns"
+    );
+    let Some(Kind::Offcpu(summary)) = &finished.summary.kind else {
+        panic!("not an off-CPU summary: {:?}", finished.summary);
+    };
+    let profile_on_cpu: i64 = d.profile.sample.iter().map(|s| s.value[1]).sum();
+    assert_eq!(summary.on_cpu_ns, profile_on_cpu as u64);
+    assert!(summary.on_cpu_samples > 0);
+    cg.kill_all();
 }

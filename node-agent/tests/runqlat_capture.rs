@@ -244,7 +244,48 @@ fn side_by_side(target: &TestCgroup, args: &[&str], secs: u64) -> (Histogram, Ve
         std::thread::sleep(Duration::from_secs(secs));
         ours = Some(c.finish().expect("finish"));
     });
-    (total(&ours.expect("our capture ran")), theirs)
+    let ours = ours.expect("our capture ran");
+    // Where the ends of our waits came from (node-wide), to tell a failure's cause.
+    eprintln!("our clock: {:?}", ours.clock);
+    (total(&ours), theirs)
+}
+
+/// What the kernel said when it marked its scheduler clock unstable, if it did: the TSC
+/// found unstable (by the clocksource watchdog, at boot, or by `tsc=unstable`) makes a
+/// TSC-based scheduler clock unstable too (`tsc: Marking TSC unstable ...`, and
+/// `sched_clock: Marking unstable ...` once it had been marked stable). Our waits are measured on the scheduler's
+/// run-queue clock, libbpf-tools' on ktime: on an unstable scheduler clock the run-queue
+/// clock is a per-CPU clock held within a tick of the last timer tick, and after the CPU
+/// went without ticks (a stalled virtual CPU) it stamps waits early by up to the stall,
+/// so the two tools measure the same waits on clocks that disagree by milliseconds.
+fn sched_clock_unstable() -> Option<String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut kmsg = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/kmsg")
+        .expect("reading the kernel log (/dev/kmsg, as root)");
+    let mut said = None;
+    // One record per read ("prio,seq,time,flags;message"), until none is left.
+    let mut record = vec![0u8; 8192];
+    loop {
+        match kmsg.read(&mut record) {
+            Ok(0) => break,
+            Ok(n) => {
+                let text = String::from_utf8_lossy(&record[..n]);
+                if let Some((_, msg)) = text.split_once(';')
+                    && (msg.starts_with("sched_clock: Marking unstable")
+                        || msg.starts_with("tsc: Marking TSC unstable"))
+                {
+                    said = Some(msg.trim().to_owned());
+                }
+            }
+            // EPIPE: a record was overwritten while we read; the next read goes on.
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
+            Err(_) => break,
+        }
+    }
+    said
 }
 
 #[test]
@@ -279,6 +320,12 @@ fn agrees_with_libbpf_tools_runqlat_for_one_process() {
         theirs.count(),
         theirs.render(LatencyUnit::Micros)
     );
+    // The comparison holds on one clock only (see sched_clock_unstable).
+    if let Some(said) = sched_clock_unstable() {
+        panic!(
+            "this kernel's scheduler clock is unstable ({said:?}): our waits (run-queue clock) and libbpf-tools' (ktime) are on clocks that disagree by up to a stall, and cannot be compared (the guest tier boots its TCG guests with tsc=reliable: their TSC is the host's, which the clocksource watchdog misjudges when the host deschedules a vCPU between its reads)"
+        );
+    }
     let (a, b) = (ours.count() as f64, theirs.count() as f64);
     assert!(b > 1000.0, "runqlat -p saw too few waits: {b}");
     // The two windows line up within a few milliseconds of eight seconds.

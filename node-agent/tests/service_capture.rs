@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::capture_summary::Kind;
-use flamefleet_proto::agent::{CancelRequest, CaptureProgress, HeapSourceUsed};
+use flamefleet_proto::agent::{
+    CancelRequest, CaptureProgress, CaptureRequest, HeapSourceUsed, ProfileType, artifact_names,
+};
 use service_support::*;
 
 fn done(progress: &[CaptureProgress]) -> &CaptureProgress {
@@ -153,10 +155,7 @@ async fn offcpu_reports_the_blocked_time_and_where_it_blocked() {
         pki: _pki,
     } = Setup::new(node, allocator()).await;
     let uid = unique("uid-offcpu");
-    let mut req = cpu_request(&uid, node, &tree, &upload, 2000);
-    req.r#type = flamefleet_proto::agent::ProfileType::Offcpu as i32;
-    req.cpu = None;
-    req.uploads = upload.slots(&uid, &[format!("offcpu-{node}.pb.gz")]);
+    let req = request_of(ProfileType::Offcpu, &uid, node, &tree, &upload, 2000);
     let progress = collect(&mut client, req).await;
     assert_full_lifecycle(&progress, &agent);
     let last = done(&progress);
@@ -203,16 +202,7 @@ async fn runqlat_counts_each_wait_once_and_reports_its_histogram() {
         pki: _pki,
     } = Setup::new(node, allocator()).await;
     let uid = unique("uid-rq-sum");
-    let mut req = cpu_request(&uid, node, &tree, &upload, 2000);
-    req.r#type = flamefleet_proto::agent::ProfileType::Runqlat as i32;
-    req.cpu = None;
-    req.uploads = upload.slots(
-        &uid,
-        &[
-            format!("runqlat-{node}.pb.gz"),
-            format!("runqlat-{node}.txt"),
-        ],
-    );
+    let req = request_of(ProfileType::Runqlat, &uid, node, &tree, &upload, 2000);
     let progress = collect(&mut client, req).await;
     assert_full_lifecycle(&progress, &agent);
     let last = done(&progress);
@@ -558,15 +548,12 @@ async fn heap_capture_with_ebpf_uploads_a_heap_profile() {
         pki: _pki,
     } = Setup::new(node, allocator()).await;
     let uid = unique("uid-heap");
-    let mut req = cpu_request(&uid, node, &tree, &upload, 2500);
-    req.r#type = flamefleet_proto::agent::ProfileType::Heap as i32;
-    req.cpu = None;
+    let mut req = request_of(ProfileType::Heap, &uid, node, &tree, &upload, 2500);
     req.heap = Some(flamefleet_proto::agent::HeapOptions {
         source: "ebpf".into(),
         sample_bytes: 4096,
         ..Default::default()
     });
-    req.uploads = upload.slots(&uid, &[format!("heap-{node}.pb.gz")]);
 
     let progress = collect(&mut client, req).await;
     assert_full_lifecycle(&progress, &agent);
@@ -758,16 +745,30 @@ fn heap_request(
     upload: &UploadServer,
     duration_ms: u32,
     sample_bytes: u64,
-) -> flamefleet_proto::agent::CaptureRequest {
-    let mut req = cpu_request(uid, node, tree, upload, duration_ms);
-    req.r#type = flamefleet_proto::agent::ProfileType::Heap as i32;
-    req.cpu = None;
+) -> CaptureRequest {
+    let mut req = request_of(ProfileType::Heap, uid, node, tree, upload, duration_ms);
     req.heap = Some(flamefleet_proto::agent::HeapOptions {
         source_kind: flamefleet_proto::agent::HeapSource::Ebpf as i32,
         sample_bytes,
         ..Default::default()
     });
-    req.uploads = upload.slots(uid, &[format!("heap-{node}.pb.gz")]);
+    req
+}
+
+/// [`cpu_request`] made a request of type `kind` (its options are the caller's to set),
+/// with upload slots for the type's artifacts.
+fn request_of(
+    kind: ProfileType,
+    uid: &str,
+    node: &str,
+    tree: &PodTree,
+    upload: &UploadServer,
+    duration_ms: u32,
+) -> CaptureRequest {
+    let mut req = cpu_request(uid, node, tree, upload, duration_ms);
+    req.r#type = kind as i32;
+    req.cpu = None;
+    req.uploads = upload.slots(uid, &artifact_names(kind, node));
     req
 }
 

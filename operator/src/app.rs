@@ -186,6 +186,13 @@ pub struct Options {
     /// cluster admin may raise it; 0 lets requests set any value, 0 included.
     #[arg(long, default_value_t = crate::controllers::profile_request::limits::DEFAULT_MAX_HEAP_OVERHEAD_PERCENT)]
     pub max_heap_overhead_percent: u32,
+    /// Highest offcpu.maxOverheadPercent a request may ask for, and the one sent when it
+    /// names none (higher ones, and 0, which turns the off-CPU overhead guard off, fail). A
+    /// node's one off-CPU sampler walks the targets' stacks inside context switches the
+    /// scheduler bills to whichever task is switched in, into maps all captures share, so
+    /// only the cluster admin may raise it; 0 lets requests set any value, 0 included.
+    #[arg(long, default_value_t = crate::controllers::profile_request::limits::DEFAULT_MAX_OFFCPU_OVERHEAD_PERCENT)]
+    pub max_offcpu_overhead_percent: u32,
     /// Least time between two runs of one sampling policy, whatever its schedule says (a
     /// schedule firing more often runs at most this often).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
@@ -488,10 +495,15 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
                     ..Backoff::default()
                 },
                 max_heap_overhead_percent: options.max_heap_overhead_percent,
+                max_offcpu_overhead_percent: options.max_offcpu_overhead_percent,
             },
             metrics.clone(),
         )
-        .with_quota(quota.clone()),
+        .with_quota(quota.clone())
+        .with_agent_pods(crate::dispatch::agent_restarts::AgentPods::new(
+            client.clone(),
+            options.agent_namespace.clone(),
+        )),
     );
     let recorder = Recorder::new(
         client.clone(),
@@ -523,6 +535,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             min_heap_sample_bytes: options.min_heap_sample_bytes,
             max_cpu_frequency_hz: options.max_cpu_frequency_hz,
             max_heap_overhead_percent: options.max_heap_overhead_percent,
+            max_offcpu_overhead_percent: options.max_offcpu_overhead_percent,
         },
         request_selector: options.request_selector.clone(),
         requests: std::sync::RwLock::new(None),

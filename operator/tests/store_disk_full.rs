@@ -109,3 +109,54 @@ async fn full_volume_gets_507_and_leaves_nothing() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
 }
+
+/// An upload small enough to go in one write, into a volume with no room left at all: the
+/// write fails only when the store flushes it, and must still be refused with 507, leaving
+/// neither the artifact nor a metadata file that claims it.
+#[tokio::test]
+async fn a_small_upload_into_a_full_volume_gets_507_too() {
+    let volume = Tmpfs::mount("1m");
+    let root = volume.path.join("artifacts");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base: url::Url = format!("http://{}/", listener.local_addr().unwrap())
+        .parse()
+        .unwrap();
+    let store = Arc::new(
+        BuiltinStore::open(BuiltinConfig {
+            root: root.clone(),
+            public_url: base,
+            secret: vec![9u8; 32],
+            max_upload_bytes: 1 << 20,
+        })
+        .await
+        .unwrap(),
+    );
+    tokio::spawn(axum::serve(listener, router(store.clone())).into_future());
+    let req = RequestRef::new("shop", "small", unique_uid()).unwrap();
+    let key = req.artifact("cpu.pb.gz").unwrap();
+    let limits = UploadLimits {
+        max_bytes: 1 << 20,
+        sha256: None,
+        ttl: Duration::from_secs(60),
+    };
+    let url = store.upload_target(&key, &limits).await.unwrap().url;
+    // The request's directories exist (an earlier upload made them); then nothing is left.
+    std::fs::create_dir_all(root.join("shop")).unwrap();
+    fill(&volume.path, 0);
+    let r = reqwest::Client::new()
+        .put(url.clone())
+        .body(payload(1200))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::INSUFFICIENT_STORAGE);
+    assert!(files_under(&root).is_empty(), "{:?}", files_under(&root));
+    std::fs::remove_file(volume.path.join("filler")).unwrap();
+    let r = reqwest::Client::new()
+        .put(url)
+        .body(payload(1200))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+}

@@ -128,6 +128,19 @@ impl ProfileBuilder {
         self
     }
 
+    /// Sets the start time and the duration of a window that began at `started` (a start
+    /// before the epoch counts as the epoch).
+    pub fn window(
+        &mut self,
+        started: std::time::SystemTime,
+        duration: std::time::Duration,
+    ) -> &mut Self {
+        let start = started
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        self.time(start, duration.as_nanos() as i64)
+    }
+
     /// Adds a free-form comment (shown by `go tool pprof -comments`).
     pub fn comment(&mut self, text: &str) -> &mut Self {
         let i = self.string(text);

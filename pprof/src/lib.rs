@@ -10,6 +10,7 @@
 //! - [`validate`]: the invariants readers and [`merge`] index by.
 //! - [`merge`](mod@merge): profiles of one kind into one, tables re-indexed and
 //!   deduplicated exactly, each part's samples labelled with where it came from.
+//! - `otlp` (feature `otlp`): to OpenTelemetry profiles (OTLP) and back, losslessly.
 //! - [`read`]: strings, sample types, totals and stacks of a decoded profile.
 //!
 //! Written here rather than taken from a crate: the `pprof` crate (pprof-rs) builds profiles
@@ -21,6 +22,8 @@ pub mod builder;
 pub mod codec;
 pub mod footprint;
 pub mod merge;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod read;
 pub mod validate;
 

@@ -80,13 +80,17 @@ impl CaptureSummary {
 
     /// The summary as text, keyed as docs/capture.md lists ("Capture summary").
     pub fn display(&self) -> HashMap<String, String> {
-        match &self.kind {
+        let mut out = match &self.kind {
             Some(Kind::Cpu(c)) => cpu_display(c),
             Some(Kind::Runqlat(r)) => runqlat_display(r),
             Some(Kind::Heap(h)) => heap_display(h),
             Some(Kind::Offcpu(o)) => offcpu_display(o),
             None => HashMap::new(),
+        };
+        if !self.notes.is_empty() {
+            out.insert("notes".into(), self.notes.join(" | "));
         }
+        out
     }
 }
 
@@ -100,6 +104,9 @@ fn cpu_display(c: &CpuSummary) -> HashMap<String, String> {
         ("dropped_samples".to_owned(), c.dropped_samples.to_string()),
         ("frequency_hz".to_owned(), c.frequency_hz.to_string()),
     ]);
+    if !c.runtimes.is_empty() {
+        out.insert("runtimes".into(), c.runtimes.join("; "));
+    }
     if c.requested_frequency_hz != c.frequency_hz {
         out.insert(
             "requested_frequency_hz".into(),
@@ -138,6 +145,13 @@ fn offcpu_display(o: &OffcpuSummary) -> HashMap<String, String> {
             o.min_block_micros.to_string(),
         ),
     ]);
+    if o.on_cpu_samples > 0 {
+        out.insert(
+            "on_cpu_seconds".into(),
+            format!("{:.3}", o.on_cpu_ns as f64 / 1e9),
+        );
+        out.insert("on_cpu_samples".into(), o.on_cpu_samples.to_string());
+    }
     if !o.top_blocking.is_empty() {
         let top: Vec<String> = o
             .top_blocking
@@ -145,6 +159,9 @@ fn offcpu_display(o: &OffcpuSummary) -> HashMap<String, String> {
             .map(|b| format!("{} {:.3}s", b.function, b.blocked_ns as f64 / 1e9))
             .collect();
         out.insert("top_blocking".into(), top.join(", "));
+    }
+    if !o.runtimes.is_empty() {
+        out.insert("runtimes".into(), o.runtimes.join("; "));
     }
     out
 }
@@ -247,9 +264,19 @@ mod tests {
                 unsymbolized_frames_pct: 12.345,
                 frequency_hz: 99,
                 requested_frequency_hz: 49,
+                runtimes: vec![
+                    "python 3.12 (pid 4): Python frames read".into(),
+                    "python 3.7 (pid 5): native frames only: not supported".into(),
+                ],
             })),
+            ..Default::default()
         };
         let text = joined.display();
+        assert_eq!(
+            text["runtimes"],
+            "python 3.12 (pid 4): Python frames read; python 3.7 (pid 5): native frames only: \
+             not supported"
+        );
         assert_eq!(text["samples"], "42");
         assert_eq!(text["unsymbolized_frames_pct"], "12.35");
         assert_eq!(text["frequency_hz"], "99");
@@ -263,8 +290,34 @@ mod tests {
                 frequency_hz: 99,
                 ..Default::default()
             })),
+            ..Default::default()
         };
         assert!(!own.display().contains_key("frequency_note"));
+    }
+
+    #[test]
+    fn an_offcpu_summary_names_its_runtimes_as_the_cpu_one() {
+        let with = CaptureSummary {
+            kind: Some(Kind::Offcpu(OffcpuSummary {
+                blocks: 3,
+                runtimes: vec![
+                    "python 3.12 (pid 4): Python frames read".into(),
+                    "java 17.0.15 (pid 6): Java frames unnamed: not attached".into(),
+                ],
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        assert_eq!(
+            with.display()["runtimes"],
+            "python 3.12 (pid 4): Python frames read; java 17.0.15 (pid 6): Java frames \
+             unnamed: not attached"
+        );
+        let without = CaptureSummary {
+            kind: Some(Kind::Offcpu(OffcpuSummary::default())),
+            ..Default::default()
+        };
+        assert!(!without.display().contains_key("runtimes"));
     }
 
     #[test]
@@ -278,6 +331,7 @@ mod tests {
                 p99_us: Some(40.0),
                 max_us: Some(63.6),
             })),
+            ..Default::default()
         };
         let text = r.display();
         assert_eq!(
@@ -301,6 +355,7 @@ mod tests {
                 }],
                 ..Default::default()
             })),
+            ..Default::default()
         };
         let text = h.display();
         assert_eq!(text["heap_source"], "goruntime+ebpf");
@@ -346,6 +401,7 @@ mod tests {
                 }),
                 ..Default::default()
             })),
+            ..Default::default()
         };
         let line = &h.display()["heap_ebpf"];
         assert_eq!(

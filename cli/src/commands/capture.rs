@@ -181,12 +181,16 @@ pub enum TypeOptions {
         /// The buckets' unit.
         unit: Option<RunqlatUnitArg>,
     },
-    /// `offcpu --min-block-micros --max-overhead-percent`.
+    /// `offcpu --min-block-micros --max-overhead-percent --with-on-cpu --frequency`.
     Offcpu {
         /// Blocks shorter than this are counted, not attributed to a stack.
         min_block_micros: Option<i32>,
         /// The overhead guard's limit.
         max_overhead_percent: Option<i32>,
+        /// The wall-clock view (on-CPU samples too).
+        with_on_cpu: bool,
+        /// Its on-CPU samples per second per CPU.
+        frequency_hz: Option<i32>,
     },
 }
 
@@ -294,14 +298,17 @@ pub fn type_options(profile_type: ProfileType, options: &TypeOptions) -> Result<
             TypeOptions::Offcpu {
                 min_block_micros,
                 max_overhead_percent,
+                with_on_cpu,
+                frequency_hz,
             },
         ) => Ok(SpecOptions {
-            offcpu: (min_block_micros.is_some() || max_overhead_percent.is_some()).then_some(
-                OffcpuOptions {
+            offcpu: (min_block_micros.is_some() || max_overhead_percent.is_some() || *with_on_cpu)
+                .then_some(OffcpuOptions {
                     min_block_micros: *min_block_micros,
                     max_overhead_percent: *max_overhead_percent,
-                },
-            ),
+                    with_on_cpu: with_on_cpu.then_some(true),
+                }),
+            cpu: frequency_hz.map(|frequency_hz| CpuOptions { frequency_hz }),
             ..SpecOptions::default()
         }),
         (_, TypeOptions::Cpu { .. }) => other("cpu"),
@@ -690,18 +697,39 @@ mod tests {
             &TypeOptions::Offcpu {
                 min_block_micros: Some(5000),
                 max_overhead_percent: None,
+                with_on_cpu: false,
+                frequency_hz: None,
             },
         )
         .unwrap()
         .offcpu
         .unwrap();
         assert_eq!(offcpu.min_block_micros, Some(5000));
+        assert_eq!(offcpu.with_on_cpu, None);
+        let wall = type_options(
+            ProfileType::Offcpu,
+            &TypeOptions::Offcpu {
+                min_block_micros: None,
+                max_overhead_percent: None,
+                with_on_cpu: true,
+                frequency_hz: Some(199),
+            },
+        )
+        .unwrap();
+        assert_eq!(wall.offcpu.unwrap().with_on_cpu, Some(true));
+        assert_eq!(
+            wall.cpu.unwrap().frequency_hz,
+            199,
+            "the on-CPU sampler's frequency"
+        );
         assert!(
             type_options(
                 ProfileType::Cpu,
                 &TypeOptions::Offcpu {
                     min_block_micros: Some(5000),
                     max_overhead_percent: None,
+                    with_on_cpu: false,
+                    frequency_hz: None,
                 }
             )
             .is_err()

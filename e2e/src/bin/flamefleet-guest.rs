@@ -25,6 +25,12 @@ struct Cli {
     /// Kill the guest after this long.
     #[arg(long, default_value = "20m", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// Kill and boot again a guest that has not started the command after this long.
+    #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
+    boot_timeout: Duration,
+    /// Boots tried before giving up.
+    #[arg(long, default_value_t = 3)]
+    boot_attempts: u32,
     /// Print the guest's serial console after the output.
     #[arg(long)]
     console: bool,
@@ -49,9 +55,17 @@ fn main() -> anyhow::Result<()> {
         cpus: cli.cpus,
         timeout: cli.timeout,
         env: cli.env,
+        boot_timeout: cli.boot_timeout,
+        boot_attempts: cli.boot_attempts,
     };
     let out = guest::run(&kernel, &config, &cli.command)
         .with_context(|| format!("running the command under {}", cli.kernel))?;
+    for hung in &out.hung_boots {
+        eprintln!(
+            "flamefleet-guest: a boot hung before the command and was killed after {}s, then booted again",
+            hung.seconds
+        );
+    }
     print!("{}", out.output);
     if cli.console {
         println!("--- console ---\n{}", out.console);

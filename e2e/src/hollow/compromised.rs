@@ -102,6 +102,7 @@ fn oversized(mut done: CaptureProgress) -> CaptureProgress {
             warnings: vec!["w".repeat(100); 1_000],
             ..Default::default()
         })),
+        ..Default::default()
     }));
     done.summary
         .insert("frequency_note".into(), "f".repeat(512 << 10));

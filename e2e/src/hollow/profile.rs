@@ -64,6 +64,7 @@ pub fn build(
         report: String::new(),
         summary: CaptureSummary {
             kind: Some(summary),
+            ..Default::default()
         },
         runqlat_histogram,
         symbolized: Symbolized::default(),
@@ -99,6 +100,7 @@ pub fn build(
                 unsymbolized_frames_pct: 0.0,
                 frequency_hz: hz,
                 requested_frequency_hz: hz,
+                runtimes: Vec::new(),
             });
             finished(b.build(), summary, None, None)
         }

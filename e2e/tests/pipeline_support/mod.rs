@@ -77,6 +77,8 @@ pub struct Bins {
     pub operator: PathBuf,
     /// The kubectl plugin (`kubectl profile`), built beside them.
     pub kubectl_profile: PathBuf,
+    /// The built-in store as its own process (`flamefleet-store`), built beside them.
+    pub store: PathBuf,
 }
 
 /// Builds (once per process) and locates `flamefleet-agent`, `flamefleet-operator` and
@@ -92,10 +94,14 @@ pub fn bins() -> &'static Bins {
             let kubectl_profile = std::env::var_os("FLAMEFLEET_KUBECTL_PROFILE_BIN")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| agent.with_file_name("kubectl-profile"));
+            let store = std::env::var_os("FLAMEFLEET_STORE_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| agent.with_file_name("flamefleet-store"));
             return Bins {
                 agent,
                 operator: operator.into(),
                 kubectl_profile,
+                store,
             };
         }
         let exe = std::env::current_exe().expect("the test executable's path");
@@ -139,6 +145,7 @@ pub fn bins() -> &'static Bins {
             agent: profile_dir.join("flamefleet-agent"),
             operator: profile_dir.join("flamefleet-operator"),
             kubectl_profile: profile_dir.join("kubectl-profile"),
+            store: profile_dir.join("flamefleet-store"),
         }
     })
 }
@@ -327,6 +334,12 @@ pub struct PipelineOptions {
     pub min_run_interval: Option<String>,
     /// Another operator binary than the one built beside the test (a peer, in benchmarks).
     pub operator_bin: Option<PathBuf>,
+    /// Runs the built-in store as its own process (`flamefleet-store`, the chart's layout)
+    /// and the operator with `--store remote`, so that a test can stop the store alone.
+    pub store_process: bool,
+    /// The store's directory (default: `store` in the fixture's directory), e.g. a small
+    /// volume a test fills.
+    pub store_dir: Option<PathBuf>,
 }
 
 impl Default for PipelineOptions {
@@ -339,6 +352,8 @@ impl Default for PipelineOptions {
             store_url: None,
             min_run_interval: Some("1s".into()),
             operator_bin: None,
+            store_process: false,
+            store_dir: None,
         }
     }
 }
@@ -357,6 +372,9 @@ pub struct Pipeline {
     pub agent_ports: Vec<u16>,
     pub operator: Option<Proc>,
     operator_starts: u32,
+    /// The store process, with [`PipelineOptions::store_process`].
+    pub store: Option<Proc>,
+    store_starts: u32,
     pub store_port: u16,
     pub metrics_port: u16,
     options: PipelineOptions,
@@ -371,6 +389,7 @@ impl Drop for Pipeline {
             eprintln!("kept {}", self.dir.path().display());
         }
         self.operator = None;
+        self.store = None;
         self.agents.clear();
         self.workloads.clear();
         remove_cgroup_tree(&self.cgroup_root);
@@ -416,6 +435,8 @@ impl Pipeline {
             agent_ports: Vec::new(),
             operator: None,
             operator_starts: 0,
+            store: None,
+            store_starts: 0,
             store_port: free_port(),
             metrics_port: free_port(),
             options,
@@ -429,6 +450,9 @@ impl Pipeline {
             pipeline.agent_pod(i, port).await;
         }
         let _ = bins;
+        if pipeline.options.store_process {
+            pipeline.start_store();
+        }
         pipeline.start_operator();
         pipeline
     }
@@ -520,7 +544,13 @@ impl Pipeline {
     /// test's clock starts with an operator that can act. A slow or crashed start fails here
     /// with the operator's log instead of as a request that never got a status.
     pub fn start_operator(&mut self) {
-        let mut proc = self.spawn_operator(self.store_port, self.metrics_port);
+        // With a store process, the operator's own store port stays unused.
+        let store_port = if self.options.store_process {
+            free_port()
+        } else {
+            self.store_port
+        };
+        let mut proc = self.spawn_operator(store_port, self.metrics_port);
         let deadline = Instant::now() + Duration::from_secs(120);
         while !proc.log_text().contains(LEADING_MARKER) {
             proc.assert_alive();
@@ -551,11 +581,8 @@ impl Pipeline {
         if let Some(interval) = &self.options.min_run_interval {
             cmd.arg(format!("--min-run-interval={interval}"));
         }
-        let store_dir = self.dir.path().join("store");
-        let secret = self.dir.path().join("store.secret");
-        if !secret.exists() {
-            std::fs::write(&secret, random_hex(32)).unwrap();
-        }
+        let store_dir = self.store_dir();
+        let secret = self.store_secret();
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--agent-namespace", self.agent_ns.name()])
@@ -565,7 +592,14 @@ impl Pipeline {
             .arg(&self.ca.files.operator_cert)
             .arg("--tls-key")
             .arg(&self.ca.files.operator_key)
-            .args(["--store", "builtin"])
+            .args([
+                "--store",
+                if self.options.store_process {
+                    "remote"
+                } else {
+                    "builtin"
+                },
+            ])
             .arg("--store-dir")
             .arg(&store_dir)
             .arg("--store-secret-file")
@@ -573,11 +607,16 @@ impl Pipeline {
             .args(["--store-listen", &format!("127.0.0.1:{store_port}")])
             .args([
                 "--store-url",
-                &self
-                    .options
-                    .store_url
-                    .clone()
-                    .unwrap_or_else(|| format!("http://127.0.0.1:{store_port}/")),
+                &self.options.store_url.clone().unwrap_or_else(|| {
+                    // A store process serves at the fixture's store port; an operator's
+                    // built-in store at its own.
+                    let port = if self.options.store_process {
+                        self.store_port
+                    } else {
+                        store_port
+                    };
+                    format!("http://127.0.0.1:{port}/")
+                }),
             ])
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .args(["--lease-name", &format!("flamefleet-operator-{}", self.id)])
@@ -603,6 +642,56 @@ impl Pipeline {
         self.operator_starts += 1;
         let (proc, _) = spawn_logged("operator", cmd, &log, None, Duration::ZERO);
         proc
+    }
+
+    /// The built-in store's directory.
+    pub fn store_dir(&self) -> PathBuf {
+        self.options
+            .store_dir
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("store"))
+    }
+
+    /// The store's URL-signing secret file (written on first use), shared by the operator
+    /// and the store process.
+    fn store_secret(&self) -> PathBuf {
+        let secret = self.dir.path().join("store.secret");
+        if !secret.exists() {
+            std::fs::write(&secret, random_hex(32)).unwrap();
+        }
+        secret
+    }
+
+    /// Starts (or starts again, on the same port and directory) the store process, and
+    /// waits until it listens.
+    pub fn start_store(&mut self) {
+        let mut cmd = Command::new(&bins().store);
+        cmd.arg("--dir")
+            .arg(self.store_dir())
+            .arg("--secret-file")
+            .arg(self.store_secret())
+            .args(["--listen", &format!("127.0.0.1:{}", self.store_port)])
+            .env("RUST_LOG", "info");
+        let log = self
+            .dir
+            .path()
+            .join(format!("store-{}.log", self.store_starts));
+        self.store_starts += 1;
+        let (proc, _) = spawn_logged(
+            "store",
+            cmd,
+            &log,
+            Some("listening on"),
+            Duration::from_secs(60),
+        );
+        self.store = Some(proc);
+    }
+
+    /// SIGKILLs the store process (as when its pod is deleted: nothing is flushed).
+    pub fn kill_store(&mut self) {
+        if let Some(mut p) = self.store.take() {
+            p.kill();
+        }
     }
 
     /// SIGKILLs the operator (no Lease release: the next one waits for the Lease to expire).
@@ -848,9 +937,7 @@ impl Pipeline {
 
     /// Where the operator's built-in store keeps `artifact` of `request` on disk.
     pub fn stored_artifact(&self, request: &ProfileRequest, artifact: &str) -> PathBuf {
-        self.dir
-            .path()
-            .join("store")
+        self.store_dir()
             .join(request.metadata.namespace.as_deref().unwrap_or_default())
             .join(format!(
                 "{}-{}",

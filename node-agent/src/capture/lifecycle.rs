@@ -23,6 +23,7 @@ use super::cpu::{CpuCapture, CpuOptions};
 use super::heap::{self, HeapCapture, HeapError, HeapRequest};
 use super::offcpu::{OffcpuCapture, OffcpuGuard, OffcpuOptions, overhead};
 use super::runqlat::{RunqlatCapture, RunqlatOptions};
+use super::sched_clock;
 use super::window::{self, Stop, Window, WindowEnd};
 use super::{CaptureError, CaptureTarget, Samplers};
 use crate::process::ProcessCatalog;
@@ -59,6 +60,9 @@ pub enum CaptureSpec {
         options: OffcpuOptions,
         /// The overhead guard of the first window.
         guard: OffcpuGuard,
+        /// The wall-clock view: on-CPU samples of the same targets over the same window,
+        /// taken with these options, in the same profile (docs/offcpu.md, "`wall`").
+        on_cpu: Option<CpuOptions>,
         /// The window.
         duration: Duration,
     },
@@ -89,6 +93,8 @@ enum Engine {
         capture: CpuCapture,
         requested_hz: u64,
         catalog: ProcessCatalog,
+        /// Whether JVMs are asked for their perf map ([`crate::capture::SamplerConfig::java_attach`]).
+        java_attach: bool,
         node: String,
         started: Instant,
         duration: Duration,
@@ -103,8 +109,11 @@ enum Engine {
     Heap(HeapCapture),
     Offcpu {
         capture: OffcpuCapture,
+        /// The wall-clock view's CPU capture of the same targets.
+        on_cpu: Option<CpuCapture>,
         targets: Vec<CaptureTarget>,
         catalog: ProcessCatalog,
+        java_attach: bool,
         node: String,
         started: Instant,
         duration: Duration,
@@ -148,6 +157,7 @@ pub struct Symbolized {
 /// The engine's: options out of range, privileges, kernel features, targets.
 pub fn start(samplers: &Samplers, spec: CaptureSpec) -> Result<Running, EngineError> {
     let node = samplers.config().node.clone();
+    let java_attach = samplers.config().java_attach;
     let engine = match spec {
         CaptureSpec::Cpu {
             targets,
@@ -157,6 +167,7 @@ pub fn start(samplers: &Samplers, spec: CaptureSpec) -> Result<Running, EngineEr
             capture: samplers.start_cpu(&targets, &options)?,
             requested_hz: options.frequency,
             catalog: samplers.catalog().clone(),
+            java_attach,
             node,
             started: Instant::now(),
             duration,
@@ -176,18 +187,33 @@ pub fn start(samplers: &Samplers, spec: CaptureSpec) -> Result<Running, EngineEr
             targets,
             options,
             guard,
+            on_cpu,
             duration,
-        } => Engine::Offcpu {
-            capture: samplers.start_offcpu(&targets, &options)?,
-            cpu_at_start: overhead::targets_cpu(&targets),
-            targets,
-            catalog: samplers.catalog().clone(),
-            node,
-            started: Instant::now(),
-            duration,
-            guard,
-            guarded: false,
-        },
+        } => {
+            // The wall-clock view's on-CPU half starts first and restarts its window once
+            // the off-CPU capture has started: each start may load a sampler (the
+            // verifier's second or more), which neither window may include.
+            let mut cpu = on_cpu
+                .map(|o| samplers.start_cpu(&targets, &o))
+                .transpose()?;
+            let capture = samplers.start_offcpu(&targets, &options)?;
+            if let Some(cpu) = cpu.as_mut() {
+                cpu.restart_window()?;
+            }
+            Engine::Offcpu {
+                capture,
+                on_cpu: cpu,
+                cpu_at_start: overhead::targets_cpu(&targets),
+                targets,
+                catalog: samplers.catalog().clone(),
+                java_attach,
+                node,
+                started: Instant::now(),
+                duration,
+                guard,
+                guarded: false,
+            }
+        }
     };
     Ok(Running { engine })
 }
@@ -226,6 +252,7 @@ impl Running {
                 capture,
                 requested_hz,
                 catalog,
+                java_attach,
                 node,
                 warmed,
                 ..
@@ -233,6 +260,7 @@ impl Running {
                 let after_window = Instant::now();
                 let result = capture.finish()?;
                 let mut symbolizer = StackSymbolizer::new(catalog);
+                symbolizer.java_attach(java_attach);
                 let profile = result.to_profile(&mut symbolizer, &node);
                 let symbolized = Symbolized {
                     during_window: warmed,
@@ -247,10 +275,16 @@ impl Running {
                         unsymbolized_frames_pct: symbolizer.stats.unsymbolized_pct(),
                         frequency_hz: result.options.frequency,
                         requested_frequency_hz: requested_hz,
+                        runtimes: result
+                            .runtimes()
+                            .into_iter()
+                            .chain(symbolizer.jvms().iter().map(ToString::to_string))
+                            .collect(),
                     })),
+                    notes: symbolizer.kernel_note().into_iter().collect(),
                 };
                 Ok(Finished {
-                    report: result.top_text(&profile),
+                    report: with_notes(result.top_text(&profile), &summary),
                     profile,
                     histogram_text: None,
                     summary,
@@ -270,12 +304,13 @@ impl Running {
                         p99_us: histogram.quantile_us(0.99),
                         max_us: histogram.max_us(),
                     })),
+                    notes: sched_clock::state().note().into_iter().collect(),
                 };
                 let text = result.text();
                 Ok(Finished {
                     profile: result.to_profile(&node),
                     histogram_text: Some(text.clone()),
-                    report: text,
+                    report: with_notes(text, &summary),
                     summary,
                     runqlat_histogram: Some(histogram),
                     symbolized: Symbolized::default(),
@@ -283,14 +318,21 @@ impl Running {
             }
             Engine::Offcpu {
                 capture,
+                on_cpu,
                 node,
                 catalog,
+                java_attach,
                 ..
             } => {
                 let after_window = Instant::now();
                 let result = capture.finish()?;
+                let on_cpu = on_cpu.map(CpuCapture::finish).transpose()?;
                 let mut symbolizer = StackSymbolizer::new(catalog);
-                let built = result.to_profile(&mut symbolizer, &node);
+                symbolizer.java_attach(java_attach);
+                let built = match &on_cpu {
+                    Some(cpu) => result.to_wall_profile(cpu, &mut symbolizer, &node),
+                    None => result.to_profile(&mut symbolizer, &node),
+                };
                 let summary = CaptureSummary {
                     kind: Some(Kind::Offcpu(pb::OffcpuSummary {
                         blocked_ns: result.blocked_ns(),
@@ -309,10 +351,18 @@ impl Running {
                                 blocked_ns: *ns,
                             })
                             .collect(),
+                        on_cpu_ns: built.on_cpu_ns,
+                        on_cpu_samples: on_cpu.as_ref().map_or(0, |c| c.total()),
+                        runtimes: offcpu_runtimes(&result, on_cpu.as_ref(), &symbolizer),
                     })),
+                    notes: sched_clock::state()
+                        .note()
+                        .into_iter()
+                        .chain(symbolizer.kernel_note())
+                        .collect(),
                 };
                 Ok(Finished {
-                    report: built.text(&result, 20),
+                    report: with_notes(built.text(&result, 20), &summary),
                     profile: built.profile,
                     histogram_text: None,
                     summary,
@@ -329,6 +379,7 @@ impl Running {
                     report: result.text(),
                     summary: CaptureSummary {
                         kind: Some(Kind::Heap(result.summary())),
+                        ..Default::default()
                     },
                     profile: result.profile,
                     histogram_text: None,
@@ -431,6 +482,19 @@ impl Window for Running {
     }
 }
 
+/// `report` and the summary's notes after it, one line each.
+fn with_notes(mut report: String, summary: &CaptureSummary) -> String {
+    for note in &summary.notes {
+        if !report.ends_with('\n') {
+            report.push('\n');
+        }
+        report.push_str("note: ");
+        report.push_str(note);
+        report.push('\n');
+    }
+    report
+}
+
 /// Runs `spec` from start to finish on this thread, for its whole window.
 ///
 /// # Errors
@@ -439,4 +503,24 @@ pub fn capture(samplers: &Samplers, spec: CaptureSpec) -> Result<Finished, Engin
     let mut running = start(samplers, spec)?;
     running.run_window(&Stop::new())?;
     running.finish()
+}
+
+/// The off-CPU summary's `runtimes`: the off-CPU window's Python lines, those of its
+/// on-CPU samples (`with_on_cpu`) not already said, then one line per JVM.
+fn offcpu_runtimes(
+    result: &crate::capture::offcpu::OffcpuSamples,
+    on_cpu: Option<&crate::capture::cpu::CpuSamples>,
+    symbolizer: &StackSymbolizer,
+) -> Vec<String> {
+    let mut lines = result.runtimes();
+    for line in on_cpu
+        .map(crate::capture::cpu::CpuSamples::runtimes)
+        .unwrap_or_default()
+    {
+        if !lines.contains(&line) {
+            lines.push(line);
+        }
+    }
+    lines.extend(symbolizer.jvms().iter().map(ToString::to_string));
+    lines
 }

@@ -20,6 +20,7 @@ mod process_tracker;
 mod registry;
 pub mod runqlat;
 mod sampler_thread;
+pub mod sched_clock;
 mod stack_maps;
 mod target_table;
 pub mod window;
@@ -302,6 +303,9 @@ pub struct SamplerConfig {
     /// Load the CPU sampler's programs for kernels without `bpf_loop` (bounded loops,
     /// probe reads) even where the kernel has it: to compare the two.
     pub force_bounded_walk: bool,
+    /// Read Python frames in CPU samples of CPython processes (`crate::python`); off, the
+    /// program skips even the per-sample process lookup (to price it).
+    pub python_frames: bool,
     /// Where runqlat's timestamps come from.
     pub runqlat_clock: RunqlatClock,
     /// The node name put in the `node` label.
@@ -312,6 +316,10 @@ pub struct SamplerConfig {
     /// after its last capture ended, so that the next capture with the same options
     /// skips loading it; zero unloads it at once.
     pub cpu_sampler_linger: std::time::Duration,
+    /// Ask HotSpot JVMs to write their perf map (through their attach listener, starting
+    /// it with SIGQUIT where that is safe) when a profile of their samples is built, so
+    /// that their compiled Java frames are named (`crate::java`).
+    pub java_attach: bool,
 }
 
 impl Default for SamplerConfig {
@@ -329,12 +337,14 @@ impl Default for SamplerConfig {
             max_heap_stacks: 16384,
             force_start_hash: false,
             force_bounded_walk: false,
+            python_frames: true,
             runqlat_clock: RunqlatClock::default(),
             node: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_owned())
                 .unwrap_or_default(),
             unwind: crate::unwind::UnwindConfig::default(),
             cpu_sampler_linger: std::time::Duration::from_secs(30),
+            java_attach: true,
         }
     }
 }
@@ -388,6 +398,12 @@ pub struct MapSizes {
     /// load. `0s` unloads it when the last capture ends.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub cpu_sampler_linger: Option<std::time::Duration>,
+    /// Ask the HotSpot JVMs profiled for their perf map (default true), through their
+    /// attach listener: the agent starts it the way `jcmd` does (a trigger file in the
+    /// JVM's /tmp, then SIGQUIT), only in a JVM that handles SIGQUIT (docs/capture.md,
+    /// "Java frames"). `false`: JIT frames are named only from perf maps already there.
+    #[arg(long, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub java_attach: Option<bool>,
 }
 
 /// See [`MapSizes::runqlat_clock`].
@@ -426,6 +442,9 @@ impl MapSizes {
         }
         if let Some(linger) = self.cpu_sampler_linger {
             config.cpu_sampler_linger = linger;
+        }
+        if let Some(attach) = self.java_attach {
+            config.java_attach = attach;
         }
     }
 }
@@ -471,6 +490,23 @@ pub(crate) fn comm_string(raw: &[i8]) -> String {
         .map(|&c| c as u8)
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The labels of one thread's sample: its target's ([`target_labels`]), then `pid`,
+/// `thread` and `comm`.
+pub(crate) fn thread_labels(
+    target: Option<&CaptureTarget>,
+    node: &str,
+    tgid: u32,
+    pid: u32,
+    comm: &str,
+) -> Vec<crate::pprof::Label> {
+    use crate::pprof::Label;
+    let mut labels = target_labels(target, node);
+    labels.push(Label::Num("pid".into(), i64::from(tgid), String::new()));
+    labels.push(Label::Num("thread".into(), i64::from(pid), String::new()));
+    labels.push(Label::Str("comm".into(), comm.to_owned()));
+    labels
 }
 
 /// The caller-supplied Kubernetes labels of a target plus `node`.

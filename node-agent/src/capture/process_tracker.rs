@@ -21,6 +21,7 @@ use super::{CaptureError, CaptureTarget, Result};
 use crate::bpf::cpu_sampler::types::ff_proc_event;
 use crate::bpf::from_bytes;
 use crate::process::ProcessCatalog;
+use crate::python::PythonRegistry;
 use crate::unwind::Unwinder;
 
 /// How long a capture's start waits for the unwind tables of the processes already running
@@ -33,12 +34,30 @@ const FIRST_TABLES_WAIT: Duration = Duration::from_millis(300);
 pub(crate) struct ProcessTracker {
     catalog: ProcessCatalog,
     unwinder: Option<Arc<Unwinder>>,
+    /// Where Python processes get their frame reader (samplers that read Python frames).
+    python: Option<Arc<PythonRegistry>>,
 }
 
 impl ProcessTracker {
     /// A tracker writing to `catalog` and, when given, registering with `unwinder`.
     pub(crate) fn new(catalog: ProcessCatalog, unwinder: Option<Arc<Unwinder>>) -> Self {
-        Self { catalog, unwinder }
+        Self {
+            catalog,
+            unwinder,
+            python: None,
+        }
+    }
+
+    /// The same tracker, also registering the processes with `python` (whose CPython ones
+    /// then get their Python frames read).
+    pub(crate) fn with_python(mut self, python: Arc<PythonRegistry>) -> Self {
+        self.python = Some(python);
+        self
+    }
+
+    /// The Python registry the processes are registered with, if any.
+    pub(crate) fn python(&self) -> Option<&Arc<PythonRegistry>> {
+        self.python.as_ref()
     }
 
     /// The catalog the snapshots go to.
@@ -72,6 +91,11 @@ impl ProcessTracker {
                 }
             }
         }
+        if let Some(py) = &self.python {
+            for (pid, maps) in &new {
+                py.register(*pid, maps);
+            }
+        }
         let Some(u) = &self.unwinder else { return };
         if first {
             u.register_now(new, FIRST_TABLES_WAIT);
@@ -100,7 +124,13 @@ impl ProcessTracker {
 
     fn on_event(&self, tgid: u32) {
         self.catalog.snapshot(tgid);
-        if let (Some(u), Some(maps)) = (&self.unwinder, self.catalog.lookup(tgid)) {
+        let Some(maps) = self.catalog.lookup(tgid) else {
+            return;
+        };
+        if let Some(py) = &self.python {
+            py.register(tgid, &maps);
+        }
+        if let Some(u) = &self.unwinder {
             u.register(tgid, maps);
         }
     }

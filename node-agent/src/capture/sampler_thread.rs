@@ -136,6 +136,32 @@ impl Drop for OwnerThread {
 /// Reports the load result from inside the owner thread.
 pub(crate) type Ready<H> = mpsc::SyncSender<Result<H>>;
 
+/// The body of the owner thread of a sampler whose programs announce processes on a ring
+/// buffer: reports `loaded`'s handles (or its error), then consumes the ring whenever it
+/// has process events, sleeping in between, until the sampler stops. `keep` (the links,
+/// then the skeleton they borrow from) is dropped then, in that order.
+pub(crate) fn serve_ring<H, K>(
+    ready: Ready<H>,
+    stop: &Waker,
+    loaded: Result<(H, libbpf_rs::RingBuffer<'static>, K)>,
+) {
+    match loaded {
+        Ok((handles, ring, keep)) => {
+            if ready.send(Ok(handles)).is_err() {
+                return;
+            }
+            // Consume errors are EINTR.
+            while stop.wait(Some(ring.epoll_fd()), None) == Woken::Look {
+                let _ = ring.consume();
+            }
+            drop(keep);
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+        }
+    }
+}
+
 /// Runs `body` on a new thread named `name` and waits until it reports
 /// through its `Ready` sender (handles after a successful load, or the load
 /// error). `body` must then run until its [`Waker`] says stop, sleeping in

@@ -315,6 +315,29 @@ impl TargetTable {
 
 /// Deletes the entries of a per-target map (key type `K`) whose target index
 /// is in `removed`, so released targets leave nothing behind in the kernel.
+/// The entries of `map` (keys `K`, values `V`) whose key belongs to one of the target
+/// indices `targets`, keyed by their raw key bytes; `what` names the map in errors.
+pub(crate) fn read_target_entries<K: Pod, V: Pod>(
+    map: &MapHandle,
+    targets: &HashSet<u32>,
+    target_of: impl Fn(&K) -> u32,
+    what: &str,
+) -> Result<HashMap<Vec<u8>, V>> {
+    let mut out = HashMap::new();
+    for key in map.keys() {
+        if !from_bytes::<K>(&key).is_some_and(|k| targets.contains(&target_of(&k))) {
+            continue;
+        }
+        let value = map
+            .lookup(&key, MapFlags::ANY)
+            .map_err(|e| CaptureError::bpf(format!("reading {what}"), e))?;
+        if let Some(v) = value.as_deref().and_then(from_bytes::<V>) {
+            out.insert(key, v);
+        }
+    }
+    Ok(out)
+}
+
 pub(crate) fn delete_target_entries<K: Pod>(
     map: &MapHandle,
     removed: &HashSet<u32>,

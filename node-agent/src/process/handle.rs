@@ -75,6 +75,32 @@ impl ProcessHandle {
         }
     }
 
+    /// Sends signal `sig` to this very process, through its pidfd: never to another process
+    /// that got its PID. Refused (`Unsupported`) where pidfds are, since a signal by PID
+    /// alone could reach a reused PID.
+    pub fn signal(&self, sig: i32) -> std::io::Result<()> {
+        let Some(fd) = &self.pidfd else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "no pidfd for the process (Linux 5.3+): not signalled by PID alone",
+            ));
+        };
+        // SAFETY: plain syscall: a pidfd we own, a signal number, no siginfo, no flags.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                libc::c_long::from(sig),
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Whether the process lives in `cgroup` or below it now.
     pub fn in_cgroup(&self, cgroup: &Cgroup) -> bool {
         // The PID is in the list, and the process still lives afterwards: the PID in the

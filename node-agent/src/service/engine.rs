@@ -238,6 +238,10 @@ fn spec(
                         .map_or(overhead::DEFAULT_MAX_OVERHEAD_PERCENT, f64::from),
                     force: false,
                 },
+                on_cpu: opts.with_on_cpu.then(|| CpuOptions {
+                    frequency: requested_frequency(request),
+                    ..CpuOptions::default()
+                }),
                 duration,
             })
         }

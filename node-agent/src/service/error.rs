@@ -30,3 +30,14 @@ pub enum PipelineError {
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+impl PipelineError {
+    /// The machine-readable reason of the FAILED message, when there is one the operator
+    /// records as the node's reason (`CaptureProgress.reason`).
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            Self::Upload(UploadError::StorageFull { .. }) => Some("StorageFull"),
+            _ => None,
+        }
+    }
+}

@@ -341,11 +341,25 @@ async fn capture(
     with_progress(handle, &mut ticker, work).await??
 }
 
-/// Uploads every artifact to its slot.
+/// Time kept, before the operator's deadline, to report an upload that failed: the
+/// node's message then names the store's error rather than a timeout.
+const REPORT_MARGIN: Duration = Duration::from_secs(3);
+
+/// Until when uploads of `req`, received at `received`, are retried: the operator's
+/// deadline less [`REPORT_MARGIN`]; `None` when the operator sent none.
+fn upload_deadline(req: &CaptureRequest, received: Instant) -> Option<Instant> {
+    Duration::from_millis(u64::from(req.deadline_ms))
+        .checked_sub(REPORT_MARGIN)
+        .filter(|d| !d.is_zero())
+        .map(|d| received + d)
+}
+
+/// Uploads every artifact to its slot, retrying failures until `deadline`.
 async fn upload(
     ctx: &Context,
     output: &Output,
     slots: &[UploadSlot],
+    deadline: Option<Instant>,
 ) -> Result<Vec<Artifact>, PipelineError> {
     let mut done = Vec::new();
     for built in &output.artifacts {
@@ -366,7 +380,13 @@ async fn upload(
         };
         if let Err(e) = ctx
             .uploader
-            .put(&built.name, &slot.put_url, &built.bytes, slot.max_bytes)
+            .put_before(
+                &built.name,
+                &slot.put_url,
+                &built.bytes,
+                slot.max_bytes,
+                deadline,
+            )
             .await
         {
             ctx.reporter.upload_failed();
@@ -391,6 +411,7 @@ async fn execute(
     ctx: &Context,
     handle: &CaptureHandle,
     req: &CaptureRequest,
+    received: Instant,
 ) -> Result<(Vec<Artifact>, Output), PipelineError> {
     let (ty, duration, slots) = validate(req, &ctx.node)?;
     if !req.request_name.is_empty() && req.request_namespace.is_empty() {
@@ -405,7 +426,7 @@ async fn execute(
     }
     handle.progress(progress(Stage::Uploading, "uploading artifacts"));
     let artifacts = tokio::select! {
-        a = upload(ctx, &output, &slots) => a?,
+        a = upload(ctx, &output, &slots, upload_deadline(req, received)) => a?,
         () = handle.cancelled() => return Err(PipelineError::Cancelled),
     };
     Ok((artifacts, output))
@@ -421,7 +442,7 @@ pub async fn run(
 ) {
     let started = Instant::now();
     let outcome = match admission {
-        Admission::Run => execute(&ctx, &handle, &req).await,
+        Admission::Run => execute(&ctx, &handle, &req, started).await,
         Admission::Hang => {
             tokio::select! {
                 () = handle.cancelled() => {}
@@ -455,6 +476,7 @@ pub async fn run(
         Err(e) => CaptureProgress {
             stage: Stage::Failed as i32,
             message: e.to_string(),
+            reason: e.reason().unwrap_or_default().to_owned(),
             elapsed_ms: millis(started.elapsed()),
             ..Default::default()
         },

@@ -3,7 +3,10 @@
 //! match), a timeout on every attempt, and retries with exponential backoff
 //! for what may be transient (connection errors, timeouts, 408, 429, 5xx).
 //! A refusal (other 4xx) is final and reported with the store's status code
-//! and body.
+//! and body. Given a deadline (the operator's, less a margin to report), retries
+//! go on until then, each delay at most [`MAX_DEADLINE_BACKOFF`], so a store that
+//! is down for a while (its pod rescheduled, an S3 endpoint refusing) delays the
+//! result instead of failing it.
 //!
 //! The upload URL is a bearer credential until it expires (its query string
 //! holds the signature), so no error of this module carries it: transport
@@ -24,6 +27,10 @@ pub const SHA256_HEADER: &str = "x-flamefleet-sha256";
 /// short text; anything longer is cut so a status message stays readable).
 const MAX_ERROR_BODY: usize = 512;
 
+/// Longest wait between two attempts when retrying until a deadline: a store back
+/// from an outage is used within this.
+pub const MAX_DEADLINE_BACKOFF: Duration = Duration::from_secs(4);
+
 /// Why an upload failed.
 #[derive(Debug, thiserror::Error)]
 pub enum UploadError {
@@ -34,6 +41,17 @@ pub enum UploadError {
         artifact: String,
         /// HTTP status code.
         status: u16,
+        /// Start of the response body.
+        body: String,
+    },
+    /// The store's volume is full (HTTP 507): final, since space rarely returns within a
+    /// capture's deadline; the next capture uploads once it has.
+    #[error(
+        "upload of {artifact} refused: the artifact store is full (StorageFull, HTTP 507): {body}; uploads work again once space is freed on the store's volume"
+    )]
+    StorageFull {
+        /// Artifact name.
+        artifact: String,
         /// Start of the response body.
         body: String,
     },
@@ -153,7 +171,8 @@ impl Uploader {
         Ok(Self { client, policy })
     }
 
-    /// PUTs `body` to `url` with its sha256, retrying transient failures.
+    /// PUTs `body` to `url` with its sha256, retrying transient failures the
+    /// policy's number of times.
     ///
     /// # Errors
     /// [`UploadError::Refused`] for a final refusal, [`UploadError::Transport`]
@@ -165,6 +184,24 @@ impl Uploader {
         url: &str,
         body: &[u8],
         max_bytes: u64,
+    ) -> Result<(), UploadError> {
+        self.put_before(artifact, url, body, max_bytes, None).await
+    }
+
+    /// [`Uploader::put`], but with `deadline`, transient failures are retried
+    /// until it passes, each delay at most [`MAX_DEADLINE_BACKOFF`]; after it,
+    /// no attempt starts beyond the policy's number.
+    ///
+    /// # Errors
+    /// As [`Uploader::put`]; [`UploadError::Transport`] and a transient
+    /// [`UploadError::Refused`] come from the last attempt before the deadline.
+    pub async fn put_before(
+        &self,
+        artifact: &str,
+        url: &str,
+        body: &[u8],
+        max_bytes: u64,
+        deadline: Option<std::time::Instant>,
     ) -> Result<(), UploadError> {
         let size = body.len() as u64;
         if max_bytes != 0 && size > max_bytes {
@@ -216,13 +253,20 @@ impl Uploader {
                 return Ok(());
             }
             let text = read_error_body(response).await;
+            let body = flamefleet_api::text::truncated(
+                redact_signatures(text.trim(), &parsed).trim(),
+                MAX_ERROR_BODY,
+            );
+            if status == reqwest::StatusCode::INSUFFICIENT_STORAGE {
+                return Err(Attempt::Final(UploadError::StorageFull {
+                    artifact: artifact.into(),
+                    body,
+                }));
+            }
             let err = UploadError::Refused {
                 artifact: artifact.into(),
                 status: status.as_u16(),
-                body: flamefleet_api::text::truncated(
-                    redact_signatures(text.trim(), &parsed).trim(),
-                    MAX_ERROR_BODY,
-                ),
+                body,
             };
             let transient = status.is_server_error()
                 || status == reqwest::StatusCode::REQUEST_TIMEOUT
@@ -233,12 +277,25 @@ impl Uploader {
                 Attempt::Final(err)
             })
         };
-        let backoff = ExponentialBuilder::default()
+        let mut backoff = ExponentialBuilder::default()
             .with_min_delay(self.policy.first_backoff)
             .with_max_times(self.policy.retries)
             .with_jitter();
+        let remaining = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+        if let Some(remaining) = remaining.filter(|r| !r.is_zero()) {
+            // The delays alone stay within the deadline; `when` below stops an attempt
+            // that would start after it (attempts take time too).
+            backoff = backoff
+                .without_max_times()
+                .with_max_delay(MAX_DEADLINE_BACKOFF)
+                .with_total_delay(Some(remaining));
+        }
+        let before_deadline = || {
+            let tried = attempts.load(std::sync::atomic::Ordering::Relaxed);
+            deadline.is_none_or(|d| std::time::Instant::now() < d) || tried <= self.policy.retries
+        };
         once.retry(backoff)
-            .when(|e| matches!(e, Attempt::Retry(_)))
+            .when(|e| matches!(e, Attempt::Retry(_)) && before_deadline())
             .notify(|e, delay| {
                 let (Attempt::Retry(e) | Attempt::Final(e)) = e;
                 tracing::warn!(artifact, error = %e, ?delay, "upload failed, retrying");
@@ -367,6 +424,93 @@ mod tests {
             "{clean}"
         );
         assert!(clean.ends_with('\u{e9}'), "{clean}");
+    }
+
+    /// A store that refuses connections for `outage`, then answers every PUT with 200;
+    /// returns its URL.
+    async fn store_back_after(outage: Duration) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        tokio::spawn(async move {
+            tokio::time::sleep(outage).await;
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                .await
+                .expect("binding the store's port again");
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    // Read the request head and its 5-byte body, then answer.
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !seen.ends_with(b"\r\n\r\nhello") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = conn
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                });
+            }
+        });
+        format!("http://127.0.0.1:{port}/artifact?sig=0123456789abcdef")
+    }
+
+    #[tokio::test]
+    async fn uploads_outlast_a_store_outage_until_the_deadline() {
+        let outage = Duration::from_secs(2);
+        let policy = UploadPolicy {
+            retries: 1,
+            first_backoff: Duration::from_millis(50),
+            ..UploadPolicy::default()
+        };
+        let uploader = Uploader::new(policy).unwrap();
+        // Without a deadline, the policy's two attempts fall within the outage.
+        let url = store_back_after(outage).await;
+        let err = uploader
+            .put("cpu.pb.gz", &url, b"hello", 0)
+            .await
+            .expect_err("the store is down");
+        let text = err.to_string();
+        assert!(text.contains("failed after 2 attempts"), "{text}");
+        assert!(!text.contains("0123456789abcdef"), "{text}");
+        // With one, attempts go on past the outage and the upload lands.
+        let url = store_back_after(outage).await;
+        let started = std::time::Instant::now();
+        uploader
+            .put_before(
+                "cpu.pb.gz",
+                &url,
+                b"hello",
+                0,
+                Some(started + Duration::from_secs(30)),
+            )
+            .await
+            .expect("uploaded once the store is back");
+        assert!(started.elapsed() >= outage);
+        // A deadline inside the outage fails at it, with the store's error.
+        let url = store_back_after(Duration::from_secs(3600)).await;
+        let started = std::time::Instant::now();
+        let err = uploader
+            .put_before(
+                "cpu.pb.gz",
+                &url,
+                b"hello",
+                0,
+                Some(started + Duration::from_millis(1500)),
+            )
+            .await
+            .expect_err("the store stays down past the deadline");
+        assert!(started.elapsed() < Duration::from_secs(6));
+        assert!(
+            err.to_string().contains("Connection refused")
+                || err.to_string().contains("connection refused")
+                || err.to_string().contains("tcp connect error"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -61,6 +61,9 @@ pub struct ElfCheck {
     pub debug_file: Option<PathBuf>,
     /// Loadable segments: (file offset, virtual address, size in the file).
     pub segments: Vec<(u64, u64, u64)>,
+    /// A Go binary without DWARF (`-ldflags=-w`, with or without `-s`): the size of its
+    /// `.gopclntab`, from which it is symbolized instead ([`crate::gopclntab`]).
+    pub go_pclntab: Option<u64>,
 }
 
 impl ElfCheck {
@@ -93,8 +96,120 @@ fn build_id_debug_file(build_id: &str) -> Option<(PathBuf, ElfCheck)> {
             return None;
         }
         let checked = check_file(&opened, false).ok()?;
+        let path = if checked.debug_syms {
+            decompressed(&path).unwrap_or(path)
+        } else {
+            path
+        };
         Some((path, checked))
     })
+}
+
+/// Most bytes of the agent's own debug files kept decompressed in memory, all together.
+const MAX_KEPT_DECOMPRESSED: u64 = 256 << 20;
+
+/// The agent's own debug files with compressed DWARF, decompressed once, by path: each
+/// kept as an in-memory file (`memfd`, its `/proc/self/fd` path), or `None` when it has no
+/// compressed DWARF or could not be kept.
+static DECOMPRESSED: std::sync::Mutex<Option<KeptCopies>> = std::sync::Mutex::new(None);
+
+/// Bytes kept, and the copy of each debug file (`None`: none made, or none to make).
+type KeptCopies = (
+    u64,
+    std::collections::HashMap<PathBuf, Option<std::fs::File>>,
+);
+
+/// A copy of the debug file at `path` (one of the agent's own, in [`DEBUG_DIRS`]) with its
+/// compressed DWARF sections decompressed, made once per agent and kept in memory (within
+/// [`MAX_KEPT_DECOMPRESSED`]). blazesym decompresses a compressed section whole every time
+/// a symbolizer loads the file, and the agent makes one symbolizer per capture: for a
+/// distribution's debug files (Debian compresses them: libc's `.debug_info` is 2 MiB of
+/// zlib) that was the largest part of a continuous profile's CPU cost after each window,
+/// paid whenever a capture met an address of the library it had not symbolized before.
+/// Uncompressed, blazesym maps the sections and reads only what a lookup needs.
+fn decompressed(path: &Path) -> Option<PathBuf> {
+    let mut kept = DECOMPRESSED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (bytes, files) = kept.get_or_insert_with(Default::default);
+    if let Some(file) = files.get(path) {
+        return file.as_ref().map(crate::process::files::fd_path);
+    }
+    let copy = std::fs::read(path)
+        .ok()
+        .and_then(|data| decompress_sections(&data))
+        .filter(|data| bytes.saturating_add(data.len() as u64) <= MAX_KEPT_DECOMPRESSED)
+        .and_then(|data| {
+            let file = memory_file(&data).ok()?;
+            *bytes += data.len() as u64;
+            Some(file)
+        });
+    let out = copy.as_ref().map(crate::process::files::fd_path);
+    files.insert(path.to_path_buf(), copy);
+    out
+}
+
+/// An in-memory file holding `data`.
+fn memory_file(data: &[u8]) -> std::io::Result<std::fs::File> {
+    use std::io::Write as _;
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: the name is a NUL-terminated string; the flags are valid.
+    let fd = unsafe { libc::memfd_create(c"flamefleet-debug".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a new descriptor that nothing else owns.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.write_all(data)?;
+    Ok(file)
+}
+
+/// `SHF_COMPRESSED` of elf.h.
+const SHF_COMPRESSED: u64 = 0x800;
+
+/// `data` (a little-endian 64-bit ELF file) with its compressed DWARF sections
+/// (`SHF_COMPRESSED`, those blazesym loads) decompressed: each appended at the end, its
+/// section header pointed at it and its flag cleared; the rest of the file unchanged.
+/// `None` when nothing was compressed or the file is not such an ELF file.
+fn decompress_sections(data: &[u8]) -> Option<Vec<u8>> {
+    use object::read::elf::{ElfFile64, FileHeader as _};
+    let elf = ElfFile64::<object::LittleEndian>::parse(data).ok()?;
+    let header = elf.elf_header();
+    let endian = object::LittleEndian;
+    let shoff = usize::try_from(header.e_shoff(endian)).ok()?;
+    let shentsize = usize::from(header.e_shentsize(endian));
+    if shentsize < 64 {
+        return None;
+    }
+    let mut out = data.to_vec();
+    let mut changed = false;
+    for section in elf.sections() {
+        let name = section.name().unwrap_or("");
+        if !is_loaded_dwarf(name) || name.starts_with(".zdebug") {
+            continue;
+        }
+        let Ok(range) = section.compressed_file_range() else {
+            continue;
+        };
+        if range.format == object::CompressionFormat::None {
+            continue;
+        }
+        let Ok(plain) = section.uncompressed_data() else {
+            return None;
+        };
+        out.resize(out.len().next_multiple_of(8), 0);
+        let offset = out.len() as u64;
+        out.extend_from_slice(&plain);
+        let at = shoff.checked_add(section.index().0.checked_mul(shentsize)?)?;
+        let entry = out.get_mut(at..at + 64)?;
+        let flags = u64::from_le_bytes(entry[8..16].try_into().ok()?) & !SHF_COMPRESSED;
+        entry[8..16].copy_from_slice(&flags.to_le_bytes());
+        entry[24..32].copy_from_slice(&offset.to_le_bytes());
+        entry[32..40].copy_from_slice(&(plain.len() as u64).to_le_bytes());
+        entry[48..56].copy_from_slice(&1u64.to_le_bytes());
+        changed = true;
+    }
+    changed.then_some(out)
 }
 
 /// Why a binary is not handed to blazesym.
@@ -137,6 +252,7 @@ fn check_file(file: &std::fs::File, follow: bool) -> Result<ElfCheck, ElfCheckEr
     let obj = object::File::parse(&reader).map_err(|e| ElfCheckError::Parse(e.to_string()))?;
     let (mut symbols, mut dwarf, mut dwarf_decompressed) = (0u64, 0u64, 0u64);
     let mut debug_link = false;
+    let (mut gopclntab, mut debug_info) = (None, false);
     for section in obj.sections() {
         let name = section.name().unwrap_or("");
         let range = section.compressed_file_range().ok();
@@ -146,7 +262,9 @@ fn check_file(file: &std::fs::File, follow: bool) -> Result<ElfCheck, ElfCheckEr
             // Their string tables stay in the mapped file (page cache, reclaimable).
             ".symtab" | ".dynsym" => symbols = symbols.saturating_add(size),
             ".gnu_debuglink" | ".gnu_debugaltlink" => debug_link = true,
+            ".gopclntab" => gopclntab = Some(size),
             n if is_loaded_dwarf(n) => {
+                debug_info |= n.ends_with("debug_info");
                 dwarf = dwarf.saturating_add(size);
                 if compressed.is_some() {
                     dwarf_decompressed = dwarf_decompressed.saturating_add(size);
@@ -219,6 +337,7 @@ fn check_file(file: &std::fs::File, follow: bool) -> Result<ElfCheck, ElfCheckEr
         symbols_cost: symbols,
         debug_file: debug_file.filter(|_| debug_syms).map(|(p, _)| p),
         segments,
+        go_pclntab: gopclntab.filter(|_| !debug_info),
     })
 }
 
@@ -232,6 +351,80 @@ mod tests {
         let c = check(&exe.file).unwrap();
         assert_eq!(c.build_id.len(), 40, "{c:?}");
         assert!(c.cost > 0);
+    }
+
+    /// A debug file with zlib-compressed DWARF (as distributions ship them) decompresses
+    /// into a file with the same DWARF uncompressed, which blazesym symbolizes the same:
+    /// function, file and line.
+    #[test]
+    fn compressed_debug_sections_are_decompressed_once_into_a_kept_copy() {
+        use object::ObjectSymbol as _;
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("f.c");
+        std::fs::write(
+            &src,
+            "__attribute__((noinline)) int ff_compressed(int x) { return x * 3 + 1; }\n\
+             int main(int c, char **v) { (void)v; return ff_compressed(c); }\n",
+        )
+        .unwrap();
+        let bin = dir.path().join("f");
+        let out = std::process::Command::new("cc")
+            .args(["-O1", "-g", "-gz=zlib", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .output()
+            .expect("running cc (install gcc)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let data = std::fs::read(&bin).unwrap();
+        let plain = decompress_sections(&data).expect("compressed DWARF found");
+        let (before, after) = (
+            object::File::parse(&*data).unwrap(),
+            object::File::parse(&*plain).unwrap(),
+        );
+        let mut compared = 0;
+        for s in before.sections() {
+            let name = s.name().unwrap();
+            if !is_loaded_dwarf(name) {
+                continue;
+            }
+            let t = after.section_by_name(name).unwrap();
+            let range = t.compressed_file_range().unwrap();
+            assert_eq!(range.format, object::CompressionFormat::None, "{name}");
+            assert_eq!(s.uncompressed_data().unwrap(), t.data().unwrap(), "{name}");
+            compared += 1;
+        }
+        assert!(compared >= 3, "DWARF sections compared: {compared}");
+        // Kept once: the second call answers the same path without reading the file.
+        let kept = decompressed(&bin).expect("kept");
+        assert_eq!(decompressed(&bin), Some(kept.clone()));
+        let sym = blazesym::symbolize::Symbolizer::builder()
+            .enable_code_info(true)
+            .build();
+        let func = after
+            .symbols()
+            .find(|s| s.name() == Ok("ff_compressed"))
+            .unwrap();
+        let found = sym
+            .symbolize_single(
+                &blazesym::symbolize::source::Source::Elf(blazesym::symbolize::source::Elf::new(
+                    &kept,
+                )),
+                blazesym::symbolize::Input::VirtOffset(object::ObjectSymbol::address(&func)),
+            )
+            .unwrap();
+        let found = found.as_sym().expect("symbolized");
+        assert_eq!(found.name, "ff_compressed");
+        assert!(
+            found.code_info.as_ref().is_some_and(|c| c.line.is_some()),
+            "line from the decompressed DWARF: {found:?}"
+        );
+        // Nothing compressed: nothing to keep.
+        assert!(decompress_sections(&plain).is_none());
+        assert!(decompress_sections(b"\x7fELF not really").is_none());
     }
 
     #[test]

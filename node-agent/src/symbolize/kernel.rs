@@ -28,6 +28,9 @@ pub(super) struct KernelSymbols {
     addrs: Vec<u64>,
     names: Vec<Arc<str>>,
     loaded: std::time::Instant,
+    /// kallsyms listed symbols, all with address 0: the kernel hides their addresses from
+    /// this process (see [`hidden_symbols`]).
+    hidden: bool,
 }
 
 /// Farthest past the last kernel symbol an address is still named after it.
@@ -36,6 +39,7 @@ pub(super) const KERNEL_LAST_SYMBOL_REACH: u64 = 1 << 16;
 impl KernelSymbols {
     pub(super) fn load() -> Self {
         let text = fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+        let listed = text.lines().next().is_some();
         let mut symbols: Vec<(u64, &str)> = text
             .lines()
             .filter_map(|line| {
@@ -49,6 +53,7 @@ impl KernelSymbols {
             .collect();
         symbols.sort_unstable_by_key(|&(addr, _)| addr);
         Self {
+            hidden: listed && symbols.is_empty(),
             addrs: symbols.iter().map(|&(a, _)| a).collect(),
             names: symbols.iter().map(|&(_, n)| Arc::from(n)).collect(),
             loaded: std::time::Instant::now(),
@@ -66,6 +71,35 @@ impl KernelSymbols {
 }
 
 pub(super) static KERNEL_SYMBOLS: Mutex<Option<KernelSymbols>> = Mutex::new(None);
+
+/// Why the kept kernel symbols have no addresses, when kallsyms hid them from the agent:
+/// the kernel shows `/proc/kallsyms` addresses only to `CAP_SYSLOG` (with
+/// `kernel.kptr_restrict` 0 also to anyone while `kernel.perf_event_paranoid` is at most
+/// 1; with `kptr_restrict` 2 to no one).
+pub(super) fn hidden_symbols() -> Option<String> {
+    let kept = KERNEL_SYMBOLS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if !kept.as_ref().is_some_and(|k| k.hidden) {
+        return None;
+    }
+    let sysctl = |name: &str| {
+        fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|_| "?".into())
+    };
+    let kptr = sysctl("kptr_restrict");
+    Some(if kptr == "2" {
+        "/proc/kallsyms shows no process its addresses (kernel.kptr_restrict=2 on this node)"
+            .to_owned()
+    } else {
+        format!(
+            "/proc/kallsyms shows the agent no addresses: it lacks CAP_SYSLOG \
+             (kernel.kptr_restrict={kptr}, kernel.perf_event_paranoid={})",
+            sysctl("perf_event_paranoid")
+        )
+    })
+}
 
 /// See [`KernelSymbols`].
 pub(super) const KERNEL_SYMBOLS_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
@@ -140,6 +174,7 @@ mod tests {
             addrs: vec![0x1000, 0x2000],
             names: vec![Arc::from("first"), Arc::from("second")],
             loaded: std::time::Instant::now(),
+            hidden: false,
         };
         assert_eq!(k.name(0xfff), None);
         assert_eq!(k.name(0x1000).map(|n| &**n), Some("first"));

@@ -4,9 +4,10 @@
 //! file offset; kernel frames come from kallsyms (`kernel.rs`).
 
 pub mod elf_check;
+mod go;
 mod kernel;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 
@@ -83,6 +84,8 @@ pub struct SymbolizeStats {
     pub cache_hits: u64,
     /// Kernel frames answered from the kernel cache, without kallsyms.
     pub kernel_cache_hits: u64,
+    /// Kernel frames left without a name.
+    pub kernel_unnamed: u64,
     /// Reads of workload files that were truncated while mapped, answered with zeros
     /// ([`crate::sigbus`]) while this symbolizer lived.
     pub truncated_file_faults: u64,
@@ -118,6 +121,10 @@ pub struct StackSymbolizer {
     missing: std::collections::HashSet<u32>,
     jit: HashMap<u32, Option<Arc<PerfMap>>>,
     jit_budget: PerfMapBudget,
+    /// The HotSpot JVMs among the processes whose JIT frames were looked up.
+    jvms: HashMap<u32, crate::java::JvmStatus>,
+    /// Whether JVMs may be asked for their perf map ([`crate::java::prepare`]).
+    java_attach: bool,
     /// Where the samples come from: a process sampled there but without a snapshot is
     /// snapshotted now only if it is (still) there (see [`ProcessCatalog::get_in`]).
     confined_to: Option<Vec<Cgroup>>,
@@ -130,6 +137,8 @@ pub struct StackSymbolizer {
     /// Processes whose notes were taken, and the notes (what could not be read, and why).
     noted: std::collections::HashSet<u32>,
     notes: Vec<String>,
+    /// Go function tables of binaries without DWARF, by address of their [`Binary`] ([`go`]).
+    go_tables: HashMap<usize, (Arc<Binary>, Option<Arc<crate::gopclntab::GoTable>>)>,
     /// Running totals.
     pub stats: SymbolizeStats,
 }
@@ -166,14 +175,31 @@ impl StackSymbolizer {
             missing: Default::default(),
             jit: HashMap::new(),
             jit_budget: PerfMapBudget::default(),
+            jvms: HashMap::new(),
+            java_attach: false,
             confined_to: None,
             parse: HashMap::new(),
             parse_bytes: 0,
             faults_at_start: crate::sigbus::faults(),
             noted: Default::default(),
             notes: Vec::new(),
+            go_tables: HashMap::new(),
             stats: SymbolizeStats::default(),
         }
+    }
+
+    /// Whether a HotSpot JVM whose JIT frames are looked up is asked to write its perf map
+    /// first ([`crate::java`]). Off by default: the CPU and off-CPU engines switch it on as
+    /// the node's [`crate::capture::SamplerConfig::java_attach`] says.
+    pub fn java_attach(&mut self, on: bool) {
+        self.java_attach = on;
+    }
+
+    /// The HotSpot JVMs met, by PID, with what their frames got.
+    pub fn jvms(&self) -> Vec<crate::java::JvmStatus> {
+        let mut out: Vec<_> = self.jvms.values().cloned().collect();
+        out.sort_by_key(|j| j.tgid);
+        out
     }
 
     /// Confines the processes snapshotted on demand to those in `cgroups` (the targets the
@@ -229,6 +255,8 @@ impl StackSymbolizer {
             ));
         }
         out.extend(self.notes.iter().map(|n| format!("not symbolized: {n}")));
+        out.extend(self.kernel_note().map(|n| format!("symbolization: {n}")));
+        out.extend(self.jvms().iter().map(ToString::to_string));
         out
     }
 
@@ -315,8 +343,9 @@ impl StackSymbolizer {
             let range = maps.as_ref().and_then(|m| m.find(addr));
             // Code outside any file (JIT): named by the process's perf map.
             if range.is_none_or(|r| r.binary.is_none())
+                && let Some(maps) = &maps
                 && started.is_some()
-                && let Some(name) = self.jit_name(tgid, started, addr)
+                && let Some(name) = self.jit_name(tgid, maps, addr)
             {
                 self.stats.user_symbolized += 1;
                 frames.push(Frame {
@@ -411,6 +440,27 @@ impl StackSymbolizer {
         done
     }
 
+    /// Symbolizes the frames of threads' stacks — `(tgid, user stack, kernel stack)`, leaf
+    /// first, from processes in `cgroups` — that no capture has symbolized yet and keeps
+    /// them in the caches, building no profile ([`Self::warm_user`], [`Self::warm_kernel`]
+    /// once per distinct kernel stack). Returns the frames it symbolized.
+    pub fn warm_threads<'a>(
+        &mut self,
+        cgroups: impl IntoIterator<Item = Cgroup>,
+        threads: impl IntoIterator<Item = (u32, &'a [u64], &'a [u64])>,
+    ) -> usize {
+        self.confine_to(cgroups);
+        let mut kernel: HashSet<&[u64]> = HashSet::new();
+        let mut done = 0;
+        for (tgid, user, kernel_stack) in threads {
+            done += self.warm_user(tgid, user);
+            if !kernel_stack.is_empty() && kernel.insert(kernel_stack) {
+                done += self.warm_kernel(kernel_stack);
+            }
+        }
+        done
+    }
+
     /// Like [`Self::warm_user`] for a kernel stack: caches the addresses not cached yet
     /// that the kept kernel symbols name (loading them the first time). It never
     /// reloads them: an address they do not name is left to [`Self::kernel_frames`],
@@ -444,15 +494,24 @@ impl StackSymbolizer {
 
     /// The JIT symbol of `addr` from the perf map of `tgid`, read once per symbolizer
     /// (within its perf-map budget), and only while `tgid` is still the process sampled
-    /// (`start_time`, from its snapshot).
-    fn jit_name(&mut self, tgid: u32, start_time: Option<u64>, addr: u64) -> Option<String> {
-        let budget = &mut self.jit_budget;
-        self.jit
-            .entry(tgid)
-            .or_insert_with(|| PerfMap::read(tgid, start_time, budget).map(Arc::new))
-            .as_ref()?
-            .lookup(addr)
-            .map(str::to_owned)
+    /// (the start time of its snapshot `maps`). A HotSpot JVM is first asked to write its
+    /// perf map, and its names are cut to `package.Class.method`.
+    fn jit_name(&mut self, tgid: u32, maps: &ProcessMaps, addr: u64) -> Option<String> {
+        if !self.jit.contains_key(&tgid) {
+            let jvm = crate::java::prepare(tgid, maps, self.java_attach);
+            let map = PerfMap::read(tgid, maps.start_time, &mut self.jit_budget).map(Arc::new);
+            if let Some(mut jvm) = jvm {
+                jvm.perf_map_entries = map.as_ref().map_or(0, |m| m.len());
+                self.jvms.insert(tgid, jvm);
+            }
+            self.jit.insert(tgid, map);
+        }
+        let name = self.jit.get(&tgid)?.as_ref()?.lookup(addr)?;
+        Some(if self.jvms.contains_key(&tgid) {
+            crate::java::method_name(name).to_owned()
+        } else {
+            name.to_owned()
+        })
     }
 
     /// Counts a sample's frames (`weight` samples) for [`SymbolizeStats::unsymbolized_pct`].
@@ -494,18 +553,42 @@ impl StackSymbolizer {
                 } else {
                     // Full: answer this stack without keeping the new address.
                     drop(cache);
-                    return kernel_frames_uncached(mapping, stack, &missing, &found);
+                    let frames = kernel_frames_uncached(mapping, stack, &missing, &found);
+                    self.count_unnamed_kernel(&frames);
+                    return frames;
                 }
             }
         }
-        stack
+        let frames: Vec<Frame> = stack
             .iter()
             .map(|&addr| Frame {
                 address: addr,
                 mapping: Some(mapping),
                 lines: cache.get(&addr).map(|l| l.to_vec()).unwrap_or_default(),
             })
-            .collect()
+            .collect();
+        drop(cache);
+        self.count_unnamed_kernel(&frames);
+        frames
+    }
+
+    fn count_unnamed_kernel(&mut self, frames: &[Frame]) {
+        self.stats.kernel_unnamed += frames.iter().filter(|f| f.lines.is_empty()).count() as u64;
+    }
+
+    /// Why this symbolizer's kernel frames are unnamed, when they are because the kernel
+    /// hides its symbols' addresses from the agent (no `CAP_SYSLOG`): for the capture
+    /// summary and the profile's comments.
+    pub fn kernel_note(&self) -> Option<String> {
+        if self.stats.kernel_unnamed == 0 {
+            return None;
+        }
+        kernel::hidden_symbols().map(|why| {
+            format!(
+                "kernel frames are unnamed: {why}; the chart grants CAP_SYSLOG with \
+                 agent.kernelSymbols: true (docs/security.md)"
+            )
+        })
     }
 
     /// The frames of `file_offset` in `bin`: from the binary's cache, or symbolized now
@@ -514,6 +597,9 @@ impl StackSymbolizer {
         if let Some(lines) = bin.cached_lines(file_offset) {
             self.stats.cache_hits += 1;
             return lines.to_vec();
+        }
+        if bin.elf.go_pclntab.is_some() {
+            return self.go_lines(bin, tgid, file_offset);
         }
         let parse = self.parse_of(bin, tgid);
         if parse == Parse::Refused {

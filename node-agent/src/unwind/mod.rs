@@ -155,15 +155,9 @@ impl WalkStats {
     pub fn read(map: &impl libbpf_rs::MapCore) -> Self {
         let mut v = [0u64; 11];
         for (i, total) in v.iter_mut().enumerate() {
-            let per_cpu = map
-                .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
-                .ok()
-                .flatten()
-                .unwrap_or_default();
-            *total = per_cpu
-                .iter()
-                .filter_map(|b| b.get(..8).and_then(|b| b.try_into().ok()))
-                .map(u64::from_ne_bytes)
+            *total = crate::bpf::per_cpu::<u64>(map, i as u32)
+                .unwrap_or_default()
+                .into_iter()
                 .sum();
         }
         Self {

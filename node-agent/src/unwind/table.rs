@@ -1,5 +1,6 @@
 //! Compact unwind tables from a binary's DWARF CFI (`.eh_frame`, and
-//! `.debug_frame` for what `.eh_frame` lacks, e.g. Go functions).
+//! `.debug_frame` for what `.eh_frame` lacks, e.g. Go functions), or for a Go binary
+//! without `.debug_frame` (`-ldflags=-w`) from its pc/sp tables ([`crate::gopclntab`]).
 //!
 //! gimli evaluates the CFI programs; this module reduces each row to the three
 //! things the BPF walker needs on x86-64 — where the caller's stack pointer
@@ -23,6 +24,8 @@ use gimli::{
     UnwindContext, UnwindSection, X86_64,
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+
+use crate::gopclntab::GoTable;
 
 /// Largest CFI section read, after decompression (`.eh_frame` of the largest binaries is
 /// a few tens of MiB).
@@ -303,11 +306,19 @@ fn build_until<'data, R: object::ReadRef<'data>>(
         read_fdes(&eh, &bases, &mut out, &mut fdes)?;
     }
     let eh_count = fdes.index.len();
+    let mut go_table = None;
     if let Some(section) = obj.section_by_name(".debug_frame") {
         let data = section_bytes(&section, ".debug_frame", give_up)?;
         let mut df = DebugFrame::new(&data, LittleEndian);
         df.set_address_size(8);
         read_fdes(&df, &BaseAddresses::default(), &mut out, &mut fdes)?;
+    } else if out.go {
+        // A Go binary stripped of DWARF (`-ldflags=-w`): its pc/sp tables, from which the
+        // linker would have written .debug_frame.
+        go_table = GoTable::from_elf(&obj).ok().flatten();
+        if let Some(table) = &go_table {
+            read_go_functions(table, &mut out, &mut fdes)?;
+        }
     }
     // Of .debug_frame, only what .eh_frame does not cover (a cgo binary has both).
     let mut covered: Vec<(u64, u64)> = fdes.index[..eh_count].iter().map(|f| (f.0, f.1)).collect();
@@ -353,7 +364,10 @@ fn build_until<'data, R: object::ReadRef<'data>>(
         prev_end = end;
     }
     if out.go
-        && let Some((start, end)) = symbol_range(&obj, "runtime.mcall")
+        && let Some((start, end)) = symbol_range(&obj, "runtime.mcall").or_else(|| {
+            let f = go_table.as_ref()?.func_named("runtime.mcall")?;
+            Some((u32::try_from(f.entry).ok()?, u32::try_from(f.end).ok()?))
+        })
     {
         merged = with_go_mcall(merged, start, end);
     }
@@ -396,6 +410,60 @@ fn with_go_mcall(rows: Vec<Row>, start: u32, end: u32) -> Vec<Row> {
     }
     out.extend(rows.iter().copied().filter(|r| r.pc >= end));
     out
+}
+
+/// The rows of every function of a Go binary's pc/sp table ([`GoTable::sp_deltas`]), as
+/// Go's linker writes them into `.debug_frame`: CFA = rsp + the stack pointer's offset + 8
+/// (the return address), the caller's rbp at CFA − 16 once the frame has one.
+fn read_go_functions(
+    table: &GoTable,
+    out: &mut BinaryTable,
+    fdes: &mut Fdes<'_>,
+) -> Result<(), TableError> {
+    for f in table.funcs() {
+        let (runs, end) = table.sp_deltas(&f);
+        let (Ok(_), Ok(_)) = (u32::try_from(f.entry), u32::try_from(end)) else {
+            out.skipped += 1;
+            continue;
+        };
+        let first = fdes.rows.len();
+        for (pc, delta) in runs {
+            // As gimli's rows from .debug_frame: any offset that fits, the rest unsupported.
+            let cfa_off = delta.checked_add(8).and_then(|c| i16::try_from(c).ok());
+            let row = match cfa_off {
+                Some(cfa_off) => Row {
+                    pc: pc as u32,
+                    cfa_off,
+                    kind: kind::RSP,
+                    rbp_off: if cfa_off >= 16 { -2 } else { 0 },
+                },
+                _ => Row {
+                    pc: pc as u32,
+                    cfa_off: 0,
+                    kind: kind::UNSUPPORTED,
+                    rbp_off: 0,
+                },
+            };
+            fdes.rows.push(row);
+            if fdes.full() {
+                return Err(fdes.too_many());
+            }
+        }
+        if fdes.overrun() {
+            return Err(TableError::Deadline);
+        }
+        let n = fdes.rows.len() - first;
+        if n > 0 {
+            let (Ok(first), Ok(n)) = (u32::try_from(first), u32::try_from(n)) else {
+                return Err(fdes.too_many());
+            };
+            fdes.index.push((f.entry, end, first, n));
+            if fdes.full() {
+                return Err(fdes.too_many());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Appends `r` unless it repeats the previous row's rule; a row at the previous row's

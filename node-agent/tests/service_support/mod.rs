@@ -567,6 +567,7 @@ pub fn cpu_request(
         offcpu: None,
         targets: vec![tree.target("shop", "checkout-1", "app")],
         uploads: upload.slots(uid, &[format!("cpu-{node}.pb.gz")]),
+        deadline_ms: 0,
     }
 }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod chart_agent;
+pub mod go;
 
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -357,8 +358,9 @@ impl Decoded {
     }
 }
 
-/// The agent's capabilities as the chart grants them (`agent.capabilities` in
-/// charts/flamefleet/values.yaml), as capability numbers.
+/// The agent's capabilities as the chart grants them by default (`agent.capabilities` in
+/// charts/flamefleet/values.yaml, and SYSLOG with `agent.kernelSymbols: true`), as
+/// capability numbers.
 pub fn chart_capabilities() -> Vec<u32> {
     let values = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -370,7 +372,8 @@ pub fn chart_capabilities() -> Vec<u32> {
         .find_map(|l| l.trim().strip_prefix("capabilities: ["))
         .and_then(|l| l.split(']').next())
         .expect("agent.capabilities as a one-line list in values.yaml");
-    list.split(',')
+    let mut caps: Vec<u32> = list
+        .split(',')
         .map(|name| match name.trim() {
             "DAC_READ_SEARCH" => 2,
             "SYS_PTRACE" => 19,
@@ -381,8 +384,20 @@ pub fn chart_capabilities() -> Vec<u32> {
             "BPF" => 39,
             other => panic!("capability {other} in values.yaml: add its number here"),
         })
-        .collect()
+        .collect();
+    let kernel_symbols = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("kernelSymbols:"))
+        .map(|v| v.split('#').next().unwrap_or_default().trim())
+        .expect("agent.kernelSymbols in values.yaml");
+    if kernel_symbols == "true" && !caps.contains(&SYSLOG) {
+        caps.push(SYSLOG);
+    }
+    caps
 }
+
+/// `CAP_SYSLOG`.
+pub const SYSLOG: u32 = 34;
 
 /// Makes `cmd` run with no capability but `keep`, as a container that drops ALL and adds
 /// `keep` runs (root's exec takes its capabilities from the bounding set).

@@ -49,9 +49,16 @@ pub fn check_sample_type(sample_type: &str) -> Result<(), String> {
 /// request's summary): CPU and run-queue summaries are numbers only; a heap summary's
 /// lists keep at most [`MAX_SUMMARY_LIST`] entries and its texts are cut; an off-CPU
 /// summary keeps its first [`flamefleet_api::profile_request::MAX_TOP_BLOCKING`] kernel
-/// functions, their names cut.
+/// functions, their names cut; every summary keeps its first
+/// [`flamefleet_api::profile_request::MAX_SUMMARY_NOTES`] notes, each cut.
 pub fn bounded_summary(summary: Option<Box<CaptureSummary>>) -> Option<Box<CaptureSummary>> {
     let mut summary = summary?;
+    summary
+        .notes
+        .truncate(flamefleet_api::profile_request::MAX_SUMMARY_NOTES);
+    for n in &mut summary.notes {
+        *n = truncated(n, MAX_SUMMARY_TEXT_BYTES);
+    }
     if let Some(Kind::Heap(heap)) = summary.kind.as_mut() {
         heap.reason = truncated(&heap.reason, MAX_SUMMARY_TEXT_BYTES);
         heap.processes.truncate(MAX_SUMMARY_LIST);
@@ -99,6 +106,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn notes_are_few_and_short() {
+        let kept = bounded_summary(Some(Box::new(CaptureSummary {
+            notes: vec!["n".repeat(1 << 20); 1000],
+            ..Default::default()
+        })))
+        .unwrap();
+        assert_eq!(
+            kept.notes.len(),
+            flamefleet_api::profile_request::MAX_SUMMARY_NOTES
+        );
+        // Cut, with the three bytes of the ellipsis that says so.
+        assert!(
+            kept.notes
+                .iter()
+                .all(|n| n.len() <= MAX_SUMMARY_TEXT_BYTES + 3)
+        );
+    }
+
+    #[test]
     fn sample_types_are_short_and_plain() {
         for good in [
             "cpu/nanoseconds",
@@ -137,6 +163,7 @@ mod tests {
         };
         let kept = bounded_summary(Some(Box::new(CaptureSummary {
             kind: Some(Kind::Heap(heap)),
+            ..Default::default()
         })))
         .unwrap();
         let Some(Kind::Heap(heap)) = kept.kind else {

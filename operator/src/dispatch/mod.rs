@@ -11,6 +11,7 @@
 //! channels), [`uploads`] (the signed upload slots) and [`outcome`] (how a node ended).
 
 pub mod agent_report;
+pub mod agent_restarts;
 pub mod connector;
 pub mod outcome;
 mod rpc;
@@ -28,6 +29,7 @@ use flamefleet_proto::agent as pb;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::controllers::profile_request::limits::overhead_percent;
 use crate::metrics::Metrics;
 use crate::pods::agents::AgentEndpoint;
 use crate::pods::target::TargetPod;
@@ -88,8 +90,10 @@ pub struct DispatchSettings {
     /// Retries of a node whose agent cannot be reached.
     pub backoff: Backoff,
     /// The cluster admin's ceiling of `heap.maxOverheadPercent` (0: none), sent to agents
-    /// whatever the request says (see `limits::heap_overhead_percent`).
+    /// whatever the request says (see `limits::overhead_percent`).
     pub max_heap_overhead_percent: u32,
+    /// The same for `offcpu.maxOverheadPercent`.
+    pub max_offcpu_overhead_percent: u32,
 }
 
 /// Starts and tracks sessions, one per request UID. `R` is the reconciler's record of a
@@ -105,8 +109,12 @@ pub struct Dispatcher<R> {
     metrics: Arc<Metrics>,
     /// See [`DispatchSettings::max_heap_overhead_percent`].
     max_heap_overhead_percent: u32,
+    /// See [`DispatchSettings::max_offcpu_overhead_percent`].
+    max_offcpu_overhead_percent: u32,
     /// What each namespace stores, against its quota; `None`: no quota at all.
     quota: Option<Arc<QuotaLedger>>,
+    /// Where to read why an agent went away mid-capture; `None`: not read.
+    agent_pods: Option<agent_restarts::AgentPods>,
 }
 
 impl<R: Send + 'static> Dispatcher<R> {
@@ -133,8 +141,18 @@ impl<R: Send + 'static> Dispatcher<R> {
             urls: settings.urls,
             metrics,
             max_heap_overhead_percent: settings.max_heap_overhead_percent,
+            max_offcpu_overhead_percent: settings.max_offcpu_overhead_percent,
             quota: None,
+            agent_pods: None,
         }
+    }
+
+    /// Names the kubelet's `OOMKilled` in the message of a node whose agent went away
+    /// mid-capture, reading the agent's pod from `pods`.
+    #[must_use]
+    pub fn with_agent_pods(mut self, pods: agent_restarts::AgentPods) -> Self {
+        self.agent_pods = Some(pods);
+        self
     }
 
     /// Accounts every namespace's artifacts in `ledger` and enforces their quotas.
@@ -301,12 +319,20 @@ impl<R: Send + 'static> Dispatcher<R> {
             }
         };
         let mut request = wire::capture_request(plan, node, slots.clone());
+        // The agent retries failed uploads until shortly before this deadline: a store down
+        // for a while delays the result instead of failing the node.
+        request.deadline_ms = u32::try_from(deadline.as_millis()).unwrap_or(u32::MAX);
+        // The cluster admin's ceilings: sent when the request names no guard, and never
+        // exceeded whatever it names (check_spec already failed those above them).
         if let Some(heap) = request.heap.as_mut() {
             heap.max_overhead_percent =
-                crate::controllers::profile_request::limits::heap_overhead_percent(
-                    heap.max_overhead_percent,
-                    self.max_heap_overhead_percent,
-                );
+                overhead_percent(heap.max_overhead_percent, self.max_heap_overhead_percent);
+        }
+        if let Some(offcpu) = request.offcpu.as_mut() {
+            offcpu.max_overhead_percent = overhead_percent(
+                offcpu.max_overhead_percent,
+                self.max_offcpu_overhead_percent,
+            );
         }
         // The deadline starts once a permit is held: time queued behind other nodes' setup
         // is the operator's, not the agent's, and the agent's capture starts only then.
@@ -318,6 +344,7 @@ impl<R: Send + 'static> Dispatcher<R> {
         };
         self.metrics.dispatch_waited(waiting.elapsed());
         self.metrics.capture_dispatched();
+        let dispatched_at = jiff::Timestamp::now();
         let capture = self.calls.capture(node, request, plan.duration, permit);
         let outcome = match tokio::time::timeout(deadline, capture).await {
             Ok(outcome) => outcome,
@@ -336,7 +363,10 @@ impl<R: Send + 'static> Dispatcher<R> {
                 let _permit = self.calls.permits().acquire().await;
                 self.verify(plan, &slots, done).await
             }
-            Err(failure) => NodeOutcome::Failed(failure),
+            Err(failure) => NodeOutcome::Failed(match &self.agent_pods {
+                Some(pods) => pods.explain(failure, &node.agent.pod, dispatched_at).await,
+                None => failure,
+            }),
         }
     }
 

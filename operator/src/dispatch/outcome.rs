@@ -53,6 +53,11 @@ pub enum NodeFailure {
         /// The agent's reason.
         reason: String,
     },
+    /// The agent's upload was refused because the artifact store's volume is full.
+    StorageFull {
+        /// The agent's message (the store's answer).
+        message: String,
+    },
     /// The agent's stream broke before a result (agent killed or restarted mid-capture).
     Interrupted {
         /// Agent pod.
@@ -96,6 +101,7 @@ impl NodeFailure {
             Self::Unreachable { .. } => "AgentUnreachable",
             Self::PodsVanished { .. } => "PodsVanished",
             Self::CaptureFailed { .. } => "CaptureFailed",
+            Self::StorageFull { .. } => "StorageFull",
             Self::Interrupted { .. } => "AgentInterrupted",
             Self::TimedOut { .. } => "TimedOut",
             Self::UploadRejected { .. } => "UploadRejected",
@@ -134,6 +140,10 @@ impl std::fmt::Display for NodeFailure {
                 )
             }
             Self::CaptureFailed { reason } => write!(f, "capture failed on the agent: {reason}"),
+            Self::StorageFull { message } => write!(
+                f,
+                "the artifact store is full, nothing of this node was kept: {message}"
+            ),
             Self::Interrupted { agent, error } => write!(
                 f,
                 "agent {agent} stopped responding mid-capture ({error}); it was killed or restarted, nothing was uploaded"

@@ -294,8 +294,12 @@ impl AgentCalls {
                 Ok(Some(progress)) => match progress.stage() {
                     Stage::Done => return Ok(Followed::Ended(progress)),
                     Stage::Failed => {
-                        return Err(NodeFailure::CaptureFailed {
-                            reason: super::agent_report::bounded_message(&progress.message),
+                        let message = super::agent_report::bounded_message(&progress.message);
+                        // Only a reason the operator knows becomes the node's: the field is
+                        // the agent's to fill, and a reason is a label users select on.
+                        return Err(match progress.reason.as_str() {
+                            "StorageFull" => NodeFailure::StorageFull { message },
+                            _ => NodeFailure::CaptureFailed { reason: message },
                         });
                     }
                     stage => {

@@ -73,9 +73,12 @@ pub fn capture_request(
             max_overhead_percent: options
                 .max_overhead_percent
                 .and_then(|p| u32::try_from(p).ok()),
+            with_on_cpu: options.with_on_cpu.unwrap_or(false),
         }
     });
-    let cpu = (spec.profile_type == ProfileType::Cpu).then(|| pb::CpuOptions {
+    // The wall-clock view of an off-CPU profile samples on-CPU stacks at the CPU frequency.
+    let on_cpu = offcpu.as_ref().is_some_and(|o| o.with_on_cpu);
+    let cpu = (spec.profile_type == ProfileType::Cpu || on_cpu).then(|| pb::CpuOptions {
         frequency_hz: u32::try_from(spec.frequency_hz()).unwrap_or(99),
     });
     let mut request = CaptureRequest {
@@ -108,6 +111,8 @@ pub fn capture_request(
             })
             .collect(),
         uploads,
+        // The dispatcher sets it: it knows the grace.
+        deadline_ms: 0,
     };
     request.set_type(profile_type);
     request
@@ -151,6 +156,46 @@ mod tests {
     use crate::pods::agents::AgentEndpoint;
     use crate::pods::target::{TargetContainer, TargetPod};
     use crate::store::RequestRef;
+
+    fn plan_of(spec: serde_json::Value) -> CapturePlan {
+        let spec: ProfileRequestSpec = serde_json::from_value(spec).unwrap();
+        CapturePlan {
+            request: RequestRef::new("shop", "req", "0c7e3a40-0000-4000-8000-000000000001")
+                .unwrap(),
+            duration: spec.capture_duration().unwrap(),
+            spec,
+            nodes: Vec::new(),
+            settled: BTreeMap::new(),
+            artifact_quota: 0,
+        }
+    }
+
+    #[test]
+    fn the_wall_clock_view_asks_for_on_cpu_samples_at_the_cpu_frequency() {
+        let node = NodePlan {
+            node: "n1".into(),
+            agent: AgentEndpoint {
+                node: "n1".into(),
+                pod: "agent-n1".into(),
+                address: "127.0.0.1:7070".into(),
+            },
+            targets: Vec::new(),
+        };
+        let wall = plan_of(serde_json::json!({
+            "type": "offcpu", "podNames": ["web-1"], "duration": "10s",
+            "offcpu": {"withOnCpu": true}, "cpu": {"frequencyHz": 199}
+        }));
+        let request = capture_request(&wall, &node, Vec::new());
+        assert!(request.offcpu.unwrap().with_on_cpu);
+        assert_eq!(request.cpu.map(|c| c.frequency_hz), Some(199));
+        let plain = plan_of(serde_json::json!({
+            "type": "offcpu", "podNames": ["web-1"], "duration": "10s",
+            "offcpu": {"minBlockMicros": 500}
+        }));
+        let request = capture_request(&plain, &node, Vec::new());
+        assert!(!request.offcpu.unwrap().with_on_cpu);
+        assert!(request.cpu.is_none(), "no CPU sampler without withOnCpu");
+    }
 
     #[test]
     fn capture_request_carries_targets_options_and_slots() {

@@ -13,6 +13,7 @@ use crate::bpf::cpu_sampler::types::cpu_sample_key;
 use crate::bpf::from_bytes;
 use crate::capture::target_table::{CaptureCgroups, delete_target_entries};
 use crate::capture::{CaptureTarget, Result, stack_maps};
+use crate::python::{PyFrame, PyStats};
 use crate::unwind::WalkStats;
 
 /// A running CPU capture; [`CpuCapture::finish`] returns its samples.
@@ -25,6 +26,7 @@ pub struct CpuCapture {
     pub(super) baseline: HashMap<Vec<u8>, u64>,
     pub(super) drops_before: CpuDrops,
     pub(super) walk_before: WalkStats,
+    pub(super) py_before: PyStats,
     pub(super) started: SystemTime,
     pub(super) started_at: Instant,
     pub(super) opens_spell: bool,
@@ -71,6 +73,23 @@ impl CpuCapture {
         self.opens_spell
     }
 
+    /// Starts the capture's window again now: only samples and losses from here on count.
+    /// For a capture that runs beside another one over the same window (the wall-clock
+    /// view's on-CPU half): started first, it restarts once the other has started, so
+    /// that neither window includes the other's load.
+    pub fn restart_window(&mut self) -> Result<()> {
+        let shared = self.sampler.lock();
+        let covered = self.cgroups.covered(&shared.table);
+        self.baseline = read_counts(&shared.maps.counts, &covered)?;
+        self.drops_before = read_drops(&shared.maps.drops);
+        self.walk_before = WalkStats::read(&shared.maps.unwind_stats);
+        self.py_before = PyStats::read(&shared.maps.py_stats);
+        drop(shared);
+        self.started = SystemTime::now();
+        self.started_at = Instant::now();
+        Ok(())
+    }
+
     /// The samples so far, as [`Self::finish`] would read them now, without
     /// stopping the capture.
     pub fn peek(&self) -> Result<CpuSamples> {
@@ -89,6 +108,9 @@ impl CpuCapture {
         drops.user_stack += walk.stack_lost;
         let mut kernel_cache: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut user_cache: HashMap<u64, Vec<u64>> = HashMap::new();
+        let mut py_cache: HashMap<(u32, u64), Vec<PyFrame>> = HashMap::new();
+        let python = self.sampler.tracker.python();
+        let py_stats = PyStats::read(&shared.maps.py_stats).since(self.py_before);
         let mut samples = Vec::new();
         for (raw, count) in now {
             let count = count.saturating_sub(self.baseline.get(&raw).copied().unwrap_or(0));
@@ -115,16 +137,31 @@ impl CpuCapture {
                     &shared.maps.kernel_stacks,
                     key.kernel_stack,
                 ),
+                python: stack_maps::python_frames(
+                    python,
+                    &mut py_cache,
+                    &shared.maps.py_stacks,
+                    key.tgid,
+                    key.py_stack,
+                ),
                 count,
             });
         }
         drop(shared);
+        let mut tgids: Vec<u32> = samples.iter().map(|s| s.tgid).collect();
+        tgids.sort_unstable();
+        tgids.dedup();
+        let python_status = python.map_or_else(Vec::new, |py| {
+            tgids.iter().filter_map(|&t| py.status(t)).collect()
+        });
         let options = self.sampler.options;
         Ok(CpuSamples {
             targets: self.targets.clone(),
             samples,
             drops,
             walk,
+            python: python_status,
+            py_stats,
             unwinder: self.sampler.unwinder().map(|u| u.stats()),
             options,
             started: self.started,

@@ -1,6 +1,6 @@
 //! What a CPU capture produced: aggregated samples, symbolized into a pprof profile.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
@@ -8,7 +8,8 @@ use flamefleet_proto::pprof::Profile;
 
 use super::{CpuDrops, CpuOptions};
 use crate::capture::CaptureTarget;
-use crate::pprof::{Label, ProfileBuilder};
+use crate::pprof::{Frame, ProfileBuilder};
+use crate::python::{self, PyFrame, PyProcessStatus, PyStats};
 use crate::symbolize::StackSymbolizer;
 use crate::unwind::{UnwinderStats, WalkStats};
 
@@ -27,8 +28,25 @@ pub struct CpuSample {
     pub user_stack: Vec<u64>,
     /// Kernel stack, leaf first (empty when not captured).
     pub kernel_stack: Vec<u64>,
+    /// Python frames (leaf first) of a CPython process's thread; empty otherwise.
+    pub python: Vec<PyFrame>,
     /// Number of samples.
     pub count: u64,
+}
+
+impl CpuSample {
+    /// The sample's frames, leaf first: kernel, then user with the Python frames spliced
+    /// in, symbolized, their mappings registered in `b`.
+    pub fn frames(&self, symbolizer: &mut StackSymbolizer, b: &mut ProfileBuilder) -> Vec<Frame> {
+        // User frames first: pprof takes mapping 1 as the main binary.
+        let user = python::splice(
+            symbolizer.user_frames(b, self.tgid, &self.user_stack),
+            &self.python,
+        );
+        let mut frames = symbolizer.kernel_frames(b, &self.kernel_stack);
+        frames.extend(user);
+        frames
+    }
 }
 
 /// The result of a CPU capture, before symbolization.
@@ -42,6 +60,10 @@ pub struct CpuSamples {
     pub drops: CpuDrops,
     /// How user stacks were walked during the window (all targets of the node).
     pub walk: WalkStats,
+    /// The Python processes sampled, and whether their frames were read.
+    pub python: Vec<PyProcessStatus>,
+    /// How Python frames were read during the window (all targets of the node).
+    pub py_stats: PyStats,
     /// The unwind tables' state at the end (`None` without CFI unwinding).
     pub unwinder: Option<UnwinderStats>,
     /// The sampler's effective options (frequency, event).
@@ -53,6 +75,14 @@ pub struct CpuSamples {
 }
 
 impl CpuSamples {
+    /// The summary's `runtimes` lines: one per Python process sampled, and one when
+    /// Python frame chains were cut or unreadable.
+    pub fn runtimes(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.python.iter().map(ToString::to_string).collect();
+        lines.extend(self.py_stats.damage());
+        lines
+    }
+
     /// Total number of samples.
     pub fn total(&self) -> u64 {
         self.samples.iter().map(|s| s.count).sum()
@@ -64,16 +94,12 @@ impl CpuSamples {
     /// window on [`super::CpuCapture::peek`]'s samples, so that [`Self::to_profile`] after the
     /// window finds them cached.
     pub fn warm_symbols(&self, symbolizer: &mut StackSymbolizer) -> usize {
-        symbolizer.confine_to(self.targets.iter().map(|t| t.cgroup.clone()));
-        let mut kernel: HashSet<&[u64]> = HashSet::new();
-        let mut done = 0;
-        for s in &self.samples {
-            done += symbolizer.warm_user(s.tgid, &s.user_stack);
-            if !s.kernel_stack.is_empty() && kernel.insert(&s.kernel_stack) {
-                done += symbolizer.warm_kernel(&s.kernel_stack);
-            }
-        }
-        done
+        symbolizer.warm_threads(
+            self.targets.iter().map(|t| t.cgroup.clone()),
+            self.samples
+                .iter()
+                .map(|s| (s.tgid, &s.user_stack[..], &s.kernel_stack[..])),
+        )
     }
 
     /// Symbolizes and builds the pprof profile: sample types `samples/count`
@@ -83,11 +109,7 @@ impl CpuSamples {
         let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")]);
         b.cpu_period(self.options.frequency);
         b.default_sample_type("cpu");
-        let start = self
-            .started
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64);
-        b.time(start, self.duration.as_nanos() as i64);
+        b.window(self.started, self.duration);
         // The samples come from the targets: a process without a snapshot is read now only
         // if it is still there (its PID may have gone to another process).
         symbolizer.confine_to(self.targets.iter().map(|t| t.cgroup.clone()));
@@ -101,14 +123,9 @@ impl CpuSamples {
             self.drops.notify
         ));
         for s in &self.samples {
-            // User frames first: pprof takes mapping 1 as the main binary.
-            let user = symbolizer.user_frames(&mut b, s.tgid, &s.user_stack);
-            let mut frames = symbolizer.kernel_frames(&mut b, &s.kernel_stack);
-            frames.extend(user);
-            let mut labels = crate::capture::target_labels(self.targets.get(s.target), node);
-            labels.push(Label::Num("pid".into(), i64::from(s.tgid), String::new()));
-            labels.push(Label::Num("thread".into(), i64::from(s.pid), String::new()));
-            labels.push(Label::Str("comm".into(), s.comm.clone()));
+            let frames = s.frames(symbolizer, &mut b);
+            let target = self.targets.get(s.target);
+            let labels = crate::capture::thread_labels(target, node, s.tgid, s.pid, &s.comm);
             let n = s.count as i64;
             symbolizer.account(&frames, s.count);
             b.add_sample(&frames, &[n, n * period], &labels);
@@ -117,6 +134,12 @@ impl CpuSamples {
             b.comment(&c);
         }
         b.comment(&self.walk.comment());
+        if self.py_stats.samples > 0 || !self.python.is_empty() {
+            b.comment(&self.py_stats.comment());
+        }
+        for p in &self.python {
+            b.comment(&p.to_string());
+        }
         if let Some(u) = &self.unwinder {
             b.comment(&format!(
                 "unwind tables: {} binaries, {} KiB; build+load {:.1} ms per binary (max {:.1} ms); \

@@ -13,13 +13,14 @@ use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 use super::{CpuCapture, CpuDrops, CpuMapFill, CpuOptions};
 use crate::bpf::cpu_sampler::types::{cpu_drops, cpu_sample_key, ff_target};
 use crate::bpf::cpu_sampler::{CpuSamplerSkel, CpuSamplerSkelBuilder};
-use crate::bpf::from_bytes;
+use crate::bpf::{from_bytes, per_cpu};
 use crate::capture::kernel::{FrameWalk, KernelFeatures};
 use crate::capture::process_tracker::ProcessTracker;
-use crate::capture::sampler_thread::{self, OwnerThread, Woken};
-use crate::capture::target_table::{CaptureCgroups, TargetMaps, TargetTable};
+use crate::capture::sampler_thread::{self, OwnerThread};
+use crate::capture::target_table::{CaptureCgroups, TargetMaps, TargetTable, read_target_entries};
 use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig, perf_event, stack_maps};
 use crate::process::ProcessCatalog;
+use crate::python::{PyStats, PythonRegistry};
 use crate::unwind::{Unwinder, WalkStats};
 
 pub(super) struct Maps {
@@ -30,6 +31,8 @@ pub(super) struct Maps {
     pub(super) drops: MapHandle,
     pub(super) user_stacks: MapHandle,
     pub(super) unwind_stats: MapHandle,
+    pub(super) py_stacks: MapHandle,
+    pub(super) py_stats: MapHandle,
 }
 
 pub(super) struct Shared {
@@ -118,28 +121,23 @@ impl CpuSampler {
         } else {
             None
         };
-        let tracker = ProcessTracker::new(catalog, unwinder);
+        // Python frames are read where the CFI walk runs (bpf_loop kernels, Linux 5.17+).
+        let mut tracker = ProcessTracker::new(catalog, unwinder);
+        if options.cfi_unwind
+            && config.python_frames
+            && !config.force_bounded_walk
+            && KernelFeatures::get().frame_walk() != FrameWalk::Bounded
+        {
+            let python =
+                PythonRegistry::shared().map_err(|e| CaptureError::bpf(e.what, e.source))?;
+            tracker = tracker.with_python(python);
+        }
         let thread_tracker = tracker.clone();
         let (handles, owner) = sampler_thread::spawn("cpu", move |ready, stop| {
             let mut object = MaybeUninit::uninit();
-            let loaded = load(&mut object, &config, options, &thread_tracker);
-            match loaded {
-                Ok(loaded) => {
-                    if ready.send(Ok((loaded.maps, loaded.program))).is_err() {
-                        return;
-                    }
-                    // Sleeps until the ring has process notifications or the sampler
-                    // stops; consume errors are EINTR.
-                    while stop.wait(Some(loaded.ring.epoll_fd()), None) == Woken::Look {
-                        let _ = loaded.ring.consume();
-                    }
-                    drop(loaded.links);
-                    drop(loaded.skel);
-                }
-                Err(e) => {
-                    let _ = ready.send(Err(e));
-                }
-            }
+            let loaded = load(&mut object, &config, options, &thread_tracker)
+                .map(|l| ((l.maps, l.program), l.ring, (l.links, l.skel)));
+            sampler_thread::serve_ring(ready, &stop, loaded);
         })?;
         let (maps, program) = handles;
         // Most of it is the verifier's; the first capture after an idle spell waits for it.
@@ -269,9 +267,10 @@ impl CpuSampler {
                 baseline,
                 read_drops(&maps.drops),
                 WalkStats::read(&maps.unwind_stats),
+                PyStats::read(&maps.py_stats),
             ))
         })();
-        let (baseline, drops_before, walk_before) = match begun {
+        let (baseline, drops_before, walk_before, py_before) = match begun {
             Ok(b) => b,
             Err(e) => {
                 Self::end_capture(&mut shared);
@@ -286,6 +285,7 @@ impl CpuSampler {
             baseline,
             drops_before,
             walk_before,
+            py_before,
             started: SystemTime::now(),
             started_at: Instant::now(),
             opens_spell,
@@ -332,6 +332,7 @@ fn load<'obj>(
         ro.capture_kernel_stacks = options.kernel_stacks;
         ro.ff_cgrp_cache = cache;
         ro.cfi_unwind = unwinder.is_some();
+        ro.python_frames = tracker.python().is_some();
         ro.ff_stack_seed = stack_maps::seed();
     }
     open.maps
@@ -347,6 +348,10 @@ fn load<'obj>(
     if let Some(u) = unwinder {
         u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
     }
+    if let Some(py) = tracker.python() {
+        py.share_maps(&mut open.maps.py_procs, &mut open.maps.py_threads)
+            .map_err(|e| CaptureError::bpf(e.what, e.source))?;
+    }
     // Without kernel stacks their map keeps one entry.
     let kernel_stacks = if options.kernel_stacks {
         config.max_stacks
@@ -358,6 +363,14 @@ fn load<'obj>(
         (&mut open.maps.counts, config.max_cpu_entries),
         (&mut open.maps.kernel_stacks, kernel_stacks),
         (&mut open.maps.user_stacks, config.max_stacks),
+        (
+            &mut open.maps.py_stacks,
+            if tracker.python().is_some() {
+                config.max_stacks
+            } else {
+                1
+            },
+        ),
     ];
     for (map, size) in sizes {
         map.set_max_entries(size.max(1))
@@ -400,6 +413,8 @@ fn load<'obj>(
         drops: handle(&skel.maps.drops, "drops")?,
         user_stacks: handle(&skel.maps.user_stacks, "user_stacks")?,
         unwind_stats: handle(&skel.maps.unwind_stats, "unwind_stats")?,
+        py_stacks: handle(&skel.maps.py_stacks, "py_stacks")?,
+        py_stats: handle(&skel.maps.py_stats, "py_stats")?,
     };
     let ring = tracker.event_ring(&handle(&skel.maps.proc_events, "proc_events")?)?;
     Ok(Loaded {
@@ -418,6 +433,8 @@ pub(super) struct FreedStacks {
     kernel_stacks: usize,
     /// Entries removed from `user_stacks`.
     user_stacks: usize,
+    /// Entries removed from `py_stacks`.
+    py_stacks: usize,
 }
 
 /// Removes the stacks no count refers to any more, so that the stack maps hold only what
@@ -432,15 +449,18 @@ pub(super) struct FreedStacks {
 pub(super) fn drop_unreferenced_stacks(maps: &Maps) -> FreedStacks {
     let mut kernel_keys: HashSet<u64> = HashSet::new();
     let mut user_keys: HashSet<u64> = HashSet::new();
+    let mut py_keys: HashSet<u64> = HashSet::new();
     for raw in maps.counts.keys() {
         if let Some(k) = from_bytes::<cpu_sample_key>(&raw) {
             kernel_keys.insert(k.kernel_stack);
             user_keys.insert(k.user_stack);
+            py_keys.insert(k.py_stack);
         }
     }
     FreedStacks {
         kernel_stacks: stack_maps::delete_keys_not_in(&maps.kernel_stacks, &kernel_keys),
         user_stacks: stack_maps::delete_keys_not_in(&maps.user_stacks, &user_keys),
+        py_stacks: stack_maps::delete_keys_not_in(&maps.py_stacks, &py_keys),
     }
 }
 
@@ -449,37 +469,16 @@ pub(super) fn read_counts(
     counts: &MapHandle,
     targets: &HashSet<u32>,
 ) -> Result<HashMap<Vec<u8>, u64>> {
-    let mut out = HashMap::new();
-    for key in counts.keys() {
-        let Some(k) = from_bytes::<cpu_sample_key>(&key) else {
-            continue;
-        };
-        if !targets.contains(&k.target) {
-            continue;
-        }
-        let value = counts
-            .lookup(&key, MapFlags::ANY)
-            .map_err(|e| CaptureError::bpf("reading CPU sample counts", e))?;
-        if let Some(n) = value.as_deref().and_then(from_bytes::<u64>) {
-            out.insert(key, n);
-        }
-    }
-    Ok(out)
+    read_target_entries::<cpu_sample_key, u64>(counts, targets, |k| k.target, "CPU sample counts")
 }
 
 pub(super) fn read_drops(drops: &MapHandle) -> CpuDrops {
-    let per_cpu = drops
-        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-        .ok()
-        .flatten();
     let mut sum = CpuDrops::default();
-    for v in per_cpu.unwrap_or_default() {
-        if let Some(d) = from_bytes::<cpu_drops>(&v) {
-            sum.counts_full += d.counts_full;
-            sum.user_stack += d.user_stack;
-            sum.kernel_stack += d.kernel_stack;
-            sum.notify += d.notify;
-        }
+    for d in per_cpu::<cpu_drops>(drops, 0).unwrap_or_default() {
+        sum.counts_full += d.counts_full;
+        sum.user_stack += d.user_stack;
+        sum.kernel_stack += d.kernel_stack;
+        sum.notify += d.notify;
     }
     sum
 }

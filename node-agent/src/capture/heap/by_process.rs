@@ -241,9 +241,14 @@ fn read_and_merge(
         match result {
             Ok(((walk, bytes), c)) => {
                 let detail = format!(
-                    "{}, MemProfileRate {}, {} buckets, {bytes} bytes read in {:.1} ms, GC \
+                    "{}{}, MemProfileRate {}, {} buckets, {bytes} bytes read in {:.1} ms, GC \
                      cycle {}{}{}",
                     p.binary.version,
+                    if p.binary.from_code {
+                        " (stripped: globals found from the runtime's code)"
+                    } else {
+                        ""
+                    },
                     p.rate,
                     walk.buckets.len(),
                     took.as_secs_f64() * 1e3,

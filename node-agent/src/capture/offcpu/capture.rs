@@ -15,6 +15,7 @@ use crate::bpf::from_bytes;
 use crate::bpf::offcpu::types::offcpu_key;
 use crate::capture::target_table::{CaptureCgroups, delete_target_entries};
 use crate::capture::{CaptureTarget, Result, stack_maps};
+use crate::python::{PyFrame, PyStats};
 use crate::unwind::WalkStats;
 
 /// A running off-CPU capture; [`OffcpuCapture::finish`] returns its samples. Dropping it
@@ -28,6 +29,7 @@ pub struct OffcpuCapture {
     pub(super) short_before: HashMap<u32, Totals>,
     pub(super) stats_before: OffcpuStats,
     pub(super) walk_before: WalkStats,
+    pub(super) py_before: PyStats,
     pub(super) started: SystemTime,
     pub(super) started_at: Instant,
 }
@@ -93,6 +95,9 @@ impl OffcpuCapture {
         let walk = WalkStats::read(&shared.maps.unwind_stats).since(self.walk_before);
         let mut kernel_cache: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut user_cache: HashMap<u64, Vec<u64>> = HashMap::new();
+        let mut py_cache: HashMap<(u32, u64), Vec<PyFrame>> = HashMap::new();
+        let python = self.sampler.tracker.python();
+        let py_stats = PyStats::read(&shared.maps.py_stats).since(self.py_before);
         let mut samples = Vec::new();
         let mut expired_user_stacks = 0;
         for (raw, totals) in now {
@@ -124,6 +129,13 @@ impl OffcpuCapture {
                     &shared.maps.kernel_stacks,
                     key.kernel_stack,
                 ),
+                python: stack_maps::python_frames(
+                    python,
+                    &mut py_cache,
+                    &shared.maps.py_stacks,
+                    key.tgid,
+                    key.py_stack,
+                ),
                 blocked_ns: t.blocked_ns,
                 blocks: t.blocks,
                 queued_ns: t.queued_ns,
@@ -150,6 +162,12 @@ impl OffcpuCapture {
         short.retain(|s| s.blocks > 0);
         short.sort_by_key(|s| s.target);
         drop(shared);
+        let mut tgids: Vec<u32> = samples.iter().map(|s| s.tgid).collect();
+        tgids.sort_unstable();
+        tgids.dedup();
+        let python_status = python.map_or_else(Vec::new, |py| {
+            tgids.iter().filter_map(|&t| py.status(t)).collect()
+        });
         Ok(OffcpuSamples {
             targets: self.targets.clone(),
             samples,
@@ -157,6 +175,8 @@ impl OffcpuCapture {
             stats,
             expired_user_stacks,
             walk,
+            python: python_status,
+            py_stats,
             unwinder: self.sampler.unwinder().map(|u| u.stats()),
             options: self.sampler.options,
             started: self.started,

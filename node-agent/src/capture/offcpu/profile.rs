@@ -1,7 +1,7 @@
 //! What an off-CPU capture produced: blocked time per thread and stack, symbolized into a
 //! pprof profile, a text report, and the summary's top blocking kernel functions.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
@@ -9,7 +9,9 @@ use flamefleet_proto::pprof::Profile;
 
 use super::{OffcpuOptions, OffcpuStats};
 use crate::capture::CaptureTarget;
+use crate::capture::cpu::CpuSamples;
 use crate::pprof::{Frame, FrameLine, Label, ProfileBuilder};
+use crate::python::{self, PyFrame, PyProcessStatus, PyStats};
 use crate::symbolize::StackSymbolizer;
 use crate::unwind::{UnwinderStats, WalkStats};
 
@@ -28,6 +30,9 @@ pub struct OffcpuSample {
     pub user_stack: Vec<u64>,
     /// Kernel stack when it blocked, leaf first (empty when not captured).
     pub kernel_stack: Vec<u64>,
+    /// Python frames when it blocked (leaf first) of a CPython process's thread; empty
+    /// otherwise.
+    pub python: Vec<PyFrame>,
     /// Time blocked, from switching out to being woken.
     pub blocked_ns: u64,
     /// Number of blocks.
@@ -65,6 +70,11 @@ pub struct OffcpuSamples {
     pub expired_user_stacks: u64,
     /// How user stacks were walked during the window (all targets of the node).
     pub walk: WalkStats,
+    /// The Python processes that blocked, and whether their frames were read.
+    pub python: Vec<PyProcessStatus>,
+    /// How Python frames were read at switch-outs during the window (all targets of the
+    /// node).
+    pub py_stats: PyStats,
     /// The unwind tables' state at the end (`None` without CFI unwinding).
     pub unwinder: Option<UnwinderStats>,
     /// The sampler's effective options.
@@ -106,6 +116,14 @@ pub fn blocking_function(kernel: &[Frame]) -> Option<&str> {
 }
 
 impl OffcpuSamples {
+    /// The summary's `runtimes` lines, as the CPU summary's: one per Python process that
+    /// blocked, and one when Python frame chains were cut or unreadable.
+    pub fn runtimes(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.python.iter().map(ToString::to_string).collect();
+        lines.extend(self.py_stats.damage());
+        lines
+    }
+
     /// Total time blocked, walked and short blocks together.
     pub fn blocked_ns(&self) -> u64 {
         self.samples.iter().map(|s| s.blocked_ns).sum::<u64>()
@@ -127,16 +145,12 @@ impl OffcpuSamples {
     /// Symbolizes the frames no capture has symbolized yet (see
     /// `CpuSamples::warm_symbols`).
     pub fn warm_symbols(&self, symbolizer: &mut StackSymbolizer) -> usize {
-        symbolizer.confine_to(self.targets.iter().map(|t| t.cgroup.clone()));
-        let mut kernel: HashSet<&[u64]> = HashSet::new();
-        let mut done = 0;
-        for s in &self.samples {
-            done += symbolizer.warm_user(s.tgid, &s.user_stack);
-            if !s.kernel_stack.is_empty() && kernel.insert(&s.kernel_stack) {
-                done += symbolizer.warm_kernel(&s.kernel_stack);
-            }
-        }
-        done
+        symbolizer.warm_threads(
+            self.targets.iter().map(|t| t.cgroup.clone()),
+            self.samples
+                .iter()
+                .map(|s| (s.tgid, &s.user_stack[..], &s.kernel_stack[..])),
+        )
     }
 
     /// Symbolizes and builds the pprof profile: sample types `off_cpu/nanoseconds` and
@@ -144,14 +158,61 @@ impl OffcpuSamples {
     /// thread, comm), and the blocks below the minimum under one frame per target.
     /// Also returns the top blocking kernel functions by time blocked.
     pub fn to_profile(&self, symbolizer: &mut StackSymbolizer, node: &str) -> OffcpuProfile {
-        let mut b = ProfileBuilder::new(&[("off_cpu", "nanoseconds"), ("blocks", "count")]);
-        b.period("off_cpu", "nanoseconds", 1);
-        b.default_sample_type("off_cpu");
-        let start = self
-            .started
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64);
-        b.time(start, self.duration.as_nanos() as i64);
+        self.build(symbolizer, node, None)
+    }
+
+    /// The wall-clock view (docs/offcpu.md, "`wall`"): these blocks and `on_cpu`'s samples
+    /// (a CPU capture of the same targets over the same window) in one profile, whose sample
+    /// types are `wall/nanoseconds` (the default: on-CPU plus off-CPU time),
+    /// `on_cpu/nanoseconds` (samples times the sampling period), `off_cpu/nanoseconds`,
+    /// `blocks/count` and `samples/count`; label `state` says which a sample is
+    /// (`on_cpu`, `off_cpu`). The run-queue time stays out, as in off-CPU profiles.
+    pub fn to_wall_profile(
+        &self,
+        on_cpu: &CpuSamples,
+        symbolizer: &mut StackSymbolizer,
+        node: &str,
+    ) -> OffcpuProfile {
+        self.build(symbolizer, node, Some(on_cpu))
+    }
+
+    fn build(
+        &self,
+        symbolizer: &mut StackSymbolizer,
+        node: &str,
+        on_cpu: Option<&CpuSamples>,
+    ) -> OffcpuProfile {
+        let mut b = match on_cpu {
+            None => ProfileBuilder::new(&[("off_cpu", "nanoseconds"), ("blocks", "count")]),
+            Some(_) => ProfileBuilder::new(&[
+                ("wall", "nanoseconds"),
+                ("on_cpu", "nanoseconds"),
+                ("off_cpu", "nanoseconds"),
+                ("blocks", "count"),
+                ("samples", "count"),
+            ]),
+        };
+        // Values in the order of the sample types above, from (off-CPU ns, blocks).
+        let off_values = |blocked_ns: u64, blocks: u64| match on_cpu {
+            None => vec![ns(blocked_ns), ns(blocks)],
+            Some(_) => vec![ns(blocked_ns), 0, ns(blocked_ns), ns(blocks), 0],
+        };
+        let state = |labels: &mut Vec<Label>, value: &str| {
+            if on_cpu.is_some() {
+                labels.push(Label::Str("state".to_owned(), value.to_owned()));
+            }
+        };
+        match on_cpu {
+            None => {
+                b.period("off_cpu", "nanoseconds", 1);
+                b.default_sample_type("off_cpu");
+            }
+            Some(_) => {
+                b.period("wall", "nanoseconds", 1);
+                b.default_sample_type("wall");
+            }
+        }
+        b.window(self.started, self.duration);
         // The samples come from the targets: a process without a snapshot is read now only
         // if it is still there (its PID may have gone to another process).
         symbolizer.confine_to(self.targets.iter().map(|t| t.cgroup.clone()));
@@ -177,18 +238,20 @@ impl OffcpuSamples {
         ));
         let mut blocking: HashMap<String, u64> = HashMap::new();
         for s in &self.samples {
-            let user = symbolizer.user_frames(&mut b, s.tgid, &s.user_stack);
+            let user = python::splice(
+                symbolizer.user_frames(&mut b, s.tgid, &s.user_stack),
+                &s.python,
+            );
             let mut frames = symbolizer.kernel_frames(&mut b, &s.kernel_stack);
             if let Some(name) = blocking_function(&frames) {
                 *blocking.entry(name.to_owned()).or_default() += s.blocked_ns;
             }
             frames.extend(user);
-            let mut labels = crate::capture::target_labels(self.targets.get(s.target), node);
-            labels.push(Label::Num("pid".into(), i64::from(s.tgid), String::new()));
-            labels.push(Label::Num("thread".into(), i64::from(s.pid), String::new()));
-            labels.push(Label::Str("comm".into(), s.comm.clone()));
+            let target = self.targets.get(s.target);
+            let mut labels = crate::capture::thread_labels(target, node, s.tgid, s.pid, &s.comm);
+            state(&mut labels, "off_cpu");
             symbolizer.account(&frames, s.blocks);
-            b.add_sample(&frames, &[ns(s.blocked_ns), ns(s.blocks)], &labels);
+            b.add_sample(&frames, &off_values(s.blocked_ns, s.blocks), &labels);
         }
         let name = short_blocks_frame(self.options.min_block);
         for s in &self.short {
@@ -201,18 +264,51 @@ impl OffcpuSamples {
                     line: 0,
                 }],
             };
-            let labels = crate::capture::target_labels(self.targets.get(s.target), node);
-            b.add_sample(&[frame], &[ns(s.blocked_ns), ns(s.blocks)], &labels);
+            let mut labels = crate::capture::target_labels(self.targets.get(s.target), node);
+            state(&mut labels, "off_cpu");
+            b.add_sample(&[frame], &off_values(s.blocked_ns, s.blocks), &labels);
+        }
+        if let Some(cpu) = on_cpu {
+            let period = crate::pprof::nanos_per_sample(cpu.options.frequency);
+            b.comment(&format!(
+                "on-CPU: {} samples at {} Hz ({}), {:.3} s at {period} ns a sample; drops: {}",
+                cpu.total(),
+                cpu.options.frequency,
+                cpu.options.event.name(),
+                cpu.total() as f64 * period as f64 / 1e9,
+                cpu.drops.total()
+            ));
+            for s in &cpu.samples {
+                let frames = s.frames(symbolizer, &mut b);
+                let target = cpu.targets.get(s.target);
+                let mut labels =
+                    crate::capture::thread_labels(target, node, s.tgid, s.pid, &s.comm);
+                state(&mut labels, "on_cpu");
+                let n = ns(s.count);
+                let on = n.saturating_mul(period);
+                symbolizer.account(&frames, s.count);
+                b.add_sample(&frames, &[on, on, 0, 0, n], &labels);
+            }
         }
         for c in symbolizer.comments("blocks") {
             b.comment(&c);
         }
         b.comment(&self.walk.comment());
+        if self.py_stats.samples > 0 || !self.python.is_empty() {
+            b.comment(&self.py_stats.comment_of("blocks"));
+        }
+        for p in &self.python {
+            b.comment(&p.to_string());
+        }
         let mut top: Vec<(String, u64)> = blocking.into_iter().collect();
         top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         OffcpuProfile {
             profile: b.build(),
             top_blocking: top,
+            on_cpu_ns: on_cpu.map_or(0, |c| {
+                c.total()
+                    .saturating_mul(crate::pprof::nanos_per_sample(c.options.frequency) as u64)
+            }),
         }
     }
 }
@@ -230,15 +326,31 @@ pub struct OffcpuProfile {
     /// Kernel functions the targets blocked in (the first frame below the scheduler's),
     /// by time blocked, most first.
     pub top_blocking: Vec<(String, u64)>,
+    /// The wall-clock view's on-CPU time (its `on_cpu/nanoseconds` total); 0 in an off-CPU
+    /// profile.
+    pub on_cpu_ns: u64,
 }
 
 impl OffcpuProfile {
     /// A text report: totals, the top blocking kernel functions and the top stacks.
     pub fn text(&self, samples: &OffcpuSamples, top: usize) -> String {
-        let total = samples.blocked_ns().max(1) as f64;
-        let mut out = format!(
+        // A wall-clock profile's first sample type is wall time: on-CPU plus blocked.
+        let total = (samples.blocked_ns() + self.on_cpu_ns).max(1) as f64;
+        let mut out = String::new();
+        if self.on_cpu_ns > 0 {
+            let _ = writeln!(
+                out,
+                "wall: {:.3} s on CPU ({:.2}%) and {:.3} s blocked ({:.2}%)",
+                self.on_cpu_ns as f64 / 1e9,
+                self.on_cpu_ns as f64 * 100.0 / total,
+                samples.blocked_ns() as f64 / 1e9,
+                samples.blocked_ns() as f64 * 100.0 / total
+            );
+        }
+        let _ = writeln!(
+            out,
             "off-CPU: {:.3} s blocked in {} blocks over {:.1?} ({} walked, {} under {} only \
-             counted); then {:.3} s waiting for a CPU; lost {}\n",
+             counted); then {:.3} s waiting for a CPU; lost {}",
             samples.blocked_ns() as f64 / 1e9,
             samples.blocks(),
             samples.duration,
@@ -257,7 +369,11 @@ impl OffcpuProfile {
                 *ns as f64 * 100.0 / total
             );
         }
-        out.push_str("top blocking stacks (root first; user frames, then kernel):\n");
+        out.push_str(if self.on_cpu_ns > 0 {
+            "top stacks by wall time (root first; user frames, then kernel):\n"
+        } else {
+            "top blocking stacks (root first; user frames, then kernel):\n"
+        });
         let frames = crate::pprof::read::Frames::new(&self.profile);
         let mut stacks: HashMap<Vec<String>, i64> = HashMap::new();
         for s in &self.profile.sample {

@@ -7,18 +7,19 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
 use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
-use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
+use libbpf_rs::{MapCore as _, MapHandle};
 
 use super::{OffcpuCapture, OffcpuMapFill, OffcpuOptions, OffcpuStats};
-use crate::bpf::from_bytes;
 use crate::bpf::offcpu::types::{ff_target, offcpu_cpu, offcpu_key, offcpu_short, offcpu_val};
 use crate::bpf::offcpu::{OffcpuSkel, OffcpuSkelBuilder};
+use crate::bpf::{from_bytes, per_cpu};
 use crate::capture::kernel::KernelFeatures;
 use crate::capture::process_tracker::ProcessTracker;
-use crate::capture::sampler_thread::{self, OwnerThread, Woken};
-use crate::capture::target_table::{CaptureCgroups, TargetMaps, TargetTable};
+use crate::capture::sampler_thread::{self, OwnerThread};
+use crate::capture::target_table::{CaptureCgroups, TargetMaps, TargetTable, read_target_entries};
 use crate::capture::{CaptureError, CaptureTarget, Result, SamplerConfig, stack_maps};
 use crate::process::ProcessCatalog;
+use crate::python::{PyStats, PythonRegistry};
 use crate::unwind::{Unwinder, WalkStats};
 
 pub(super) struct Maps {
@@ -30,6 +31,8 @@ pub(super) struct Maps {
     pub(super) kernel_stacks: MapHandle,
     pub(super) user_stacks: MapHandle,
     pub(super) unwind_stats: MapHandle,
+    pub(super) py_stacks: MapHandle,
+    pub(super) py_stats: MapHandle,
 }
 
 impl Maps {
@@ -45,7 +48,7 @@ pub(super) struct Shared {
     pub(super) maps: Maps,
     pub(super) table: TargetTable,
     /// Stacks no total referred to at the last cleanup (see [`drop_unreferenced_stacks`]).
-    pub(super) unreferenced: (HashSet<u64>, HashSet<u64>),
+    pub(super) unreferenced: Unreferenced,
 }
 
 /// The node's off-CPU sampler, shared by every off-CPU capture. It runs with the options
@@ -97,27 +100,19 @@ impl OffcpuSampler {
         } else {
             None
         };
-        let tracker = ProcessTracker::new(catalog, unwinder);
+        // Python frames are read with the CFI walk, as the CPU sampler reads them.
+        let mut tracker = ProcessTracker::new(catalog, unwinder);
+        if options.cfi_unwind && config.python_frames && !config.force_bounded_walk {
+            let python =
+                PythonRegistry::shared().map_err(|e| CaptureError::bpf(e.what, e.source))?;
+            tracker = tracker.with_python(python);
+        }
         let thread_tracker = tracker.clone();
         let (maps, owner) = sampler_thread::spawn("offcpu", move |ready, stop| {
             let mut object = MaybeUninit::uninit();
-            match load(&mut object, &config, options, &thread_tracker) {
-                Ok(loaded) => {
-                    if ready.send(Ok(loaded.maps)).is_err() {
-                        return;
-                    }
-                    // Sleeps until the ring has process notifications or the sampler
-                    // stops; consume errors are EINTR.
-                    while stop.wait(Some(loaded.ring.epoll_fd()), None) == Woken::Look {
-                        let _ = loaded.ring.consume();
-                    }
-                    drop(loaded.links);
-                    drop(loaded.skel);
-                }
-                Err(e) => {
-                    let _ = ready.send(Err(e));
-                }
-            }
+            let loaded = load(&mut object, &config, options, &thread_tracker)
+                .map(|l| (l.maps, l.ring, (l.links, l.skel)));
+            sampler_thread::serve_ring(ready, &stop, loaded);
         })?;
         tracing::info!(
             ms = began.elapsed().as_millis() as u64,
@@ -184,6 +179,7 @@ impl OffcpuSampler {
         let short_before = read_short(&maps.short_blocks, &own)?;
         let stats_before = read_stats(&maps.cpus);
         let walk_before = WalkStats::read(&maps.unwind_stats);
+        let py_before = PyStats::read(&maps.py_stats);
         drop(shared);
         Ok(OffcpuCapture {
             sampler: self.clone(),
@@ -193,6 +189,7 @@ impl OffcpuSampler {
             short_before,
             stats_before,
             walk_before,
+            py_before,
             started: SystemTime::now(),
             started_at: Instant::now(),
         })
@@ -225,10 +222,20 @@ fn load<'obj>(
         ro.ff_stack_seed = stack_maps::seed();
         // A Go thread blocked in the scheduler waits for the goroutine that parked on it.
         ro.ff_go_park_stitch = true;
+        ro.python_frames = tracker.python().is_some();
     }
     if let Some(u) = unwinder {
         u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?;
     }
+    if let Some(py) = tracker.python() {
+        py.share_maps(&mut open.maps.py_procs, &mut open.maps.py_threads)
+            .map_err(|e| CaptureError::bpf(e.what, e.source))?;
+    }
+    let py_stacks = if tracker.python().is_some() {
+        config.max_stacks
+    } else {
+        1
+    };
     // Without kernel stacks their map keeps one entry.
     let kernel_stacks = if options.kernel_stacks {
         config.max_stacks
@@ -246,7 +253,8 @@ fn load<'obj>(
             .set_max_entries(config.max_target_indices.saturating_add(1))?;
         m.counts.set_max_entries(config.max_cpu_entries.max(1))?;
         m.kernel_stacks.set_max_entries(kernel_stacks.max(1))?;
-        m.user_stacks.set_max_entries(config.max_stacks.max(1))
+        m.user_stacks.set_max_entries(config.max_stacks.max(1))?;
+        m.py_stacks.set_max_entries(py_stacks.max(1))
     })();
     sizing.map_err(|e| CaptureError::bpf("sizing off-CPU maps", e))?;
     let skel = CaptureError::load("loading the off-CPU BPF programs", || open.load())?;
@@ -270,6 +278,8 @@ fn load<'obj>(
         kernel_stacks: handle(&skel.maps.kernel_stacks, "kernel_stacks")?,
         user_stacks: handle(&skel.maps.user_stacks, "user_stacks")?,
         unwind_stats: handle(&skel.maps.unwind_stats, "unwind_stats")?,
+        py_stacks: handle(&skel.maps.py_stacks, "py_stacks")?,
+        py_stats: handle(&skel.maps.py_stats, "py_stats")?,
     };
     let ring = tracker.event_ring(&handle(&skel.maps.proc_events, "proc_events")?)?;
     Ok(Loaded {
@@ -303,41 +313,33 @@ pub(super) fn read_counts(
     counts: &MapHandle,
     targets: &HashSet<u32>,
 ) -> Result<HashMap<Vec<u8>, Totals>> {
-    let mut out = HashMap::new();
-    for key in counts.keys() {
-        let Some(k) = from_bytes::<offcpu_key>(&key) else {
-            continue;
-        };
-        if !targets.contains(&k.target) {
-            continue;
-        }
-        let value = counts
-            .lookup(&key, MapFlags::ANY)
-            .map_err(|e| CaptureError::bpf("reading off-CPU totals", e))?;
-        if let Some(v) = value.as_deref().and_then(from_bytes::<offcpu_val>) {
-            out.insert(
-                key,
-                Totals {
-                    blocked_ns: v.blocked_ns,
-                    blocks: v.blocks,
-                    queued_ns: v.queued_ns,
-                },
-            );
-        }
-    }
-    Ok(out)
+    let values = read_target_entries::<offcpu_key, offcpu_val>(
+        counts,
+        targets,
+        |k| k.target,
+        "off-CPU totals",
+    )?;
+    Ok(values
+        .into_iter()
+        .map(|(key, v)| {
+            let totals = Totals {
+                blocked_ns: v.blocked_ns,
+                blocks: v.blocks,
+                queued_ns: v.queued_ns,
+            };
+            (key, totals)
+        })
+        .collect())
 }
 
 /// The blocks below the minimum of the given target indices (summed over CPUs).
 pub(super) fn read_short(map: &MapHandle, targets: &HashSet<u32>) -> Result<HashMap<u32, Totals>> {
     let mut out = HashMap::new();
     for &index in targets {
-        let per_cpu = map
-            .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
-            .map_err(|e| CaptureError::bpf("reading off-CPU short blocks", e))?
-            .unwrap_or_default();
+        let cpus = per_cpu::<offcpu_short>(map, index)
+            .map_err(|e| CaptureError::bpf("reading off-CPU short blocks", e))?;
         let mut sum = Totals::default();
-        for v in per_cpu.iter().filter_map(|v| from_bytes::<offcpu_short>(v)) {
+        for v in cpus {
             sum.blocked_ns += v.blocked_ns;
             sum.blocks += v.blocks;
             sum.queued_ns += v.queued_ns;
@@ -348,23 +350,17 @@ pub(super) fn read_short(map: &MapHandle, targets: &HashSet<u32>) -> Result<Hash
 }
 
 pub(super) fn read_stats(cpus: &MapHandle) -> OffcpuStats {
-    let per_cpu = cpus
-        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-        .ok()
-        .flatten();
     let mut sum = OffcpuStats::default();
-    for v in per_cpu.unwrap_or_default() {
-        if let Some(c) = from_bytes::<offcpu_cpu>(&v) {
-            let s = c.stats;
-            sum.blocks += s.blocks;
-            sum.walked += s.walked;
-            sum.short_blocks += s.short_blocks;
-            sum.stale += s.stale;
-            sum.counts_full += s.counts_full;
-            sum.stamp_full += s.stamp_full;
-            sum.kernel_stack += s.kernel_stack;
-            sum.notify += s.notify;
-        }
+    for c in per_cpu::<offcpu_cpu>(cpus, 0).unwrap_or_default() {
+        let s = c.stats;
+        sum.blocks += s.blocks;
+        sum.walked += s.walked;
+        sum.short_blocks += s.short_blocks;
+        sum.stale += s.stale;
+        sum.counts_full += s.counts_full;
+        sum.stamp_full += s.stamp_full;
+        sum.kernel_stack += s.kernel_stack;
+        sum.notify += s.notify;
     }
     sum
 }
@@ -378,16 +374,15 @@ pub(super) fn read_stats(cpus: &MapHandle) -> OffcpuStats {
 /// unreferenced at one cleanup may belong to a block still in progress, so it is removed
 /// only if it is still unreferenced at the next; only a block spanning two cleanups (two
 /// captures ending on the sampler while it lasts) loses its user stack.
-pub(super) fn drop_unreferenced_stacks(
-    maps: &Maps,
-    last: &mut (HashSet<u64>, HashSet<u64>),
-) -> (usize, usize) {
+pub(super) fn drop_unreferenced_stacks(maps: &Maps, last: &mut Unreferenced) -> (usize, usize) {
     let mut kernel_keys: HashSet<u64> = HashSet::new();
     let mut user_keys: HashSet<u64> = HashSet::new();
+    let mut py_keys: HashSet<u64> = HashSet::new();
     for raw in maps.counts.keys() {
         if let Some(k) = from_bytes::<offcpu_key>(&raw) {
             kernel_keys.insert(k.kernel_stack);
             user_keys.insert(k.user_stack);
+            py_keys.insert(k.py_stack);
         }
     }
     let sweep = |map: &MapHandle, keep: &HashSet<u64>, last: &mut HashSet<u64>| {
@@ -407,8 +402,19 @@ pub(super) fn drop_unreferenced_stacks(
             .collect();
         removed
     };
+    // Python stacks go with the user stacks they were walked with: one count.
+    let user = sweep(&maps.user_stacks, &user_keys, &mut last.user)
+        + sweep(&maps.py_stacks, &py_keys, &mut last.python);
     (
-        sweep(&maps.kernel_stacks, &kernel_keys, &mut last.0),
-        sweep(&maps.user_stacks, &user_keys, &mut last.1),
+        sweep(&maps.kernel_stacks, &kernel_keys, &mut last.kernel),
+        user,
     )
+}
+
+/// The stacks of each map no total referred to at the last cleanup.
+#[derive(Debug, Default)]
+pub(super) struct Unreferenced {
+    kernel: HashSet<u64>,
+    user: HashSet<u64>,
+    python: HashSet<u64>,
 }

@@ -223,11 +223,7 @@ impl RunqlatResult {
     /// synthetic stack target → [process →] bucket for flame graphs.
     pub fn to_profile(&self, node: &str) -> Profile {
         let mut b = ProfileBuilder::new(&[("count", "count"), ("latency", "nanoseconds")]);
-        let start = self
-            .started
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64);
-        b.time(start, self.duration.as_nanos() as i64);
+        b.window(self.started, self.duration);
         b.default_sample_type("count");
         b.comment(&format!(
             "runqlat, {} buckets, start timestamps in {:?}; drops: hists_full={} start_full={}",

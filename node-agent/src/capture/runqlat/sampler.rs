@@ -13,11 +13,11 @@ use super::{
     ClockStats, FLAG_PER_PROCESS, FLAG_UNIT_MS, LatencyUnit, RUNQLAT_SLOTS, RunqlatCapture,
     RunqlatDrops, RunqlatMapFill, RunqlatOptions, StartStorage,
 };
-use crate::bpf::from_bytes;
 use crate::bpf::runqlat::types::{
     ff_target, runqlat_cpu, runqlat_drops, runqlat_hist, runqlat_key, runqlat_slots,
 };
 use crate::bpf::runqlat::{RunqlatSkel, RunqlatSkelBuilder};
+use crate::bpf::{from_bytes, per_cpu};
 use crate::capture::sampler_thread::{self, OwnerThread, Woken};
 use crate::capture::target_table::{CaptureCgroups, TargetMaps, TargetTable};
 use crate::capture::{CaptureError, CaptureTarget, Result, RunqlatClock, SamplerConfig};
@@ -298,17 +298,12 @@ pub(super) struct RawHist {
 pub(super) fn read_hists(maps: &Maps, own: &HashSet<u32>) -> Result<HashMap<(u32, u32), RawHist>> {
     let mut out = HashMap::new();
     for &index in own {
-        let per_cpu = maps
-            .target_hists
-            .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
-            .map_err(|e| CaptureError::bpf("reading runqlat histograms", e))?
-            .unwrap_or_default();
+        let cpus = per_cpu::<runqlat_slots>(&maps.target_hists, index)
+            .map_err(|e| CaptureError::bpf("reading runqlat histograms", e))?;
         let mut slots = vec![0u64; RUNQLAT_SLOTS];
-        for cpu in &per_cpu {
-            if let Some(h) = from_bytes::<runqlat_slots>(cpu) {
-                for (a, b) in slots.iter_mut().zip(h.slots) {
-                    *a += b;
-                }
+        for h in cpus {
+            for (a, b) in slots.iter_mut().zip(h.slots) {
+                *a += b;
             }
         }
         out.insert(
@@ -347,39 +342,26 @@ pub(super) fn read_hists(maps: &Maps, own: &HashSet<u32>) -> Result<HashMap<(u32
 
 /// The hybrid variant's counters, summed over CPUs (`None` for the other variants).
 pub(super) fn read_clock_stats(maps: &Maps) -> Option<ClockStats> {
-    let per_cpu = maps
-        .rq_cpu
-        .as_ref()?
-        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-        .ok()
-        .flatten();
+    let cpus = per_cpu::<runqlat_cpu>(maps.rq_cpu.as_ref()?, 0).unwrap_or_default();
     let mut sum = ClockStats::default();
-    for v in per_cpu.unwrap_or_default() {
-        if let Some(c) = from_bytes::<runqlat_cpu>(&v) {
-            sum.waits += c.waits;
-            sum.after_idle += c.after_idle;
-            sum.clock_reads += c.clock_reads;
-            sum.uncalibrated += c.uncalibrated;
-            sum.split += c.split;
-            sum.psi_stamps += c.psi_stamps;
-            sum.psi_checks += c.psi_checks;
-            sum.psi_rejects += c.psi_rejects;
-        }
+    for c in cpus {
+        sum.waits += c.waits;
+        sum.after_idle += c.after_idle;
+        sum.clock_reads += c.clock_reads;
+        sum.uncalibrated += c.uncalibrated;
+        sum.split += c.split;
+        sum.psi_stamps += c.psi_stamps;
+        sum.psi_checks += c.psi_checks;
+        sum.psi_rejects += c.psi_rejects;
     }
     Some(sum)
 }
 
 pub(super) fn read_drops(drops: &MapHandle) -> RunqlatDrops {
-    let per_cpu = drops
-        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-        .ok()
-        .flatten();
     let mut sum = RunqlatDrops::default();
-    for v in per_cpu.unwrap_or_default() {
-        if let Some(d) = from_bytes::<runqlat_drops>(&v) {
-            sum.hists_full += d.hists_full;
-            sum.start_full += d.start_full;
-        }
+    for d in per_cpu::<runqlat_drops>(drops, 0).unwrap_or_default() {
+        sum.hists_full += d.hists_full;
+        sum.start_full += d.start_full;
     }
     sum
 }

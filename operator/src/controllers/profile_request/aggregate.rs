@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use flamefleet_api::profile_request::{BlockingFunction, MAX_TOP_BLOCKING, OffcpuSummary};
+use flamefleet_api::profile_request::{
+    BlockingFunction, MAX_SUMMARY_NOTES, MAX_TOP_BLOCKING, OffcpuSummary,
+};
 use flamefleet_api::{
     CpuSummary, LatencySummary, NodeCounts, NodeFailureEntry, NodeStatus, ProfileSummary,
 };
@@ -43,6 +45,8 @@ pub struct Measures {
     worst: Option<LatencySummary>,
     /// Off-CPU totals over nodes, and time per blocking kernel function.
     offcpu: Option<OffcpuFold>,
+    /// The nodes' notes on how they measured, each once, at most [`MAX_SUMMARY_NOTES`].
+    notes: Vec<String>,
 }
 
 /// Most kernel functions kept while folding nodes' off-CPU summaries (each node names at
@@ -55,6 +59,9 @@ struct OffcpuFold {
     blocked_ns: u64,
     runnable_ns: u64,
     blocks: u64,
+    /// Wall-clock view: on-CPU time, and whether any node measured it.
+    on_cpu_ns: u64,
+    on_cpu: bool,
     by_function: BTreeMap<String, u64>,
 }
 
@@ -66,6 +73,7 @@ impl Default for Measures {
             mergeable: true,
             worst: None,
             offcpu: None,
+            notes: Vec::new(),
         }
     }
 }
@@ -77,6 +85,11 @@ fn rounded(v: f64) -> i64 {
 impl Measures {
     /// Folds in one node's summary and run-queue histogram.
     pub fn add(&mut self, summary: Option<&CaptureSummary>, histogram: Option<&LatencyHistogram>) {
+        for note in summary.iter().flat_map(|s| s.notes.iter()) {
+            if self.notes.len() < MAX_SUMMARY_NOTES && !self.notes.contains(note) {
+                self.notes.push(note.clone());
+            }
+        }
         match summary.and_then(|s| s.kind.as_ref()) {
             Some(Kind::Cpu(cpu)) => {
                 self.add_cpu(summary, cpu.frequency_hz, cpu.requested_frequency_hz)
@@ -148,6 +161,8 @@ impl Measures {
         f.blocked_ns = f.blocked_ns.saturating_add(m.blocked_ns);
         f.runnable_ns = f.runnable_ns.saturating_add(m.runnable_ns);
         f.blocks = f.blocks.saturating_add(m.blocks);
+        f.on_cpu_ns = f.on_cpu_ns.saturating_add(m.on_cpu_ns);
+        f.on_cpu |= m.on_cpu_samples > 0;
         for b in m.top_blocking.iter().take(MAX_TOP_BLOCKING) {
             if f.by_function.len() < MAX_BLOCKING_FOLDED || f.by_function.contains_key(&b.function)
             {
@@ -166,6 +181,7 @@ impl Measures {
             off_cpu_millis: millis(f.blocked_ns),
             runnable_millis: millis(f.runnable_ns),
             blocks: i64::try_from(f.blocks).unwrap_or(i64::MAX),
+            on_cpu_millis: f.on_cpu.then(|| millis(f.on_cpu_ns)),
             top_blocking: top
                 .into_iter()
                 .take(MAX_TOP_BLOCKING)
@@ -204,6 +220,7 @@ impl Measures {
             cpu: self.cpu.clone(),
             runqlat: self.runqlat(),
             offcpu: self.offcpu(),
+            notes: self.notes.clone(),
         }
     }
 }
@@ -318,7 +335,12 @@ mod tests {
     fn done(samples: i64, summary: Option<Kind>) -> NodeOutcome {
         NodeOutcome::Done {
             artifacts: vec![artifact("cpu.pb.gz", samples)],
-            summary: summary.map(|kind| Box::new(CaptureSummary { kind: Some(kind) })),
+            summary: summary.map(|kind| {
+                Box::new(CaptureSummary {
+                    kind: Some(kind),
+                    ..Default::default()
+                })
+            }),
             runqlat_histogram: None,
         }
     }
@@ -544,6 +566,7 @@ mod tests {
                     .collect(),
                 ..Default::default()
             })),
+            ..Default::default()
         };
         let mut m = Measures::default();
         m.add(

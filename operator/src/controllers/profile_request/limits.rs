@@ -1,6 +1,7 @@
 //! Per-tenant cost limits, set by the cluster admin: how many captures may run at once in the
-//! cluster and in each namespace, the smallest heap sampling interval and the highest CPU
-//! sampling frequency a request may ask for.
+//! cluster and in each namespace, the smallest heap sampling interval, the highest CPU
+//! sampling frequency and the highest overhead guards of heap and off-CPU captures a request
+//! may ask for.
 //!
 //! Creating ProfileRequests is the only RBAC gate, so without these any tenant allowed to
 //! create them could stack captures on shared nodes (each heap capture traps every allocation
@@ -25,6 +26,9 @@ pub const NAMESPACE_LIMIT_ANNOTATION: &str = "flamefleet.dev/max-concurrent-capt
 /// The agent's own default `heap.maxOverheadPercent`, and the operator's default ceiling.
 pub const DEFAULT_MAX_HEAP_OVERHEAD_PERCENT: u32 = 3;
 
+/// The agent's own default `offcpu.maxOverheadPercent`, and the operator's default ceiling.
+pub const DEFAULT_MAX_OFFCPU_OVERHEAD_PERCENT: u32 = 3;
+
 /// The limits, from the operator's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantLimits {
@@ -42,6 +46,13 @@ pub struct TenantLimits {
     /// fire in every process that maps the probed allocator, not only the tenant's, so the
     /// cluster admin sets this and a tenant can only ask for less.
     pub max_heap_overhead_percent: u32,
+    /// Highest `offcpu.maxOverheadPercent` accepted, and the one sent when a request names
+    /// none (0: no ceiling, and a request may turn the guard off with 0). A node has one
+    /// off-CPU sampler for all captures: a target's blocks fill the stack and count maps
+    /// every other capture on the node shares, and its stack walks run inside context
+    /// switches, which the scheduler bills to the task switched in, often another pod's. So
+    /// the cluster admin sets this and a tenant can only ask for less.
+    pub max_offcpu_overhead_percent: u32,
 }
 
 impl Default for TenantLimits {
@@ -52,6 +63,7 @@ impl Default for TenantLimits {
             min_heap_sample_bytes: 64 * 1024,
             max_cpu_frequency_hz: 1000,
             max_heap_overhead_percent: DEFAULT_MAX_HEAP_OVERHEAD_PERCENT,
+            max_offcpu_overhead_percent: DEFAULT_MAX_OFFCPU_OVERHEAD_PERCENT,
         }
     }
 }
@@ -80,33 +92,55 @@ pub fn check_spec(
                     limits.min_heap_sample_bytes
                 ));
             }
-            let ceiling = limits.max_heap_overhead_percent;
-            if let Some(percent) = spec.heap_options().max_overhead_percent
-                && ceiling > 0
-                && (percent <= 0 || i64::from(percent) > i64::from(ceiling))
-            {
-                let asked = if percent <= 0 {
-                    format!("heap.maxOverheadPercent {percent} (the overhead guard turned off)")
-                } else {
-                    format!("heap.maxOverheadPercent {percent}")
-                };
-                return Err(format!(
-                    "{asked} is above this cluster's ceiling of {ceiling}% (set by the cluster admin with the operator's --max-heap-overhead-percent): the heap probes slow every process on the node that maps the same allocator, not only yours; ask for {ceiling} or less"
-                ));
-            }
+            check_overhead_guard(
+                "heap",
+                spec.heap_options().max_overhead_percent,
+                limits.max_heap_overhead_percent,
+                "the heap probes slow every process on the node that maps the same allocator, not only yours",
+            )?;
         }
-        // The off-CPU guard protects the request's own pods (their blocks pay the walks);
-        // the node-wide cost of a switch of other pods is a few loads whatever they ask.
-        ProfileType::Runqlat | ProfileType::Offcpu => {}
+        ProfileType::Offcpu => check_overhead_guard(
+            "offcpu",
+            spec.offcpu_options().max_overhead_percent,
+            limits.max_offcpu_overhead_percent,
+            "the node's one off-CPU sampler walks your pods' stacks inside context switches billed to other pods too, into maps every capture on the node shares",
+        )?,
+        ProfileType::Runqlat => {}
     }
     Ok(())
 }
 
-/// The `heap.maxOverheadPercent` to send for `asked` (pure): `ceiling`
-/// ([`TenantLimits::max_heap_overhead_percent`]) when the request
-/// names none or more than the ceiling allows (never 0, which turns the guard off, while a
-/// ceiling is set); `asked` otherwise.
-pub fn heap_overhead_percent(asked: Option<u32>, ceiling: u32) -> Option<u32> {
+/// A request's `<kind>.maxOverheadPercent` (`asked`) against the cluster admin's `ceiling`
+/// (`--max-<kind>-overhead-percent`; 0: none): above it, or 0 (the guard off) while there is
+/// one, fails saying `why` the tenant may not.
+fn check_overhead_guard(
+    kind: &str,
+    asked: Option<i32>,
+    ceiling: u32,
+    why: &str,
+) -> std::result::Result<(), String> {
+    let Some(percent) = asked else {
+        return Ok(());
+    };
+    if ceiling == 0 || (percent > 0 && i64::from(percent) <= i64::from(ceiling)) {
+        return Ok(());
+    }
+    let asked = if percent <= 0 {
+        format!("{kind}.maxOverheadPercent {percent} (the overhead guard turned off)")
+    } else {
+        format!("{kind}.maxOverheadPercent {percent}")
+    };
+    Err(format!(
+        "{asked} is above this cluster's ceiling of {ceiling}% (set by the cluster admin with the operator's --max-{kind}-overhead-percent): {why}; ask for {ceiling} or less"
+    ))
+}
+
+/// The `heap.maxOverheadPercent` or `offcpu.maxOverheadPercent` to send for `asked` (pure):
+/// `ceiling` ([`TenantLimits::max_heap_overhead_percent`],
+/// [`TenantLimits::max_offcpu_overhead_percent`]) when the request names none or more than
+/// the ceiling allows (never 0, which turns the guard off, while a ceiling is set); `asked`
+/// otherwise.
+pub fn overhead_percent(asked: Option<u32>, ceiling: u32) -> Option<u32> {
     match asked {
         _ if ceiling == 0 => asked,
         Some(p) if p > 0 && p <= ceiling => Some(p),
@@ -352,11 +386,52 @@ mod tests {
         };
         assert!(check_spec(&heap(0), &open).is_ok());
         // What is sent: the ceiling unless the request asks for less.
-        assert_eq!(heap_overhead_percent(None, 3), Some(3));
-        assert_eq!(heap_overhead_percent(Some(0), 3), Some(3));
-        assert_eq!(heap_overhead_percent(Some(9), 3), Some(3));
-        assert_eq!(heap_overhead_percent(Some(2), 3), Some(2));
-        assert_eq!(heap_overhead_percent(None, 0), None);
-        assert_eq!(heap_overhead_percent(Some(0), 0), Some(0));
+        assert_eq!(overhead_percent(None, 3), Some(3));
+        assert_eq!(overhead_percent(Some(0), 3), Some(3));
+        assert_eq!(overhead_percent(Some(9), 3), Some(3));
+        assert_eq!(overhead_percent(Some(2), 3), Some(2));
+        assert_eq!(overhead_percent(None, 0), None);
+        assert_eq!(overhead_percent(Some(0), 0), Some(0));
+    }
+
+    #[test]
+    fn tenants_can_only_lower_the_offcpu_overhead_guard() {
+        let limits = TenantLimits::default();
+        let offcpu = |percent: i32| {
+            spec(
+                json!({"type": "offcpu", "podNames": ["p"], "duration": "1s",
+                "offcpu": {"maxOverheadPercent": percent}}),
+            )
+        };
+        assert!(check_spec(&offcpu(1), &limits).is_ok());
+        assert!(check_spec(&offcpu(3), &limits).is_ok());
+        let none = spec(json!({"type": "offcpu", "podNames": ["p"], "duration": "1s"}));
+        assert!(check_spec(&none, &limits).is_ok());
+        let off = check_spec(&offcpu(0), &limits).unwrap_err();
+        assert!(
+            off.contains("offcpu.maxOverheadPercent 0 (the overhead guard turned off)"),
+            "{off}"
+        );
+        assert!(off.contains("--max-offcpu-overhead-percent"), "{off}");
+        let raised = check_spec(&offcpu(20), &limits).unwrap_err();
+        assert!(
+            raised.contains("offcpu.maxOverheadPercent 20 is above this cluster's ceiling of 3%"),
+            "{raised}"
+        );
+        // One ceiling does not lift the other.
+        let heap_open = TenantLimits {
+            max_heap_overhead_percent: 0,
+            ..TenantLimits::default()
+        };
+        assert!(check_spec(&offcpu(20), &heap_open).is_err());
+        let open = TenantLimits {
+            max_offcpu_overhead_percent: 20,
+            ..TenantLimits::default()
+        };
+        assert!(check_spec(&offcpu(20), &open).is_ok());
+        assert!(check_spec(&offcpu(21), &open).is_err());
+        let heap = spec(json!({"type": "heap", "podNames": ["p"], "duration": "1s",
+            "heap": {"source": "ebpf", "maxOverheadPercent": 20}}));
+        assert!(check_spec(&heap, &open).is_err());
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use flamefleet_api::conditions::{new_condition, set_condition};
 use flamefleet_api::profile_request::MAX_STATUS_FAILURES;
 use flamefleet_api::{NodePhase, NodeStatus, ProfileRequest, ProfileRequestStatus, RequestPhase};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -109,6 +109,19 @@ fn ids(request: &ProfileRequest) -> Result<Ids> {
     })
 }
 
+impl Ids {
+    /// The condition `type_` (status `ok`) at the request's generation, stamped now.
+    fn condition(
+        &self,
+        type_: &str,
+        ok: bool,
+        reason: &str,
+        message: impl Into<String>,
+    ) -> Condition {
+        new_condition(type_, ok, reason, message, self.generation, now())
+    }
+}
+
 /// The status to start from: the current one (the operator owns all of it).
 fn operator_fields(current: &ProfileRequestStatus) -> ProfileRequestStatus {
     current.clone()
@@ -161,13 +174,11 @@ async fn write_pending(
     };
     set_condition(
         &mut status.conditions,
-        new_condition(
+        ids.condition(
             CONDITION_ACCEPTED,
             true,
             "Accepted",
             "the operator accepted the request and is resolving its pods",
-            ids.generation,
-            now(),
         ),
     );
     status::apply(api, &ids.name, &status).await
@@ -316,14 +327,7 @@ async fn launch(
     }
     set_condition(
         &mut status.conditions,
-        new_condition(
-            CONDITION_RESOLVED,
-            true,
-            "PodsResolved",
-            &resolved,
-            ids.generation,
-            now(),
-        ),
+        ids.condition(CONDITION_RESOLVED, true, "PodsResolved", &resolved),
     );
     if status
         .conditions
@@ -332,25 +336,16 @@ async fn launch(
     {
         set_condition(
             &mut status.conditions,
-            new_condition(
-                CONDITION_QUEUED,
-                false,
-                "Started",
-                "a capture slot is free",
-                ids.generation,
-                now(),
-            ),
+            ids.condition(CONDITION_QUEUED, false, "Started", "a capture slot is free"),
         );
     }
     set_condition(
         &mut status.conditions,
-        new_condition(
+        ids.condition(
             CONDITION_COMPLETED,
             false,
             "Capturing",
             format!("capturing {} for {}", spec.profile_type, spec.duration),
-            ids.generation,
-            now(),
         ),
     );
     status::apply(api, &ids.name, &status).await?;
@@ -539,30 +534,21 @@ async fn progress(
         };
         set_condition(
             &mut status.conditions,
-            new_condition(
+            ids.condition(
                 CONDITION_SUCCEEDED,
                 succeeded,
                 status.reason.as_deref().unwrap_or(REASON_ALL_SUCCEEDED),
                 &message,
-                ids.generation,
-                now(),
             ),
         );
         set_condition(
             &mut status.conditions,
-            new_condition(
-                CONDITION_COMPLETED,
-                true,
-                phase.as_str(),
-                &message,
-                ids.generation,
-                now(),
-            ),
+            ids.condition(CONDITION_COMPLETED, true, phase.as_str(), &message),
         );
         let failed = counts.failed > 0;
         set_condition(
             &mut status.conditions,
-            new_condition(
+            ids.condition(
                 CONDITION_DEGRADED,
                 failed,
                 if failed {
@@ -571,8 +557,6 @@ async fn progress(
                     "AllNodesSucceeded"
                 },
                 &message,
-                ids.generation,
-                now(),
             ),
         );
     }
@@ -615,14 +599,7 @@ async fn queue(
         status.phase = Some(RequestPhase::Pending);
         set_condition(
             &mut status.conditions,
-            new_condition(
-                CONDITION_QUEUED,
-                true,
-                "ConcurrencyLimit",
-                &message,
-                ids.generation,
-                now(),
-            ),
+            ids.condition(CONDITION_QUEUED, true, "ConcurrencyLimit", &message),
         );
         status::apply(api, &ids.name, &status).await?;
         publish(ctx, request, EventType::Normal, "Queued", message).await;
@@ -648,37 +625,16 @@ async fn fail_request(
     status.node_count = Some(0);
     set_condition(
         &mut status.conditions,
-        new_condition(
-            CONDITION_RESOLVED,
-            false,
-            reason,
-            &message,
-            ids.generation,
-            now(),
-        ),
+        ids.condition(CONDITION_RESOLVED, false, reason, &message),
     );
     set_condition(
         &mut status.conditions,
-        new_condition(
-            CONDITION_COMPLETED,
-            true,
-            "Failed",
-            &message,
-            ids.generation,
-            now(),
-        ),
+        ids.condition(CONDITION_COMPLETED, true, "Failed", &message),
     );
     status.reason = Some(reason.to_owned());
     set_condition(
         &mut status.conditions,
-        new_condition(
-            CONDITION_SUCCEEDED,
-            false,
-            reason,
-            &message,
-            ids.generation,
-            now(),
-        ),
+        ids.condition(CONDITION_SUCCEEDED, false, reason, &message),
     );
     let updated = status::apply(api, &ids.name, &status).await?;
     ctx.metrics.request_finished(RequestPhase::Failed.as_str());

@@ -171,6 +171,12 @@ impl BuiltinStore {
                 .await
                 .map_err(|e| StoreError::io(&*tmp_path, e))?;
         }
+        // tokio's File writes in the background: `flush` returns that write's error (e.g.
+        // ENOSPC), which `sync_all` would keep to itself, leaving a short file behind a
+        // digest of the whole body.
+        file.flush()
+            .await
+            .map_err(|e| StoreError::io(&*tmp_path, e))?;
         file.sync_all()
             .await
             .map_err(|e| StoreError::io(&*tmp_path, e))?;
@@ -215,6 +221,8 @@ impl BuiltinStore {
         file.write_all(&json)
             .await
             .map_err(|e| StoreError::io(&*path, e))?;
+        // See `write_artifact`: the background write's error comes from `flush` only.
+        file.flush().await.map_err(|e| StoreError::io(&*path, e))?;
         file.sync_all()
             .await
             .map_err(|e| StoreError::io(&*path, e))?;

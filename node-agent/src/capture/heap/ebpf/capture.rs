@@ -10,8 +10,8 @@ use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 use super::profile::{CaptureRead, Rows, build_profile};
 use super::sampler::{self, HeapSampler, JoinedCapture};
 use super::{EbpfHeapOptions, EbpfHeapStats};
-use crate::bpf::from_bytes;
 use crate::bpf::heap::types;
+use crate::bpf::{from_bytes, per_cpu};
 use crate::capture::heap::allocators::AllocatorFinder;
 use crate::capture::heap::sampling;
 use crate::capture::window::{self, Stop, Window};
@@ -286,11 +286,10 @@ fn guard_overhead(
 fn read_counters(map: &MapHandle) -> Result<[u64; 8]> {
     let mut totals = [0u64; 8];
     for (i, total) in totals.iter_mut().enumerate() {
-        let per_cpu = map
-            .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
+        *total = per_cpu::<u64>(map, i as u32)
             .map_err(|e| CaptureError::bpf("reading the heap counters", e))?
-            .unwrap_or_default();
-        *total = per_cpu.iter().filter_map(|v| from_bytes::<u64>(v)).sum();
+            .into_iter()
+            .sum();
     }
     Ok(totals)
 }

@@ -2,7 +2,7 @@
 //! back up like Go's.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use flamefleet_proto::pprof::Profile;
 
@@ -45,12 +45,7 @@ pub(super) fn build_profile(
     ]);
     b.period("space", "bytes", rate as i64)
         .default_sample_type("inuse_space")
-        .time(
-            started
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as i64),
-            duration.as_nanos() as i64,
-        )
+        .window(started, duration)
         .comment(&format!(
             "flamefleet eBPF heap sampling, one sample per {rate} bytes on average; \
              alloc_* = allocations during the capture, inuse_* = those still live at its end"

@@ -597,7 +597,8 @@ fn load<'obj>(
     rodata.gap_table.copy_from_slice(&table);
     rodata.cfi_unwind = unwinder.is_some();
     rodata.ff_stack_seed = stack_maps::seed();
-    // Uprobe programs can be preempted: the walk's scratch is per thread.
+    // Uprobe programs can be preempted: the walk's scratch is per thread, and the per-CPU
+    // row cache, which such walks skip, is not created.
     rodata.ff_unwind_per_task = true;
     let cache = crate::capture::target_cache_enabled(config);
     rodata.ff_cgrp_cache = cache;
@@ -605,6 +606,10 @@ fn load<'obj>(
         .target_cache
         .set_autocreate(cache)
         .map_err(|e| CaptureError::bpf("configuring the heap target cache", e))?;
+    open.maps
+        .unwind_row_cache
+        .set_autocreate(false)
+        .map_err(|e| CaptureError::bpf("configuring the heap unwind row cache", e))?;
     match unwinder {
         Some(u) => u.share_maps(&mut open.maps.unwind_tables, &mut open.maps.unwind_procs)?,
         None => {

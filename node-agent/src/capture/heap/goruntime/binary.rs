@@ -1,6 +1,7 @@
 //! Recognizing a Go binary: its Go version from the build info (present even
 //! in stripped binaries) and the link-time addresses of the runtime globals
-//! the heap profile hangs from (from the symbol table).
+//! the heap profile hangs from (from the symbol table, or in a binary without one from
+//! the code of the runtime functions that use them: [`super::locate`]).
 
 use std::path::PathBuf;
 
@@ -8,11 +9,12 @@ use object::{Object as _, ObjectKind, ObjectSection as _, ObjectSegment as _, Ob
 
 use crate::process::files::{BoundedReader, TargetFile};
 
-/// Largest single read of the executable (its symbol or string table): a Go program's are
-/// a few MiB.
-const MAX_READ: u64 = 64 << 20;
-/// Bytes read from one executable in all (section headers, build info, symbols, names).
-const READ_BUDGET: u64 = 160 << 20;
+/// Largest single read of the executable (its symbol or string table, or `.gopclntab`): a
+/// Go program's are a few MiB.
+const MAX_READ: u64 = crate::gopclntab::MAX_SECTION_BYTES;
+/// Bytes read from one executable in all (section headers, build info, symbols, names; or
+/// Go's function table and the code of a few runtime functions).
+const READ_BUDGET: u64 = 256 << 20;
 
 /// The runtime globals read by this source.
 pub const SYMBOLS: [&str; 4] = [
@@ -42,9 +44,11 @@ pub struct GoBinary {
     pub path: PathBuf,
     /// The Go version as recorded by the toolchain (e.g. `go1.24.0`).
     pub version: String,
-    /// The runtime globals; `None` when the binary has no symbol table
-    /// (built with `-ldflags=-s`).
-    pub symbols: Option<GoSymbols>,
+    /// The runtime globals, from the symbol table or, without one (`-ldflags=-s`), from the
+    /// code ([`super::locate`]); otherwise why they were not found.
+    pub symbols: Result<GoSymbols, String>,
+    /// Whether they were found from the code (the binary has no symbol table).
+    pub from_code: bool,
     /// Position-independent (`-buildmode=pie`): addresses move by a load bias.
     pub pie: bool,
     /// Lowest virtual address of a loadable segment.
@@ -175,25 +179,36 @@ pub fn inspect(file: &TargetFile) -> Result<Option<GoBinary>, BinaryError> {
             found[i] = Some(sym.address());
         }
     }
-    let symbols = match found {
+    let (symbols, from_code) = match found {
         [
             Some(mbuckets),
             Some(mem_profile_rate),
             Some(disable_memory_profiling),
             Some(mprof_cycle),
-        ] => Some(GoSymbols {
-            mbuckets,
-            mem_profile_rate,
-            disable_memory_profiling,
-            mprof_cycle,
-        }),
-        _ => None,
+        ] => (
+            Ok(GoSymbols {
+                mbuckets,
+                mem_profile_rate,
+                disable_memory_profiling,
+                mprof_cycle,
+            }),
+            false,
+        ),
+        _ => (
+            match crate::gopclntab::GoTable::from_elf(&elf) {
+                Ok(Some(table)) => super::locate::locate(&elf, &table),
+                Ok(None) => Err("it has no .gopclntab either".to_owned()),
+                Err(e) => Err(e.to_string()),
+            },
+            true,
+        ),
     };
     let min_vaddr = elf.segments().map(|s| s.address()).min().unwrap_or(0);
     Ok(Some(GoBinary {
         path: path.to_path_buf(),
         version,
         symbols,
+        from_code,
         pie: elf.kind() == ObjectKind::Dynamic,
         min_vaddr,
     }))

@@ -5,6 +5,8 @@
 //!
 //! - [`binary`]: is the process a Go program, which version, where are the
 //!   runtime globals (symbol table; build info for the version);
+//! - [`locate`]: the runtime globals of a binary without a symbol table, from the code of
+//!   the runtime functions that use them;
 //! - [`layout`]: the verified record layout per Go version (others refused);
 //! - [`memory`]: bounded `process_vm_readv` reads of the target's memory;
 //! - [`buckets`]: the validated, cycle-consistent walk of the bucket list;
@@ -16,6 +18,7 @@
 pub mod binary;
 pub mod buckets;
 pub mod layout;
+pub mod locate;
 pub mod memory;
 pub mod profile;
 
@@ -43,17 +46,19 @@ pub enum GoHeapError {
     /// Its Go version is not in the layout table.
     #[error(transparent)]
     Layout(#[from] LayoutError),
-    /// No symbol table.
+    /// No symbol table, and the globals were not found from the code either.
     #[error(
-        "{version} binary {path} is stripped (no symbol table, e.g. -ldflags=-s): the runtime's \
-         heap profile cannot be located; build without -s, serve net/http/pprof, or use the \
-         eBPF source for its C allocations"
+        "{version} binary {path} has no symbol table (-ldflags=-s) and the runtime's heap \
+         profile could not be located from its code: {why}; build without -s, serve \
+         net/http/pprof, or use the eBPF source for its C allocations"
     )]
     Stripped {
         /// Go version.
         version: String,
         /// The binary.
         path: PathBuf,
+        /// What the search of the code found instead.
+        why: String,
     },
     /// The linker disabled memory profiling.
     #[error(
@@ -158,11 +163,15 @@ pub fn probe(pid: u32) -> Result<Option<GoProcess>, GoHeapError> {
         return Ok(None);
     };
     let (_, layout) = layout::layout_for(&bin.version)?;
-    let Some(syms) = bin.symbols else {
-        return Err(GoHeapError::Stripped {
-            version: bin.version.clone(),
-            path: bin.path.clone(),
-        });
+    let syms = match &bin.symbols {
+        Ok(syms) => *syms,
+        Err(why) => {
+            return Err(GoHeapError::Stripped {
+                version: bin.version.clone(),
+                path: bin.path.clone(),
+                why: why.clone(),
+            });
+        }
     };
     let bias = binary::load_bias(pid, &bin).ok_or_else(|| {
         GoHeapError::Invalid(format!(
@@ -172,7 +181,8 @@ pub fn probe(pid: u32) -> Result<Option<GoProcess>, GoHeapError> {
     })?;
     let mut mem = ProcessMemory::of(process.clone(), 64);
     let rate = mem.u64(syms.mem_profile_rate + bias)? as i64;
-    let disabled = mem.u8(syms.disable_memory_profiling + bias)? != 0;
+    let flag = mem.u8(syms.disable_memory_profiling + bias)?;
+    let disabled = flag != 0;
     if rate == 0 {
         return Err(if disabled {
             GoHeapError::ProfilingDisabled {
@@ -188,6 +198,25 @@ pub fn probe(pid: u32) -> Result<Option<GoProcess>, GoHeapError> {
         return Err(GoHeapError::Invalid(format!(
             "runtime.MemProfileRate of process {pid} is {rate}; expected a positive rate"
         )));
+    }
+    // Found from the code: the flag the linker sets is a bool, and a program that can read
+    // its heap profile has the runtime functions the buckets were found in.
+    if bin.from_code && flag > 1 {
+        return Err(GoHeapError::Invalid(format!(
+            "runtime.disableMemoryProfiling of process {pid}, found from the code of {}, is \
+             not a bool: the globals found are not the runtime's",
+            bin.path.display()
+        )));
+    }
+    if syms.mbuckets == 0 || syms.mprof_cycle == 0 {
+        return Err(GoHeapError::Stripped {
+            version: bin.version.clone(),
+            path: bin.path.clone(),
+            why: format!(
+                "MemProfileRate is {rate} but runtime.memProfileInternal, where the profile \
+                 buckets are found, is not in the binary"
+            ),
+        });
     }
     // The executable, the maps and the globals were found by PID: they are this process's
     // only if it still lives.

@@ -1,0 +1,3 @@
+module gooom
+
+go 1.23
