@@ -59,6 +59,9 @@ struct CaptureArgs {
     /// Create the request and return without waiting.
     #[arg(long)]
     no_wait: bool,
+    /// Keep this capture out of the cluster's OpenTelemetry export (`export: false`).
+    #[arg(long)]
+    no_export: bool,
     /// Directory for the downloaded files.
     #[arg(short = 'o', long, default_value = ".")]
     output: PathBuf,
@@ -202,6 +205,7 @@ async fn capture_cmd(
         options,
         labels: a.labels,
         ttl_seconds: a.ttl.seconds(),
+        export: a.no_export.then_some(false),
     };
     let (name, duration) = capture::create(cluster, &opts).await?;
     let _ = writeln!(out, "profilerequest.flamefleet.dev/{name} created");

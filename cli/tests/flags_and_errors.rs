@@ -165,6 +165,8 @@ async fn each_type_lists_its_own_options_and_they_reach_the_request() {
     assert_eq!(heap.sample_bytes, Some(65536));
     // A day by default: the CLI's requests and artifacts do not pile up.
     assert_eq!(req.spec.ttl_seconds_after_finished, Some(86_400));
+    // Exported unless asked otherwise (the field stays absent).
+    assert_eq!(req.spec.export, None);
 
     let r = cli(
         &kc,
@@ -177,12 +179,14 @@ async fn each_type_lists_its_own_options_and_they_reach_the_request() {
             "ms",
             "--ttl",
             "never",
+            "--no-export",
             "--no-wait",
         ],
     )
     .await;
     assert_eq!(r.code, 0, "{r:?}");
     let req = api.get(&created_name(&r.stdout)).await.unwrap();
+    assert_eq!(req.spec.export, Some(false), "--no-export");
     let runqlat = req.spec.runqlat.unwrap();
     assert!(runqlat.per_process);
     assert_eq!(runqlat.unit, RunqlatUnit::Ms);

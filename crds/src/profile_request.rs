@@ -101,6 +101,11 @@ pub struct ProfileRequestSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub ttl_seconds_after_finished: Option<i64>,
+    /// Also send this capture's profiles to the cluster's OpenTelemetry export sink, when
+    /// the cluster admin configured one (default true). `false` keeps them in Flamefleet's
+    /// store only; a policy's `template.export: false` opts all its runs out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<bool>,
 }
 
 impl ProfileRequestSpec {

@@ -213,6 +213,16 @@ fn value_sets() -> BTreeMap<&'static str, Vec<&'static str>> {
             ],
         ),
         (
+            "otlp export with CA and headers",
+            vec![
+                "export.otlp.endpoint=https://otel-collector.observability:4317",
+                "export.otlp.caSecret=otel-ca",
+                "export.otlp.headersSecret=otel-headers",
+                "export.otlp.compression=none",
+                "export.queue.perNamespace=8",
+            ],
+        ),
+        (
             "existing claim, more limits",
             vec![
                 "store.persistence.existingClaim=artifacts",
@@ -328,6 +338,37 @@ fn defaults_close_the_debug_ports_and_render_the_network_policies() {
 /// `agent.kernelSymbols`, on by default, CAP_SETUID and CAP_SETGID with
 /// `agent.javaAttachOtherUsers`, off by default, and only the listed capabilities without
 /// them.
+/// The export values become the operator's flags, its CA and headers Secrets read-only
+/// mounts; without an endpoint nothing of it is rendered.
+#[test]
+fn export_values_become_operator_flags_and_secret_mounts() {
+    let (ok, rendered, err) = template(&[
+        "export.otlp.endpoint=https://otel.example.test:4317",
+        "export.otlp.caSecret=otel-ca",
+        "export.otlp.headersSecret=otel-headers",
+    ]);
+    assert!(ok, "helm template failed: {err}");
+    for want in [
+        "--export-otlp-endpoint=https://otel.example.test:4317",
+        "--export-otlp-ca-file=/etc/flamefleet/export-ca/ca.crt",
+        "--export-otlp-headers-dir=/etc/flamefleet/export-headers",
+        "--export-queue-per-namespace=32",
+        "--export-max-retry-time=5m",
+        "secretName: otel-ca",
+        "secretName: otel-headers",
+        "mountPath: /etc/flamefleet/export-headers, readOnly: true",
+    ] {
+        assert!(rendered.contains(want), "{want} missing");
+    }
+    assert!(!rendered.contains("--export-otlp-no-compression"));
+    let (ok, rendered, err) = template(&[]);
+    assert!(ok, "helm template failed: {err}");
+    assert!(
+        !rendered.contains("--export-"),
+        "export flags without an endpoint"
+    );
+}
+
 #[test]
 fn kernel_symbols_add_syslog_to_the_agents_capabilities() {
     let agent_caps = |values: &[&str]| {
@@ -401,6 +442,11 @@ fn values_schema_refuses_bad_values_with_a_clear_message() {
             vec!["operator.limits.maxOffcpuOverheadPercent=101"],
             "maxOffcpuOverheadPercent",
         ),
+        (
+            vec!["export.otlp.endpoint=collector:4317"],
+            "export/otlp/endpoint",
+        ),
+        (vec!["export.queue.perNamespace=0"], "perNamespace"),
         (vec!["notAValue=1"], "notAValue"),
     ];
     for (values, mentions) in cases {

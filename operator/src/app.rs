@@ -19,6 +19,7 @@ use crate::controllers::sampling::{
 use crate::dispatch::connector::{AgentConnector, Backoff};
 use crate::dispatch::uploads::UrlPolicy;
 use crate::dispatch::{DispatchSettings, Dispatcher};
+use crate::export::{ExportSettings, Exporter, SinkConfig, read_headers};
 use crate::identity::ca::OperatorCa;
 use crate::identity::csr_signer::{AgentIdentityPolicy, CsrSigner};
 use crate::identity::store_cert;
@@ -230,6 +231,73 @@ pub struct Options {
     /// exponential backoff and full jitter.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
     pub agent_connect_attempts: u32,
+    /// OTLP/gRPC endpoint that every finished capture is also exported to, as OpenTelemetry
+    /// profiles (e.g. http://otel-collector.observability:4317, or https://...); none when
+    /// absent. Requests and policy templates opt out with `export: false`.
+    #[arg(long)]
+    pub export_otlp_endpoint: Option<String>,
+    /// CA bundle (PEM) of an https export endpoint (default: the public web roots).
+    #[arg(long, requires = "export_otlp_endpoint")]
+    pub export_otlp_ca_file: Option<PathBuf>,
+    /// Directory of headers sent with every export, one file per header (a mounted Secret:
+    /// key = header name, e.g. `authorization`; value = its value).
+    #[arg(long, requires = "export_otlp_endpoint")]
+    pub export_otlp_headers_dir: Option<PathBuf>,
+    /// Deadline of one export call.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub export_otlp_timeout: Duration,
+    /// Send exports uncompressed (default: gzip).
+    #[arg(long)]
+    pub export_otlp_no_compression: bool,
+    /// Captures waiting to be exported, in all; more are dropped and counted.
+    #[arg(long, default_value_t = 256)]
+    pub export_queue_capacity: usize,
+    /// Captures of one namespace waiting to be exported; more are dropped and counted, so
+    /// one namespace cannot take the queue from the others.
+    #[arg(long, default_value_t = 32)]
+    pub export_queue_per_namespace: usize,
+    /// How long a capture's export is retried while the endpoint is unavailable before it
+    /// is dropped and counted.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    pub export_max_retry_time: Duration,
+    /// Longest wait between two attempts of an export (exponential backoff from 1 s, full
+    /// jitter).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub export_max_retry_delay: Duration,
+}
+
+/// The export settings from the flags; `None` without --export-otlp-endpoint.
+fn export_settings(options: &Options) -> anyhow::Result<Option<ExportSettings>> {
+    let Some(endpoint) = options.export_otlp_endpoint.clone() else {
+        return Ok(None);
+    };
+    let ca_pem = match &options.export_otlp_ca_file {
+        Some(file) => Some(
+            std::fs::read_to_string(file)
+                .with_context(|| format!("reading the export CA {}", file.display()))?,
+        ),
+        None => None,
+    };
+    let headers = match &options.export_otlp_headers_dir {
+        Some(dir) => read_headers(dir).map_err(anyhow::Error::msg)?,
+        None => Vec::new(),
+    };
+    Ok(Some(ExportSettings {
+        sink: SinkConfig {
+            endpoint,
+            ca_pem,
+            headers,
+            timeout: options.export_otlp_timeout,
+            gzip: !options.export_otlp_no_compression,
+        },
+        queue_capacity: options.export_queue_capacity,
+        queue_per_namespace: options.export_queue_per_namespace,
+        max_retry_time: options.export_max_retry_time,
+        max_retry_delay: options
+            .export_max_retry_delay
+            .max(Duration::from_millis(10)),
+        max_artifact_bytes: options.store_max_bytes,
+    }))
 }
 
 fn parse_quota(text: &str) -> Result<u64, String> {
@@ -422,6 +490,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         _ => None,
     };
     let store = open_store(&options, &client, store_ca.clone()).await?;
+    // Checked before leading, so a bad export configuration fails the start, not later.
+    let export = export_settings(&options)?;
     let connector = match (&ca, &options.tls_ca, &options.tls_cert, &options.tls_key) {
         (Some(ca), ..) => AgentConnector::from_ca(ca.clone(), options.agent_connect_timeout)?,
         (None, Some(ca), Some(cert), Some(key)) => {
@@ -472,39 +542,52 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         tokio::spawn(signer.run(std::future::pending::<()>()))
     });
     let (trigger, triggers) = tokio::sync::mpsc::unbounded_channel();
+    let exporter = match export {
+        Some(settings) => {
+            let endpoint = settings.sink.endpoint.clone();
+            let exporter = Exporter::start(settings, store.clone(), metrics.clone())
+                .map_err(anyhow::Error::msg)
+                .context("configuring the OTLP export")?;
+            tracing::info!(%endpoint, "exporting finished captures as OTLP profiles");
+            Some(exporter)
+        }
+        None => None,
+    };
     let quota = Arc::new(QuotaLedger::new(
         store.clone(),
         options.artifact_quota_per_namespace,
     ));
-    let dispatcher = Arc::new(
-        Dispatcher::new(
-            connector
-                .with_channel_capacity(options.max_idle_agent_connections)
-                .with_metrics(metrics.clone()),
-            store.clone(),
-            trigger,
-            DispatchSettings {
-                grace: options.capture_grace,
-                urls: UrlPolicy {
-                    max_bytes: options.store_max_bytes,
-                },
-                max_concurrent_dispatch: options.max_concurrent_dispatch,
-                max_concurrent_collects: options.max_concurrent_collects,
-                backoff: Backoff {
-                    attempts: options.agent_connect_attempts,
-                    ..Backoff::default()
-                },
-                max_heap_overhead_percent: options.max_heap_overhead_percent,
-                max_offcpu_overhead_percent: options.max_offcpu_overhead_percent,
+    let mut dispatcher = Dispatcher::new(
+        connector
+            .with_channel_capacity(options.max_idle_agent_connections)
+            .with_metrics(metrics.clone()),
+        store.clone(),
+        trigger,
+        DispatchSettings {
+            grace: options.capture_grace,
+            urls: UrlPolicy {
+                max_bytes: options.store_max_bytes,
             },
-            metrics.clone(),
-        )
-        .with_quota(quota.clone())
-        .with_agent_pods(crate::dispatch::agent_restarts::AgentPods::new(
-            client.clone(),
-            options.agent_namespace.clone(),
-        )),
-    );
+            max_concurrent_dispatch: options.max_concurrent_dispatch,
+            max_concurrent_collects: options.max_concurrent_collects,
+            backoff: Backoff {
+                attempts: options.agent_connect_attempts,
+                ..Backoff::default()
+            },
+            max_heap_overhead_percent: options.max_heap_overhead_percent,
+            max_offcpu_overhead_percent: options.max_offcpu_overhead_percent,
+        },
+        metrics.clone(),
+    )
+    .with_quota(quota.clone())
+    .with_agent_pods(crate::dispatch::agent_restarts::AgentPods::new(
+        client.clone(),
+        options.agent_namespace.clone(),
+    ));
+    if let Some(exporter) = exporter {
+        dispatcher = dispatcher.with_exporter(exporter);
+    }
+    let dispatcher = Arc::new(dispatcher);
     let recorder = Recorder::new(
         client.clone(),
         Reporter {

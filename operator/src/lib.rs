@@ -1,14 +1,15 @@
 //! The Flamefleet operator: the ProfileRequest, sampling-policy and download controllers
 //! ([`controllers`]), the captures on agents ([`dispatch`]), the pod views ([`pods`]), the
-//! artifact store ([`store`]), operator ↔ agent identities ([`identity`]), leader election
-//! ([`leader`]), metrics ([`metrics`]) and the probe/metrics HTTP server ([`probes`]). `app`
-//! wires them together for `main`.
+//! artifact store ([`store`]), the OTLP export sink ([`export`]), operator ↔ agent
+//! identities ([`identity`]), leader election ([`leader`]), metrics ([`metrics`]) and the
+//! probe/metrics HTTP server ([`probes`]). `app` wires them together for `main`.
 
 pub mod app;
 pub mod controllers;
 pub mod dispatch;
 pub mod error;
 pub mod events;
+pub mod export;
 pub mod identity;
 pub mod leader;
 pub mod metrics;

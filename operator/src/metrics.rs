@@ -45,6 +45,14 @@ pub struct HandshakeLabels {
     pub kind: &'static str,
 }
 
+/// Label of a dropped export.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    /// Why: `queue_full`, `namespace_full`, `retries_exhausted`, `rejected`,
+    /// `artifact_gone`, `artifact_changed` or `invalid_profile`.
+    pub reason: &'static str,
+}
+
 /// The operator's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -66,6 +74,10 @@ pub struct Metrics {
     policy_runs: Counter,
     budget_skips: Counter,
     slice_writes: Counter,
+    exported: Counter,
+    export_drops: Family<DropLabels, Counter>,
+    export_retries: Counter,
+    export_queue: Gauge,
 }
 
 impl Default for Metrics {
@@ -181,6 +193,30 @@ impl Metrics {
             "1 while this replica holds the leader Lease",
             leader.clone(),
         );
+        let exported = Counter::default();
+        let export_drops = Family::<DropLabels, Counter>::default();
+        let export_retries = Counter::default();
+        let export_queue = Gauge::default();
+        registry.register(
+            "export_artifacts",
+            "Capture artifacts sent to the OTLP export endpoint",
+            exported.clone(),
+        );
+        registry.register(
+            "export_dropped_artifacts",
+            "Capture artifacts not exported, by reason",
+            export_drops.clone(),
+        );
+        registry.register(
+            "export_retries",
+            "Export attempts retried (the endpoint or the store was unavailable)",
+            export_retries.clone(),
+        );
+        registry.register(
+            "export_queued",
+            "Captures waiting in the export queue",
+            export_queue.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             reconciles,
@@ -200,7 +236,33 @@ impl Metrics {
             policy_runs,
             budget_skips,
             slice_writes,
+            exported,
+            export_drops,
+            export_retries,
+            export_queue,
         }
+    }
+
+    /// Counts an artifact exported.
+    pub fn export_exported(&self) {
+        self.exported.inc();
+    }
+
+    /// Counts `n` artifacts not exported, for `reason` (see [`DropLabels`]).
+    pub fn export_dropped(&self, reason: &'static str, n: u64) {
+        self.export_drops
+            .get_or_create(&DropLabels { reason })
+            .inc_by(n);
+    }
+
+    /// Counts a retried export attempt.
+    pub fn export_retried(&self) {
+        self.export_retries.inc();
+    }
+
+    /// Sets the number of captures in the export queue.
+    pub fn export_queued(&self, n: usize) {
+        self.export_queue.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Counts a reconcile and times it until the returned guard drops.

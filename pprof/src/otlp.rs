@@ -439,6 +439,71 @@ pub fn to_otlp(
     })
 }
 
+/// Resolves the string-table references of resource and scope attributes (`key_strindex`,
+/// `string_value_strindex`) into plain keys and string values, in place. Senders may write
+/// either form; the OpenTelemetry Collector (v0.165) writes references, so its output reads
+/// back with empty keys until resolved. [`to_pprof`] and attribute checks want plain ones.
+///
+/// # Errors
+/// [`Error::Invalid`] when a reference points outside the string table.
+pub fn resolve_references(
+    resource_profiles: &mut [otlp::ResourceProfiles],
+    dictionary: &otlp::ProfilesDictionary,
+) -> Result<()> {
+    fn value(v: &mut AnyValue, table: &[String]) -> Result<()> {
+        match v.value.as_mut() {
+            Some(any_value::Value::StringValueStrindex(i)) => {
+                let s = usize::try_from(*i)
+                    .ok()
+                    .and_then(|i| table.get(i))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "string_value_strindex {i} outside the string table"
+                        ))
+                    })?;
+                v.value = Some(any_value::Value::StringValue(s.clone()));
+            }
+            Some(any_value::Value::ArrayValue(a)) => {
+                for v in &mut a.values {
+                    value(v, table)?;
+                }
+            }
+            Some(any_value::Value::KvlistValue(l)) => key_values(&mut l.values, table)?,
+            _ => {}
+        }
+        Ok(())
+    }
+    fn key_values(kvs: &mut [KeyValue], table: &[String]) -> Result<()> {
+        for kv in kvs {
+            if kv.key_strindex != 0 {
+                let i = kv.key_strindex;
+                kv.key = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| table.get(i))
+                    .ok_or_else(|| bad(format!("key_strindex {i} outside the string table")))?
+                    .clone();
+                kv.key_strindex = 0;
+            }
+            if let Some(v) = kv.value.as_mut() {
+                value(v, table)?;
+            }
+        }
+        Ok(())
+    }
+    let table = &dictionary.string_table;
+    for rp in resource_profiles {
+        if let Some(resource) = rp.resource.as_mut() {
+            key_values(&mut resource.attributes, table)?;
+        }
+        for sp in &mut rp.scope_profiles {
+            if let Some(scope) = sp.scope.as_mut() {
+                key_values(&mut scope.attributes, table)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One pprof sample being rebuilt: stack index, attribute indices, (type, value) pairs.
 type Row = (i32, Vec<i32>, Vec<(usize, i64)>);
 
@@ -1044,6 +1109,51 @@ mod tests {
         assert_eq!(d.string_table[build_id.key_strindex as usize], BUILD_ID_GO);
         let back = to_pprof(&req.resource_profiles, d).unwrap();
         assert_eq!(normal(&back), normal(&p));
+    }
+
+    #[test]
+    fn references_resolve_as_the_collector_writes_them() {
+        let p = sample_profile();
+        let mut req = to_otlp(&p, pod_resource, &options()).unwrap();
+        let want = req.resource_profiles.clone();
+        // What the Collector does on output: keys and string values into the string table.
+        let mut d = req.dictionary.take().unwrap();
+        for rp in &mut req.resource_profiles {
+            let scope = rp.scope_profiles[0].scope.as_mut().unwrap();
+            let resource = rp.resource.as_mut().unwrap();
+            for kv in resource
+                .attributes
+                .iter_mut()
+                .chain(scope.attributes.iter_mut())
+            {
+                d.string_table.push(std::mem::take(&mut kv.key));
+                kv.key_strindex = d.string_table.len() as i32 - 1;
+                if let Some(any_value::Value::StringValue(v)) =
+                    kv.value.as_mut().and_then(|v| v.value.take())
+                {
+                    d.string_table.push(v);
+                    kv.value.as_mut().unwrap().value = Some(any_value::Value::StringValueStrindex(
+                        d.string_table.len() as i32 - 1,
+                    ));
+                }
+            }
+        }
+        assert_ne!(req.resource_profiles, want);
+        resolve_references(&mut req.resource_profiles, &d).unwrap();
+        assert_eq!(req.resource_profiles, want);
+        let back = to_pprof(&req.resource_profiles, &d).unwrap();
+        assert_eq!(normal(&back), normal(&p));
+        // A reference past the table is refused.
+        let scope = req.resource_profiles[0].scope_profiles[0]
+            .scope
+            .as_mut()
+            .unwrap();
+        scope.attributes[0].key_strindex = 1 << 20;
+        let err = resolve_references(&mut req.resource_profiles, &d).unwrap_err();
+        assert!(
+            err.to_string().contains("outside the string table"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -223,6 +223,8 @@ pub struct CaptureOptions {
     pub labels: Vec<(String, String)>,
     /// `ttlSecondsAfterFinished`.
     pub ttl_seconds: Option<i64>,
+    /// `export` (`Some(false)` with `--no-export`; absent otherwise, the default).
+    pub export: Option<bool>,
 }
 
 async fn workload_selector(cluster: &Cluster, target: &Target) -> Result<Option<LabelSelector>> {
@@ -350,6 +352,7 @@ pub async fn build_request(cluster: &Cluster, opts: &CaptureOptions) -> Result<P
             runqlat,
             offcpu,
             ttl_seconds_after_finished: opts.ttl_seconds,
+            export: opts.export,
         },
         status: None,
     })

@@ -30,6 +30,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::controllers::profile_request::limits::overhead_percent;
+use crate::export::{ExportJob, Exporter};
 use crate::metrics::Metrics;
 use crate::pods::agents::AgentEndpoint;
 use crate::pods::target::TargetPod;
@@ -115,6 +116,8 @@ pub struct Dispatcher<R> {
     quota: Option<Arc<QuotaLedger>>,
     /// Where to read why an agent went away mid-capture; `None`: not read.
     agent_pods: Option<agent_restarts::AgentPods>,
+    /// The export sink finished captures are offered to; `None`: no export configured.
+    exporter: Option<Arc<Exporter>>,
 }
 
 impl<R: Send + 'static> Dispatcher<R> {
@@ -144,7 +147,16 @@ impl<R: Send + 'static> Dispatcher<R> {
             max_offcpu_overhead_percent: settings.max_offcpu_overhead_percent,
             quota: None,
             agent_pods: None,
+            exporter: None,
         }
+    }
+
+    /// Offers every node's finished capture to `exporter` (unless its request says
+    /// `export: false`).
+    #[must_use]
+    pub fn with_exporter(mut self, exporter: Arc<Exporter>) -> Self {
+        self.exporter = Some(exporter);
+        self
     }
 
     /// Names the kubelet's `OOMKilled` in the message of a node whose agent went away
@@ -232,8 +244,22 @@ impl<R: Send + 'static> Dispatcher<R> {
                 } else {
                     this.metrics.node_succeeded();
                 }
+                let export = match (&outcome, &this.exporter) {
+                    (NodeOutcome::Done { artifacts, .. }, Some(exporter))
+                        if plan.spec.export != Some(false) =>
+                    {
+                        ExportJob::of(&plan.request, &node.node, &node.targets, artifacts)
+                            .map(|job| (exporter.clone(), job))
+                    }
+                    _ => None,
+                };
                 session.record(&node.node, outcome);
                 let _ = this.trigger.send(object_ref);
+                // After the result is recorded, and without waiting: the export never delays
+                // the status.
+                if let Some((exporter, job)) = export {
+                    exporter.submit(job);
+                }
             });
             handles.push(task.abort_handle());
         }

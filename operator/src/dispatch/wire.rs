@@ -231,6 +231,7 @@ mod tests {
                     container_id: "containerd://abc".into(),
                 }],
                 annotations: BTreeMap::new(),
+                workload: None,
             }],
         };
         let request = capture_request(&plan, &node, Vec::new());

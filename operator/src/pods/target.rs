@@ -1,9 +1,77 @@
 //! A pod as a capture targets it: the fields the agent needs to find its processes (UID,
-//! node, running containers with their runtime IDs, IP and annotations for heap endpoints).
+//! node, running containers with their runtime IDs, IP and annotations for heap endpoints),
+//! and the workload that owns it (for the export sink's resource attributes).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// The controller that owns a pod, named as OpenTelemetry's Kubernetes semantic conventions
+/// name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    /// The attribute that names it: `k8s.deployment.name`, `k8s.replicaset.name`,
+    /// `k8s.statefulset.name`, `k8s.daemonset.name` or `k8s.job.name`.
+    pub attribute: &'static str,
+    /// Its name.
+    pub name: String,
+    /// The ReplicaSet between a Deployment and its pods.
+    pub replica_set: Option<String>,
+}
+
+/// The label the Deployment controller puts on its ReplicaSets' pods: the ReplicaSet is
+/// named `<deployment>-<hash>`.
+const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+
+/// The pod's controlling owner as a [`Workload`] (`None`: no controller, or one of a kind
+/// the conventions do not name). A Deployment is recognised the way the Collector's
+/// `k8sattributes` processor does: a ReplicaSet owner named `<name>-<pod-template-hash>`.
+pub fn workload_of(meta: &ObjectMeta) -> Option<Workload> {
+    let owner = meta
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true))?;
+    let group = owner.api_version.split('/').next().unwrap_or_default();
+    let attribute = match (group, owner.kind.as_str()) {
+        ("apps", "ReplicaSet") => {
+            let hash = meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(POD_TEMPLATE_HASH))
+                .filter(|h| !h.is_empty());
+            let deployment = hash.and_then(|h| {
+                owner
+                    .name
+                    .strip_suffix(h.as_str())
+                    .and_then(|n| n.strip_suffix('-'))
+                    .filter(|n| !n.is_empty())
+            });
+            return Some(match deployment {
+                Some(d) => Workload {
+                    attribute: "k8s.deployment.name",
+                    name: d.to_owned(),
+                    replica_set: Some(owner.name.clone()),
+                },
+                None => Workload {
+                    attribute: "k8s.replicaset.name",
+                    name: owner.name.clone(),
+                    replica_set: None,
+                },
+            });
+        }
+        ("apps", "StatefulSet") => "k8s.statefulset.name",
+        ("apps", "DaemonSet") => "k8s.daemonset.name",
+        ("batch", "Job") => "k8s.job.name",
+        _ => return None,
+    };
+    Some(Workload {
+        attribute,
+        name: owner.name.clone(),
+        replica_set: None,
+    })
+}
 
 /// One container of a target pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +99,8 @@ pub struct TargetPod {
     pub containers: Vec<TargetContainer>,
     /// Pod annotations (heap endpoints are found from them).
     pub annotations: BTreeMap<String, String>,
+    /// The workload that owns the pod, when it has one the conventions name.
+    pub workload: Option<Workload>,
 }
 
 /// Turns a pod into a target, or says why it cannot be one.
@@ -76,5 +146,54 @@ pub fn target_of(pod: &Pod, namespace: &str) -> Result<TargetPod, String> {
         pod_ip: status.and_then(|s| s.pod_ip.clone()),
         containers,
         annotations: meta.annotations.clone().unwrap_or_default(),
+        workload: workload_of(meta),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(kind: &str, api_version: &str, owner: &str, hash: Option<&str>) -> ObjectMeta {
+        serde_json::from_value(serde_json::json!({
+            "name": "p",
+            "labels": hash.map(|h| serde_json::json!({POD_TEMPLATE_HASH: h})),
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": "not-a-controller", "uid": "0"},
+                {"apiVersion": api_version, "kind": kind, "name": owner, "uid": "1", "controller": true},
+            ],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn deployments_are_named_from_their_replica_sets() {
+        let w = workload_of(&meta("ReplicaSet", "apps/v1", "web-7d9f8b", Some("7d9f8b"))).unwrap();
+        assert_eq!(
+            (w.attribute, w.name.as_str(), w.replica_set.as_deref()),
+            ("k8s.deployment.name", "web", Some("web-7d9f8b"))
+        );
+        // A bare ReplicaSet (no hash label, or a name without it) stays a ReplicaSet.
+        for hash in [None, Some("other")] {
+            let w = workload_of(&meta("ReplicaSet", "apps/v1", "web-7d9f8b", hash)).unwrap();
+            assert_eq!(
+                (w.attribute, w.name.as_str()),
+                ("k8s.replicaset.name", "web-7d9f8b")
+            );
+        }
+        let w = workload_of(&meta("ReplicaSet", "apps/v1", "7d9f8b", Some("7d9f8b"))).unwrap();
+        assert_eq!(w.attribute, "k8s.replicaset.name");
+    }
+
+    #[test]
+    fn other_controllers_by_kind_and_group() {
+        let name = |kind, api| workload_of(&meta(kind, api, "w", None)).map(|w| w.attribute);
+        assert_eq!(name("StatefulSet", "apps/v1"), Some("k8s.statefulset.name"));
+        assert_eq!(name("DaemonSet", "apps/v1"), Some("k8s.daemonset.name"));
+        assert_eq!(name("Job", "batch/v1"), Some("k8s.job.name"));
+        // Same kind in another group: not Kubernetes' workload.
+        assert_eq!(name("StatefulSet", "example.com/v1"), None);
+        assert_eq!(name("Rollout", "argoproj.io/v1alpha1"), None);
+        assert_eq!(workload_of(&ObjectMeta::default()), None);
+    }
 }

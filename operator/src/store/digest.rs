@@ -120,6 +120,17 @@ impl<'k> BoundedDigest<'k> {
         Ok(())
     }
 
+    /// [`update`](Self::update), keeping the chunk in `body` too.
+    pub(crate) fn keep(
+        &mut self,
+        body: &mut Vec<u8>,
+        chunk: &[u8],
+    ) -> Result<(), super::StoreError> {
+        self.update(chunk)?;
+        body.extend_from_slice(chunk);
+        Ok(())
+    }
+
     /// The size and digest of everything added.
     pub(crate) fn finish(self) -> ArtifactDigest {
         ArtifactDigest {

@@ -277,6 +277,11 @@ pub trait ArtifactStore: Send + Sync + std::fmt::Debug {
         expected: Option<Sha256Digest>,
     ) -> Result<ArtifactDigest>;
 
+    /// The bytes stored under `key`, with their size and SHA-256; fails with
+    /// [`StoreError::TooLarge`] as soon as they exceed `max_bytes` (the export sink reads
+    /// each exported artifact once, and never more than that).
+    async fn read(&self, key: &ArtifactKey, max_bytes: u64) -> Result<(Vec<u8>, ArtifactDigest)>;
+
     /// Every artifact stored for `request`.
     async fn list(&self, request: &RequestRef) -> Result<Vec<StoredArtifact>>;
 

@@ -15,7 +15,7 @@ use super::builtin::{ARTIFACTS_PATH, REQUESTS_PATH, USAGE_PATH, http::usage_key}
 use super::signing::{Grant, UrlSigner};
 use super::{
     ArtifactDigest, ArtifactKey, ArtifactStore, RequestRef, Result, Sha256Digest, StoreError,
-    StoredArtifact, StoredRequest, UploadLimits, UploadTarget, base_url,
+    StoredArtifact, StoredRequest, UploadLimits, UploadTarget, base_url, digest::BoundedDigest,
 };
 
 /// Lifetime of the operator's own admin URLs (verify, list, delete): used at once.
@@ -191,6 +191,40 @@ impl ArtifactStore for RemoteStore {
                 message: format!("unexpected answer {body}; expected sizeBytes and sha256"),
             }),
         }
+    }
+
+    async fn read(&self, key: &ArtifactKey, max_bytes: u64) -> Result<(Vec<u8>, ArtifactDigest)> {
+        let grant = Grant::new("GET", key.to_string(), ADMIN_URL_TTL);
+        let url = self.url(&self.internal, ARTIFACTS_PATH, &grant)?;
+        let unreachable = |e: reqwest::Error| StoreError::Unreachable {
+            url: shown(&url),
+            reason: e.without_url().to_string(),
+        };
+        let mut response = self
+            .http
+            .get(url.clone())
+            .send()
+            .await
+            .map_err(unreachable)?;
+        let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Err(StoreError::NotFound {
+                key: key.to_string(),
+            });
+        }
+        if !status.is_success() {
+            return Err(StoreError::Remote {
+                url: shown(&url),
+                status: status.as_u16(),
+                message: "reading the artifact failed".into(),
+            });
+        }
+        let mut digest = BoundedDigest::new(key, max_bytes);
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
+            digest.keep(&mut body, &chunk)?;
+        }
+        Ok((body, digest.finish()))
     }
 
     async fn list(&self, request: &RequestRef) -> Result<Vec<StoredArtifact>> {

@@ -175,6 +175,23 @@ impl ArtifactStore for S3Store {
         }
     }
 
+    async fn read(&self, key: &ArtifactKey, max_bytes: u64) -> Result<(Vec<u8>, ArtifactDigest)> {
+        let not_found = |e: object_store::Error| match e {
+            object_store::Error::NotFound { .. } => StoreError::NotFound {
+                key: key.to_string(),
+            },
+            other => other.into(),
+        };
+        let object = self.s3.get(&object_path(key)).await.map_err(not_found)?;
+        let mut stream = object.into_stream();
+        let mut digest = BoundedDigest::new(key, max_bytes);
+        let mut body = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            digest.keep(&mut body, &chunk.map_err(not_found)?)?;
+        }
+        Ok((body, digest.finish()))
+    }
+
     async fn list(&self, request: &RequestRef) -> Result<Vec<StoredArtifact>> {
         let prefix = Path::from(request.prefix());
         let objects: Vec<_> = self.s3.list(Some(&prefix)).try_collect().await?;

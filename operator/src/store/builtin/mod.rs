@@ -361,6 +361,21 @@ impl ArtifactStore for BuiltinStore {
         Ok(digest)
     }
 
+    async fn read(&self, key: &ArtifactKey, max_bytes: u64) -> Result<(Vec<u8>, ArtifactDigest)> {
+        let (file, _) = self.open_artifact(key).await?;
+        let path = self.object_path(key);
+        // One byte past the limit tells an oversized artifact apart without reading it all.
+        let mut limited = file.take(max_bytes.saturating_add(1));
+        let mut body = Vec::new();
+        limited
+            .read_to_end(&mut body)
+            .await
+            .map_err(|e| StoreError::io(&path, e))?;
+        let mut digest = BoundedDigest::new(key, max_bytes);
+        digest.update(&body)?;
+        Ok((body, digest.finish()))
+    }
+
     async fn list(&self, request: &RequestRef) -> Result<Vec<StoredArtifact>> {
         let dir = self.request_dir(request);
         let mut entries = match tokio::fs::read_dir(&dir).await {

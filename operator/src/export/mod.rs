@@ -1,0 +1,297 @@
+//! The export sink: every finished capture's pprof artifacts also go, as OTLP profiles over
+//! gRPC, to the OpenTelemetry endpoint the cluster admin configured (flags
+//! `--export-otlp-*`, chart values `export.otlp.*`; docs/export.md).
+//!
+//! **Who sends: the operator.** It already holds everything an export needs and nothing a
+//! node should: the endpoint and its credentials stay in one Deployment (an agent on every
+//! node would put them on every node, within reach of a compromised one); the Kubernetes
+//! attributes come from the pods the operator resolved, not from what an agent says; and one
+//! queue for the cluster can be shared fairly between namespaces. The cost is one read of
+//! each exported artifact back from the store and one conversion, off the capture's path.
+//!
+//! **Never in the way.** A node's result is recorded first; the export job is then offered
+//! to a bounded [`FairQueue`](queue::FairQueue) without waiting (refused jobs are counted as
+//! drops). One worker sends them, oldest first per namespace and namespaces in turn, so a
+//! tenant that floods captures fills only its own share of the queue. A failed send is
+//! retried with capped exponential backoff and full jitter while the endpoint is down, for at
+//! most `--export-max-retry-time`, then dropped and counted. Drops, retries and exports are
+//! in `/metrics` (`flamefleet_operator_export_*`). Nothing is persisted: jobs queued when the
+//! operator stops are lost (the artifacts stay in the store).
+//!
+//! **Tenants** choose only whether their captures are exported (`spec.export: false`, or a
+//! policy's `template.export: false`), never where to, nor what the resource says they are.
+
+pub mod queue;
+pub mod resource;
+pub mod sink;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flamefleet_api::Artifact;
+use flamefleet_pprof::DecodeLimits;
+use flamefleet_pprof::otlp::{self, Options};
+use tokio::sync::Notify;
+
+use crate::dispatch::connector::Backoff;
+use crate::metrics::Metrics;
+use crate::store::{ArtifactKey, ArtifactStore, RequestRef, Sha256Digest, StoreError};
+use queue::FairQueue;
+use resource::CaptureContext;
+use sink::{SendError, Sink};
+pub use sink::{SinkConfig, read_headers};
+
+/// What decoding one artifact may inflate to and keep (real profiles are a few MiB at most;
+/// the chart gives the operator 256 MiB).
+const DECODE_BUDGET: u64 = 32 << 20;
+
+/// The cluster admin's export settings.
+#[derive(Debug, Clone)]
+pub struct ExportSettings {
+    /// The endpoint and how to reach it.
+    pub sink: SinkConfig,
+    /// Captures waiting to be exported, in all.
+    pub queue_capacity: usize,
+    /// Captures of one namespace waiting to be exported.
+    pub queue_per_namespace: usize,
+    /// How long a capture's export is retried before it is dropped.
+    pub max_retry_time: Duration,
+    /// Longest wait between two attempts (the first waits up to 1 s, each next one up to
+    /// twice as long, with full jitter).
+    pub max_retry_delay: Duration,
+    /// Largest artifact read back from the store (the store's own upload limit).
+    pub max_artifact_bytes: u64,
+}
+
+/// One node's finished capture, to be exported.
+#[derive(Debug, Clone)]
+pub struct ExportJob {
+    /// Who and where, for the resource attributes.
+    pub context: CaptureContext,
+    /// The pprof artifacts (store key, SHA-256 recorded when verified).
+    pub artifacts: Vec<(ArtifactKey, Sha256Digest)>,
+}
+
+impl ExportJob {
+    /// The job of a node's verified `artifacts` (only pprof ones: those with a sample
+    /// type), or `None` when there is nothing to export.
+    pub fn of(
+        request: &RequestRef,
+        node: &str,
+        pods: &[crate::pods::target::TargetPod],
+        artifacts: &[Artifact],
+    ) -> Option<Self> {
+        let artifacts: Vec<(ArtifactKey, Sha256Digest)> = artifacts
+            .iter()
+            .filter(|a| a.sample_type.is_some())
+            .filter_map(|a| {
+                let key = request.artifact(a.name.clone()).ok()?;
+                let sha = a.sha256.as_deref()?.parse().ok()?;
+                Some((key, sha))
+            })
+            .collect();
+        (!artifacts.is_empty()).then(|| Self {
+            context: CaptureContext {
+                namespace: request.namespace().to_owned(),
+                request: request.name().to_owned(),
+                node: node.to_owned(),
+                pods: pods.iter().map(resource::ExportedPod::from).collect(),
+            },
+            artifacts,
+        })
+    }
+}
+
+/// The export sink: a queue and the worker that empties it.
+#[derive(Debug)]
+pub struct Exporter {
+    queue: Mutex<FairQueue<ExportJob>>,
+    wake: Notify,
+    metrics: Arc<Metrics>,
+}
+
+impl Exporter {
+    /// Checks `settings` and starts the worker (on the current Tokio runtime).
+    ///
+    /// # Errors
+    /// A malformed endpoint, CA or header.
+    pub fn start(
+        settings: ExportSettings,
+        store: Arc<dyn ArtifactStore>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>, String> {
+        let sink = Sink::new(&settings.sink)?;
+        let exporter = Arc::new(Self {
+            queue: Mutex::new(FairQueue::new(
+                settings.queue_capacity,
+                settings.queue_per_namespace,
+            )),
+            wake: Notify::new(),
+            metrics,
+        });
+        tokio::spawn(exporter.clone().work(sink, store, settings));
+        Ok(exporter)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FairQueue<ExportJob>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Offers `job` to the queue; never waits. A refused job's artifacts are counted as
+    /// dropped.
+    pub fn submit(&self, job: ExportJob) {
+        let namespace = job.context.namespace.clone();
+        let artifacts = job.artifacts.len() as u64;
+        let pushed = {
+            let mut queue = self.lock();
+            let pushed = queue.push(&namespace, job);
+            self.metrics.export_queued(queue.len());
+            pushed
+        };
+        match pushed {
+            Ok(()) => self.wake.notify_one(),
+            Err(refused) => {
+                tracing::warn!(
+                    %namespace,
+                    reason = refused.reason(),
+                    "export queue refused a capture; its profiles are not exported"
+                );
+                self.metrics.export_dropped(refused.reason(), artifacts);
+            }
+        }
+    }
+
+    async fn work(
+        self: Arc<Self>,
+        sink: Sink,
+        store: Arc<dyn ArtifactStore>,
+        settings: ExportSettings,
+    ) {
+        let mut rng = fastrand::Rng::new();
+        loop {
+            let next = {
+                let mut queue = self.lock();
+                let next = queue.pop();
+                self.metrics.export_queued(queue.len());
+                next
+            };
+            let Some((_, job)) = next else {
+                self.wake.notified().await;
+                continue;
+            };
+            for (key, sha256) in &job.artifacts {
+                let outcome = self
+                    .export_artifact(
+                        &sink,
+                        store.as_ref(),
+                        &settings,
+                        &job.context,
+                        key,
+                        *sha256,
+                        &mut rng,
+                    )
+                    .await;
+                match outcome {
+                    Ok(()) => self.metrics.export_exported(),
+                    Err((reason, message)) => {
+                        tracing::warn!(%key, reason, "export dropped: {message}");
+                        self.metrics.export_dropped(reason, 1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads, converts and sends one artifact, retrying while that may help. The error is
+    /// the drop's reason label and message.
+    #[allow(clippy::too_many_arguments)]
+    async fn export_artifact(
+        &self,
+        sink: &Sink,
+        store: &dyn ArtifactStore,
+        settings: &ExportSettings,
+        context: &CaptureContext,
+        key: &ArtifactKey,
+        sha256: Sha256Digest,
+        rng: &mut fastrand::Rng,
+    ) -> Result<(), (&'static str, String)> {
+        let started = Instant::now();
+        let backoff = Backoff {
+            base: Duration::from_secs(1).min(settings.max_retry_delay),
+            cap: settings.max_retry_delay,
+            attempts: u32::MAX,
+        };
+        let mut attempt = 0u32;
+        // Waits before the next attempt, or gives up once the retry time is spent.
+        let mut retry = |attempt: &mut u32, error: String| {
+            let delay = backoff.delay(*attempt, rng);
+            *attempt += 1;
+            if started.elapsed() + delay > settings.max_retry_time {
+                return Err(("retries_exhausted", error));
+            }
+            Ok(delay)
+        };
+        let body = loop {
+            match store.read(key, settings.max_artifact_bytes).await {
+                Ok((body, digest)) if digest.sha256 == sha256 => break body,
+                Ok(_) => {
+                    return Err((
+                        "artifact_changed",
+                        "the stored artifact no longer has the SHA-256 verified at capture".into(),
+                    ));
+                }
+                Err(StoreError::NotFound { .. }) => {
+                    return Err((
+                        "artifact_gone",
+                        "the artifact was deleted before its export".into(),
+                    ));
+                }
+                Err(e @ StoreError::TooLarge { .. }) => {
+                    return Err(("invalid_profile", e.to_string()));
+                }
+                Err(e) => {
+                    let delay = retry(&mut attempt, e.to_string())?;
+                    self.metrics.export_retried();
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        };
+        let limits = DecodeLimits {
+            max_decompressed_bytes: DECODE_BUDGET,
+            max_kept_bytes: DECODE_BUDGET,
+        };
+        let profile = flamefleet_pprof::decode_with(&body, &limits)
+            .map_err(|e| ("invalid_profile", e.to_string()))?;
+        drop(body);
+        let mut profile_id = [0u8; 16];
+        profile_id.copy_from_slice(&sha256.as_bytes()[..16]);
+        let options = Options {
+            scope_name: "flamefleet".into(),
+            scope_version: env!("CARGO_PKG_VERSION").into(),
+            profile_id,
+        };
+        let request = otlp::to_otlp(
+            &profile,
+            |owner| resource::attributes(context, owner),
+            &options,
+        )
+        .map_err(|e| ("invalid_profile", e.to_string()))?;
+        drop(profile);
+        loop {
+            match sink.send(request.clone()).await {
+                Ok(None) => return Ok(()),
+                Ok(Some((rejected, message))) => {
+                    tracing::warn!(%key, rejected, "the export endpoint rejected part of the profiles: {message}");
+                    return Ok(());
+                }
+                Err(SendError::Permanent(e)) => return Err(("rejected", e)),
+                Err(SendError::Retryable(e)) => {
+                    let delay = retry(&mut attempt, e.clone())?;
+                    tracing::info!(%key, attempt, "export failed ({e}); retrying in {delay:?}");
+                    self.metrics.export_retried();
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+}

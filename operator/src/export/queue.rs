@@ -1,0 +1,136 @@
+//! The export queue: bounded in all and per namespace, served round-robin over namespaces,
+//! so that one tenant's flood of captures can neither exhaust the queue for the others nor
+//! make them wait behind it.
+
+use std::collections::{HashMap, VecDeque};
+
+/// Why an item was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The whole queue is at its capacity.
+    QueueFull,
+    /// The item's namespace has its share of the queue already.
+    NamespaceFull,
+}
+
+impl Refused {
+    /// The `reason` label of the drop counter.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::QueueFull => "queue_full",
+            Self::NamespaceFull => "namespace_full",
+        }
+    }
+}
+
+/// A queue of at most `capacity` items in all and `per_namespace` per namespace; [`pop`]
+/// takes one item of each waiting namespace in turn (oldest first within a namespace).
+///
+/// [`pop`]: FairQueue::pop
+#[derive(Debug)]
+pub struct FairQueue<T> {
+    items: HashMap<String, VecDeque<T>>,
+    /// Namespaces with items, in the order they are served next.
+    turns: VecDeque<String>,
+    len: usize,
+    capacity: usize,
+    per_namespace: usize,
+}
+
+impl<T> FairQueue<T> {
+    /// An empty queue (a bound of 0 is taken as 1).
+    pub fn new(capacity: usize, per_namespace: usize) -> Self {
+        Self {
+            items: HashMap::new(),
+            turns: VecDeque::new(),
+            len: 0,
+            capacity: capacity.max(1),
+            per_namespace: per_namespace.max(1),
+        }
+    }
+
+    /// Items queued.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Queues `item` of `namespace`, or refuses it (never waits).
+    pub fn push(&mut self, namespace: &str, item: T) -> Result<(), Refused> {
+        if self.len >= self.capacity {
+            return Err(Refused::QueueFull);
+        }
+        let queue = self.items.entry(namespace.to_owned()).or_default();
+        if queue.len() >= self.per_namespace {
+            return Err(Refused::NamespaceFull);
+        }
+        if queue.is_empty() {
+            self.turns.push_back(namespace.to_owned());
+        }
+        queue.push_back(item);
+        self.len += 1;
+        Ok(())
+    }
+
+    /// The next item: the oldest of the namespace whose turn it is.
+    pub fn pop(&mut self) -> Option<(String, T)> {
+        let namespace = self.turns.pop_front()?;
+        let queue = self.items.get_mut(&namespace)?;
+        let item = queue.pop_front()?;
+        self.len -= 1;
+        if queue.is_empty() {
+            self.items.remove(&namespace);
+        } else {
+            self.turns.push_back(namespace.clone());
+        }
+        Some((namespace, item))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flooding_namespace_gets_its_share_and_no_more() {
+        let mut q = FairQueue::new(10, 4);
+        for i in 0..100 {
+            let r = q.push("noisy", i);
+            assert_eq!(r.is_ok(), i < 4, "item {i}");
+            if i >= 4 {
+                assert_eq!(r, Err(Refused::NamespaceFull));
+            }
+        }
+        // The others still get in, and are served between the flood's items.
+        q.push("quiet", 100).unwrap();
+        q.push("calm", 200).unwrap();
+        q.push("calm", 201).unwrap();
+        let order: Vec<(String, i32)> = std::iter::from_fn(|| q.pop()).collect();
+        let names: Vec<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["noisy", "quiet", "calm", "noisy", "calm", "noisy", "noisy"]
+        );
+        assert_eq!(order[0].1, 0);
+        assert_eq!(order[3].1, 1);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn the_whole_queue_is_bounded_too() {
+        let mut q = FairQueue::new(3, 2);
+        q.push("a", 1).unwrap();
+        q.push("a", 2).unwrap();
+        q.push("b", 3).unwrap();
+        assert_eq!(q.push("c", 4), Err(Refused::QueueFull));
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.pop(), Some(("a".into(), 1)));
+        q.push("c", 4).unwrap();
+        let rest: Vec<i32> = std::iter::from_fn(|| q.pop()).map(|(_, i)| i).collect();
+        assert_eq!(rest, [3, 2, 4]);
+    }
+}
