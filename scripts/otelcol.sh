@@ -6,8 +6,8 @@
 #
 #   scripts/otelcol.sh build
 #   scripts/otelcol.sh path     prints the binary's path
-# Not run by scripts/setup.sh yet: no test in scripts/test.sh uses the Collector until the
-# export sink lands, and a cold build costs a CI machine 3 to 9 minutes (183 modules).
+# scripts/setup.sh runs the build (cold: about 2 to 5 minutes, most of it downloading 183
+# modules through the module proxy; cached afterwards).
 set -euo pipefail
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

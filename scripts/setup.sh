@@ -6,8 +6,8 @@
 #
 # Steps: Debian packages; Go and Rust checks; tracefs/bpffs mounts; kube-apiserver, etcd,
 # kubectl, the node's binaries (kubelet, scheduler, controller-manager, kube-proxy, CoreDNS)
-# and images, helm and kubeconform, built at the pinned versions into $FLAMEFLEET_CACHE
-# (skipped when cached); the extra installers below.
+# and images, helm and kubeconform, the OpenTelemetry Collector of the export tests, built at
+# the pinned versions into $FLAMEFLEET_CACHE (skipped when cached); the extra installers below.
 set -euo pipefail
 
 # ---- Debian packages: one per line; add yours here (and say why in a comment) ----
@@ -143,6 +143,9 @@ step "one-node cluster binaries and images (kubelet, scheduler, controller-manag
 
 step "chart tools (helm, kubeconform)"
 "$REPO/scripts/tools.sh" build
+
+step "OpenTelemetry Collector for the export tests (e2e/tests/pipeline_export.rs)"
+"$REPO/scripts/otelcol.sh" build
 
 for installer in "${EXTRA_INSTALLERS[@]}"; do
   step "$installer"

@@ -13,6 +13,8 @@
 //! the fixture's id (`--request-selector`), so tests run in parallel on one API server.
 #![allow(dead_code)]
 
+pub mod otelcol;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt as _;

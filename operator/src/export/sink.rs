@@ -200,7 +200,11 @@ impl Sink {
         let mut client =
             ProfilesServiceClient::with_interceptor(endpoint.connect_lazy(), Headers(metadata));
         if config.gzip {
-            client = client.send_compressed(CompressionEncoding::Gzip);
+            // The endpoint answers in the encoding of the request (grpc-go does): a client
+            // that sends gzip must read it too.
+            client = client
+                .send_compressed(CompressionEncoding::Gzip)
+                .accept_compressed(CompressionEncoding::Gzip);
         }
         Ok(Self {
             client,
