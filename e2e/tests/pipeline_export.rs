@@ -5,7 +5,8 @@
 //!
 //! - each node's export equals its pprof artifact (sample types, stacks with addresses,
 //!   functions and lines, labels, values), with the Kubernetes resource attributes of the
-//!   semantic conventions and the samples' own attributes; `export: false` is not sent;
+//!   semantic conventions and the samples' own attributes; `export: false` (a request's, or
+//!   a policy template's for its runs) is not sent;
 //! - with the Collector down, captures finish as usual, exports are retried, a namespace
 //!   past its share of the queue has its exports dropped and counted while another
 //!   namespace's still get in, and everything queued arrives once the Collector is up.
@@ -17,13 +18,13 @@ use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
-use flamefleet_api::{ProfileRequest, RequestPhase};
+use flamefleet_api::{ProfileRequest, RequestPhase, SamplingPolicy};
 use flamefleet_e2e::TestNamespace;
 use flamefleet_pprof::otlp::common::any_value;
 use flamefleet_pprof::otlp::messages::ProfilesData;
 use flamefleet_proto::pprof::Profile;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use pipeline_support::otelcol::{Collector, resource_attributes};
 use pipeline_support::{Pipeline, PipelineOptions, node_results, serial};
 use prost::Message;
@@ -199,8 +200,64 @@ async fn captures_reach_a_real_collector_as_the_pprof_they_are() {
         spec
     };
 
-    // Opted out first: the queue is served in order, so it would arrive before the other.
+    // Opted out first: the queue is served in order, so they would arrive before the other.
     let quiet = run_succeeded(&mut pipeline, &ns, "quiet", spec(Some(false))).await;
+    // A policy whose template opts out: one run, then suspended, every run finished.
+    let policy_started = std::time::Instant::now();
+    let mut template = spec(Some(false));
+    template["duration"] = json!("1s");
+    let policy_api: Api<SamplingPolicy> = ns.api();
+    let policy = policy_api
+        .create(
+            &PostParams::default(),
+            &pipeline.policy(
+                "muted",
+                json!({"schedule": "*/2 * * * * *", "template": template}),
+            ),
+        )
+        .await
+        .expect("creating the SamplingPolicy");
+    let uid = policy.metadata.uid.clone().unwrap_or_default();
+    let client = ns.client();
+    let runs = || {
+        let (client, uid) = (client.clone(), uid.clone());
+        async move { pipeline_support::runs_of(&client, &uid).await }
+    };
+    pipeline
+        .wait_for("a succeeded run of the muted policy", TIMEOUT, || async {
+            runs()
+                .await
+                .iter()
+                .any(|r| r.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Succeeded))
+                .then_some(())
+        })
+        .await;
+    policy_api
+        .patch(
+            "muted",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .expect("suspending the policy");
+    let muted_runs = pipeline
+        .wait_for(
+            "every run of the muted policy finished",
+            TIMEOUT,
+            || async {
+                let runs = runs().await;
+                runs.iter().all(pipeline_support::is_terminal).then(|| {
+                    runs.iter()
+                        .map(|r| r.metadata.name.clone().unwrap_or_default())
+                        .collect::<Vec<_>>()
+                })
+            },
+        )
+        .await;
+    println!(
+        "policy run(s) {muted_runs:?} done in {} ms",
+        policy_started.elapsed().as_millis()
+    );
     let started = std::time::Instant::now();
     let loud = run_succeeded(&mut pipeline, &ns, "loud", spec(None)).await;
     let metrics_port = pipeline.metrics_port;
@@ -233,6 +290,12 @@ async fn captures_reach_a_real_collector_as_the_pprof_they_are() {
         exports_of(&collector, "quiet").is_empty(),
         "export: false was exported"
     );
+    for run in &muted_runs {
+        assert!(
+            exports_of(&collector, run).is_empty(),
+            "run {run} of a policy with template.export: false was exported"
+        );
+    }
     assert!(quiet.status.is_some());
 
     let exports = exports_of(&collector, "loud");

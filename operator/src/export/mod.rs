@@ -192,7 +192,10 @@ impl Exporter {
                     )
                     .await;
                 match outcome {
-                    Ok(()) => self.metrics.export_exported(),
+                    Ok(()) => {
+                        tracing::debug!(%key, "exported");
+                        self.metrics.export_exported();
+                    }
                     Err((reason, message)) => {
                         tracing::warn!(%key, reason, "export dropped: {message}");
                         self.metrics.export_dropped(reason, 1);
