@@ -25,6 +25,7 @@ pub mod results;
 pub mod sampling_policy;
 pub mod status_apply;
 pub mod text;
+pub mod trigger;
 
 pub use phase::{NodePhase, RequestPhase};
 pub use profile_download::{

@@ -356,6 +356,9 @@ pub struct ProfileRequestStatus {
     /// Results summed over nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<ProfileSummary>,
+    /// The trigger that fired this run (runs of a policy's `triggers` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<crate::trigger::TriggerFire>,
 }
 
 /// Nodes by the phase of their capture.

@@ -10,6 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::profile_request::ProfileRequestSpec;
+use crate::trigger::{MAX_TRIGGERS, PolicyTrigger, TriggerStatus};
 
 /// The regular expression the schema enforces on `schedule` (see [`schedule_pattern`]).
 pub static SCHEDULE_PATTERN: std::sync::LazyLock<String> =
@@ -161,6 +162,13 @@ pub struct SamplingPolicySpec {
     /// How many finished runs to keep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history: Option<HistoryLimits>,
+    /// Captures fired by a condition of a selected pod (memory near its limit, CPU
+    /// throttled, pressure), watched on its node (docs/triggers.md). Each fire is a run for
+    /// that pod only; `suspend` stops them too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_TRIGGERS))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub triggers: Vec<PolicyTrigger>,
 }
 
 /// Like [`SamplingPolicy`], cluster-wide: `namespaceSelector` picks the namespaces whose pods
@@ -317,6 +325,10 @@ pub struct SamplingPolicyStatus {
     /// in between finishes it instead of planning another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_run: Option<PendingRun>,
+    /// What each trigger has done (fires, fires turned down, pods watched).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub triggers: Vec<TriggerStatus>,
     /// Standard conditions, one per type (`ScheduleValid`, `PodsMatched`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]

@@ -34,35 +34,51 @@ pub fn cgroup2_mount() -> Result<PathBuf> {
 /// # Errors
 /// When the cgroup path is not a C string or the program cannot start there.
 pub fn spawn_in_cgroup(cgroup: &Path, program: &Path, args: &[&str]) -> Result<Child> {
-    let procs = std::ffi::CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes())
-        .map_err(|e| Error::Io {
-            action: format!("cgroup path {}", cgroup.display()),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
-        })?;
+    spawn_in_cgroups(&[cgroup], program, args)
+}
+
+/// As [`spawn_in_cgroup`], joining every cgroup of `cgroups` (the cgroup2 directory and, on a
+/// hybrid host, the v1 controllers' directories that hold its limits).
+///
+/// # Errors
+/// When a cgroup path is not a C string or the program cannot start there.
+pub fn spawn_in_cgroups(cgroups: &[&Path], program: &Path, args: &[&str]) -> Result<Child> {
+    let procs = cgroups
+        .iter()
+        .map(|cgroup| {
+            std::ffi::CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes()).map_err(
+                |e| Error::Io {
+                    action: format!("cgroup path {}", cgroup.display()),
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+                },
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut cmd = Command::new(program);
     cmd.args(args).stdout(Stdio::null()).stderr(Stdio::null());
     // SAFETY: only async-signal-safe calls between fork and exec, on memory prepared before.
     unsafe {
         cmd.pre_exec(move || {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
+            for p in &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if !ok {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
-            let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-            libc::close(fd);
-            if ok {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
+            Ok(())
         });
     }
-    cmd.spawn().map_err(io_err(format!(
-        "starting {} in {}",
-        program.display(),
-        cgroup.display()
-    )))
+    let first = cgroups
+        .first()
+        .map_or_else(String::new, |c| c.display().to_string());
+    cmd.spawn()
+        .map_err(io_err(format!("starting {} in {first}", program.display())))
 }
 
 /// Kills everything in the cgroup tree under `dir` and removes it, children first.

@@ -791,3 +791,170 @@ async fn well_formed_schedules_are_accepted() {
             .unwrap_or_else(|e| panic!("{schedule:?} was refused: {e}"));
     }
 }
+
+fn policy_with_triggers(kind: &str, name: &str, triggers: Value) -> Value {
+    let mut policy = valid_policy(kind, name);
+    policy["spec"]["triggers"] = triggers;
+    policy
+}
+
+#[tokio::test]
+async fn policy_triggers_are_validated_by_the_api_server() {
+    let ns = TestNamespace::create("triggers").await.unwrap();
+    let client = ns.client();
+    let sp = dynamic_api::<SamplingPolicy>(&client, Some(ns.name()));
+    let good = json!([
+        {"name": "near-limit", "memory": {"aboveLimitPercent": 90}, "cooldownSeconds": 600},
+        {"name": "killed", "memory": {"event": "oomKill"}},
+        {"name": "throttled", "cpu": {"throttledPercent": 50}, "capture": {"type": "cpu", "duration": "30s"}},
+        {"name": "busy", "cpu": {"aboveMillicores": 1500, "forSeconds": 60}, "policyCooldownSeconds": 120},
+        {"name": "stalled", "pressure": {"resource": "memory", "someAvg10Percent": 40}},
+    ]);
+    create_raw(&sp, &policy_with_triggers("SamplingPolicy", "good", good))
+        .await
+        .expect("a policy with one trigger of each condition");
+    let typed: Api<SamplingPolicy> = ns.api();
+    let back = typed.get("good").await.unwrap();
+    assert_eq!(back.spec.triggers.len(), 5);
+    assert_eq!(
+        back.spec.triggers[0].capture_type(),
+        flamefleet_api::ProfileType::Heap
+    );
+    assert_eq!(
+        back.spec.triggers[3].capture_type(),
+        flamefleet_api::ProfileType::Cpu
+    );
+    let csp = dynamic_api::<ClusterSamplingPolicy>(&client, None);
+    let cluster_name = format!("{}-good", ns.name());
+    create_raw(
+        &csp,
+        &policy_with_triggers(
+            "ClusterSamplingPolicy",
+            &cluster_name,
+            json!([{"name": "near-limit", "memory": {"aboveLimitPercent": 80}}]),
+        ),
+    )
+    .await
+    .expect("a cluster policy with a trigger");
+    let _ = csp.delete(&cluster_name, &Default::default()).await;
+
+    let cases = [
+        (
+            json!([{"name": "two", "memory": {"aboveLimitPercent": 90}, "cpu": {"throttledPercent": 50}}]),
+            "a trigger has exactly one condition: memory, cpu or pressure",
+        ),
+        (
+            json!([{"name": "none"}]),
+            "a trigger has exactly one condition: memory, cpu or pressure",
+        ),
+        (
+            json!([{"name": "both", "memory": {"aboveLimitPercent": 90, "event": "oom"}}]),
+            "a memory trigger has exactly one of aboveLimitPercent and event",
+        ),
+        (
+            json!([{"name": "cpu", "cpu": {"throttledPercent": 50, "forSeconds": 10}}]),
+            "forSeconds goes with aboveMillicores",
+        ),
+        (
+            json!([{"name": "fast", "memory": {"aboveLimitPercent": 90}, "cooldownSeconds": 5}]),
+            "should be greater than or equal to 60",
+        ),
+        (
+            json!([{"name": "zero", "memory": {"aboveLimitPercent": 0}}]),
+            "should be greater than or equal to 1",
+        ),
+        (
+            json!([{"name": "over", "memory": {"aboveLimitPercent": 101}}]),
+            "should be less than or equal to 100",
+        ),
+        (
+            json!([{"name": "Bad_Name", "memory": {"aboveLimitPercent": 90}}]),
+            "should match",
+        ),
+        (
+            json!([{"name": "long", "memory": {"aboveLimitPercent": 90}, "capture": {"duration": "11m"}}]),
+            "duration must be at least 1s and at most 10m",
+        ),
+        (
+            json!([{"name": "psi", "pressure": {"resource": "disk", "someAvg10Percent": 40}}]),
+            r#"Unsupported value: "disk""#,
+        ),
+        (
+            json!([
+                {"name": "same", "memory": {"aboveLimitPercent": 90}},
+                {"name": "same", "cpu": {"throttledPercent": 50}},
+            ]),
+            "Duplicate value",
+        ),
+        (
+            json!([{"name": "cool", "memory": {"aboveLimitPercent": 90}, "cooldownSeconds": 60, "policyCooldownSeconds": 120}]),
+            "policyCooldownSeconds must not exceed cooldownSeconds",
+        ),
+        (
+            Value::Array(
+                (0..9)
+                    .map(|i| json!({"name": format!("t{i}"), "memory": {"aboveLimitPercent": 90}}))
+                    .collect(),
+            ),
+            "must have at most 8 items",
+        ),
+    ];
+    for (i, (triggers, message)) in cases.into_iter().enumerate() {
+        let err = create_raw(
+            &sp,
+            &policy_with_triggers("SamplingPolicy", &format!("bad-{i}"), triggers.clone()),
+        )
+        .await
+        .expect_err(&format!("triggers {triggers} must be refused"));
+        assert!(
+            err.to_string().contains(message),
+            "triggers {triggers}: expected {message:?}, got {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_triggered_runs_status_trigger_outlives_the_controllers_status_writes() {
+    use flamefleet_api::status_apply::{OPERATOR_FIELD_MANAGER, status_apply_body};
+    let ns = TestNamespace::create("trigger-status").await.unwrap();
+    let api: Api<ProfileRequest> = ns.api();
+    let request: ProfileRequest = serde_json::from_value(valid_preq("fired")).unwrap();
+    api.create(&PostParams::default(), &request).await.unwrap();
+    // The hub writes what fired under its own field manager...
+    let fire = json!({
+        "name": "near-limit", "condition": "memory above 60% of limit", "measured": "61.3",
+        "threshold": "60.0", "unit": "%", "pod": "leaky", "node": "n1",
+        "firedAt": "2026-11-29T03:00:00Z",
+        "reason": "near-limit: memory above 60% of limit (measured 61.3%, threshold 60.0%)",
+    });
+    api.patch_status(
+        "fired",
+        &PatchParams::apply("flamefleet-operator.trigger").force(),
+        &Patch::Apply(json!({
+            "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",
+            "metadata": {"name": "fired"}, "status": {"trigger": fire},
+        })),
+    )
+    .await
+    .unwrap();
+    // ...and the ProfileRequest controller's applies of a status without it keep it.
+    for phase in [RequestPhase::Pending, RequestPhase::Running] {
+        let status = ProfileRequestStatus {
+            phase: Some(phase),
+            ..Default::default()
+        };
+        api.patch_status(
+            "fired",
+            &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+            &Patch::Apply(status_apply_body("fired", &status).unwrap()),
+        )
+        .await
+        .unwrap();
+    }
+    let status = api.get("fired").await.unwrap().status.unwrap();
+    assert_eq!(status.phase, Some(RequestPhase::Running));
+    let trigger = status.trigger.expect("status.trigger kept");
+    assert_eq!(trigger.measured, "61.3");
+    assert_eq!(trigger.pod, "leaky");
+    assert!(trigger.reason.starts_with("near-limit: memory above 60%"));
+}

@@ -87,6 +87,16 @@ pub struct ServeArgs {
     /// Container runtime hint (accepted for compatibility; every runtime's layout is tried).
     #[arg(long)]
     pub container_runtime_hint: Option<String>,
+    /// Least cooldown of a policy trigger on this node, e.g. `60s`: a trigger asking for less
+    /// fires at most once per this long per container (docs/triggers.md).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub min_trigger_cooldown: std::time::Duration,
+    /// Most cgroups the node's trigger watcher watches at once; one more is refused.
+    #[arg(long, default_value_t = 1024)]
+    pub max_watched_cgroups: usize,
+    /// The node's budget of trigger fires per minute, all pods together.
+    #[arg(long, default_value_t = 30)]
+    pub trigger_fires_per_minute: u32,
 }
 
 /// Runs `serve` until SIGINT or SIGTERM.
@@ -117,6 +127,12 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<()> {
         map_sizes: args.map_sizes.clone(),
         kubeconfig: args.kubeconfig.clone(),
         cgroup_root: args.cgroup_root.clone(),
+        triggers: crate::trigger::WatcherConfig {
+            min_cooldown: args.min_trigger_cooldown,
+            max_watched: args.max_watched_cgroups,
+            fires_per_minute: args.trigger_fires_per_minute,
+            ..crate::trigger::WatcherConfig::default()
+        },
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {

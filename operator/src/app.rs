@@ -557,10 +557,11 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         store.clone(),
         options.artifact_quota_per_namespace,
     ));
+    let connector = connector
+        .with_channel_capacity(options.max_idle_agent_connections)
+        .with_metrics(metrics.clone());
     let mut dispatcher = Dispatcher::new(
-        connector
-            .with_channel_capacity(options.max_idle_agent_connections)
-            .with_metrics(metrics.clone()),
+        connector.clone(),
         store.clone(),
         trigger,
         DispatchSettings {
@@ -610,6 +611,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         profiled: std::sync::Mutex::new(Default::default()),
         recorder: recorder.clone(),
         metrics: metrics.clone(),
+        triggers: sampling::triggers::TriggerHub::new(connector),
     });
     let context = Arc::new(Context {
         limits: TenantLimits {

@@ -38,6 +38,15 @@ pub struct ConnectionLabels {
     pub result: String,
 }
 
+/// Label of a trigger fire reported by an agent.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabels {
+    /// `Created` (a run), or why not: `Cooldown`, `PolicyCooldown`, `ConcurrentCaptures`,
+    /// `DutyCycle`, `QueueFull`, `Suspended`, `NotWatched` (a node reported a pod or policy
+    /// it was not told to watch), `Failed`.
+    pub outcome: String,
+}
+
 /// Label of a TLS handshake with an agent.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HandshakeLabels {
@@ -78,6 +87,8 @@ pub struct Metrics {
     export_drops: Family<DropLabels, Counter>,
     export_retries: Counter,
     export_queue: Gauge,
+    trigger_fires: Family<TriggerLabels, Counter>,
+    trigger_streams: Gauge,
 }
 
 impl Default for Metrics {
@@ -138,6 +149,18 @@ impl Metrics {
         let policy_runs = Counter::default();
         let budget_skips = Counter::default();
         let slice_writes = Counter::default();
+        let trigger_fires = Family::<TriggerLabels, Counter>::default();
+        let trigger_streams = Gauge::default();
+        registry.register(
+            "trigger_fires",
+            "Trigger fires reported by agents, by what became of them",
+            trigger_fires.clone(),
+        );
+        registry.register(
+            "trigger_watch_streams",
+            "Agents holding a watch set of policy triggers now",
+            trigger_streams.clone(),
+        );
         registry.register(
             "result_slice_writes",
             "ProfileResultSlices applied (each holds up to 100 nodes' results)",
@@ -240,6 +263,8 @@ impl Metrics {
             export_drops,
             export_retries,
             export_queue,
+            trigger_fires,
+            trigger_streams,
         }
     }
 
@@ -263,6 +288,21 @@ impl Metrics {
     /// Sets the number of captures in the export queue.
     pub fn export_queued(&self, n: usize) {
         self.export_queue.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a trigger fire by what became of it.
+    pub fn trigger_fire(&self, outcome: &str) {
+        self.trigger_fires
+            .get_or_create(&TriggerLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// Sets the number of agents holding a watch set.
+    pub fn set_trigger_streams(&self, n: usize) {
+        self.trigger_streams
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Counts a reconcile and times it until the returned guard drops.

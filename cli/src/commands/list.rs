@@ -18,9 +18,14 @@ pub fn age(seconds: i64) -> String {
     }
 }
 
-/// The table rows (header first) of `list`.
+/// The table rows (header first) of `list`. A `TRIGGER` column (what fired a policy
+/// trigger's run, `name: condition (measured, threshold)`) is added when any listed request
+/// was triggered.
 pub fn table(requests: &[ProfileRequest], now: k8s_openapi::jiff::Timestamp) -> String {
-    let mut rows = vec![[
+    let triggered = requests
+        .iter()
+        .any(|r| r.status.as_ref().is_some_and(|s| s.trigger.is_some()));
+    let mut rows = vec![vec![
         "NAME".to_string(),
         "TYPE".into(),
         "PHASE".into(),
@@ -28,6 +33,9 @@ pub fn table(requests: &[ProfileRequest], now: k8s_openapi::jiff::Timestamp) -> 
         "NODES".into(),
         "AGE".into(),
     ]];
+    if triggered {
+        rows[0].push("TRIGGER".into());
+    }
     for r in requests {
         let status = r.status.as_ref();
         let created = r
@@ -36,7 +44,7 @@ pub fn table(requests: &[ProfileRequest], now: k8s_openapi::jiff::Timestamp) -> 
             .as_ref()
             .map(|t| age(now.as_second() - t.0.as_second()))
             .unwrap_or_else(|| "<unknown>".into());
-        rows.push([
+        let mut row = vec![
             r.metadata.name.clone().unwrap_or_default(),
             r.spec.profile_type.to_string(),
             status
@@ -50,9 +58,18 @@ pub fn table(requests: &[ProfileRequest], now: k8s_openapi::jiff::Timestamp) -> 
                 .and_then(|s| s.node_count)
                 .map_or("-".into(), |n| n.to_string()),
             created,
-        ]);
+        ];
+        if triggered {
+            row.push(
+                status
+                    .and_then(|s| s.trigger.as_ref())
+                    .map_or_else(|| "-".into(), |t| t.reason.clone()),
+            );
+        }
+        rows.push(row);
     }
-    let widths: Vec<usize> = (0..6)
+    let columns = rows[0].len();
+    let widths: Vec<usize> = (0..columns)
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -104,5 +121,38 @@ mod tests {
         assert_eq!(age(600), "10m");
         assert_eq!(age(3 * 3600), "3h");
         assert_eq!(age(5 * 86_400), "5d");
+    }
+
+    #[test]
+    fn a_trigger_column_appears_only_with_triggered_runs() {
+        let now = k8s_openapi::jiff::Timestamp::from_second(1_767_607_300).unwrap();
+        let plain: ProfileRequest = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flamefleet.dev/v1alpha1", "kind": "ProfileRequest",
+            "metadata": {"name": "adhoc", "creationTimestamp": "2026-01-05T10:00:00Z"},
+            "spec": {"type": "cpu", "podNames": ["web"], "duration": "10s"},
+        }))
+        .unwrap();
+        let header = |text: &str| text.lines().next().unwrap_or_default().to_string();
+        assert!(!header(&table(std::slice::from_ref(&plain), now)).contains("TRIGGER"));
+        let mut fired = plain.clone();
+        fired.metadata.name = Some("oom-t1767607230-ab12cd34".into());
+        fired.status = Some(serde_json::from_value(serde_json::json!({
+            "phase": "Succeeded",
+            "trigger": {"name": "near-limit", "condition": "memory above 60% of limit",
+                        "measured": "61.3", "threshold": "60.0", "pod": "web", "node": "n1",
+                        "firedAt": "2026-01-05T10:00:00Z",
+                        "reason": "near-limit: memory above 60% of limit (measured 61.3%, threshold 60.0%)"},
+        }))
+        .unwrap());
+        let text = table(&[plain, fired], now);
+        assert!(header(&text).ends_with("TRIGGER"), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[1].trim_end().ends_with('-'), "{text}");
+        assert!(
+            lines[2].ends_with(
+                "near-limit: memory above 60% of limit (measured 61.3%, threshold 60.0%)"
+            ),
+            "{text}"
+        );
     }
 }

@@ -11,7 +11,7 @@ use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::capture_summary::Kind;
 use flamefleet_proto::agent::{
     CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CaptureSummary, CollectRequest,
-    HeapProcess, HeapSummary, InfoRequest, InfoResponse,
+    HeapProcess, HeapSummary, InfoRequest, InfoResponse, WatchRequest,
 };
 use futures::StreamExt as _;
 use tonic::{Request, Response, Status};
@@ -74,6 +74,15 @@ impl AgentService for NodeService {
 
     async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
         self.agent.info(request).await
+    }
+
+    type WatchStream = <Agent as AgentService>::WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        self.agent.watch(request).await
     }
 }
 

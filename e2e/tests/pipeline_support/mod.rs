@@ -372,6 +372,8 @@ pub struct Pipeline {
     pub nodes: Vec<String>,
     pub agents: Vec<Proc>,
     pub agent_ports: Vec<u16>,
+    /// The agents' probe ports (`/metrics`), by node index.
+    pub agent_probe_ports: Vec<u16>,
     pub operator: Option<Proc>,
     operator_starts: u32,
     /// The store process, with [`PipelineOptions::store_process`].
@@ -395,6 +397,20 @@ impl Drop for Pipeline {
         self.agents.clear();
         self.workloads.clear();
         remove_cgroup_tree(&self.cgroup_root);
+        if let Some(name) = self.cgroup_root.file_name() {
+            for line in std::fs::read_to_string("/proc/mounts")
+                .unwrap_or_default()
+                .lines()
+            {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "memory") {
+                    let dir = Path::new(f[1]).join(name);
+                    if dir.exists() {
+                        remove_cgroup_tree(&dir);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -435,6 +451,7 @@ impl Pipeline {
             nodes: nodes.clone(),
             agents: Vec::new(),
             agent_ports: Vec::new(),
+            agent_probe_ports: Vec::new(),
             operator: None,
             operator_starts: 0,
             store: None,
@@ -446,6 +463,8 @@ impl Pipeline {
             dir,
         };
         for i in 0..nodes.len() {
+            let probe_port = free_port();
+            pipeline.agent_probe_ports.push(probe_port);
             let (proc, port) = pipeline.spawn_agent(i);
             pipeline.agents.push(proc);
             pipeline.agent_ports.push(port);
@@ -478,6 +497,10 @@ impl Pipeline {
             .arg(&self.kubeconfig)
             .arg("--cgroup-root")
             .arg(&self.cgroup_root)
+            .args([
+                "--probe-listen",
+                &format!("127.0.0.1:{}", self.agent_probe_ports[i]),
+            ])
             .env("RUST_LOG", "info");
         let log = self
             .dir
@@ -705,6 +728,11 @@ impl Pipeline {
         }
     }
 
+    /// The /metrics text of the agent of node `i`.
+    pub async fn agent_metrics(&self, i: usize) -> String {
+        metrics_at(self.agent_probe_ports[i]).await
+    }
+
     /// SIGKILLs the agent of node `i`.
     pub fn kill_agent(&mut self, i: usize) {
         self.agents[i].kill();
@@ -769,6 +797,104 @@ impl Pipeline {
             children,
         });
         pod
+    }
+
+    /// A Running pod like [`Pipeline::pod`] whose pod-level cgroup has a memory limit of
+    /// `limit_bytes`, as the kubelet sets it: cgroup v2 `memory.max` where the v2 hierarchy
+    /// has the memory controller, else `memory.limit_in_bytes` in the v1 memory hierarchy at
+    /// the same relative path (a hybrid host). One workload process runs with `args`.
+    pub async fn memory_limited_pod(
+        &mut self,
+        ns: &TestNamespace,
+        name: &str,
+        node: usize,
+        labels: &[(&str, &str)],
+        limit_bytes: u64,
+        args: &[&str],
+    ) -> Pod {
+        let container_id = random_hex(32);
+        let mut fixture = PodFixture::new(
+            name,
+            &self.nodes[node],
+            &format!("containerd://{container_id}"),
+        );
+        for (k, v) in labels {
+            fixture = fixture.label(k, v);
+        }
+        let pod = ns
+            .running_pod(&fixture)
+            .await
+            .expect("creating a running pod");
+        let uid = pod.metadata.uid.clone().expect("pod uid");
+        let rel = PathBuf::from(format!("kubepods/burstable/pod{uid}"));
+        let pod_dir = self.cgroup_root.join(&rel);
+        let cgroup = pod_dir.join(&container_id);
+        std::fs::create_dir_all(&cgroup)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", cgroup.display()));
+        let write = |path: PathBuf, value: &str| {
+            std::fs::write(&path, value)
+                .unwrap_or_else(|e| panic!("writing {value:?} to {}: {e}", path.display()))
+        };
+        let mount = cgroup2_mount();
+        let controllers =
+            std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+        let mut joined = vec![cgroup.clone()];
+        if controllers.split_whitespace().any(|c| c == "memory") {
+            // Enable the controller from the mount down to the pod's cgroup.
+            let mut dir = mount.clone();
+            for part in self
+                .cgroup_root
+                .strip_prefix(&mount)
+                .expect("the fixture's cgroups under the cgroup2 mount")
+                .join(&rel)
+                .components()
+            {
+                write(dir.join("cgroup.subtree_control"), "+memory");
+                dir = dir.join(part);
+            }
+            write(pod_dir.join("memory.max"), &limit_bytes.to_string());
+            let _ = std::fs::write(pod_dir.join("memory.swap.max"), "0");
+        } else {
+            let v1 = self.v1_memory_root();
+            let v1_pod = v1.join(&rel);
+            let v1_container = v1_pod.join(&container_id);
+            std::fs::create_dir_all(&v1_container)
+                .unwrap_or_else(|e| panic!("creating {}: {e}", v1_container.display()));
+            write(
+                v1_pod.join("memory.limit_in_bytes"),
+                &limit_bytes.to_string(),
+            );
+            joined.push(v1_container);
+        }
+        let joined: Vec<&Path> = joined.iter().map(PathBuf::as_path).collect();
+        let child = workload::spawn_in_cgroups(&joined, workload_bin(), args)
+            .expect("starting a workload in its cgroups");
+        self.workloads.push(PodWorkload {
+            pod: pod.clone(),
+            cgroup,
+            children: vec![child],
+        });
+        pod
+    }
+
+    /// This fixture's directory in the v1 memory hierarchy (a hybrid host); removed with it.
+    pub fn v1_memory_root(&self) -> PathBuf {
+        let mounts = std::fs::read_to_string("/proc/mounts").expect("reading /proc/mounts");
+        let v1 = mounts
+            .lines()
+            .find_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                (f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "memory"))
+                    .then(|| PathBuf::from(f[1]))
+            })
+            .expect(
+                "a memory controller: in cgroup v2 or a v1 memory hierarchy (mount one at /sys/fs/cgroup/memory)",
+            );
+        v1.join(
+            self.cgroup_root
+                .file_name()
+                .expect("the fixture's cgroup directory name"),
+        )
     }
 
     /// A ProfileRequest labelled for this fixture.

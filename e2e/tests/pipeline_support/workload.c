@@ -1,7 +1,11 @@
 /* Workloads for the pipeline tests, compiled with frame pointers.
  *   spin  - burns CPU in burn_cpu()
  *   alloc - allocates and frees in churn_heap(), keeping some blocks live
- *   wake  - short bursts then sleeps: many wakeups, for run-queue latency */
+ *   wake  - short bursts then sleeps: many wakeups, for run-queue latency
+ *   grow N - grows its memory in grow_memory() to N MiB (1 MiB every 10 ms, touched), holds it
+ *            200 ms, frees it all, waits 300 ms and starts again: usage that crosses a
+ *            threshold below N MiB again and again (triggers) */
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -22,8 +26,28 @@ __attribute__((noinline)) static void churn_heap(void) {
     }
 }
 
+__attribute__((noinline)) static void grow_memory(int mib) {
+    static void *blocks[4096];
+    if (mib > 4096) mib = 4096;
+    for (int i = 0; i < mib; i++) {
+        blocks[i] = malloc(1 << 20);
+        if (blocks[i]) memset(blocks[i], 1, 1 << 20);
+        usleep(10000);
+    }
+    usleep(200000);
+    for (int i = 0; i < mib; i++) free(blocks[i]);
+    usleep(300000);
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "spin";
+    if (strcmp(mode, "grow") == 0) {
+        /* A fixed mmap threshold: every 1 MiB block is its own mapping, returned on free
+         * (glibc would otherwise raise the threshold and keep freed blocks in its heap). */
+        mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+        int mib = argc > 2 ? atoi(argv[2]) : 32;
+        for (;;) grow_memory(mib);
+    }
     for (;;) {
         if (strcmp(mode, "alloc") == 0) {
             churn_heap();

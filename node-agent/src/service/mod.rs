@@ -26,6 +26,7 @@ pub mod reporter;
 pub mod targets;
 pub mod tls;
 pub mod upload;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,7 +37,7 @@ use flamefleet_proto::agent::agent_service_server::{AgentService, AgentServiceSe
 use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::{
     CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CollectRequest, InfoRequest,
-    InfoResponse,
+    InfoResponse, WatchEvent, WatchRequest,
 };
 use futures::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
@@ -148,6 +149,8 @@ pub struct AgentConfig {
     pub kubeconfig: Option<PathBuf>,
     /// cgroup2 root pods are looked up under; `None`: the cgroup2 mount.
     pub cgroup_root: Option<PathBuf>,
+    /// The trigger watcher's bounds (least cooldown, cgroups watched, fires per minute).
+    pub triggers: crate::trigger::WatcherConfig,
 }
 
 /// The tonic service: the captures table, progress, uploads and reporting around a
@@ -157,6 +160,8 @@ pub struct Agent {
     ctx: Arc<Context>,
     table: Arc<CaptureTable>,
     probes: Arc<ProbeState>,
+    /// The node's triggers (`Watch`); `None`: this agent watches nothing.
+    watch: Option<Arc<watch::NodeWatch>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -200,6 +205,7 @@ struct NodeAgent {
     agent: Agent,
     samplers: Arc<Samplers>,
     metrics: Arc<metrics::AgentMetrics>,
+    watch: Arc<watch::NodeWatch>,
 }
 
 impl NodeAgent {
@@ -220,6 +226,10 @@ impl NodeAgent {
         config.map_sizes.apply(&mut sampler_config);
         let samplers = Arc::new(Samplers::new(sampler_config));
         let metrics = Arc::new(metrics::AgentMetrics::default());
+        let watch = Arc::new(watch::NodeWatch::new(
+            cgroup_root.clone(),
+            config.triggers.clone(),
+        ));
         let agent = Agent::with_engine(Context {
             node: config.node_name.clone(),
             engine: Arc::new(NodeEngine {
@@ -231,11 +241,13 @@ impl NodeAgent {
             reporter: Arc::clone(&metrics) as Arc<dyn Reporter>,
             progress_period: pipeline::PROGRESS_PERIOD,
             shutdown: tokio_util::sync::CancellationToken::new(),
-        });
+        })
+        .with_watch(Arc::clone(&watch));
         Ok(Self {
             agent,
             samplers,
             metrics,
+            watch,
         })
     }
 }
@@ -247,7 +259,15 @@ impl Agent {
             ctx: Arc::new(ctx),
             table: Arc::new(CaptureTable::new(CacheLimits::default())),
             probes: ProbeState::new("starting"),
+            watch: None,
         }
+    }
+
+    /// Serves `Watch` with `watch` (the node's trigger watcher).
+    #[must_use]
+    pub fn with_watch(mut self, watch: Arc<watch::NodeWatch>) -> Self {
+        self.watch = Some(watch);
+        self
     }
 
     /// Serves this service on `listener` over mutual TLS (`tls`: the node's certificate,
@@ -408,6 +428,30 @@ impl AgentService for Agent {
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
         Ok(Response::new(self.ctx.engine.info(&self.ctx.node)))
     }
+
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let Some(watch) = self.watch.clone() else {
+            return Err(Status::unimplemented(format!(
+                "the agent of node {} watches no triggers (a capture-only agent)",
+                self.ctx.node
+            )));
+        };
+        let req = request.into_inner();
+        let pods = req.pods.len();
+        let node_watch = Arc::clone(&watch);
+        let (session, ack, rx) = tokio::task::spawn_blocking(move || node_watch.replace(&req))
+            .await
+            .map_err(|e| Status::internal(format!("replacing the watch set: {e}")))?;
+        tracing::info!(session, pods, "watch set replaced");
+        Ok(Response::new(Box::pin(watch::WatchStream::new(
+            watch, session, ack, rx,
+        ))))
+    }
 }
 
 /// How long a client may take to complete the TLS handshake.
@@ -438,6 +482,7 @@ pub async fn serve(
         mut agent,
         samplers,
         metrics,
+        watch,
     } = NodeAgent::new(&config)?;
     // What this node's kernel offers and what each engine runs with (also on /metrics).
     tracing::info!(
@@ -448,6 +493,7 @@ pub async fn serve(
     let health = Arc::clone(&samplers);
     probes.set_health_check(Box::new(move || health.health()));
     probes.set_metrics(metrics, samplers);
+    probes.set_trigger_metrics(watch);
     if let Some(listen) = config.probe_listen {
         let bound = probes::spawn(listen, Arc::clone(&probes)).await?;
         println!("probes on {bound}");

@@ -36,6 +36,7 @@ pub struct ProbeState {
     captures_active: AtomicU64,
     health: std::sync::OnceLock<HealthCheck>,
     counters: std::sync::OnceLock<(Arc<AgentMetrics>, Arc<Samplers>)>,
+    triggers: std::sync::OnceLock<Arc<super::watch::NodeWatch>>,
 }
 
 impl std::fmt::Debug for ProbeState {
@@ -72,6 +73,12 @@ impl ProbeState {
     /// once; later calls are ignored).
     pub fn set_metrics(&self, metrics: Arc<AgentMetrics>, samplers: Arc<Samplers>) {
         let _ = self.counters.set((metrics, samplers));
+    }
+
+    /// Adds the trigger watcher's counters to `/metrics` (set once; later calls are
+    /// ignored).
+    pub fn set_trigger_metrics(&self, watch: Arc<super::watch::NodeWatch>) {
+        let _ = self.triggers.set(watch);
     }
 
     /// Marks the gRPC server as serving (or not).
@@ -183,6 +190,9 @@ async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
         if let Ok(fill) = tokio::task::spawn_blocking(move || samplers.map_fill_metrics()).await {
             text.push_str(&fill);
         }
+    }
+    if let Some(watch) = state.triggers.get() {
+        text.push_str(&watch.render_metrics());
     }
     text
 }

@@ -18,6 +18,7 @@ pub mod history;
 pub mod policy;
 pub mod rotation;
 pub mod schedule;
+pub mod triggers;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -82,6 +83,8 @@ pub struct SamplingContext {
     pub recorder: Recorder,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// The policies' triggers: the agents' watch sets, cooldowns and counters.
+    pub triggers: triggers::TriggerHub,
 }
 
 impl super::ControllerContext for SamplingContext {
@@ -206,6 +209,7 @@ pub async fn run(
 ) {
     futures::join!(
         run_kind::<SamplingPolicy>(context.clone(), selector.clone(), shutdown.clone()),
-        run_kind::<ClusterSamplingPolicy>(context, selector, shutdown),
+        run_kind::<ClusterSamplingPolicy>(context.clone(), selector, shutdown.clone()),
+        triggers::TriggerHub::run(context, shutdown),
     );
 }

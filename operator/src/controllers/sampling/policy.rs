@@ -189,6 +189,7 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
             ),
         );
         status.next_schedule_time = None;
+        ctx.triggers.register(&uid, None, &[]);
         if status != before {
             write_status(api, &current, &status).await?;
         }
@@ -221,6 +222,11 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
             ),
         );
     }
+
+    // Triggers are watched whatever the schedule says (a suspended policy watches nothing).
+    ctx.triggers
+        .register(&uid, registered(&current, &spec, &uid)?, &status.triggers);
+    status.triggers = ctx.triggers.status_of(&uid, &spec.triggers);
 
     let schedule = match schedule::parse(&spec.schedule, spec.time_zone.as_deref(), now) {
         Ok(s) => {
@@ -376,11 +382,33 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
     record_profiled(ctx, &uid, &runs);
     let eligibility = eligibility(ctx, &current, &spec, &uid)?;
     status.coverage = Some(coverage(ctx, &uid, &eligibility, &status));
+    status.triggers = ctx.triggers.status_of(&uid, &spec.triggers);
     let current_status = current.policy_status().cloned().unwrap_or_default();
     if status != current_status {
         write_status(api, &current, &status).await?;
     }
     Ok(action)
+}
+
+/// What the trigger hub watches for `policy`: `None` when it has no triggers or is
+/// suspended.
+fn registered<P: Policy>(
+    policy: &P,
+    spec: &flamefleet_api::SamplingPolicySpec,
+    uid: &str,
+) -> Result<Option<super::triggers::Registered>> {
+    if spec.triggers.is_empty() || spec.suspend == Some(true) {
+        return Ok(None);
+    }
+    Ok(Some(super::triggers::Registered {
+        kind: P::KIND,
+        name: policy.name_any(),
+        namespace: policy.meta().namespace.clone(),
+        uid: uid.to_string(),
+        labels: policy.labels().clone(),
+        spec: spec.clone(),
+        scope: scope_of(policy)?,
+    }))
 }
 
 /// The policy's runs among the cached requests that carry its UID label: only those
@@ -839,6 +867,7 @@ async fn cleanup<P: Policy>(policy: Arc<P>, ctx: &SamplingContext) -> Result<Act
         .unwrap_or_else(|e| e.into_inner())
         .remove(&uid);
     ctx.ledger.forget_policy(&uid);
+    ctx.triggers.forget(&uid);
     tracing::info!(runs = runs.items.len(), "deleted the policy's runs");
     Ok(Action::await_change())
 }

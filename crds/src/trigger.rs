@@ -1,0 +1,258 @@
+//! Triggers of the sampling policies: capture a selected pod when a condition of its own
+//! cgroup holds (memory near its limit, CPU throttled, pressure), watched on the node by the
+//! agent (docs/triggers.md). A fire becomes an ordinary ProfileRequest owned by the policy,
+//! for that pod only, whose `status.trigger` says which trigger fired at what value.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::ProfileType;
+use crate::duration::DURATION_PATTERN;
+use crate::profile_request::CAPTURE_DURATION_RULE;
+
+/// Most triggers of one policy.
+pub const MAX_TRIGGERS: usize = 8;
+/// Default `cooldownSeconds` (per pod).
+pub const DEFAULT_COOLDOWN_SECONDS: i64 = 600;
+/// Least `cooldownSeconds` the schema accepts (the agents' floor, `--min-trigger-cooldown`).
+pub const MIN_COOLDOWN_SECONDS: i64 = 60;
+/// Default `policyCooldownSeconds` (all the policy's pods together).
+pub const DEFAULT_POLICY_COOLDOWN_SECONDS: i64 = 60;
+/// Default capture duration of a fire.
+pub const DEFAULT_TRIGGER_DURATION: &str = "10s";
+/// Label of a triggered run: the trigger's name.
+pub const TRIGGER_LABEL: &str = "flamefleet.dev/trigger";
+/// Label of a triggered run: the UID of the pod it captures.
+pub const TRIGGER_POD_UID_LABEL: &str = "flamefleet.dev/trigger-pod-uid";
+
+/// One trigger: exactly one condition (`memory`, `cpu` or `pressure`), what it captures and
+/// how often it may fire.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("[has(self.memory), has(self.cpu), has(self.pressure)].filter(x, x).size() == 1").message("a trigger has exactly one condition: memory, cpu or pressure"),
+    validation = Rule::new("!has(self.policyCooldownSeconds) || !has(self.cooldownSeconds) || self.policyCooldownSeconds <= self.cooldownSeconds").message("policyCooldownSeconds must not exceed cooldownSeconds")
+)]
+pub struct PolicyTrigger {
+    /// The trigger's name, unique in the policy (a DNS label).
+    #[schemars(length(min = 1, max = 40), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// A memory condition of a container's cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryTrigger>,
+    /// A CPU condition of a container's cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuTrigger>,
+    /// A pressure (PSI) condition of a container's cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<PressureTrigger>,
+    /// What a fire captures (default: a heap profile for memory triggers, a CPU profile for
+    /// cpu and pressure ones, for 10s, with the template's options of that type).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<TriggerCapture>,
+    /// Least time between two fires of this trigger on one pod (default 600, at least 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_COOLDOWN_SECONDS, max = 604_800))]
+    pub cooldown_seconds: Option<i64>,
+    /// Least time between two fires of this trigger on any of the policy's pods (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 604_800))]
+    pub policy_cooldown_seconds: Option<i64>,
+}
+
+/// A memory condition: one of `aboveLimitPercent` or `event`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.aboveLimitPercent) != has(self.event)").message("a memory trigger has exactly one of aboveLimitPercent and event")
+)]
+pub struct MemoryTrigger {
+    /// Fires when the container's memory usage reaches this percent of its limit (a
+    /// container without a limit never fires).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub above_limit_percent: Option<i32>,
+    /// Fires on an increment of this `memory.events` counter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<MemoryEventName>,
+}
+
+/// A `memory.events` counter.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum MemoryEventName {
+    /// Usage went over `memory.high`.
+    High,
+    /// Usage hit the limit and the kernel reclaimed.
+    Max,
+    /// The cgroup ran out of memory.
+    Oom,
+    /// The OOM killer killed a process of the cgroup.
+    OomKill,
+}
+
+/// A CPU condition: one of `throttledPercent` or `aboveMillicores`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.throttledPercent) != has(self.aboveMillicores)").message("a cpu trigger has exactly one of throttledPercent and aboveMillicores"),
+    validation = Rule::new("!has(self.forSeconds) || has(self.aboveMillicores)").message("forSeconds goes with aboveMillicores")
+)]
+pub struct CpuTrigger {
+    /// Fires when at least this percent of the CFS periods of a second were throttled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub throttled_percent: Option<i32>,
+    /// Fires when usage stays above this many millicores for `forSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub above_millicores: Option<i32>,
+    /// How long usage must stay above `aboveMillicores` (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub for_seconds: Option<i32>,
+}
+
+/// A pressure condition: `some avg10` of a resource above a percent.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PressureTrigger {
+    /// `cpu`, `memory` or `io`.
+    pub resource: PressureResource,
+    /// Fires when tasks stalled on the resource at least this percent of 10 s.
+    #[schemars(range(min = 1, max = 100))]
+    pub some_avg10_percent: i32,
+}
+
+/// A PSI resource.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum PressureResource {
+    /// `cpu.pressure`.
+    Cpu,
+    /// `memory.pressure`.
+    Memory,
+    /// `io.pressure`.
+    Io,
+}
+
+/// What a fire captures.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TriggerCapture {
+    /// The profile type (default: heap for memory triggers, cpu otherwise).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub profile_type: Option<ProfileType>,
+    /// How long to capture (default 10s; at least 1s, at most 10m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), pattern(DURATION_PATTERN))]
+    #[x_kube(validation = Rule::new(CAPTURE_DURATION_RULE).message("duration must be at least 1s and at most 10m"))]
+    pub duration: Option<String>,
+}
+
+impl PolicyTrigger {
+    /// Whether its condition is about memory (a fire captures the heap by default).
+    pub fn is_memory(&self) -> bool {
+        self.memory.is_some()
+            || self
+                .pressure
+                .as_ref()
+                .is_some_and(|p| p.resource == PressureResource::Memory)
+    }
+
+    /// The profile type a fire captures.
+    pub fn capture_type(&self) -> ProfileType {
+        self.capture
+            .as_ref()
+            .and_then(|c| c.profile_type)
+            .unwrap_or(if self.is_memory() {
+                ProfileType::Heap
+            } else {
+                ProfileType::Cpu
+            })
+    }
+
+    /// The capture duration of a fire, as the ProfileRequest spells it.
+    pub fn capture_duration(&self) -> String {
+        self.capture
+            .as_ref()
+            .and_then(|c| c.duration.clone())
+            .unwrap_or_else(|| DEFAULT_TRIGGER_DURATION.to_string())
+    }
+
+    /// The per-pod cooldown, seconds (at least [`MIN_COOLDOWN_SECONDS`]).
+    pub fn cooldown_seconds(&self) -> i64 {
+        self.cooldown_seconds
+            .unwrap_or(DEFAULT_COOLDOWN_SECONDS)
+            .max(MIN_COOLDOWN_SECONDS)
+    }
+
+    /// The per-policy cooldown, seconds.
+    pub fn policy_cooldown_seconds(&self) -> i64 {
+        self.policy_cooldown_seconds
+            .unwrap_or(DEFAULT_POLICY_COOLDOWN_SECONDS)
+            .clamp(1, self.cooldown_seconds())
+    }
+}
+
+/// What fired a triggered run, in its `status.trigger` (written by the operator only).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TriggerFire {
+    /// The trigger's name in the policy.
+    pub name: String,
+    /// The condition, in words, e.g. `memory above 60% of limit`.
+    pub condition: String,
+    /// The measured value, in `unit`, as text (e.g. `61.3`).
+    pub measured: String,
+    /// The threshold it crossed, in `unit`.
+    pub threshold: String,
+    /// `%`, `m` (millicores) or `events`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub unit: String,
+    /// The raw numbers behind the value, e.g. `memory.current 190 MiB of memory.max 256 MiB`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    /// The pod.
+    pub pod: String,
+    /// The container whose cgroup fired.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub container: String,
+    /// The node whose agent saw it.
+    pub node: String,
+    /// When the agent saw it.
+    pub fired_at: Time,
+    /// `name: condition (measured X, threshold Y)`: the REASON column.
+    pub reason: String,
+}
+
+/// What one trigger of a policy has done, in the policy's `status.triggers`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TriggerStatus {
+    /// The trigger's name.
+    pub name: String,
+    /// Pods whose cgroups the agents watch for it now.
+    #[serde(default)]
+    pub watched_pods: i64,
+    /// Fires that became a run.
+    #[serde(default)]
+    pub fires: i64,
+    /// Fires turned down (cooldown, budget, tenant limits), summed.
+    #[serde(default)]
+    pub skipped: i64,
+    /// Why the last fire turned down was.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_skip_reason: String,
+    /// When the last run was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fire_time: Option<Time>,
+    /// The last run created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run: Option<crate::RunReference>,
+    /// Pods or containers the agents could not watch, and why (at most 10).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<String>,
+}

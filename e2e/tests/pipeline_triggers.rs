@@ -1,0 +1,319 @@
+//! End to end, triggered captures: a SamplingPolicy's memory trigger on the real control
+//! plane, with real agents watching real cgroups with real memory limits. A process that
+//! grows its memory past the trigger's share of its pod's limit makes the agent fire; the
+//! operator creates a heap ProfileRequest for that pod only, with the trigger's reason and
+//! measured value in its status and an Event on the pod; the profile downloads and names the
+//! growing function. The condition keeps crossing (the process frees and grows again every
+//! second): the cooldown holds it to one run. A pod of another namespace that grows past
+//! the same share (and matches the policy's selector and podNames) is never watched and
+//! never captured.
+
+mod pipeline_support;
+
+use std::time::{Duration, Instant};
+
+use flamefleet_api::trigger::{TRIGGER_LABEL, TRIGGER_POD_UID_LABEL};
+use flamefleet_api::{ProfileRequest, RequestPhase, SamplingPolicy};
+use flamefleet_e2e::TestNamespace;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use pipeline_support::{Pipeline, PipelineOptions, artifacts_of, metrics_at, serial};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+const MIB: u64 = 1024 * 1024;
+/// The pods' memory limit, and how far the workload grows (69% of it) every second.
+const LIMIT: u64 = 64 * MIB;
+const GROW_MIB: &str = "44";
+
+/// The value of an unlabelled metric in a /metrics text.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The requests of policy `uid` in `ns`.
+async fn runs(ns: &TestNamespace, uid: &str) -> Vec<ProfileRequest> {
+    let api: Api<ProfileRequest> = ns.api();
+    api.list(&ListParams::default().labels(&format!("flamefleet.dev/policy-uid={uid}")))
+        .await
+        .expect("listing runs")
+        .items
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_trigger_captures_the_growing_pod_once_per_cooldown_and_only_its_own_namespace() {
+    let started = Instant::now();
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        nodes: 1,
+        // The workload is nearly all allocator calls while it grows: the cluster admin lifts
+        // the heap overhead guard's ceiling, the template turns the guard off.
+        operator_args: vec!["--max-heap-overhead-percent=0".into()],
+        ..PipelineOptions::default()
+    })
+    .await;
+    let tenant = TestNamespace::create("ff-trig-a").await.unwrap();
+    let other = TestNamespace::create("ff-trig-b").await.unwrap();
+    let leaky = pipeline
+        .memory_limited_pod(
+            &tenant,
+            "leaky",
+            0,
+            &[("app", "leaky")],
+            LIMIT,
+            &["grow", GROW_MIB],
+        )
+        .await;
+    // Another namespace's pod: same labels, the name the policy lists, the same growth.
+    let victim = pipeline
+        .memory_limited_pod(
+            &other,
+            "victim",
+            0,
+            &[("app", "leaky")],
+            LIMIT,
+            &["grow", GROW_MIB],
+        )
+        .await;
+
+    let api: Api<SamplingPolicy> = tenant.api();
+    let policy = api
+        .create(
+            &PostParams::default(),
+            &pipeline.policy(
+                "oom-watch",
+                json!({
+                    // No scheduled run in the test's lifetime: only the trigger captures.
+                    "schedule": "@yearly",
+                    "template": {
+                        "type": "heap",
+                        "selector": {"matchLabels": {"app": "leaky"}},
+                        "podNames": ["victim"],
+                        "duration": "3s",
+                        "heap": {"source": "ebpf", "maxOverheadPercent": 0},
+                    },
+                    "budget": {"maxConcurrentCapturesPerNode": 4},
+                    "triggers": [{
+                        "name": "near-limit",
+                        "memory": {"aboveLimitPercent": 50},
+                        "capture": {"duration": "3s"},
+                        "cooldownSeconds": 600,
+                    }],
+                }),
+            ),
+        )
+        .await
+        .expect("creating the SamplingPolicy");
+    let uid = policy.uid().unwrap();
+
+    // The fire becomes a heap run of the growing pod, with what fired in its status.
+    let fired: ProfileRequest = pipeline
+        .wait_for("a triggered run with status.trigger", TIMEOUT, || {
+            let (tenant, uid) = (&tenant, uid.clone());
+            async move {
+                runs(tenant, &uid)
+                    .await
+                    .into_iter()
+                    .find(|r| r.status.as_ref().is_some_and(|s| s.trigger.is_some()))
+            }
+        })
+        .await;
+    let fire_seen = started.elapsed();
+    let trigger = fired.status.clone().unwrap().trigger.unwrap();
+    assert_eq!(trigger.name, "near-limit");
+    assert_eq!(trigger.pod, "leaky");
+    assert_eq!(trigger.node, pipeline.nodes[0]);
+    assert_eq!(trigger.unit, "%");
+    assert_eq!(trigger.threshold, "50.0");
+    let measured: f64 = trigger.measured.parse().expect("a measured number");
+    assert!(
+        (50.0..=100.0).contains(&measured),
+        "measured {measured}% of the limit, expected at least the 50% threshold: {trigger:#?}"
+    );
+    assert!(
+        trigger
+            .reason
+            .starts_with("near-limit: memory above 50% of limit (measured "),
+        "{}",
+        trigger.reason
+    );
+    assert_eq!(fired.spec.profile_type, flamefleet_api::ProfileType::Heap);
+    assert_eq!(fired.spec.pod_names, ["leaky"]);
+    assert_eq!(fired.spec.selector, None);
+    let labels = fired.labels();
+    assert_eq!(labels[TRIGGER_LABEL], "near-limit");
+    assert_eq!(labels[TRIGGER_POD_UID_LABEL], leaky.uid().unwrap());
+    let owner = &fired.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("SamplingPolicy", uid.as_str(), Some(true))
+    );
+
+    // It is captured like any request, and its profile names the growing function.
+    let name = fired.name_any();
+    let done: ProfileRequest = pipeline
+        .wait_for("the triggered run to finish", TIMEOUT, || {
+            let api: Api<ProfileRequest> = tenant.api();
+            let name = name.clone();
+            async move {
+                let r = api.get(&name).await.ok()?;
+                let phase = r.status.as_ref()?.phase?;
+                phase.is_terminal().then_some(r)
+            }
+        })
+        .await;
+    let captured_at = started.elapsed();
+    let status = done.status.clone().unwrap();
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::Succeeded),
+        "{status:#?}\n{}\n{}",
+        pipeline.operator_logs(),
+        pipeline.agent_logs()
+    );
+    assert_eq!(
+        status.trigger.as_ref().map(|t| t.measured.as_str()),
+        Some(trigger.measured.as_str()),
+        "status.trigger survives the capture's status writes"
+    );
+    let artifacts = artifacts_of(&pipeline.client, &done).await;
+    assert_eq!(artifacts.len(), 1, "{artifacts:#?}");
+    let file = pipeline.download(&done, &artifacts[0]).await;
+    let out = std::process::Command::new("go")
+        .args(["tool", "pprof", "-top", "-sample_index=alloc_space"])
+        .arg(&file)
+        .output()
+        .expect("running `go tool pprof` (install Go)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let top = String::from_utf8_lossy(&out.stdout);
+    assert!(top.contains("grow_memory"), "{top}");
+
+    // An Event on the pod says why it was profiled.
+    let events: Api<Event> = tenant.api();
+    let event = pipeline
+        .wait_for("the ProfileTriggered Event on the pod", TIMEOUT, || {
+            let events = events.clone();
+            async move {
+                events
+                    .list(&Default::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|e| {
+                        e.reason.as_deref() == Some("ProfileTriggered")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("leaky")
+                    })
+            }
+        })
+        .await;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains(&name) && note.contains("near-limit"),
+        "{note}"
+    );
+
+    // Cooldown: the usage keeps crossing the threshold every second; the agent holds the
+    // crossings back (its counter says it saw them), and nothing more is created.
+    let probe_port = pipeline.agent_probe_ports[0];
+    let metrics = pipeline
+        .wait_for(
+            "the agent to hold back a crossing in the cooldown",
+            TIMEOUT,
+            || async move {
+                let text = metrics_at(probe_port).await;
+                (metric(&text, "flamefleet_agent_trigger_held_back_total")? >= 2.0).then_some(text)
+            },
+        )
+        .await;
+    assert_eq!(
+        metric(&metrics, "flamefleet_agent_trigger_fires_total"),
+        Some(1.0),
+        "{metrics}"
+    );
+    // Only the tenant's pod is watched: the other namespace's pod is no target, whatever
+    // the policy's selector and podNames say.
+    assert_eq!(
+        metric(&metrics, "flamefleet_agent_trigger_watched_cgroups"),
+        Some(1.0),
+        "{metrics}"
+    );
+    let held_at = started.elapsed();
+    let all = runs(&tenant, &uid).await;
+    assert_eq!(
+        all.iter().map(|r| r.name_any()).collect::<Vec<_>>(),
+        std::slice::from_ref(&name),
+        "one run per cooldown"
+    );
+    let status = pipeline
+        .wait_for("status.triggers to count the fire", TIMEOUT, || {
+            let api = api.clone();
+            async move {
+                let s = api.get("oom-watch").await.ok()?.status?;
+                let t = s.triggers.into_iter().find(|t| t.name == "near-limit")?;
+                (t.fires == 1 && t.watched_pods == 1).then_some(t)
+            }
+        })
+        .await;
+    assert_eq!(
+        status.last_run.as_ref().map(|r| r.name.as_str()),
+        Some(name.as_str())
+    );
+
+    // The other namespace's pod did cross the threshold (its kernel counter), and nothing
+    // captured it.
+    let victim_uid = victim.uid().unwrap();
+    let max_usage = max_memory_usage(&pipeline, &victim_uid);
+    assert!(
+        max_usage > LIMIT / 2,
+        "the other namespace's pod peaked at {max_usage} bytes, below the threshold"
+    );
+    let other_requests: Api<ProfileRequest> = other.api();
+    let captured = other_requests
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(captured.is_empty(), "{captured:#?}");
+    assert!(
+        runs(&tenant, &uid)
+            .await
+            .iter()
+            .all(|r| r.labels().get(TRIGGER_POD_UID_LABEL) != Some(&victim_uid)),
+        "a run of the other namespace's pod"
+    );
+    eprintln!(
+        "triggers e2e: fixture and policy ready, fire seen after {:.1}s, run finished at \
+         {:.1}s, crossings held back at {:.1}s, test took {:.1}s",
+        fire_seen.as_secs_f64(),
+        captured_at.as_secs_f64(),
+        held_at.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The highest memory usage the kernel recorded for a pod's cgroup of the fixture (v1
+/// `memory.max_usage_in_bytes` on a hybrid host, v2 `memory.peak`).
+fn max_memory_usage(pipeline: &Pipeline, pod_uid: &str) -> u64 {
+    let rel = format!("kubepods/burstable/pod{pod_uid}");
+    let v2 = pipeline.cgroup_root.join(&rel).join("memory.peak");
+    let file = if v2.exists() {
+        v2
+    } else {
+        pipeline
+            .v1_memory_root()
+            .join(&rel)
+            .join("memory.max_usage_in_bytes")
+    };
+    std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
