@@ -12,9 +12,11 @@
 //! **Never in the way.** A node's result is recorded first; the export job is then offered
 //! to a bounded [`FairQueue`](queue::FairQueue) without waiting (refused jobs are counted as
 //! drops). One worker sends them, oldest first per namespace and namespaces in turn, so a
-//! tenant that floods captures fills only its own share of the queue. A failed send is
-//! retried with capped exponential backoff and full jitter while the endpoint is down, for at
-//! most `--export-max-retry-time`, then dropped and counted. Drops, retries and exports are
+//! tenant that floods captures fills only its own share of the queue. A transient failure
+//! puts the capture back at the end of its namespace's queue, to be tried again after a
+//! capped exponential backoff with full jitter, for at most `--export-max-retry-time`, then
+//! it is dropped and counted: a capture whose export keeps failing takes turns with the
+//! others instead of holding the worker. Drops, retries and exports are
 //! in `/metrics` (`flamefleet_operator_export_*`). Nothing is persisted: jobs queued when the
 //! operator stops are lost (the artifacts stay in the store).
 //!
@@ -102,10 +104,32 @@ impl ExportJob {
     }
 }
 
+/// A job in the queue, with how far its export got.
+#[derive(Debug)]
+struct Pending {
+    job: ExportJob,
+    /// Artifacts of the job already exported or dropped.
+    done: usize,
+    /// Failed attempts at the current artifact.
+    attempt: u32,
+    /// When the current artifact first failed.
+    first_failure: Option<Instant>,
+    /// Not to be tried again before this.
+    retry_at: Option<Instant>,
+}
+
+/// Why one attempt at an artifact did not export it.
+enum Failure {
+    /// Trying again may help (the endpoint or the store is unavailable).
+    Transient(String),
+    /// It never will: dropped, with the reason label.
+    Drop(&'static str, String),
+}
+
 /// The export sink: a queue and the worker that empties it.
 #[derive(Debug)]
 pub struct Exporter {
-    queue: Mutex<FairQueue<ExportJob>>,
+    queue: Mutex<FairQueue<Pending>>,
     wake: Notify,
     metrics: Arc<Metrics>,
 }
@@ -133,7 +157,7 @@ impl Exporter {
         Ok(exporter)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, FairQueue<ExportJob>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FairQueue<Pending>> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -142,9 +166,16 @@ impl Exporter {
     pub fn submit(&self, job: ExportJob) {
         let namespace = job.context.namespace.clone();
         let artifacts = job.artifacts.len() as u64;
+        let pending = Pending {
+            job,
+            done: 0,
+            attempt: 0,
+            first_failure: None,
+            retry_at: None,
+        };
         let pushed = {
             let mut queue = self.lock();
-            let pushed = queue.push(&namespace, job);
+            let pushed = queue.push(&namespace, pending);
             self.metrics.export_queued(queue.len());
             pushed
         };
@@ -161,6 +192,10 @@ impl Exporter {
         }
     }
 
+    /// The one worker. A transient failure puts the job back at the end of its namespace's
+    /// queue with a time before which it is not tried again, so that a capture whose export
+    /// keeps failing (an endpoint down, or a payload it times out on) takes its turn with
+    /// the other namespaces' instead of holding the worker.
     async fn work(
         self: Arc<Self>,
         sink: Sink,
@@ -168,6 +203,11 @@ impl Exporter {
         settings: ExportSettings,
     ) {
         let mut rng = fastrand::Rng::new();
+        let backoff = Backoff {
+            base: Duration::from_secs(1).min(settings.max_retry_delay),
+            cap: settings.max_retry_delay,
+            attempts: u32::MAX,
+        };
         loop {
             let next = {
                 let mut queue = self.lock();
@@ -175,39 +215,61 @@ impl Exporter {
                 self.metrics.export_queued(queue.len());
                 next
             };
-            let Some((_, job)) = next else {
+            let Some((namespace, mut pending)) = next else {
                 self.wake.notified().await;
                 continue;
             };
-            for (key, sha256) in &job.artifacts {
+            if let Some(at) = pending.retry_at.take() {
+                tokio::time::sleep_until(at.into()).await;
+            }
+            while let Some((key, sha256)) = pending.job.artifacts.get(pending.done).cloned() {
                 let outcome = self
                     .export_artifact(
                         &sink,
                         store.as_ref(),
                         &settings,
-                        &job.context,
-                        key,
-                        *sha256,
-                        &mut rng,
+                        &pending.job.context,
+                        &key,
+                        sha256,
                     )
                     .await;
-                match outcome {
+                let (reason, message) = match outcome {
                     Ok(()) => {
                         tracing::debug!(%key, "exported");
                         self.metrics.export_exported();
+                        pending.done += 1;
+                        pending.attempt = 0;
+                        pending.first_failure = None;
+                        continue;
                     }
-                    Err((reason, message)) => {
-                        tracing::warn!(%key, reason, "export dropped: {message}");
-                        self.metrics.export_dropped(reason, 1);
+                    Err(Failure::Drop(reason, message)) => (reason, message),
+                    Err(Failure::Transient(message)) => {
+                        let first = *pending.first_failure.get_or_insert_with(Instant::now);
+                        let delay = backoff.delay(pending.attempt, &mut rng);
+                        if first.elapsed() + delay > settings.max_retry_time {
+                            ("retries_exhausted", message)
+                        } else {
+                            pending.attempt += 1;
+                            tracing::info!(%key, attempt = pending.attempt, "export failed ({message}); retrying in {delay:?}");
+                            self.metrics.export_retried();
+                            pending.retry_at = Some(Instant::now() + delay);
+                            // Admitted once already: back in line whatever the bounds say
+                            // (the one worker holds at most one job outside the queue).
+                            self.lock().requeue(&namespace, pending);
+                            break;
+                        }
                     }
-                }
+                };
+                tracing::warn!(%key, reason, "export dropped: {message}");
+                self.metrics.export_dropped(reason, 1);
+                pending.done += 1;
+                pending.attempt = 0;
+                pending.first_failure = None;
             }
         }
     }
 
-    /// Reads, converts and sends one artifact, retrying while that may help. The error is
-    /// the drop's reason label and message.
-    #[allow(clippy::too_many_arguments)]
+    /// One attempt at reading, converting and sending one artifact.
     async fn export_artifact(
         &self,
         sink: &Sink,
@@ -216,55 +278,32 @@ impl Exporter {
         context: &CaptureContext,
         key: &ArtifactKey,
         sha256: Sha256Digest,
-        rng: &mut fastrand::Rng,
-    ) -> Result<(), (&'static str, String)> {
-        let started = Instant::now();
-        let backoff = Backoff {
-            base: Duration::from_secs(1).min(settings.max_retry_delay),
-            cap: settings.max_retry_delay,
-            attempts: u32::MAX,
-        };
-        let mut attempt = 0u32;
-        // Waits before the next attempt, or gives up once the retry time is spent.
-        let mut retry = |attempt: &mut u32, error: String| {
-            let delay = backoff.delay(*attempt, rng);
-            *attempt += 1;
-            if started.elapsed() + delay > settings.max_retry_time {
-                return Err(("retries_exhausted", error));
+    ) -> Result<(), Failure> {
+        let body = match store.read(key, settings.max_artifact_bytes).await {
+            Ok((body, digest)) if digest.sha256 == sha256 => body,
+            Ok(_) => {
+                return Err(Failure::Drop(
+                    "artifact_changed",
+                    "the stored artifact no longer has the SHA-256 verified at capture".into(),
+                ));
             }
-            Ok(delay)
-        };
-        let body = loop {
-            match store.read(key, settings.max_artifact_bytes).await {
-                Ok((body, digest)) if digest.sha256 == sha256 => break body,
-                Ok(_) => {
-                    return Err((
-                        "artifact_changed",
-                        "the stored artifact no longer has the SHA-256 verified at capture".into(),
-                    ));
-                }
-                Err(StoreError::NotFound { .. }) => {
-                    return Err((
-                        "artifact_gone",
-                        "the artifact was deleted before its export".into(),
-                    ));
-                }
-                Err(e @ StoreError::TooLarge { .. }) => {
-                    return Err(("invalid_profile", e.to_string()));
-                }
-                Err(e) => {
-                    let delay = retry(&mut attempt, e.to_string())?;
-                    self.metrics.export_retried();
-                    tokio::time::sleep(delay).await;
-                }
+            Err(StoreError::NotFound { .. }) => {
+                return Err(Failure::Drop(
+                    "artifact_gone",
+                    "the artifact was deleted before its export".into(),
+                ));
             }
+            Err(e @ StoreError::TooLarge { .. }) => {
+                return Err(Failure::Drop("invalid_profile", e.to_string()));
+            }
+            Err(e) => return Err(Failure::Transient(e.to_string())),
         };
         let limits = DecodeLimits {
             max_decompressed_bytes: DECODE_BUDGET,
             max_kept_bytes: DECODE_BUDGET,
         };
-        let profile = flamefleet_pprof::decode_with(&body, &limits)
-            .map_err(|e| ("invalid_profile", e.to_string()))?;
+        let invalid = |e: flamefleet_pprof::Error| Failure::Drop("invalid_profile", e.to_string());
+        let profile = flamefleet_pprof::decode_with(&body, &limits).map_err(invalid)?;
         drop(body);
         let mut profile_id = [0u8; 16];
         profile_id.copy_from_slice(&sha256.as_bytes()[..16]);
@@ -278,23 +317,16 @@ impl Exporter {
             |owner| resource::attributes(context, owner),
             &options,
         )
-        .map_err(|e| ("invalid_profile", e.to_string()))?;
+        .map_err(invalid)?;
         drop(profile);
-        loop {
-            match sink.send(request.clone()).await {
-                Ok(None) => return Ok(()),
-                Ok(Some((rejected, message))) => {
-                    tracing::warn!(%key, rejected, "the export endpoint rejected part of the profiles: {message}");
-                    return Ok(());
-                }
-                Err(SendError::Permanent(e)) => return Err(("rejected", e)),
-                Err(SendError::Retryable(e)) => {
-                    let delay = retry(&mut attempt, e.clone())?;
-                    tracing::info!(%key, attempt, "export failed ({e}); retrying in {delay:?}");
-                    self.metrics.export_retried();
-                    tokio::time::sleep(delay).await;
-                }
+        match sink.send(request).await {
+            Ok(None) => Ok(()),
+            Ok(Some((rejected, message))) => {
+                tracing::warn!(%key, rejected, "the export endpoint rejected part of the profiles: {message}");
+                Ok(())
             }
+            Err(SendError::Permanent(e)) => Err(Failure::Drop("rejected", e)),
+            Err(SendError::Retryable(e)) => Err(Failure::Transient(e)),
         }
     }
 }

@@ -76,6 +76,18 @@ impl<T> FairQueue<T> {
         Ok(())
     }
 
+    /// Puts back an item that was popped (it is being retried): at the end of its
+    /// namespace's queue, whatever the bounds (it was admitted once; a caller that
+    /// requeues only what it popped adds at most what it holds).
+    pub fn requeue(&mut self, namespace: &str, item: T) {
+        let queue = self.items.entry(namespace.to_owned()).or_default();
+        if queue.is_empty() {
+            self.turns.push_back(namespace.to_owned());
+        }
+        queue.push_back(item);
+        self.len += 1;
+    }
+
     /// The next item: the oldest of the namespace whose turn it is.
     pub fn pop(&mut self) -> Option<(String, T)> {
         let namespace = self.turns.pop_front()?;
@@ -118,6 +130,21 @@ mod tests {
         assert_eq!(order[0].1, 0);
         assert_eq!(order[3].1, 1);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_retried_item_goes_back_in_line_behind_the_others() {
+        let mut q = FairQueue::new(2, 1);
+        q.push("a", 1).unwrap();
+        q.push("b", 2).unwrap();
+        let (ns, item) = q.pop().unwrap();
+        assert_eq!((ns.as_str(), item), ("a", 1));
+        q.push("a", 3).unwrap();
+        // Back in line even though "a" and the queue are at their bounds.
+        q.requeue(&ns, item);
+        assert_eq!(q.len(), 3);
+        let order: Vec<(String, i32)> = std::iter::from_fn(|| q.pop()).collect();
+        assert_eq!(order, [("b".into(), 2), ("a".into(), 3), ("a".into(), 1)]);
     }
 
     #[test]
