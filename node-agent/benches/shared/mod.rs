@@ -77,6 +77,14 @@ pub fn flag<T: std::str::FromStr>(args: &[String], flag: &str) -> Option<T> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The machine's load averages (1, 5 and 15 minutes, from `/proc/loadavg`), for the
+/// figures' context.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|e| format!("unknown ({e})"))
+}
+
 /// The median (upper of the two middle values); NaN for no values.
 pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
@@ -196,7 +204,17 @@ pub fn bpf_stats(names: &[&str]) -> Result<HashMap<u64, (u64, u64)>> {
 /// (from `/proc/<pid>/fdinfo`): one agent's own programs, where another process on the
 /// machine (a test, another agent) may have loaded programs of the same name.
 pub fn prog_ids_of(pid: u32, name: &str) -> Result<std::collections::HashSet<u64>> {
-    let held: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+    let held = held_prog_ids(pid)?;
+    Ok(bpf_stats(&[name])?
+        .into_keys()
+        .filter(|id| held.contains(id))
+        .collect())
+}
+
+/// IDs of the BPF programs whose file descriptors process `pid` holds (from
+/// `/proc/<pid>/fdinfo`).
+pub fn held_prog_ids(pid: u32) -> Result<std::collections::HashSet<u64>> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
         .with_context(|| format!("listing /proc/{pid}/fdinfo"))?
         .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
         .filter_map(|info| {
@@ -204,11 +222,19 @@ pub fn prog_ids_of(pid: u32, name: &str) -> Result<std::collections::HashSet<u64
                 .find_map(|l| l.strip_prefix("prog_id:"))
                 .and_then(|v| v.trim().parse().ok())
         })
-        .collect();
-    Ok(bpf_stats(&[name])?
-        .into_keys()
-        .filter(|id| held.contains(id))
         .collect())
+}
+
+/// [`bpf_stats`] of the programs named in `names` that this process loaded (holds), by
+/// ID: the samplers of an in-process benchmark, not the programs of the same name that
+/// tests, other agents or the cluster's agent load beside it. A sampler this process
+/// keeps loaded but idle (the CPU sampler lingers after its last capture) is listed but
+/// runs no more: its delta is zero.
+pub fn own_bpf_stats(names: &[&str]) -> Result<HashMap<u64, (u64, u64)>> {
+    let held = held_prog_ids(std::process::id())?;
+    let mut stats = bpf_stats(names)?;
+    stats.retain(|id, _| held.contains(id));
+    Ok(stats)
 }
 
 /// (ns, runs) between two [`bpf_stats`] readings, over the programs present in both: a
@@ -258,8 +284,8 @@ pub fn sched_messaging(cg: &BenchCgroup) -> Result<()> {
     Ok(())
 }
 
-/// One CPU capture of `target` at `hz` for `seconds`: (BPF run time ns of the CPU sampler,
-/// its runs, samples of the target), from `kernel.bpf_stats_enabled`.
+/// One CPU capture of `target` at `hz` for `seconds`: (BPF run time ns of this process's
+/// CPU sampler, its runs, samples of the target), from `kernel.bpf_stats_enabled`.
 pub fn cpu_sample_window(
     samplers: &flamefleet_agent::capture::Samplers,
     target: flamefleet_agent::capture::CaptureTarget,
@@ -271,9 +297,9 @@ pub fn cpu_sample_window(
         ..Default::default()
     };
     let capture = samplers.start_cpu(&[target], &options)?;
-    let before = bpf_stats(&["on_cpu_sample"])?;
+    let before = own_bpf_stats(&["on_cpu_sample"])?;
     std::thread::sleep(Duration::from_secs(seconds));
-    let (ns, runs) = bpf_delta(&before, &bpf_stats(&["on_cpu_sample"])?);
+    let (ns, runs) = bpf_delta(&before, &own_bpf_stats(&["on_cpu_sample"])?);
     let result = capture.finish()?;
     Ok((ns, runs, result.total()))
 }
