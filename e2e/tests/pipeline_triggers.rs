@@ -4,7 +4,8 @@
 //! operator creates a heap ProfileRequest for that pod only, with the trigger's reason and
 //! measured value in its status and an Event on the pod; the profile downloads and names the
 //! growing function. The condition keeps crossing (the process frees and grows again every
-//! second): the cooldown holds it to one run. A pod of another namespace that grows past
+//! second): the agent's cooldown holds it to one run, and when the agent restarts (its
+//! cooldowns lost) the operator's own cooldown turns the next fire down. A pod of another namespace that grows past
 //! the same share (and matches the policy's selector and podNames) is never watched and
 //! never captured.
 
@@ -107,6 +108,7 @@ async fn a_memory_trigger_captures_the_growing_pod_once_per_cooldown_and_only_it
         .await
         .expect("creating the SamplingPolicy");
     let uid = policy.uid().unwrap();
+    let ready = started.elapsed();
 
     // The fire becomes a heap run of the growing pod, with what fired in its status.
     let fired: ProfileRequest = pipeline
@@ -266,6 +268,37 @@ async fn a_memory_trigger_captures_the_growing_pod_once_per_cooldown_and_only_it
         Some(name.as_str())
     );
 
+    // The agent restarts, its cooldowns with it (as a compromised or crashing node would):
+    // the next crossing fires again, and the operator's own cooldown turns it down.
+    pipeline.restart_agent(0);
+    let held = pipeline
+        .wait_for(
+            "the operator to turn down a fire within the cooldown",
+            TIMEOUT,
+            || {
+                let api = api.clone();
+                async move {
+                    let s = api.get("oom-watch").await.ok()?.status?;
+                    let t = s.triggers.into_iter().find(|t| t.name == "near-limit")?;
+                    (t.skipped >= 1).then_some(t)
+                }
+            },
+        )
+        .await;
+    let operator_held_at = started.elapsed();
+    assert!(
+        held.last_skip_reason.starts_with("Cooldown: pod ") && held.fires == 1,
+        "{held:#?}"
+    );
+    let metrics = pipeline.operator_metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("flamefleet_operator_trigger_fires_total{outcome=\"Cooldown\"}")),
+        "{metrics}"
+    );
+    assert_eq!(runs(&tenant, &uid).await.len(), 1, "one run per cooldown");
+
     // The other namespace's pod did cross the threshold (its kernel counter), and nothing
     // captured it.
     let victim_uid = victim.uid().unwrap();
@@ -289,11 +322,14 @@ async fn a_memory_trigger_captures_the_growing_pod_once_per_cooldown_and_only_it
         "a run of the other namespace's pod"
     );
     eprintln!(
-        "triggers e2e: fixture and policy ready, fire seen after {:.1}s, run finished at \
-         {:.1}s, crossings held back at {:.1}s, test took {:.1}s",
-        fire_seen.as_secs_f64(),
-        captured_at.as_secs_f64(),
-        held_at.as_secs_f64(),
+        "triggers e2e: policy created at {:.1}s (fixture start, binaries built), fire seen \
+         {:.1}s later, run finished at +{:.1}s, crossings held back by the agent at +{:.1}s, \
+         by the operator after the agent's restart at +{:.1}s, test took {:.1}s",
+        ready.as_secs_f64(),
+        (fire_seen - ready).as_secs_f64(),
+        (captured_at - ready).as_secs_f64(),
+        (held_at - ready).as_secs_f64(),
+        (operator_held_at - ready).as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
 }

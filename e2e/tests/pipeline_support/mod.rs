@@ -374,6 +374,7 @@ pub struct Pipeline {
     pub agent_ports: Vec<u16>,
     /// The agents' probe ports (`/metrics`), by node index.
     pub agent_probe_ports: Vec<u16>,
+    agent_restarts: usize,
     pub operator: Option<Proc>,
     operator_starts: u32,
     /// The store process, with [`PipelineOptions::store_process`].
@@ -452,6 +453,7 @@ impl Pipeline {
             agents: Vec::new(),
             agent_ports: Vec::new(),
             agent_probe_ports: Vec::new(),
+            agent_restarts: 0,
             operator: None,
             operator_starts: 0,
             store: None,
@@ -479,6 +481,12 @@ impl Pipeline {
     }
 
     fn spawn_agent(&self, i: usize) -> (Proc, u16) {
+        self.spawn_agent_on(i, 0, self.agents.len())
+    }
+
+    /// Spawns the agent of node `i` listening on `port` (0: any), logging to a file numbered
+    /// `n`.
+    fn spawn_agent_on(&self, i: usize, port: u16, n: usize) -> (Proc, u16) {
         let node = &self.nodes[i];
         let (agent_cert, agent_key) = self
             .ca
@@ -486,7 +494,12 @@ impl Pipeline {
             .expect("issuing the agent's certificate");
         let mut cmd = Command::new(&bins().agent);
         cmd.arg("serve")
-            .args(["--node-name", node, "--listen", "127.0.0.1:0"])
+            .args([
+                "--node-name",
+                node,
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ])
             .arg("--tls-ca")
             .arg(&self.ca.files.ca_cert)
             .arg("--tls-cert")
@@ -502,10 +515,7 @@ impl Pipeline {
                 &format!("127.0.0.1:{}", self.agent_probe_ports[i]),
             ])
             .env("RUST_LOG", "info");
-        let log = self
-            .dir
-            .path()
-            .join(format!("agent-{node}-{}.log", self.agents.len()));
+        let log = self.dir.path().join(format!("agent-{node}-{n}.log"));
         let (proc, line) = spawn_logged(
             &format!("agent {node}"),
             cmd,
@@ -726,6 +736,16 @@ impl Pipeline {
             // Keep the log under a stable name for the assertions' messages.
             self.operator = None;
         }
+    }
+
+    /// Restarts the agent of node `i` (SIGKILL, then a new process on the same ports, as a
+    /// container restart in its pod would): everything it kept in memory is gone.
+    pub fn restart_agent(&mut self, i: usize) {
+        self.agents[i].kill();
+        self.agent_restarts += 1;
+        let n = self.agents.len() + self.agent_restarts;
+        let (proc, _) = self.spawn_agent_on(i, self.agent_ports[i], n);
+        self.agents[i] = proc;
     }
 
     /// The /metrics text of the agent of node `i`.
