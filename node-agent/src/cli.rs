@@ -20,7 +20,7 @@ use crate::capture::heap::{self, HeapError, HeapSource};
 use crate::capture::lifecycle::{self, CaptureSpec, EngineError};
 use crate::capture::offcpu::{OffcpuGuard, OffcpuOptions};
 use crate::capture::runqlat::{LatencyUnit, RunqlatOptions};
-use crate::capture::window::Stop;
+use crate::capture::window::{Stop, WindowEnd};
 use crate::capture::{CaptureError, CaptureTarget, SamplerConfig, Samplers, TargetLabels};
 use crate::cgroup::{CgroupError, CgroupRoot};
 use crate::pprof;
@@ -407,11 +407,15 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
         CaptureSpec::Offcpu { targets, .. } => Some(("offcpu", targets.len())),
         CaptureSpec::Heap(_) => None,
     };
+    let stop = Stop::new();
+    stop_on_interrupt(&stop);
     let mut running = lifecycle::start(&samplers, spec)?;
     if let Some((kind, targets)) = announced {
         announce(kind, targets, args.duration);
     }
-    running.run_window(&Stop::new())?;
+    if running.run_window(&stop)? == WindowEnd::Stopped {
+        eprintln!("interrupted: writing what was captured so far (interrupt again to abandon it)");
+    }
     let finished = running.finish()?;
     let (profile, samples, text) = (
         finished.profile,
@@ -424,6 +428,38 @@ pub fn run_capture(args: &CaptureArgs) -> Result<CaptureReport, CliError> {
         samples,
         text,
     })
+}
+
+/// Ends the capture's window early on the first SIGINT or SIGTERM, so that an interrupted
+/// capture still writes its profile (as `perf record` does); a second one exits at once
+/// (status 130). The signals are blocked in this thread before any other starts, so every
+/// thread inherits the mask and only the waiting thread takes them.
+fn stop_on_interrupt(stop: &Stop) {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    if set.thread_block().is_err() {
+        return;
+    }
+    let stop = stop.clone();
+    let spawned = std::thread::Builder::new()
+        .name("ff-interrupt".into())
+        .spawn(move || {
+            let mut seen = 0;
+            while let Ok(signal) = set.wait() {
+                seen += 1;
+                if seen > 1 {
+                    eprintln!("interrupted again ({signal}): exiting without writing");
+                    std::process::exit(130);
+                }
+                stop.stop();
+            }
+        });
+    if spawned.is_err() {
+        // Nobody would take the signals: let them act as before.
+        let _ = set.thread_unblock();
+    }
 }
 
 /// The heap endpoints named by `--endpoint` or `--port`/`--pid`/`--path`.

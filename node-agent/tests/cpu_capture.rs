@@ -648,3 +648,59 @@ fn kernel_frames_without_cap_syslog_are_unnamed_and_the_report_says_why() {
         assert!(!report.contains("kernel frames are unnamed"), "{report}");
     }
 }
+
+/// Ctrl-C during `flamefleet-agent capture` ends the window early and still writes the
+/// profile of what was sampled (exit 0, as `perf record` does), instead of dying with
+/// nothing; the run is synchronized on the command's own "capturing" line.
+#[test]
+fn an_interrupted_capture_writes_what_it_sampled() {
+    use std::io::BufRead as _;
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cg = TestCgroup::new("cpu-interrupt");
+    cg.spawn(Command::new("sh").args(["-c", "while :; do :; done"]));
+    cg.wait_cpu(Duration::from_millis(50));
+    let out = dir.path().join("cpu.pb.gz");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flamefleet-agent"))
+        .args(["capture", "--type", "cpu", "--duration", "10m", "--cgroup"])
+        .arg(&cg.cgroup.path)
+        .arg("-o")
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running flamefleet-agent capture");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("capturing cpu") {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "the capture ended before it started: {said}"
+        );
+        said.push_str(&line);
+    }
+    // Samples of the busy loop are in the maps once its cgroup has run a while.
+    cg.wait_cpu(Duration::from_millis(300));
+    let interrupted = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    said.push_str(&rest);
+    eprintln!(
+        "{said}ended {:.1}s after the interrupt",
+        interrupted.elapsed().as_secs_f64()
+    );
+    assert!(status.success(), "{status}: {said}");
+    assert!(
+        said.contains("interrupted: writing what was captured"),
+        "{said}"
+    );
+    let d = Decoded::read(&out);
+    assert!(!d.profile.sample.is_empty(), "no samples: {said}");
+}

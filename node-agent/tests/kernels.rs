@@ -110,6 +110,38 @@ const STACK_TOP_TEST: (&str, &str) = ("cpu_capture", "kernel_stacks_sit_on_top_o
 const WITHOUT_SYS_RESOURCE: &str =
     "prlimit --memlock=65536:unlimited setpriv --bounding-set=-sys_resource --";
 
+/// Seconds one engine test may run in a guest before it counts as hung. The slowest took
+/// 60 s under TCG at host load 10-13; a test that hangs (as runqlat's agreement test once
+/// did in the 6.1 guest of a CI run, after its capture, until the guest's 20-minute limit)
+/// would otherwise take the whole tier's time and tell nothing of where it stood.
+const TEST_HANG_SECS: u32 = 300;
+
+/// `ff_run NAME COMMAND...`: runs one test with a watchdog. At [`TEST_HANG_SECS`] it prints
+/// `== hung NAME`, each thread's name, state, kernel wait channel and kernel stack, and
+/// gdb's backtrace of every thread (the host's gdb, seen through the shared root), kills
+/// the test with its process group (its workloads) and runs it once more; the second run's status is the test's, and the host side
+/// reports the hang whatever the second run did. (Polls once a second: this is a watchdog
+/// over a test, not a test's synchronization.)
+const TEST_WATCHDOG: &str = r#"ff_run() {
+  name=$1; shift
+  for attempt in 1 2; do
+    setsid "$@" & pid=$!
+    waited=0
+    while kill -0 $pid 2>/dev/null && [ $waited -lt HANG_SECS ]; do sleep 1; waited=$((waited + 1)); done
+    if ! kill -0 $pid 2>/dev/null; then wait $pid; return $?; fi
+    echo "== hung $name (attempt $attempt) after ${waited}s, its threads:"
+    for t in /proc/$pid/task/*; do
+      echo "-- thread $(basename $t) $(cat $t/comm) state $(cut -d' ' -f3 $t/stat) wchan $(cat $t/wchan)"
+      cat $t/stack 2>/dev/null
+    done
+    command -v gdb >/dev/null && timeout 120 gdb -p $pid -batch -nx -ex 'thread apply all bt 30' 2>&1 | grep -E '^(Thread|#)' | head -200
+    kill -9 -- -$pid; wait $pid
+    echo "== end hung $name"
+  done
+  return 124
+}
+"#;
+
 /// The test executables of this package, built by cargo (already built when the whole
 /// suite runs; built here otherwise), by name.
 fn test_executables() -> HashMap<String, PathBuf> {
@@ -123,13 +155,10 @@ fn test_executables() -> HashMap<String, PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
     build
-        .args([
-            "test",
-            "-p",
-            "flamefleet-agent",
-            "--no-run",
-            "--message-format=json",
-        ])
+        // The whole workspace's feature set: the suite (`cargo test --workspace`) has then
+        // built these already, where `-p flamefleet-agent` alone would resolve other
+        // features for shared dependencies and rebuild them and every test (minutes of CI).
+        .args(["test", "--workspace", "--no-run", "--message-format=json"])
         .env("CARGO_TARGET_DIR", target_dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"));
     for name in TESTS
@@ -154,9 +183,14 @@ fn test_executables() -> HashMap<String, PathBuf> {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if let (Some(name), Some(path)) =
-            (msg["target"]["name"].as_str(), msg["executable"].as_str())
-        {
+        let ours = msg["package_id"].as_str().is_some_and(|id| {
+            id.contains("#flamefleet-agent@") || id.starts_with("flamefleet-agent ")
+        });
+        if let (true, Some(name), Some(path)) = (
+            ours,
+            msg["target"]["name"].as_str(),
+            msg["executable"].as_str(),
+        ) {
             found.insert(name.to_owned(), PathBuf::from(path));
         }
     }
@@ -202,13 +236,16 @@ fn run_tier(k: &GuestKernel) {
     if k.offcpu == "ran" {
         tests.extend(OFFCPU_TESTS);
     }
-    let mut script = format!("cd {}\nfailed=0\n", env!("CARGO_MANIFEST_DIR"));
+    let mut script = format!(
+        "cd {}\nfailed=0\n{TEST_WATCHDOG}",
+        env!("CARGO_MANIFEST_DIR")
+    );
     for (bin, test) in &tests {
         let exe = executables
             .get(*bin)
             .unwrap_or_else(|| panic!("cargo built no test executable {bin}"));
         script.push_str(&format!(
-            "echo '== run {bin}::{test}'\nstart=$(date +%s)\n{WITHOUT_SYS_RESOURCE} {} --exact {test} --test-threads=1 --nocapture\nrc=$?\necho \"== status {bin}::{test} $rc $(( $(date +%s) - start ))s\"\n[ $rc -eq 0 ] || failed=$((failed + 1))\n",
+            "echo '== run {bin}::{test}'\nstart=$(date +%s)\nff_run {bin}::{test} {WITHOUT_SYS_RESOURCE} {} --exact {test} --test-threads=1 --nocapture\nrc=$?\necho \"== status {bin}::{test} $rc $(( $(date +%s) - start ))s\"\n[ $rc -eq 0 ] || failed=$((failed + 1))\n",
             guest::shell_quote(&exe.display().to_string())
         ));
     }
@@ -238,6 +275,7 @@ fn run_tier(k: &GuestKernel) {
         ],
         ..GuestConfig::default()
     };
+    let script = script.replace("HANG_SECS", &TEST_HANG_SECS.to_string());
     let out = guest::run(&kernel, &config, &script).unwrap_or_else(|e| panic!("{e}"));
     for hung in &out.hung_boots {
         println!(
@@ -246,6 +284,11 @@ fn run_tier(k: &GuestKernel) {
             hung.seconds,
             guest::tail(&hung.console_tail, 8)
         );
+    }
+    // A test that hung is reported whatever its second run did: where each thread stood.
+    for hung in out.output.split("== hung ").skip(1) {
+        let section = hung.split("== end hung ").next().unwrap_or(hung);
+        println!("{}: HUNG {}", k.release, guest::tail(section, 250));
     }
     // The figures of this run, whatever the outcome.
     let timings: Vec<&str> = out

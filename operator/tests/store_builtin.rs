@@ -688,3 +688,36 @@ async fn a_half_sent_request_loses_its_connection() {
         "a half-sent request held its connection to the store for {closed:?}"
     );
 }
+
+/// A store killed mid-upload leaves its temporary file behind: the next start deletes it
+/// once nothing has written to it for `STALE_UPLOAD`, and keeps an upload still being
+/// written (another store process on the same volume, or one that just began).
+#[tokio::test]
+async fn a_restarted_store_deletes_uploads_a_dead_store_left_behind() {
+    use flamefleet_operator::store::builtin::STALE_UPLOAD;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("artifacts");
+    let tmp = root.join(".tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let dead = tmp.join("upload-dead");
+    let live = tmp.join("upload-live");
+    for path in [&dead, &live] {
+        std::fs::write(path, vec![7u8; 4096]).unwrap();
+    }
+    std::fs::File::options()
+        .write(true)
+        .open(&dead)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - STALE_UPLOAD - Duration::from_secs(60))
+        .unwrap();
+    BuiltinStore::open(BuiltinConfig {
+        root: root.clone(),
+        public_url: "http://127.0.0.1:1/".parse().unwrap(),
+        secret: b"0123456789abcdef0123456789abcdef".to_vec(),
+        max_upload_bytes: 1 << 20,
+    })
+    .await
+    .unwrap();
+    assert!(!dead.exists(), "the dead store's upload is still there");
+    assert!(live.exists(), "an upload being written was deleted");
+}

@@ -53,7 +53,8 @@ pub fn run<W: Window + ?Sized>(window: &mut W, stop: &Stop) -> Result<WindowEnd,
 pub enum WindowEnd {
     /// It ran its whole length.
     Elapsed,
-    /// [`Stop::stop`] ended it early; the capture is to be dropped, not finished.
+    /// [`Stop::stop`] ended it early: the agent drops such a capture (a Cancel), the
+    /// `capture` command finishes it (an interrupt keeps what was sampled).
     Stopped,
 }
 

@@ -35,6 +35,10 @@ use super::{
 
 /// Directory of uploads in progress, under the root.
 const TMP_DIR: &str = ".tmp";
+/// An upload in `.tmp/` not written to for this long belongs to a store that died while
+/// receiving it (a live upload writes far more often; the longest capture deadline is
+/// shorter): [`BuiltinStore::open`] deletes it.
+pub const STALE_UPLOAD: Duration = Duration::from_secs(3600);
 /// Directory of per-artifact metadata, under each request directory.
 const META_DIR: &str = ".meta";
 /// Path of the artifact API on the HTTP server.
@@ -92,6 +96,7 @@ impl BuiltinStore {
         tokio::fs::create_dir_all(&tmp)
             .await
             .map_err(|e| StoreError::io(&tmp, e))?;
+        sweep_stale_uploads(&tmp, STALE_UPLOAD).await;
         Ok(Self {
             root: config.root,
             base,
@@ -465,5 +470,45 @@ impl ArtifactStore for BuiltinStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
             Err(e) => Err(StoreError::io(&dir, e)),
         }
+    }
+}
+
+/// Deletes the uploads in `tmp` not modified for `stale`: left by a store killed (OOM, node
+/// failure) mid-upload, they would otherwise stay on the volume for good, since nothing
+/// names them. Failures are logged, never fatal: the store works without the space.
+async fn sweep_stale_uploads(tmp: &Path, stale: Duration) {
+    let Ok(mut dir) = tokio::fs::read_dir(tmp).await else {
+        return;
+    };
+    let (mut removed, mut bytes) = (0u64, 0u64);
+    while let Ok(Some(entry)) = dir.next_entry().await {
+        let Ok(meta) = entry.metadata().await else {
+            continue;
+        };
+        let idle = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .unwrap_or_default();
+        if !meta.is_file() || idle < stale {
+            continue;
+        }
+        match tokio::fs::remove_file(entry.path()).await {
+            Ok(()) => {
+                removed += 1;
+                bytes += meta.len();
+            }
+            Err(e) => {
+                tracing::warn!(path = %entry.path().display(), error = %e, "cannot delete a stale upload")
+            }
+        }
+    }
+    if removed > 0 {
+        tracing::info!(
+            removed,
+            bytes,
+            dir = %tmp.display(),
+            "deleted uploads left by a store that stopped while receiving them"
+        );
     }
 }
