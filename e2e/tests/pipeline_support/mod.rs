@@ -246,11 +246,24 @@ impl Drop for Proc {
 /// panics with the log after `timeout`). Stdout keeps being drained.
 fn spawn_logged(
     name: &str,
-    mut cmd: Command,
+    cmd: Command,
     log: &Path,
     ready: Option<&str>,
     timeout: Duration,
 ) -> (Proc, Option<String>) {
+    let (proc, mut lines) = spawn_logged_lines(name, cmd, log, ready, timeout);
+    let ready = ready.and_then(|_| lines.pop());
+    (proc, ready)
+}
+
+/// As [`spawn_logged`], returning every stdout line up to and including the `ready` one.
+fn spawn_logged_lines(
+    name: &str,
+    mut cmd: Command,
+    log: &Path,
+    ready: Option<&str>,
+    timeout: Duration,
+) -> (Proc, Vec<String>) {
     let err = std::fs::File::create(log).unwrap();
     cmd.stderr(err).stdout(Stdio::piped()).stdin(Stdio::null());
     // Die with the test process.
@@ -276,13 +289,17 @@ fn spawn_logged(
         log: log.to_path_buf(),
     };
     let Some(marker) = ready else {
-        return (proc, None);
+        return (proc, Vec::new());
     };
     let deadline = Instant::now() + timeout;
+    let mut seen = Vec::new();
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(line) if line.contains(marker) => return (proc, Some(line)),
-            Ok(_) => {}
+            Ok(line) if line.contains(marker) => {
+                seen.push(line);
+                return (proc, seen);
+            }
+            Ok(line) => seen.push(line),
             Err(_) => {
                 proc.assert_alive();
                 assert!(
@@ -465,9 +482,8 @@ impl Pipeline {
             dir,
         };
         for i in 0..nodes.len() {
-            let probe_port = free_port();
+            let (proc, port, probe_port) = pipeline.spawn_agent(i);
             pipeline.agent_probe_ports.push(probe_port);
-            let (proc, port) = pipeline.spawn_agent(i);
             pipeline.agents.push(proc);
             pipeline.agent_ports.push(port);
             pipeline.agent_pod(i, port).await;
@@ -480,13 +496,14 @@ impl Pipeline {
         pipeline
     }
 
-    fn spawn_agent(&self, i: usize) -> (Proc, u16) {
-        self.spawn_agent_on(i, 0, self.agents.len())
+    fn spawn_agent(&self, i: usize) -> (Proc, u16, u16) {
+        self.spawn_agent_on(i, 0, 0, self.agents.len())
     }
 
-    /// Spawns the agent of node `i` listening on `port` (0: any), logging to a file numbered
-    /// `n`.
-    fn spawn_agent_on(&self, i: usize, port: u16, n: usize) -> (Proc, u16) {
+    /// Spawns the agent of node `i` listening on `port` and its probes on `probe_port` (0:
+    /// any; the agent prints what it bound), logging to a file numbered `n`. Returns the
+    /// process and both ports.
+    fn spawn_agent_on(&self, i: usize, port: u16, probe_port: u16, n: usize) -> (Proc, u16, u16) {
         let node = &self.nodes[i];
         let (agent_cert, agent_key) = self
             .ca
@@ -510,28 +527,32 @@ impl Pipeline {
             .arg(&self.kubeconfig)
             .arg("--cgroup-root")
             .arg(&self.cgroup_root)
-            .args([
-                "--probe-listen",
-                &format!("127.0.0.1:{}", self.agent_probe_ports[i]),
-            ])
+            .args(["--probe-listen", &format!("127.0.0.1:{probe_port}")])
             .env("RUST_LOG", "info");
         let log = self.dir.path().join(format!("agent-{node}-{n}.log"));
-        let (proc, line) = spawn_logged(
+        let (proc, mut lines) = spawn_logged_lines(
             &format!("agent {node}"),
             cmd,
             &log,
             Some("listening on"),
             Duration::from_secs(60),
         );
-        let line = line.unwrap_or_default();
-        let port: u16 = line
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or_else(|| {
-                panic!("agent printed {line:?}, expected `listening on <addr>:<port>`")
-            });
-        (proc, port)
+        let line = lines.pop().unwrap_or_default();
+        let port_of = |line: &str, what: &str| -> u16 {
+            line.rsplit(':')
+                .next()
+                .and_then(|p| p.trim().parse().ok())
+                .unwrap_or_else(|| {
+                    panic!("agent printed {line:?}, expected `{what} <addr>:<port>`")
+                })
+        };
+        let port = port_of(&line, "listening on");
+        let probes = lines
+            .iter()
+            .find(|l| l.starts_with("probes on"))
+            .map(|l| port_of(l, "probes on"))
+            .unwrap_or_else(|| panic!("agent printed no `probes on <addr>:<port>`: {lines:?}"));
+        (proc, port, probes)
     }
 
     /// The agent Pod object of node `i` (as the DaemonSet and kubelet would make it).
@@ -744,7 +765,8 @@ impl Pipeline {
         self.agents[i].kill();
         self.agent_restarts += 1;
         let n = self.agents.len() + self.agent_restarts;
-        let (proc, _) = self.spawn_agent_on(i, self.agent_ports[i], n);
+        let (proc, _, _) =
+            self.spawn_agent_on(i, self.agent_ports[i], self.agent_probe_ports[i], n);
         self.agents[i] = proc;
     }
 
