@@ -43,7 +43,8 @@ pub struct ConnectionLabels {
 pub struct TriggerLabels {
     /// `Created` (a run), or why not: `Cooldown`, `PolicyCooldown`, `ConcurrentCaptures`,
     /// `DutyCycle`, `QueueFull`, `Suspended`, `NotWatched` (a node reported a pod or policy
-    /// it was not told to watch), `Failed`.
+    /// it was not told to watch), `RunNameTaken` (a request of the run's name exists and is
+    /// not the policy's), `Failed`.
     pub outcome: String,
 }
 

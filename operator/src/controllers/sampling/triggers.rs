@@ -765,18 +765,44 @@ async fn handle_fire(ctx: &Arc<SamplingContext>, node: &str, fired: pb::TriggerF
     let request = triggered_request(&policy, &trigger, &pod.namespace, &pod.name, &pod.uid, now);
     let name = request.name_any();
     let api: Api<ProfileRequest> = Api::namespaced(ctx.client.clone(), &pod.namespace);
-    match api.create(&PostParams::default(), &request).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => {
-            ctx.metrics.trigger_fire("Failed");
-            tracing::warn!(policy = %policy.name, request = %name, "creating the triggered run: {e}");
+    let created = match api.create(&PostParams::default(), &request).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            // The same fire handled twice, or a request of that name someone else made (a
+            // tenant can guess the name): only the policy's own run counts.
+            match api.get_opt(&name).await {
+                Ok(Some(existing))
+                    if existing
+                        .owner_references()
+                        .iter()
+                        .any(|o| o.controller == Some(true) && o.uid == policy.uid) =>
+                {
+                    Ok(())
+                }
+                Ok(_) => Err((
+                    "RunNameTaken",
+                    format!(
+                        "ProfileRequest {}/{name} exists and is not a run of this policy",
+                        pod.namespace
+                    ),
+                )),
+                Err(e) => Err(("Failed", format!("getting ProfileRequest {name}: {e}"))),
+            }
+        }
+        Err(e) => Err(("Failed", format!("creating ProfileRequest {name}: {e}"))),
+    };
+    if let Err((outcome, why)) = created {
+        ctx.metrics.trigger_fire(outcome);
+        tracing::warn!(policy = %policy.name, request = %name, "triggered run not created: {why}");
+        {
             let mut inner = hub.lock();
             let c = inner.counters.entry(key).or_default();
             c.skipped += 1;
-            c.last_skip_reason = format!("Failed: creating ProfileRequest {name}: {e}");
-            return;
+            c.last_skip_reason = format!("{outcome}: {why}");
         }
+        drop(planning);
+        write_policy_status(ctx, &policy).await;
+        return;
     }
     {
         let mut inner = hub.lock();
