@@ -379,6 +379,17 @@ fn sync(ctx: &Arc<SamplingContext>) {
     let agents = cached_agents(&ctx.fleet.pods, &ctx.fleet.agent_namespace);
     let now = Instant::now();
     let mut inner = hub.lock();
+    // Policies whose watched pods changed get their status now, not at their next reconcile.
+    let recount: Vec<Registered> = policies
+        .iter()
+        .filter(|p| {
+            p.spec.triggers.iter().any(|t| {
+                let key = (p.uid.clone(), t.name.clone());
+                inner.watched.get(&key) != watched.get(&key)
+            })
+        })
+        .cloned()
+        .collect();
     inner.watched = watched;
     // Calls that ended (agent gone, connection lost) are retried after a pause.
     let ended: Vec<String> = inner
@@ -443,6 +454,11 @@ fn sync(ctx: &Arc<SamplingContext>) {
         }
     }
     ctx.metrics.set_trigger_streams(inner.streams.len());
+    drop(inner);
+    for policy in recount {
+        let ctx = Arc::clone(ctx);
+        tokio::spawn(async move { write_policy_status(&ctx, &policy).await });
+    }
 }
 
 /// One node's `Watch` call: send the set, then handle what fires until the call ends.
