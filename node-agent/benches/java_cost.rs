@@ -25,18 +25,16 @@
 //! sudo -E cargo bench -p flamefleet-agent --bench java_cost -- [--seconds 4] [--rounds 3]
 //! ```
 
-use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
-use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
-use flamefleet_agent::cgroup::Cgroup;
+use flamefleet_agent::capture::{SamplerConfig, Samplers};
 use flamefleet_agent::perf_map::{PerfMap, PerfMapBudget};
 use flamefleet_agent::process::ProcessCatalog;
 use flamefleet_agent::symbolize::StackSymbolizer;
-use shared::{BenchCgroup, flag, median};
+use shared::{Workload, flag, median};
 
 mod shared;
 
@@ -56,86 +54,6 @@ const JDKS: [(&str, &str); 2] = [
     ("java25", "/usr/lib/jvm/temurin-25-jdk-amd64"),
 ];
 const HZ: u64 = 499;
-
-/// A cgroup of its own with (but for the idle one) one process, killed on drop.
-struct Workload {
-    name: String,
-    cgroup: BenchCgroup,
-    child: Option<Child>,
-}
-
-impl Workload {
-    fn start(name: &str, cmd: Option<Command>, ready: bool) -> Result<Self> {
-        let cgroup = BenchCgroup::new(&format!("javacost-{name}"))?;
-        let mut child = cmd
-            .map(|c| {
-                let mut run = cgroup.command(c.get_program());
-                run.args(c.get_args())
-                    .stdout(if ready { Stdio::piped() } else { Stdio::null() })
-                    .spawn()
-                    .context("starting the workload")
-            })
-            .transpose()?;
-        if let Some(out) = child.as_mut().and_then(|c| c.stdout.take()) {
-            let mut line = String::new();
-            std::io::BufReader::new(out)
-                .read_line(&mut line)
-                .context("reading the workload's ready line")?;
-            if line.trim() != "ready" {
-                bail!("{name}: expected its ready line, read {line:?}");
-            }
-        }
-        Ok(Self {
-            name: name.to_owned(),
-            cgroup,
-            child,
-        })
-    }
-
-    /// Stops (`SIGSTOP`) or continues (`SIGCONT`) its process, if any: only the workload
-    /// being measured runs, so that the others (four CPU burners on this 2-core VM)
-    /// neither compete with it nor load the machine between its windows.
-    fn signal(&self, sig: i32) {
-        if let Some(c) = &self.child {
-            // SAFETY: plain kill(2) on our own child, not yet reaped.
-            unsafe { libc::kill(c.id() as i32, sig) };
-        }
-    }
-
-    fn pause(&self) {
-        self.signal(libc::SIGSTOP);
-    }
-
-    fn resume(&self) {
-        self.signal(libc::SIGCONT);
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
-    }
-
-    fn target(&self) -> Result<CaptureTarget> {
-        Ok(CaptureTarget::raw(Cgroup::open(self.cgroup.path())?))
-    }
-}
-
-impl Drop for Workload {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// One window, the workload running (paused again after): (run time ns, program runs,
-/// samples of the target).
-fn window(samplers: &Samplers, w: &Workload, seconds: u64) -> Result<(u64, u64, u64)> {
-    w.resume();
-    let r = shared::cpu_sample_window(samplers, w.target()?, HZ, seconds);
-    w.pause();
-    r
-}
 
 /// Compiles Burn.java with the JDK at `home` into `dir`.
 fn javac(home: &str, dir: &Path) -> Result<PathBuf> {
@@ -171,8 +89,8 @@ fn main() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let native = shared::compile_c(tmp.path(), "ff-javacost-native", NATIVE)?;
     let mut workloads = vec![
-        Workload::start("idle", None, false)?,
-        Workload::start("native", Some(Command::new(&native)), false)?,
+        Workload::start("javacost", "idle", None, false)?,
+        Workload::start("javacost", "native", Some(Command::new(&native)), false)?,
     ];
     workloads[1].pause();
     for (name, home) in JDKS {
@@ -182,7 +100,7 @@ fn main() -> Result<()> {
             .arg("-cp")
             .arg(&classes)
             .arg("dev.flamefleet.burn.Burn");
-        workloads.push(Workload::start(name, Some(cmd), true)?);
+        workloads.push(Workload::start("javacost", name, Some(cmd), true)?);
         if let Some(w) = workloads.last() {
             w.pause();
         }
@@ -192,7 +110,7 @@ fn main() -> Result<()> {
     let classes = javac(home17, tmp.path())?;
     let mut cmd = Command::new(Path::new(home17).join("bin/java"));
     cmd.arg("-cp").arg(&classes).arg("dev.flamefleet.burn.Burn");
-    workloads.push(Workload::start("java17-nofp", Some(cmd), true)?);
+    workloads.push(Workload::start("javacost", "java17-nofp", Some(cmd), true)?);
     if let Some(w) = workloads.last() {
         w.pause();
     }
@@ -238,15 +156,15 @@ fn main() -> Result<()> {
     let samplers = Samplers::new(SamplerConfig::default());
     // A first capture of each registers it (unwind tables).
     for w in &workloads {
-        window(&samplers, w, 1)?;
+        w.cpu_window(&samplers, HZ, 1)?;
     }
     let mut per_sample: Vec<Vec<f64>> = vec![Vec::new(); workloads.len()];
     for _ in 0..rounds {
-        let (ns, cnt, _) = window(&samplers, &workloads[0], seconds)?;
+        let (ns, cnt, _) = workloads[0].cpu_window(&samplers, HZ, seconds)?;
         let early = ns as f64 / cnt.max(1) as f64;
         per_sample[0].push(early);
         for (i, w) in workloads.iter().enumerate().skip(1) {
-            let (ns, cnt, samples) = window(&samplers, w, seconds)?;
+            let (ns, cnt, samples) = w.cpu_window(&samplers, HZ, seconds)?;
             let others = cnt.saturating_sub(samples) as f64 * early;
             per_sample[i].push((ns as f64 - others).max(0.0) / samples.max(1) as f64);
         }

@@ -29,18 +29,16 @@
 //! sudo -E cargo bench -p flamefleet-agent --bench python_cost -- [--seconds 4] [--rounds 3]
 //! ```
 
-use std::io::BufRead as _;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command};
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 use flamefleet_agent::capture::offcpu::OffcpuOptions;
-use flamefleet_agent::capture::{CaptureTarget, SamplerConfig, Samplers};
-use flamefleet_agent::cgroup::Cgroup;
+use flamefleet_agent::capture::{SamplerConfig, Samplers};
 use flamefleet_agent::process::ProcessCatalog;
 use flamefleet_agent::python::PythonRegistry;
-use shared::{BenchCgroup, flag, median};
+use shared::{Workload, flag, median};
 
 mod shared;
 
@@ -86,88 +84,14 @@ main()
 const VERSIONS: [&str; 6] = ["3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"];
 const HZ: u64 = 499;
 
-/// A cgroup of its own with (but for the idle one) one process, killed on drop.
-struct Workload {
-    name: String,
-    cgroup: BenchCgroup,
-    child: Option<Child>,
-}
-
-impl Workload {
-    fn start(name: &str, program: Option<&Path>, args: &[&Path], ready: bool) -> Result<Self> {
-        let cgroup = BenchCgroup::new(&format!("pycost-{name}"))?;
-        let mut child = program
-            .map(|p| {
-                cgroup
-                    .command(p)
-                    .args(args)
-                    .stdout(if ready { Stdio::piped() } else { Stdio::null() })
-                    .spawn()
-                    .context("starting the workload")
-            })
-            .transpose()?;
-        if let Some(out) = child.as_mut().and_then(|c| c.stdout.take()) {
-            let mut line = String::new();
-            std::io::BufReader::new(out)
-                .read_line(&mut line)
-                .context("reading the workload's ready line")?;
-            if line.trim() != "ready" {
-                bail!("{name}: expected its ready line, read {line:?}");
-            }
-        }
-        Ok(Self {
-            name: name.to_owned(),
-            cgroup,
-            child,
-        })
-    }
-
-    fn target(&self) -> Result<CaptureTarget> {
-        Ok(CaptureTarget::raw(Cgroup::open(self.cgroup.path())?))
-    }
-}
-
-impl Workload {
-    /// Stops (`SIGSTOP`) or continues (`SIGCONT`) its process, if any: only the workload
-    /// being measured runs, so that the others (seven CPU burners on this 2-core VM)
-    /// neither compete with it nor load the machine between its windows.
-    fn signal(&self, sig: i32) {
-        if let Some(c) = &self.child {
-            // SAFETY: plain kill(2) on our own child, not yet reaped.
-            unsafe { libc::kill(c.id() as i32, sig) };
-        }
-    }
-
-    fn pause(&self) {
-        self.signal(libc::SIGSTOP);
-    }
-
-    fn resume(&self) {
-        self.signal(libc::SIGCONT);
-    }
-
-    /// Kills its process, if any.
-    fn stop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Workload {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// One window, the workload running (paused again after): (run time ns, program runs,
-/// samples of the target).
-fn window(samplers: &Samplers, w: &Workload, seconds: u64) -> Result<(u64, u64, u64)> {
-    w.resume();
-    let r = shared::cpu_sample_window(samplers, w.target()?, HZ, seconds);
-    w.pause();
-    r
+/// A workload in a cgroup `pycost-<name>`: `program` with `args` (none: an empty cgroup).
+fn start(name: &str, program: Option<&Path>, args: &[&Path], ready: bool) -> Result<Workload> {
+    let cmd = program.map(|p| {
+        let mut c = Command::new(p);
+        c.args(args);
+        c
+    });
+    Workload::start("pycost", name, cmd, ready)
 }
 
 /// One off-CPU window: (run time ns, program runs, blocks of the target).
@@ -214,8 +138,8 @@ fn main() -> Result<()> {
     std::fs::write(&script, BURN)?;
     let pyenv = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".into());
     let mut workloads = vec![
-        Workload::start("idle", None, &[], false)?,
-        Workload::start("native", Some(&native), &[], false)?,
+        start("idle", None, &[], false)?,
+        start("native", Some(&native), &[], false)?,
     ];
     for v in VERSIONS {
         let minor = v.rsplit_once('.').map_or(v, |(m, _)| m);
@@ -223,7 +147,7 @@ fn main() -> Result<()> {
         if !bin.exists() {
             bail!("{} is missing: pyenv install {v}", bin.display());
         }
-        workloads.push(Workload::start(
+        workloads.push(start(
             &format!("python{minor}"),
             Some(&bin),
             &[&script],
@@ -267,7 +191,7 @@ fn main() -> Result<()> {
         let (snap, cold, status) = setup(pid)?;
         let minor = v.rsplit_once('.').map_or(*v, |(m, _)| m);
         let bin = Path::new(&pyenv).join(format!("versions/{v}/bin/python{minor}"));
-        let second = Workload::start(
+        let second = start(
             &format!("{}-second", w.name),
             Some(&bin),
             &[&script_idle],
@@ -292,21 +216,21 @@ fn main() -> Result<()> {
     });
     // A first capture of each registers it (unwind tables, Python entry).
     for w in &workloads {
-        window(&samplers, w, 1)?;
+        w.cpu_window(&samplers, HZ, 1)?;
     }
-    window(&without, &workloads[1], 1)?;
+    workloads[1].cpu_window(&without, HZ, 1)?;
     let mut per_sample: Vec<Vec<f64>> = vec![Vec::new(); workloads.len()];
     let mut native_without = Vec::new();
     for _ in 0..rounds {
-        let (ns, cnt, _) = window(&samplers, &workloads[0], seconds)?;
+        let (ns, cnt, _) = workloads[0].cpu_window(&samplers, HZ, seconds)?;
         let early = ns as f64 / cnt.max(1) as f64;
         per_sample[0].push(early);
         for (i, w) in workloads.iter().enumerate().skip(1) {
-            let (ns, cnt, samples) = window(&samplers, w, seconds)?;
+            let (ns, cnt, samples) = w.cpu_window(&samplers, HZ, seconds)?;
             let others = cnt.saturating_sub(samples) as f64 * early;
             per_sample[i].push((ns as f64 - others).max(0.0) / samples.max(1) as f64);
         }
-        let (ns, cnt, samples) = window(&without, &workloads[1], seconds)?;
+        let (ns, cnt, samples) = workloads[1].cpu_window(&without, HZ, seconds)?;
         let others = cnt.saturating_sub(samples) as f64 * early;
         native_without.push((ns as f64 - others).max(0.0) / samples.max(1) as f64);
     }
@@ -319,13 +243,13 @@ fn main() -> Result<()> {
     let py_blocker = tmp.path().join("blocker.py");
     std::fs::write(&py_blocker, PY_BLOCKER)?;
     let mut blockers = vec![
-        Workload::start("idle", None, &[], false)?,
-        Workload::start("native", Some(&native_blocker), &[], false)?,
+        start("idle", None, &[], false)?,
+        start("native", Some(&native_blocker), &[], false)?,
     ];
     for v in VERSIONS {
         let minor = v.rsplit_once('.').map_or(v, |(m, _)| m);
         let bin = Path::new(&pyenv).join(format!("versions/{v}/bin/python{minor}"));
-        blockers.push(Workload::start(
+        blockers.push(start(
             &format!("python{minor}"),
             Some(&bin),
             &[&py_blocker],

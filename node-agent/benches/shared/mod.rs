@@ -303,3 +303,103 @@ pub fn cpu_sample_window(
     let result = capture.finish()?;
     Ok((ns, runs, result.total()))
 }
+
+/// A benchmark's workload: a cgroup of its own with (but for an idle one) one process,
+/// killed on drop. Only the workload being measured should run: [`Workload::pause`] the
+/// others (CPU burners on a 2-core VM would compete with it and load the machine).
+pub struct Workload {
+    pub name: String,
+    pub cgroup: BenchCgroup,
+    pub child: Option<Child>,
+}
+
+impl Workload {
+    /// Starts `cmd` (none: an empty cgroup) in a new cgroup `<prefix>-<name>`; with `ready`,
+    /// waits for its first output line to be `ready`.
+    pub fn start(prefix: &str, name: &str, cmd: Option<Command>, ready: bool) -> Result<Self> {
+        use std::io::BufRead as _;
+        use std::process::Stdio;
+        let cgroup = BenchCgroup::new(&format!("{prefix}-{name}"))?;
+        let mut child = cmd
+            .map(|c| {
+                cgroup
+                    .command(c.get_program())
+                    .args(c.get_args())
+                    .stdout(if ready { Stdio::piped() } else { Stdio::null() })
+                    .spawn()
+                    .context("starting the workload")
+            })
+            .transpose()?;
+        if let Some(out) = child.as_mut().and_then(|c| c.stdout.take()) {
+            let mut line = String::new();
+            std::io::BufReader::new(out)
+                .read_line(&mut line)
+                .context("reading the workload's ready line")?;
+            if line.trim() != "ready" {
+                bail!("{name}: expected its ready line, read {line:?}");
+            }
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            cgroup,
+            child,
+        })
+    }
+
+    /// Its process (0: none).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Its cgroup as a capture target.
+    pub fn target(&self) -> Result<flamefleet_agent::capture::CaptureTarget> {
+        Ok(flamefleet_agent::capture::CaptureTarget::raw(Cgroup::open(
+            self.cgroup.path(),
+        )?))
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: plain kill(2) on our own child, not yet reaped.
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
+    /// Stops (`SIGSTOP`) its process, if any.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Continues (`SIGCONT`) its process, if any.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// Kills its process, if any.
+    pub fn stop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// One CPU capture window at `hz` with only this workload running (paused again
+    /// after): (run time ns, program runs, samples of the target).
+    pub fn cpu_window(
+        &self,
+        samplers: &flamefleet_agent::capture::Samplers,
+        hz: u64,
+        seconds: u64,
+    ) -> Result<(u64, u64, u64)> {
+        self.resume();
+        let r = cpu_sample_window(samplers, self.target()?, hz, seconds);
+        self.pause();
+        r
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
