@@ -7,6 +7,9 @@ import java.util.concurrent.locks.LockSupport;
  * LockSupport.parkNanos under park(). Each first calls its method 20,000 times with a
  * (next to) zero wait, so that the JIT's last compilation of it (C2) is done before
  * "ready": code replaced during a capture is no longer in the perf map written after it.
+ * Then each blocks 5 ms at a time: well above the off-CPU capture's 1 ms minimum block (a
+ * 1 ms sleep returns in a little less or a little more, and the blocks below the minimum
+ * are only counted, which left ff-nap with no attributed time in one run).
  */
 public final class Block {
     static final int WARM = 20_000;
@@ -26,7 +29,7 @@ public final class Block {
                     nap(0);
                 }
                 while (true) {
-                    nap(1);
+                    nap(5);
                 }
             } catch (InterruptedException e) {
                 return;
@@ -37,7 +40,7 @@ public final class Block {
                 park(1);
             }
             while (true) {
-                park(1_000_000L);
+                park(5_000_000L);
             }
         }, "ff-park");
         napper.setDaemon(true);
