@@ -561,7 +561,27 @@ fn hostile_frame_chains(version: &str) {
         },
         &pids,
     );
-    std::thread::sleep(Duration::from_secs(3));
+    // Each process runs 0.5 s on a CPU within the capture (about 250 samples at 499 Hz),
+    // however loaded the machine is: a fixed 3 s gave one of them 99 samples at load 10.
+    let on_cpu = |pid: u32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let start: Vec<u64> = pids.iter().map(|&p| on_cpu(p)).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while pids
+        .iter()
+        .zip(&start)
+        .any(|(&p, &s)| on_cpu(p).saturating_sub(s) < 500_000_000)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hostile processes did not run 0.5 s each in two minutes"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let began = std::time::Instant::now();
     let result = capture
         .finish()
