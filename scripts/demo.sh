@@ -7,8 +7,9 @@
 #                            deploy the demo workload; profile it with
 #                            `kubectl profile cpu|heap|runqlat|offcpu` and download real
 #                            profiles (printing the top blocking stacks of the off-CPU one);
-#                            then scale the workloads to 0 (they keep more busy threads
-#                            than CPUs)
+#                            profile a Python and a Java service with `kubectl profile
+#                            cpu` (printing their top functions and methods); then scale
+#                            the workloads to 0 (they keep the CPUs busy)
 #   scripts/demo.sh down     uninstall Flamefleet and stop the cluster
 #
 # Run as root (no sudo needed). The cluster keeps running after the demo; the kubeconfig is
@@ -133,15 +134,55 @@ echo "--- offcpu: where the checkout pod's threads wait, top blocking stacks (ms
 awk '{ v = $NF; sub(/ [0-9]+$/, ""); printf "%s\t%s\n", v, $0 }' \
   "$(only "$DEMO_DIR/profiles/offcpu-*-$NODE_NAME.folded")" |
   sort -t"$(printf '\t')" -k1,1nr | head -n5 | awk -F'\t' '{ printf "%8.0f ms  %s\n", $1 / 1e6, $2 }'
-k get preq -n "$DEMO_NS"
 
-# The checkout service keeps more busy threads than CPUs (that is what its runqlat shows):
-# left running it would load this machine for as long as the cluster stays up, and slow
-# down whatever runs next (scripts/test.sh measures this machine too). Its results are
-# printed: stop the workloads, keep their Deployments.
-step "stopping the demo workloads (scaled to 0 replicas; the cluster keeps running)"
-k -n "$DEMO_NS" scale deploy/checkout deploy/inventory --replicas=0 >/dev/null
-k -n "$DEMO_NS" wait --for=delete pod -l 'app in (checkout,inventory)' --timeout=120s >/dev/null 2>&1 || true
+# The checkout service keeps more busy threads than CPUs (that is what its runqlat shows),
+# and catalog and ledger below a core each: left running they would load this machine for
+# as long as the cluster stays up, and slow down what runs next (the next services here;
+# scripts/test.sh measures this machine too). Once their results are printed, each is
+# stopped: scaled to 0 replicas, its Deployment kept.
+stop_apps() {
+  step "stopping $* (scaled to 0 replicas; the cluster keeps running)"
+  local app deploys=() apps
+  for app in "$@"; do deploys+=("deploy/$app"); done
+  apps="$(IFS=,; echo "$*")"
+  k -n "$DEMO_NS" scale "${deploys[@]}" --replicas=0 >/dev/null
+  k -n "$DEMO_NS" wait --for=delete pod -l "app in ($apps)" --timeout=120s >/dev/null 2>&1 || true
+}
+stop_apps checkout inventory
+
+step "a Python and a Java service: kubectl profile cpu deploy/catalog and deploy/ledger --duration $DURATION"
+# catalog (CPython 3.12) and ledger (OpenJDK 17) each burn CPU in three functions 5:3:2;
+# nothing in them is for Flamefleet (docs/capture.md, "Python frames", "Java frames").
+for app in catalog ledger; do
+  sed "s|image: .*$app-demo:.*|image: flamefleet.local/$app-demo:$TAG|" "examples/demo-workload/$app/deployment.yaml" |
+    k apply -n "$DEMO_NS" -f - >/dev/null
+done
+k -n "$DEMO_NS" scale deploy/catalog deploy/ledger --replicas=1 >/dev/null
+for app in catalog ledger; do
+  k -n "$DEMO_NS" rollout status "deploy/$app" --timeout 120s
+  # Each prints "<app>: serving" once warm (the JVM: once its three methods are compiled).
+  for _ in $(seq 120); do
+    k -n "$DEMO_NS" logs "deploy/$app" 2>/dev/null | grep -q "^$app: serving" && break
+    sleep 1
+  done
+done
+for app in catalog ledger; do
+  mkdir -p "$DEMO_DIR/profiles/$app"
+  ( k profile cpu "deploy/$app" -n "$DEMO_NS" --duration "$DURATION" \
+      -o "$DEMO_DIR/profiles/$app" --format svg >"$DEMO_DIR/cpu-$app.log" 2>&1 ||
+      { echo "kubectl profile cpu deploy/$app failed:"; cat "$DEMO_DIR/cpu-$app.log"; exit 1; } ) &
+done
+fail=0
+for job in $(jobs -p); do wait "$job" || fail=1; done
+((fail == 0)) || die "a capture failed (logs in $DEMO_DIR)"
+# -show keeps the service's own frames: each sample counts for the innermost of them (the
+# native interpreter and JIT frames under them are folded into it).
+echo "--- cpu of the Python catalog service: top Python functions (go tool pprof -top -show '^catalog\.')"
+go tool pprof -top -nodecount=5 -show '^catalog\.' "$(only "$DEMO_DIR/profiles/catalog/cpu-*-$NODE_NAME.pb.gz")" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
+echo "--- cpu of the Java ledger service: top Java methods (go tool pprof -top -show '^dev\.flamefleet\.demo\.')"
+go tool pprof -top -nodecount=5 -show '^dev\.flamefleet\.demo\.' "$(only "$DEMO_DIR/profiles/ledger/cpu-*-$NODE_NAME.pb.gz")" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
+k get preq -n "$DEMO_NS"
+stop_apps catalog ledger
 
 cat <<EOF
 
@@ -150,7 +191,7 @@ The cluster keeps running; the demo workloads are scaled to 0 so that they stop 
 CPUs. Look around:
   export KUBECONFIG=$KUBECONFIG PATH=$FLAMEFLEET_CACHE/plugins:\$PATH
   $KUBECTL get preq -n $DEMO_NS
-  $KUBECTL scale deploy/checkout deploy/inventory -n $DEMO_NS --replicas=1
+  $KUBECTL scale deploy/checkout deploy/inventory deploy/catalog deploy/ledger -n $DEMO_NS --replicas=1
   $KUBECTL profile cpu deploy/checkout -n $DEMO_NS --duration 30s
   $KUBECTL profile list -n $DEMO_NS
 Stop everything: scripts/demo.sh down

@@ -12,6 +12,10 @@
 #   flamefleet.local/flamefleet-agent     flamefleet-agent
 #   flamefleet.local/checkout-demo        the demo workload (examples/demo-workload)
 #   flamefleet.local/inventory-demo       the Go demo workload (examples/demo-workload/inventory)
+#   flamefleet.local/catalog-demo         the Python demo workload (examples/demo-workload/catalog):
+#                                         pyenv's CPython 3.12 and the few modules it loads
+#   flamefleet.local/ledger-demo          the Java demo workload (examples/demo-workload/ledger):
+#                                         OpenJDK 17 jlinked to java.base
 # Each holds the binary and exactly the shared libraries it links (scripts/lib/image.sh),
 # plus CA certificates; operator/Dockerfile and node-agent/Dockerfile build the same layout
 # for a user's own CI. FLAMEFLEET_IMAGE_TAG builds another tag of the same images (the
@@ -26,7 +30,11 @@ IMAGES="$FLAMEFLEET_CACHE/images"
 VERSION="$(awk -F'"' '/^version/ {print $2; exit}' "$REPO/Cargo.toml")"
 TAG="${FLAMEFLEET_IMAGE_TAG:-$VERSION}"
 REGISTRY=flamefleet.local
-NAMES=(flamefleet-operator flamefleet-agent checkout-demo inventory-demo)
+NAMES=(flamefleet-operator flamefleet-agent checkout-demo inventory-demo catalog-demo ledger-demo)
+# The demo's runtimes: scripts/setup.sh installs both (scripts/install-pythons.sh, Debian's
+# openjdk-17-jdk-headless).
+PYTHON_VERSION=3.12.1
+JDK=/usr/lib/jvm/java-17-openjdk-amd64
 REVISION="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 tar_of() { echo "$IMAGES/$1-$TAG.tar"; }
@@ -43,6 +51,26 @@ config() {
 # still name functions. (The demo workload keeps its debug info: it is what gets profiled.)
 strip_debug() {
   strip --strip-debug "$@"
+}
+
+# jre_java_base: the path of a Java runtime holding only java.base, jlinked from $JDK
+# (34 MB against the JDK's 300), kept in $FLAMEFLEET_CACHE/jre per JDK build: jlink takes
+# ~7 s, and the real-node test builds the images twice.
+jre_java_base() {
+  local release out
+  [[ -x "$JDK/bin/jlink" && -x "$JDK/bin/javac" ]] ||
+    die "$JDK/bin/jlink or javac is missing: scripts/setup.sh installs openjdk-17-jdk-headless"
+  release="$(sed -n 's/^JAVA_RUNTIME_VERSION="\(.*\)"$/\1/p' "$JDK/release")"
+  [[ -n "$release" ]] || die "no JAVA_RUNTIME_VERSION in $JDK/release"
+  out="$FLAMEFLEET_CACHE/jre/java.base-$release"
+  if [[ ! -x "$out/bin/java" ]]; then
+    rm -rf "$out.tmp"
+    mkdir -p "$(dirname "$out")"
+    "$JDK/bin/jlink" --add-modules java.base --compress=2 --strip-debug --no-header-files --no-man-pages \
+      --output "$out.tmp" >&2
+    mv "$out.tmp" "$out"
+  fi
+  echo "$out"
 }
 
 cmd_build() {
@@ -89,6 +117,52 @@ cmd_build() {
   rm -f "$work/inventory.bin"
   docker_archive "$work" "$REGISTRY/inventory-demo:$TAG" "$(tar_of inventory-demo)" \
     "$(config '["/usr/local/bin/inventory"]' 65532:65532)"
+  rm -rf "$work"
+  # CPython as the official python images ship it (a shared libpython, which the agent
+  # finds _PyRuntime in), with only what the interpreter loads at startup: the
+  # encodings it needs, and os.py, the file by which it finds its standard library under
+  # /usr/local/lib/python3.12 (most of what it imports at startup is frozen into it).
+  # catalog.py imports nothing else. Debug info goes (symbols and .eh_frame stay: the
+  # agent names and unwinds the interpreter's native frames with them): 11 MB.
+  local py_minor="${PYTHON_VERSION%.*}" py_home
+  py_home="${PYENV_ROOT:-/root/.pyenv}/versions/$PYTHON_VERSION"
+  [[ -x "$py_home/bin/python$py_minor" && -f "$py_home/lib/libpython$py_minor.so.1.0" ]] ||
+    die "CPython $PYTHON_VERSION (with libpython) is missing at $py_home: scripts/install-pythons.sh builds it"
+  work="$(mktemp -d)"
+  rootfs_base "$work" 65532
+  install -D -m 0755 "$py_home/bin/python$py_minor" "$work/usr/local/bin/python$py_minor"
+  ln -s "python$py_minor" "$work/usr/local/bin/python3"
+  # Where the loader looks when the binary's RUNPATH (pyenv's directory) is not there.
+  install -D -m 0755 "$py_home/lib/libpython$py_minor.so.1.0" \
+    "$work/usr/lib/x86_64-linux-gnu/libpython$py_minor.so.1.0"
+  rootfs_add_system_libs "$work" "$py_home/bin/python$py_minor" "$py_home/lib/libpython$py_minor.so.1.0"
+  strip_debug "$work/usr/local/bin/python$py_minor" "$work/usr/lib/x86_64-linux-gnu/libpython$py_minor.so.1.0"
+  local stdlib="$work/usr/local/lib/python$py_minor"
+  mkdir -p "$stdlib/encodings" "$stdlib/lib-dynload"
+  cp "$py_home/lib/python$py_minor/os.py" "$stdlib/"
+  for f in __init__ aliases utf_8 ascii latin_1; do
+    cp "$py_home/lib/python$py_minor/encodings/$f.py" "$stdlib/encodings/"
+  done
+  install -D -m 0644 "$REPO/examples/demo-workload/catalog/catalog.py" "$work/app/catalog.py"
+  docker_archive "$work" "$REGISTRY/catalog-demo:$TAG" "$(tar_of catalog-demo)" \
+    "$(config '["/usr/local/bin/python3","/app/catalog.py"]' 65532:65532)"
+  rm -rf "$work"
+
+  # Debian's OpenJDK 17, jlinked to java.base, and Ledger compiled by its javac. The JVM runs
+  # with -XX:+PreserveFramePointer (the callers of compiled frames are walked by frame
+  # pointer) and as root in its container: the chart's agent attaches (to ask for the perf
+  # map naming compiled frames) only to JVMs of its own user unless
+  # agent.javaAttachOtherUsers is set (docs/capture.md, "Java frames").
+  local jre
+  jre="$(jre_java_base)"
+  work="$(mktemp -d)"
+  rootfs_base "$work" 65532
+  mkdir -p "$work/opt"
+  cp -a "$jre" "$work/opt/java"
+  rootfs_add_system_libs "$work" "$jre/bin/java" "$jre"/lib/*.so "$jre"/lib/server/libjvm.so
+  "$JDK/bin/javac" --release 17 -d "$work/app" "$REPO/examples/demo-workload/ledger/Ledger.java"
+  docker_archive "$work" "$REGISTRY/ledger-demo:$TAG" "$(tar_of ledger-demo)" \
+    "$(config '["/opt/java/bin/java","-XX:+PreserveFramePointer","-cp","/app","dev.flamefleet.demo.Ledger"]' 0:0)"
   rm -rf "$work"
   echo "built images $REGISTRY/{$(IFS=,; echo "${NAMES[*]}")}:$TAG in $((SECONDS - t0))s"
   cmd_sizes

@@ -93,6 +93,61 @@ fn cum_percent(top: &str, function: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The `flat%` of `function` in `go tool pprof -top` output (0 when it is not listed).
+fn flat_percent(top: &str, function: &str) -> f64 {
+    top.lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.len() >= 6 && cols[5..].join(" ") == function).then(|| cols[1])
+        })
+        .find_map(|c| c.trim_end_matches('%').parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A runtime's demo Deployment (examples/demo-workload/): three functions burning CPU
+/// 5:3:2, called from the frames in `callers`.
+struct RuntimeDemo {
+    name: &'static str,
+    image: &'static str,
+    /// The log line it prints once warm (the JVM: once the three are compiled).
+    ready: &'static str,
+    /// `go tool pprof -show` regex of its own frames.
+    own: &'static str,
+    /// The three, in the order of their 5:3:2 shares.
+    hot: [&'static str; 3],
+    /// Frames every sample of the three must sit under.
+    callers: &'static [&'static str],
+}
+
+const RUNTIME_DEMOS: [RuntimeDemo; 2] = [
+    RuntimeDemo {
+        name: "catalog",
+        image: "catalog-demo",
+        ready: "catalog: serving",
+        own: "^catalog\\.",
+        hot: [
+            "catalog.render_listing",
+            "catalog.price_items",
+            "catalog.parse_query",
+        ],
+        callers: &["catalog.serve", "catalog.<module>"],
+    },
+    RuntimeDemo {
+        name: "ledger",
+        image: "ledger-demo",
+        ready: "ledger: serving",
+        own: "^dev\\.flamefleet\\.demo\\.",
+        hot: [
+            "dev.flamefleet.demo.Ledger.reconcile",
+            "dev.flamefleet.demo.Ledger.applyFees",
+            "dev.flamefleet.demo.Ledger.postEntries",
+        ],
+        // main stays interpreted (it loops, far from the JIT's thresholds): its frame is
+        // the interpreter's, found through the compiled frames' frame pointers.
+        callers: &["Interpreter"],
+    },
+];
+
 fn checkout_deployment(namespace: &str, tag: &str) -> Value {
     demo_deployment(
         namespace,
@@ -614,6 +669,123 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         tags.contains("goruntime"),
         "samples name their source: {tags}"
     );
+
+    step("a Python and a Java Deployment: their functions and methods by name, 5:3:2");
+    for demo in &RUNTIME_DEMOS {
+        let started = std::time::Instant::now();
+        let name = demo.name;
+        let spec = serde_json::to_string(&demo_deployment(
+            &shop,
+            name,
+            &format!("flamefleet.local/{}:{tag}", demo.image),
+        ))
+        .unwrap();
+        let file = std::env::temp_dir().join(format!("{shop}-{name}.json"));
+        std::fs::write(&file, spec).unwrap();
+        cluster
+            .kubectl(&["apply", "-f", file.to_str().unwrap()])
+            .unwrap();
+        cluster
+            .kubectl(&[
+                "-n",
+                &shop,
+                "rollout",
+                "status",
+                &format!("deploy/{name}"),
+                "--timeout=120s",
+            ])
+            .unwrap();
+        cluster
+            .wait_for(
+                &format!("{name}'s \"{}\" log line", demo.ready),
+                TIMEOUT,
+                || {
+                    let logs = cluster.kubectl(&["-n", &shop, "logs", &format!("deploy/{name}")]);
+                    async move { logs.ok()?.contains(demo.ready).then_some(()) }
+                },
+            )
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (code, out, err) = kubectl_profile(
+            cluster,
+            &[
+                "cpu",
+                &format!("deploy/{name}"),
+                "-n",
+                &shop,
+                "--duration",
+                "10s",
+                // About 5,000 samples of a busy core: shares within a point or two.
+                "--frequency",
+                "499",
+                "-o",
+                dir.path().to_str().unwrap(),
+                "--format",
+                "pprof",
+            ],
+        );
+        assert_eq!(code, 0, "{out}{err}");
+        let cpu = profile_in(dir.path());
+        // Its own frames only: each sample's time goes to the innermost of them.
+        let own = pprof(&["-top", &format!("-show={}", demo.own)], &cpu);
+        let flat: Vec<f64> = demo.hot.iter().map(|f| flat_percent(&own, f)).collect();
+        let sum: f64 = flat.iter().sum();
+        assert!(
+            sum >= 80.0,
+            "{name}: the three hold {sum:.1}% of its samples:\n{own}"
+        );
+        for (f, (share, want)) in demo.hot.iter().zip(flat.iter().zip([50.0, 30.0, 20.0])) {
+            let share = 100.0 * share / sum;
+            assert!(
+                (share - want).abs() <= 5.0,
+                "{f}: {share:.1}% of the three, expected {want}% (5:3:2):\n{own}"
+            );
+        }
+        let cum = pprof(&["-top", "-cum", "-nodecount=200"], &cpu);
+        for caller in demo.callers {
+            let share = cum_percent(&cum, caller);
+            assert!(
+                share >= sum - 5.0,
+                "{caller} under {share}% of the samples, the three in {sum:.1}%:\n{cum}"
+            );
+        }
+        eprintln!(
+            "{name}: {} {:.1}% / {:.1}% / {:.1}% of its samples",
+            demo.hot.join(" / "),
+            flat[0],
+            flat[1],
+            flat[2]
+        );
+        // It burns up to a core: stop it before the next steps (its Deployment stays).
+        cluster
+            .kubectl(&[
+                "-n",
+                &shop,
+                "scale",
+                &format!("deploy/{name}"),
+                "--replicas=0",
+            ])
+            .unwrap();
+        let shop_pods: Api<Pod> = Api::namespaced(client.clone(), &shop);
+        cluster
+            .wait_for(&format!("{name}'s pod to be gone"), TIMEOUT, || {
+                let api = shop_pods.clone();
+                async move {
+                    let left = api
+                        .list(&ListParams::default().labels(&format!("app={name}")))
+                        .await
+                        .ok()?;
+                    left.items.is_empty().then_some(())
+                }
+            })
+            .await
+            .unwrap();
+        eprintln!(
+            "{name}: deployed, profiled and stopped in {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
 
     step("a container the kubelet restarts during a capture is still profiled");
     let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), &shop);

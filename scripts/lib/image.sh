@@ -22,6 +22,20 @@ rootfs_add_binary() {
   done < <(ldd "$bin" 2>/dev/null | awk '/=> \// { print $3 } /^\t\// { print $1 }')
 }
 
+# rootfs_add_system_libs ROOTFS FILE...: copies every shared library under /lib or /usr/lib
+# that `ldd` resolves for the FILEs (and the dynamic loader) to ROOTFS at the same paths;
+# libraries found elsewhere (a runtime's own, next to its binaries) are left to the caller.
+rootfs_add_system_libs() {
+  local rootfs="$1" lib
+  shift
+  while read -r lib; do
+    case "$lib" in /lib/* | /lib64/* | /usr/lib/*) ;; *) continue ;; esac
+    [[ -e "$lib" && ! -e "$rootfs$lib" ]] || continue
+    install -D -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"
+  done < <(for f in "$@"; do ldd "$f" 2>/dev/null; done |
+    awk '/=> \// { print $3 } /^\t\// { print $1 }' | sort -u)
+}
+
 # rootfs_base ROOTFS UID: the few files every image needs: /etc/passwd and /etc/group with
 # root and `nonroot` (UID), /tmp, CA certificates (for HTTPS to S3 stores).
 rootfs_base() {
