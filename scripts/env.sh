@@ -7,7 +7,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export FLAMEFLEET_CACHE="${FLAMEFLEET_CACHE:-/var/cache/flamefleet}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$FLAMEFLEET_CACHE/target}"
 
-# sudo's secure_path drops the usual Go and Rust locations.
+# A root shell's PATH (su, sudo's secure_path) may lack the usual Go and Rust locations.
 for _d in /usr/local/go/bin "$HOME/.cargo/bin" "$HOME/go/bin" ${SUDO_USER:+"/home/$SUDO_USER/.cargo/bin"}; do
   [[ -d "$_d" && ":$PATH:" != *":$_d:"* ]] && PATH="$_d:$PATH"
 done
@@ -17,5 +17,5 @@ export PATH
 step() { printf '\n== %s: %s\n' "$(basename "$0")" "$*"; }
 die() { printf '%s: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
 require_root() {
-  [[ $EUID -eq 0 ]] || die "must run as root ($1): sudo $0"
+  [[ $EUID -eq 0 ]] || die "must run as root ($1)"
 }

@@ -7,7 +7,7 @@
 # The packages come from Debian's archive through apt with a private sources list, so the
 # machine's own apt configuration is neither read nor changed; nothing is installed.
 #
-#   sudo scripts/guest-kernels.sh
+#   scripts/guest-kernels.sh
 set -euo pipefail
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

@@ -6,7 +6,7 @@
 # the CI image, which has them). A missing version is built with --enable-shared, as the
 # image's are: several minutes each on two cores.
 #
-#   sudo scripts/install-pythons.sh
+#   scripts/install-pythons.sh
 set -euo pipefail
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

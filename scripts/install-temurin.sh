@@ -5,7 +5,7 @@
 # /usr/lib/jvm/temurin-25-jdk-amd64 is there (the CI image has it); otherwise one apt
 # install of about 200 MB.
 #
-#   sudo scripts/install-temurin.sh
+#   scripts/install-temurin.sh
 set -euo pipefail
 # shellcheck source=scripts/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

@@ -2,7 +2,7 @@
 # Installs everything Flamefleet's build, tests and demo need on a Debian machine (12+), as
 # root. Idempotent: a second run only checks. Safe without a terminal (CI=true, no stdin).
 #
-#   sudo scripts/setup.sh
+#   scripts/setup.sh
 #
 # Steps: Debian packages; Go and Rust checks; tracefs/bpffs mounts; kube-apiserver, etcd,
 # kubectl, the node's binaries (kubelet, scheduler, controller-manager, kube-proxy, CoreDNS)

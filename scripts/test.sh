@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and every test tier, as root:
 #
-#   sudo scripts/test.sh                 setup check, fmt, clippy, all tests
-#   sudo scripts/test.sh -p flamefleet-api   extra arguments go to `cargo test`
+#   scripts/test.sh                     setup check, fmt, clippy, all tests
+#   scripts/test.sh -p flamefleet-api   extra arguments go to `cargo test`
 #
 # FLAMEFLEET_SKIP_SETUP=1 skips scripts/setup.sh. CARGO_TARGET_DIR defaults to
 # $FLAMEFLEET_CACHE/target (outside the clone). Tests that need root, eBPF or the API

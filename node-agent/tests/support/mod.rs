@@ -101,9 +101,12 @@ impl TestCgroup {
             std::ffi::CString::new(self.cgroup.path.join("cgroup.procs").as_os_str().as_bytes())
                 .expect("path without NUL");
         // SAFETY: between fork and exec only async-signal-safe calls
-        // (open/write/close) on memory prepared before the fork.
+        // (prctl/open/write/close) on memory prepared before the fork.
         unsafe {
             cmd.pre_exec(move || {
+                // A test binary killed mid-test runs no Drop: the workload must not go on
+                // burning a CPU for the tests that follow.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
                 if fd < 0 {
                     return Err(std::io::Error::last_os_error());
