@@ -836,3 +836,156 @@ async fn a_cancelled_heap_capture_gives_up_the_heap_sampler_at_once() {
         "the cancelled capture still held the heap sampler: {stats:?}"
     );
 }
+
+/// Polls `agent`'s eBPF file descriptors every 20 ms until `done` holds, for at most `limit`;
+/// returns when it held (measured from `since`), or `None`.
+async fn bpf_fds_until(
+    agent: &AgentProcess,
+    since: Instant,
+    limit: Duration,
+    done: impl Fn(BpfFds) -> bool,
+) -> Option<Duration> {
+    loop {
+        if done(agent.bpf_fds()) {
+            return Some(since.elapsed());
+        }
+        if since.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The operator goes away mid-capture (its connection closes, nobody calls Collect) and
+/// the store the capture uploads to accepts connections but never answers: the capture's
+/// eBPF programs, maps and perf events go at the end of its window, and the capture, stuck
+/// in its upload, is stopped at the operator's deadline plus the agent's margin, FAILED with
+/// reason `Abandoned` (what a later Collect replays), instead of running on for nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_capture_frees_its_bpf_state_and_is_stopped_past_the_deadline() {
+    require_root();
+    let _serial = serial().await;
+    let node = "node-abandoned";
+    let pki = TestPki::new("ca");
+    let mut tree = PodTree::new();
+    tree.start(burner());
+    let upload = UploadServer::start(None).await;
+    // The CPU sampler's program stays loaded this long after its last capture (30 s by
+    // default: docs/capture.md); 2 s keeps the test short.
+    let agent = AgentProcess::start_with(
+        node,
+        &pki,
+        &tree.root,
+        None,
+        &["--cpu-sampler-linger", "2s"],
+    );
+    let client = operator_client(&pki, &agent).await;
+    // A store that takes the connection and never answers (its backlog holds it).
+    let stalled = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a stalled store");
+    let stalled_addr = stalled.local_addr().expect("its address");
+    let uid = unique("uid-abandoned");
+    let mut request = cpu_request(&uid, node, &tree, &upload, 2_000);
+    request.deadline_ms = 4_000;
+    for slot in &mut request.uploads {
+        slot.put_url = format!(
+            "http://{stalled_addr}/{uid}/{}?sig=test",
+            slot.artifact_name
+        );
+    }
+    let idle = agent.bpf_fds();
+
+    let mut operator = client;
+    let asked = Instant::now();
+    let mut stream = operator
+        .capture(request)
+        .await
+        .expect("Capture accepted")
+        .into_inner();
+    loop {
+        let p = stream
+            .message()
+            .await
+            .expect("progress")
+            .expect("not ended");
+        if sampler_attached(&p) {
+            break;
+        }
+    }
+    let capturing = agent.bpf_fds();
+    assert!(
+        capturing.programs > idle.programs && capturing.perf_events > idle.perf_events,
+        "the capture holds no eBPF state of its own: idle {idle:?}, capturing {capturing:?}"
+    );
+    // The operator dies: its stream and connection go.
+    drop(stream);
+    drop(operator);
+
+    let limit = Duration::from_secs(30);
+    let unheld = |what: &str| {
+        panic!(
+            "the agent still holds {:?} (idle {idle:?}) 30 s after the request: {what}\n{}",
+            agent.bpf_fds(),
+            agent.log()
+        )
+    };
+    let sampling_stopped = bpf_fds_until(&agent, asked, limit, |fds| {
+        fds.perf_events == idle.perf_events
+    })
+    .await
+    .unwrap_or_else(|| unheld("its perf events"));
+    let freed = bpf_fds_until(&agent, asked, limit, |fds| fds == idle)
+        .await
+        .unwrap_or_else(|| unheld("its programs and maps"));
+    let log = agent
+        .wait_for_log("capture abandoned")
+        .await
+        .unwrap_or_else(|log| panic!("the capture was never abandoned\n{log}"));
+    let abandoned = asked.elapsed();
+    assert!(
+        !log.contains("capture done"),
+        "the stalled store answered?\n{log}"
+    );
+    eprintln!(
+        "abandoned capture (2 s window, 4 s deadline, 2 s linger): sampling stopped {:.2} s after the request, programs and maps unloaded {:.2} s, the capture stopped {:.2} s",
+        sampling_stopped.as_secs_f64(),
+        freed.as_secs_f64(),
+        abandoned.as_secs_f64()
+    );
+    // Bounds: the window's end (2 s), then the sampler's linger (4 s), and the deadline
+    // plus the agent's 5 s margin (9 s); what is over them is this machine's scheduling,
+    // allowed 3 s.
+    assert!(
+        sampling_stopped < Duration::from_secs(5),
+        "sampling stopped after {sampling_stopped:?}"
+    );
+    assert!(freed < Duration::from_secs(7), "unloaded after {freed:?}");
+    assert!(
+        abandoned >= Duration::from_secs(9) && abandoned < Duration::from_secs(12),
+        "stopped after {abandoned:?}"
+    );
+
+    // A replica that comes back finds the capture's end, with the reason.
+    let mut collector = operator_client(&pki, &agent).await;
+    let mut replay = collector
+        .collect(flamefleet_proto::agent::CollectRequest {
+            request_uid: uid.clone(),
+        })
+        .await
+        .expect("Collect finds the capture")
+        .into_inner();
+    let mut last = None;
+    while let Some(p) = replay.message().await.expect("replay") {
+        last = Some(p);
+    }
+    let last = last.expect("the final message");
+    assert_eq!(last.stage(), Stage::Failed, "{last:?}");
+    assert_eq!(last.reason, "Abandoned", "{last:?}");
+    assert!(
+        last.message.contains("abandoned") && last.message.contains("freed its eBPF state"),
+        "{}",
+        last.message
+    );
+    assert_eq!(agent.bpf_fds(), idle);
+    drop(stalled);
+    drop(agent);
+}

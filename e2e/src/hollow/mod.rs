@@ -313,7 +313,7 @@ impl Reporter for Stats {
     fn capture_finished(&self, _type: &'static str, outcome: Outcome, _: Option<&CaptureSummary>) {
         match outcome {
             Outcome::Succeeded => self.done.fetch_add(1, Ordering::Relaxed),
-            Outcome::Failed => self.failed.fetch_add(1, Ordering::Relaxed),
+            Outcome::Failed | Outcome::Abandoned => self.failed.fetch_add(1, Ordering::Relaxed),
             // A cancelled capture ends FAILED ("cancelled by the client").
             Outcome::Cancelled => {
                 self.cancelled.fetch_add(1, Ordering::Relaxed);

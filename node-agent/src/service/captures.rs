@@ -321,9 +321,15 @@ impl CaptureHandle {
         self.cancel.cancelled()
     }
 
-    /// True once `Cancel` was called.
+    /// True once `Cancel` was called (or [`CaptureHandle::stop`]).
     pub fn is_cancelled(&self) -> bool {
         self.cancel.is_cancelled()
+    }
+
+    /// Stops the capture as a `Cancel` call does: the agent's own bound on a capture
+    /// nobody will collect (see `pipeline::abandon_at`).
+    pub fn stop(&self) {
+        self.cancel.cancel();
     }
 
     /// Records and publishes the final message.

@@ -26,6 +26,19 @@ pub enum PipelineError {
     /// `Cancel` was called.
     #[error("cancelled by the client")]
     Cancelled,
+    /// The capture had not ended by the operator's deadline (plus a margin): whoever asked
+    /// for it stopped waiting, so the agent stopped it.
+    #[error(
+        "abandoned: the capture had not ended {}s after it was requested (the operator's deadline plus {}s), so nobody was waiting for it any more; the agent stopped it and freed its eBPF state, and uploads nothing more for it",
+        after.as_secs(),
+        margin.as_secs()
+    )]
+    Abandoned {
+        /// Time from the request to the stop.
+        after: std::time::Duration,
+        /// The margin past the operator's deadline.
+        margin: std::time::Duration,
+    },
     /// Something that should not happen (a worker thread died).
     #[error("internal error: {0}")]
     Internal(String),
@@ -37,6 +50,7 @@ impl PipelineError {
     pub fn reason(&self) -> Option<&'static str> {
         match self {
             Self::Upload(UploadError::StorageFull { .. }) => Some("StorageFull"),
+            Self::Abandoned { .. } => Some("Abandoned"),
             _ => None,
         }
     }

@@ -354,6 +354,66 @@ fn upload_deadline(req: &CaptureRequest, received: Instant) -> Option<Instant> {
         .map(|d| received + d)
 }
 
+/// Time past the operator's deadline after which a capture that has not ended is stopped
+/// ([`abandon_at`]): long enough that the operator's own timeout, and the `Cancel` it sends
+/// then, come first when it is alive.
+pub const ABANDON_MARGIN: Duration = Duration::from_secs(5);
+/// The deadline assumed for a request that carries none (operators that predate
+/// `deadline_ms`): its duration plus the operator's default `--capture-grace`.
+const DEFAULT_GRACE: Duration = Duration::from_secs(60);
+
+/// When the capture of `req`, received at `received`, is stopped if it has not ended by
+/// then: the operator's deadline (`deadline_ms`, at most the duration plus an hour; none
+/// sent: the duration plus [`DEFAULT_GRACE`]) plus [`ABANDON_MARGIN`].
+///
+/// The operator hangs up once a capture is accepted and comes back near its end, so an
+/// agent cannot tell a dead operator from a patient one while the window runs: a new
+/// leader collects the captures its predecessor started. Past the deadline nobody waits:
+/// the operator that asked has failed the node as timed out (and sent a `Cancel` that may
+/// never have arrived), and no other replica collects a node after its deadline. The
+/// capture's eBPF state goes at the end of its window anyway (its duration); this bound
+/// covers what may outlast the window (a finish or an upload that hangs, a capture that
+/// never answered), so that nothing runs on for nobody.
+pub fn abandon_at(req: &CaptureRequest, received: Instant) -> Instant {
+    let duration = Duration::from_millis(u64::from(req.duration_ms)).min(MAX_DURATION);
+    let deadline = match req.deadline_ms {
+        0 => duration + DEFAULT_GRACE,
+        ms => Duration::from_millis(u64::from(ms)).min(duration + MAX_DURATION),
+    };
+    received + deadline + ABANDON_MARGIN
+}
+
+/// Awaits `work` (a capture from its start to its final result); if it has not ended by
+/// `at`, stops it as `Cancel` does, and reports it [`PipelineError::Abandoned`].
+async fn unless_abandoned<T>(
+    handle: &CaptureHandle,
+    at: Instant,
+    received: Instant,
+    work: impl Future<Output = Result<T, PipelineError>>,
+) -> Result<T, PipelineError> {
+    tokio::pin!(work);
+    tokio::select! {
+        out = &mut work => return out,
+        () = tokio::time::sleep_until(at.into()) => {}
+    }
+    tracing::warn!(
+        uid = %handle.uid(),
+        after_s = received.elapsed().as_secs(),
+        "capture abandoned: not ended by the operator's deadline plus {}s; stopping it",
+        ABANDON_MARGIN.as_secs()
+    );
+    handle.stop();
+    // Every stage gives up at once on a stop (a finish thread ends in the background and
+    // drops what it built).
+    match work.await {
+        Err(PipelineError::Cancelled) => Err(PipelineError::Abandoned {
+            after: received.elapsed(),
+            margin: ABANDON_MARGIN,
+        }),
+        other => other,
+    }
+}
+
 /// Uploads every artifact to its slot, retrying failures until `deadline`.
 async fn upload(
     ctx: &Context,
@@ -441,14 +501,26 @@ pub async fn run(
     admission: Admission,
 ) {
     let started = Instant::now();
+    let abandon = abandon_at(&req, started);
     let outcome = match admission {
-        Admission::Run => execute(&ctx, &handle, &req, started).await,
+        Admission::Run => {
+            unless_abandoned(
+                &handle,
+                abandon,
+                started,
+                execute(&ctx, &handle, &req, started),
+            )
+            .await
+        }
         Admission::Hang => {
-            tokio::select! {
-                () = handle.cancelled() => {}
-                () = ctx.shutdown.cancelled() => {}
-            }
-            Err(PipelineError::Cancelled)
+            let hang = async {
+                tokio::select! {
+                    () = handle.cancelled() => {}
+                    () = ctx.shutdown.cancelled() => {}
+                }
+                Err::<(Vec<Artifact>, Output), _>(PipelineError::Cancelled)
+            };
+            unless_abandoned(&handle, abandon, started, hang).await
         }
         Admission::Forget(after) => {
             tokio::select! {
@@ -490,6 +562,7 @@ pub async fn run(
         match &outcome {
             Ok(_) => Outcome::Succeeded,
             Err(PipelineError::Cancelled) => Outcome::Cancelled,
+            Err(PipelineError::Abandoned { .. }) => Outcome::Abandoned,
             Err(_) => Outcome::Failed,
         },
         outcome.as_ref().ok().map(|(_, output)| &output.summary),
@@ -554,6 +627,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("duration_ms must be between 1 and"), "{err}");
+    }
+
+    #[test]
+    fn a_capture_is_abandoned_past_the_operators_deadline_and_never_unbounded() {
+        let at = Instant::now();
+        let mut req = request(ProfileType::Cpu, 10_000, &["cpu-n1.pb.gz"]);
+        req.deadline_ms = 70_000;
+        assert_eq!(abandon_at(&req, at) - at, Duration::from_secs(75));
+        req.deadline_ms = 0;
+        assert_eq!(abandon_at(&req, at) - at, Duration::from_secs(75));
+        req.deadline_ms = u32::MAX;
+        assert_eq!(
+            abandon_at(&req, at) - at,
+            Duration::from_secs(10) + MAX_DURATION + ABANDON_MARGIN
+        );
     }
 
     #[test]

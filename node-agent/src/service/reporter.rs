@@ -15,6 +15,8 @@ pub enum Outcome {
     Failed,
     /// Cancelled by the operator.
     Cancelled,
+    /// Stopped by the agent: not ended by the operator's deadline (nobody was waiting).
+    Abandoned,
 }
 
 impl Outcome {
@@ -23,6 +25,7 @@ impl Outcome {
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
+            Self::Abandoned => "abandoned",
         }
     }
 }

@@ -166,6 +166,37 @@ impl AgentProcess {
     pub fn url(&self) -> String {
         format!("https://{}", self.addr)
     }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The eBPF objects the agent holds now: file descriptors of programs, maps and perf
+    /// events (what a capture's samplers attach with), from `/proc/PID/fd`.
+    pub fn bpf_fds(&self) -> BpfFds {
+        let mut fds = BpfFds::default();
+        let dir = format!("/proc/{}/fd", self.pid());
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {dir}: {e}")) {
+            let Ok(target) = entry.and_then(|e| std::fs::read_link(e.path())) else {
+                continue; // closed meanwhile
+            };
+            match target.to_string_lossy().as_ref() {
+                "anon_inode:bpf-prog" => fds.programs += 1,
+                "anon_inode:bpf-map" => fds.maps += 1,
+                "anon_inode:[perf_event]" => fds.perf_events += 1,
+                _ => {}
+            }
+        }
+        fds
+    }
+}
+
+/// Counts of a process's eBPF file descriptors ([`AgentProcess::bpf_fds`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BpfFds {
+    pub programs: usize,
+    pub maps: usize,
+    pub perf_events: usize,
 }
 
 impl Drop for AgentProcess {
