@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, thiserror::Error)]
 pub enum GuestError {
     /// A tool the harness needs is missing.
-    #[error("{what} not found at {path}: install it with `sudo scripts/setup.sh` ({package})")]
+    #[error("{what} not found at {path}: install it with `scripts/setup.sh` (as root) ({package})")]
     MissingTool {
         /// The tool.
         what: &'static str,
@@ -42,7 +42,7 @@ pub enum GuestError {
     },
     /// The kernel is not unpacked where `scripts/guest-kernels.sh` puts it.
     #[error(
-        "kernel {release} not found in {dir} (expected boot/vmlinuz-{release} and lib/modules/{release}/modules.dep): run `sudo scripts/guest-kernels.sh` (scripts/setup.sh runs it)"
+        "kernel {release} not found in {dir} (expected boot/vmlinuz-{release} and lib/modules/{release}/modules.dep): run `scripts/guest-kernels.sh` as root (scripts/setup.sh runs it)"
     )]
     MissingKernel {
         /// The kernel release, e.g. `5.10.0-32-amd64`.

@@ -35,7 +35,7 @@ use std::path::PathBuf;
 pub enum Error {
     /// A pinned binary is not where the build puts it.
     #[error(
-        "{what} not found at {path}: build the local control plane first with `sudo scripts/setup.sh` (or `scripts/controlplane.sh build`), or point {env} at a binary"
+        "{what} not found at {path}: build the local control plane first with `scripts/setup.sh` (as root) (or `scripts/controlplane.sh build`), or point {env} at a binary"
     )]
     MissingBinary {
         /// Which binary.

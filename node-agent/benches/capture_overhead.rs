@@ -2,7 +2,7 @@
 //! measured in one run on one machine (not a test: it prints, never asserts).
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench capture_overhead -- [--rounds 5] [--peer PATH]
+//! cargo bench -p flamefleet-agent --bench capture_overhead -- [--rounds 5] [--peer PATH]
 //! ```
 //!
 //! `--peer PATH` measures another build of `flamefleet-agent` (e.g. one built from an
@@ -301,7 +301,7 @@ fn agent_cost(agent: &str, kind: &str, cg: &Path, secs: u64) -> Result<(Duration
 
 fn main() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        bail!("the benchmark loads eBPF programs: expected root, run it with sudo -E");
+        bail!("the benchmark loads eBPF programs: expected to run as root");
     }
     let args: Vec<String> = std::env::args().collect();
     let rounds: usize = flag(&args, "--rounds").unwrap_or(5);

@@ -17,7 +17,7 @@
 //! A benchmark: it prints, it never asserts.
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench continuous -- [--processes 50] [--window 60] [--windows 4] [--frequency 19] [--no-window-pass]
+//! cargo bench -p flamefleet-agent --bench continuous -- [--processes 50] [--window 60] [--windows 4] [--frequency 19] [--no-window-pass]
 //! ```
 
 use std::path::PathBuf;
@@ -158,7 +158,7 @@ struct Window {
 fn main() -> Result<()> {
     let args = args()?;
     if !nix::unistd::Uid::effective().is_root() {
-        bail!("run as root (sudo -E): the bench loads eBPF programs and creates cgroups");
+        bail!("run as root: the bench loads eBPF programs and creates cgroups");
     }
     let tmp = tempfile::tempdir()?;
     let program = shared::compile_c(tmp.path(), "ff-continuous", WORKLOAD)?;

@@ -22,7 +22,7 @@
 //! A benchmark: it prints, it never asserts.
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench java_cost -- [--seconds 4] [--rounds 3]
+//! cargo bench -p flamefleet-agent --bench java_cost -- [--seconds 4] [--rounds 3]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -83,7 +83,7 @@ fn main() -> Result<()> {
     let seconds: u64 = flag(&args, "--seconds").unwrap_or(4);
     let rounds: usize = flag(&args, "--rounds").unwrap_or(3);
     if !nix::unistd::Uid::effective().is_root() {
-        bail!("run as root (sudo -E): the bench loads eBPF programs and creates cgroups");
+        bail!("run as root: the bench loads eBPF programs and creates cgroups");
     }
     println!("load average at start: {}", shared::loadavg());
     let tmp = tempfile::tempdir()?;
@@ -124,7 +124,7 @@ fn main() -> Result<()> {
         w.resume();
         catalog.snapshot(pid);
         let maps = catalog.lookup(pid).context("snapshot of the JVM")?;
-        let first = flamefleet_agent::java::prepare(pid, &maps, true)
+        let mut first = flamefleet_agent::java::prepare(pid, &maps, true)
             .context("the JVM is not detected as HotSpot")?;
         let mut again = Vec::new();
         let mut read = Vec::new();
@@ -138,6 +138,9 @@ fn main() -> Result<()> {
             read.push(t.elapsed().as_secs_f64() * 1e3);
             entries = map.map_or(0, |m| m.len());
         }
+        // prepare() asks for the map; the symbolizer reads it. Report what was read, or
+        // the status would say the map was not found.
+        first.perf_map_entries = entries;
         println!(
             "{:>8}: first {:>7.2} ms (starts the listener); later {:>6.2} ms; perf map read \
              {:>6.2} ms ({entries} entries); {}",

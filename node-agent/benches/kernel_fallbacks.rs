@@ -17,7 +17,7 @@
 //! there. A benchmark: it prints, it never asserts.
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench kernel_fallbacks -- [--rounds 3] [--window 5] [--kernel RELEASE]... [--here]
+//! cargo bench -p flamefleet-agent --bench kernel_fallbacks -- [--rounds 3] [--window 5] [--kernel RELEASE]... [--here]
 //! ```
 
 use std::collections::{HashMap, HashSet};
@@ -488,7 +488,7 @@ fn here(args: &Args) -> Result<()> {
 fn main() -> Result<()> {
     let args = args()?;
     if !nix::unistd::Uid::effective().is_root() {
-        bail!("run as root (sudo -E): the bench loads eBPF programs and creates cgroups");
+        bail!("run as root: the bench loads eBPF programs and creates cgroups");
     }
     if args.here {
         return here(&args);

@@ -2,7 +2,7 @@
 //! machine (not a test: it prints, never asserts).
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench offcpu_overhead -- [--rounds 3] [--peer PATH]
+//! cargo bench -p flamefleet-agent --bench offcpu_overhead -- [--rounds 3] [--peer PATH]
 //! ```
 //!
 //! `--peer PATH` measures another build of `flamefleet-agent` (e.g. one built from an
@@ -221,7 +221,7 @@ const PEER_CONDITION: usize = 4;
 
 fn main() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        bail!("the benchmark loads eBPF programs: expected root, run it with sudo -E");
+        bail!("the benchmark loads eBPF programs: expected to run as root");
     }
     let args: Vec<String> = std::env::args().collect();
     let rounds: usize = flag(&args, "--rounds").unwrap_or(3);

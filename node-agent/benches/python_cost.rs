@@ -26,7 +26,7 @@
 //! A benchmark: it prints, it never asserts.
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench python_cost -- [--seconds 4] [--rounds 3]
+//! cargo bench -p flamefleet-agent --bench python_cost -- [--seconds 4] [--rounds 3]
 //! ```
 
 use std::path::Path;
@@ -129,7 +129,7 @@ fn main() -> Result<()> {
     let seconds: u64 = flag(&args, "--seconds").unwrap_or(4);
     let rounds: usize = flag(&args, "--rounds").unwrap_or(3);
     if !nix::unistd::Uid::effective().is_root() {
-        bail!("run as root (sudo -E): the bench loads eBPF programs and creates cgroups");
+        bail!("run as root: the bench loads eBPF programs and creates cgroups");
     }
     println!("load average at start: {}", shared::loadavg());
     let tmp = tempfile::tempdir()?;

@@ -5,7 +5,7 @@
 //! the first and the last captures are. A benchmark: it prints, it never asserts.
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench soak -- [--captures 500] [--parallel 3]
+//! cargo bench -p flamefleet-agent --bench soak -- [--captures 500] [--parallel 3]
 //! ```
 
 use std::collections::VecDeque;
@@ -244,7 +244,7 @@ fn run_one(samplers: &Samplers, index: usize, target: &CaptureTarget) -> Outcome
 fn main() -> Result<()> {
     let args = args()?;
     if !nix::unistd::Uid::effective().is_root() {
-        bail!("run as root (sudo -E): the soak loads eBPF programs and creates cgroups");
+        bail!("run as root: the soak loads eBPF programs and creates cgroups");
     }
     let dir = tempfile::tempdir()?;
     let program = shared::compile_c(dir.path(), "ff-soak", WORKLOAD)?;

@@ -2,7 +2,7 @@
 //! (not a test: it prints, never asserts).
 //!
 //! ```text
-//! sudo -E cargo bench -p flamefleet-agent --bench trigger_cost -- [--cgroups 100] [--seconds 30]
+//! cargo bench -p flamefleet-agent --bench trigger_cost -- [--cgroups 100] [--seconds 30]
 //! ```
 //!
 //! Creates N cgroups with a memory limit and a CPU quota (v2, or the v1 hierarchies of a
@@ -219,7 +219,7 @@ fn poll_peer(files: Vec<PathBuf>, stop: Instant) -> u64 {
 
 fn main() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        bail!("creates cgroups: run as root (sudo -E cargo bench ...)");
+        bail!("creates cgroups: run as root");
     }
     let n = flag("--cgroups", 100);
     let secs = flag("--seconds", 30);

@@ -67,7 +67,7 @@ pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
-        "the pipeline tests run eBPF agents and create cgroups: expected root, found uid {}; run scripts/test.sh or `sudo -E cargo test`",
+        "the pipeline tests run eBPF agents and create cgroups: expected root, found uid {}; run scripts/test.sh or `cargo test` as root",
         nix::unistd::geteuid()
     );
 }

@@ -26,7 +26,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
-        "these tests create cgroups and load eBPF programs: expected to run as root, found uid {}; run scripts/test.sh or `sudo -E cargo test`",
+        "these tests create cgroups and load eBPF programs: expected to run as root, found uid {}; run scripts/test.sh or `cargo test` as root",
         nix::unistd::geteuid()
     );
 }

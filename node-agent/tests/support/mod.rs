@@ -26,7 +26,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
-        "these tests load eBPF programs and create cgroups: expected to run as root, found uid {}; run `sudo -E cargo test` or scripts/test.sh",
+        "these tests load eBPF programs and create cgroups: expected to run as root, found uid {}; run `cargo test` as root or scripts/test.sh",
         nix::unistd::geteuid()
     );
 }
