@@ -2,8 +2,12 @@
 //! on their way out when the node behaves as [`Behaviour::Oversized`]. A compromised agent
 //! is not bound to run the agent's code, so what it sends is any message gRPC carries; the
 //! shell underneath still captures, uploads and streams progress as a genuine node does.
+//!
+//! Its trigger stream can be scripted ([`WatchScript`]): the node then reports whatever
+//! fires it likes, for pods, policies and triggers it was never given.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use flamefleet_agent::service::{Agent, ProgressStream};
 use flamefleet_proto::agent::agent_service_server::AgentService;
@@ -11,7 +15,8 @@ use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::capture_summary::Kind;
 use flamefleet_proto::agent::{
     CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CaptureSummary, CollectRequest,
-    HeapProcess, HeapSummary, InfoRequest, InfoResponse, WatchRequest,
+    HeapProcess, HeapSummary, InfoRequest, InfoResponse, TriggerFired, WatchAck, WatchEvent,
+    WatchRequest, watch_event,
 };
 use futures::StreamExt as _;
 use tonic::{Request, Response, Status};
@@ -23,6 +28,35 @@ use super::{Behaviour, BehaviourCell};
 pub(crate) struct NodeService {
     pub(crate) agent: Agent,
     pub(crate) behaviour: Arc<BehaviourCell>,
+    pub(crate) watch_script: Arc<WatchScript>,
+}
+
+/// Fires a compromised node sends on its next trigger stream, once.
+#[derive(Debug, Default)]
+pub(crate) struct WatchScript {
+    fires: Mutex<Option<Vec<TriggerFired>>>,
+    sent: AtomicBool,
+}
+
+impl WatchScript {
+    pub(crate) fn set(&self, fires: Vec<TriggerFired>) {
+        self.sent.store(false, Ordering::SeqCst);
+        *self
+            .fires
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fires);
+    }
+
+    pub(crate) fn sent(&self) -> bool {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    fn take(&self) -> Option<Vec<TriggerFired>> {
+        self.fires
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
 }
 
 impl NodeService {
@@ -82,7 +116,26 @@ impl AgentService for NodeService {
         &self,
         request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        self.agent.watch(request).await
+        let Some(fires) = self.watch_script.take() else {
+            return self.agent.watch(request).await;
+        };
+        let watched = u32::try_from(request.get_ref().pods.len()).unwrap_or(u32::MAX);
+        let ack = WatchEvent {
+            event: Some(watch_event::Event::Ack(WatchAck {
+                watched,
+                refused: Vec::new(),
+            })),
+        };
+        let events = std::iter::once(ack).chain(fires.into_iter().map(|f| WatchEvent {
+            event: Some(watch_event::Event::Fired(f)),
+        }));
+        let script = Arc::clone(&self.watch_script);
+        let stream =
+            futures::stream::iter(events.map(Ok)).chain(futures::stream::once(async move {
+                script.sent.store(true, Ordering::SeqCst);
+                futures::future::pending::<Result<WatchEvent, Status>>().await
+            }));
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 

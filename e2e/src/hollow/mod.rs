@@ -38,11 +38,12 @@ use std::time::Duration;
 use flamefleet_agent::service::reporter::{CallOutcome, Outcome, Reporter, Rpc};
 use flamefleet_agent::service::upload::{UploadPolicy, Uploader};
 use flamefleet_agent::service::{Agent, Context, ServingIdentity, TlsMaterial, serve_service};
-use flamefleet_proto::agent::CaptureSummary;
+use flamefleet_proto::agent::{CaptureSummary, TriggerFired};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent_pki::AgentPki;
+use compromised::WatchScript;
 use engine::HollowEngine;
 
 /// Errors of starting a hollow fleet.
@@ -342,6 +343,7 @@ struct NodeEntry {
     name: String,
     address: SocketAddrV4,
     behaviour: Arc<BehaviourCell>,
+    watch_script: Arc<WatchScript>,
 }
 
 impl std::fmt::Debug for NodeEntry {
@@ -501,9 +503,11 @@ impl HollowFleet {
                 progress_period: config.progress_period.max(Duration::from_millis(10)),
                 shutdown: fleet.shutdown.clone(),
             });
+            let watch_script = Arc::new(WatchScript::default());
             let service = compromised::NodeService {
                 agent,
                 behaviour: behaviour.clone(),
+                watch_script: Arc::clone(&watch_script),
             };
             // The service's own shutdown token is the fleet's: serving ends with it.
             let shutdown = fleet.shutdown.clone();
@@ -520,6 +524,7 @@ impl HollowFleet {
                 name,
                 address,
                 behaviour,
+                watch_script,
             });
         }
         Ok(fleet)
@@ -591,6 +596,23 @@ impl HollowFleet {
             .get(index)
             .map(|n| n.behaviour.set(behaviour))
             .is_some()
+    }
+
+    /// Makes node `index` a compromised node on its trigger stream: the next `Watch` the
+    /// operator opens to it is answered with an acknowledgement of every pod it was given
+    /// and then `fires`, whatever they claim, after which the stream stays open and
+    /// silent. Later streams are refused as a hollow node refuses them (no triggers).
+    /// Returns false for an index outside the fleet.
+    pub fn script_watch(&self, index: usize, fires: Vec<TriggerFired>) -> bool {
+        self.nodes
+            .get(index)
+            .map(|n| n.watch_script.set(fires))
+            .is_some()
+    }
+
+    /// Whether node `index`'s scripted fires (see [`Self::script_watch`]) were sent.
+    pub fn watch_script_sent(&self, index: usize) -> bool {
+        self.nodes.get(index).is_some_and(|n| n.watch_script.sent())
     }
 
     /// The fleet's counters now.
