@@ -26,6 +26,9 @@ pub const DEFAULT_TRIGGER_DURATION: &str = "10s";
 pub const TRIGGER_LABEL: &str = "flamefleet.dev/trigger";
 /// Label of a triggered run: the UID of the pod it captures.
 pub const TRIGGER_POD_UID_LABEL: &str = "flamefleet.dev/trigger-pod-uid";
+/// Annotation of a triggered heap run: the node's id of the fire whose heap, read on the
+/// node at the fire, the run takes as its artifact (docs/triggers.md, "Memory").
+pub const TRIGGER_FIRE_ANNOTATION: &str = "flamefleet.dev/trigger-fire-id";
 
 /// One trigger: exactly one condition (`memory`, `cpu` or `pressure`), what it captures and
 /// how often it may fire.
@@ -226,6 +229,10 @@ pub struct TriggerFire {
     pub fired_at: Time,
     /// `name: condition (measured X, threshold Y)`: the REASON column.
     pub reason: String,
+    /// A memory fire: the Go heap its node read at once, before reporting it (e.g. `read
+    /// 23 ms after the fire; this run's artifact`), or why not.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub heap_at_fire: String,
 }
 
 /// What one trigger of a policy has done, in the policy's `status.triggers`.

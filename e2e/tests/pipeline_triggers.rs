@@ -8,12 +8,20 @@
 //! cooldowns lost) the operator's own cooldown turns the next fire down. A pod of another namespace that grows past
 //! the same share (and matches the policy's selector and podNames) is never watched and
 //! never captured.
+//!
+//! A Go program leaking from one function until its pod's memory limit OOM-kills it: the
+//! agent reads its heap at the fire, and that heap (not one read when the run starts) is the
+//! run's artifact.
 
 mod pipeline_support;
 
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use flamefleet_api::trigger::{TRIGGER_LABEL, TRIGGER_POD_UID_LABEL};
+use flamefleet_api::trigger::{TRIGGER_FIRE_ANNOTATION, TRIGGER_LABEL, TRIGGER_POD_UID_LABEL};
 use flamefleet_api::{ProfileRequest, RequestPhase, SamplingPolicy};
 use flamefleet_e2e::TestNamespace;
 use k8s_openapi::api::events::v1::Event;
@@ -352,4 +360,202 @@ fn max_memory_usage(pipeline: &Pipeline, pod_uid: &str) -> u64 {
         .trim()
         .parse()
         .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
+
+/// The Go leak of the agent's trigger tests (node-agent/tests/heap_workloads/gooom): 1 MiB
+/// more kept alive by `main.hoardOrders` every PAUSE until the OOM kill.
+fn go_leak() -> &'static PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../node-agent/tests/heap_workloads/gooom");
+        let dir = std::env::temp_dir().join(format!("flamefleet-e2e-gooom-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("creating the Go leak's directory");
+        let bin = dir.join("gooom");
+        let out = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&bin)
+            .arg(".")
+            .current_dir(&src)
+            .env("CGO_ENABLED", "0")
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOTOOLCHAIN", "local")
+            .output()
+            .expect("running `go build` (install Go)");
+        assert!(
+            out.status.success(),
+            "go build of {}: {}",
+            src.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        bin
+    })
+}
+
+/// The share of `inuse_space` under `function`, by `go tool pprof -top -cum`.
+fn inuse_cum_percent(file: &Path, function: &str) -> (f64, String) {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top", "-cum", "-sample_index=inuse_space"])
+        .arg(file)
+        .output()
+        .expect("running `go tool pprof` (install Go)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let top = String::from_utf8_lossy(&out.stdout).into_owned();
+    let share = top
+        .lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.len() >= 6 && cols[5..].join(" ") == function).then(|| cols[4])
+        })
+        .find_map(|c| c.trim_end_matches('%').parse().ok())
+        .unwrap_or(0.0);
+    (share, top)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_fire_hands_the_heap_it_read_to_its_run_even_after_the_oom_kill() {
+    let started = Instant::now();
+    let _serial = serial().await;
+    let leak = go_leak().clone();
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        nodes: 1,
+        ..PipelineOptions::default()
+    })
+    .await;
+    let ns = TestNamespace::create("ff-trig-go").await.unwrap();
+    // The policy first: the leak grows from its start.
+    let api: Api<SamplingPolicy> = ns.api();
+    let policy = api
+        .create(
+            &PostParams::default(),
+            &pipeline.policy(
+                "go-oom",
+                json!({
+                    "schedule": "@yearly",
+                    "template": {
+                        "type": "heap",
+                        "selector": {"matchLabels": {"app": "hoarder"}},
+                        "duration": "3s",
+                        "heap": {"source": "goruntime"},
+                    },
+                    "triggers": [{"name": "near-limit", "memory": {"aboveLimitPercent": 60}}],
+                }),
+            ),
+        )
+        .await
+        .expect("creating the SamplingPolicy");
+    let uid = policy.uid().unwrap();
+    // 1 MiB every 100 ms into 128 MiB: the trigger's 60% after ~7 s (the watch set reaches
+    // the agent within ~2 s of the pod), the OOM kill ~5 s later.
+    let pod = pipeline
+        .memory_limited_pod_running(
+            &ns,
+            "hoarder",
+            0,
+            &[("app", "hoarder")],
+            128 * MIB,
+            &leak,
+            &["100ms"],
+        )
+        .await;
+    let pod_uid = pod.uid().unwrap();
+    let ready = started.elapsed();
+
+    let fired: ProfileRequest = pipeline
+        .wait_for("a triggered run with status.trigger", TIMEOUT, || {
+            let (ns, uid) = (&ns, uid.clone());
+            async move {
+                runs(ns, &uid)
+                    .await
+                    .into_iter()
+                    .find(|r| r.status.as_ref().is_some_and(|s| s.trigger.is_some()))
+            }
+        })
+        .await;
+    let fire_seen = started.elapsed();
+    let trigger = fired.status.clone().unwrap().trigger.unwrap();
+    assert!(
+        trigger.heap_at_fire.starts_with("read on the node "),
+        "the agent read the heap at the fire: {trigger:#?}\n{}",
+        pipeline.agent_logs()
+    );
+    let fire_id = fired.annotations().get(TRIGGER_FIRE_ANNOTATION).cloned();
+    assert!(
+        fire_id.as_ref().is_some_and(|id| id.len() == 32),
+        "the run names the fire: {:?}",
+        fired.annotations()
+    );
+
+    // The leak dies by the OOM killer (SIGKILL), whenever the run captures.
+    let deadline = Instant::now() + TIMEOUT;
+    let exit = loop {
+        if let Some(exit) = pipeline.workload_exit(&pod_uid) {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leak still runs after {TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let killed_at = started.elapsed();
+    assert_eq!(
+        exit.signal(),
+        Some(libc::SIGKILL),
+        "the OOM killer ends the leak: {exit:?}"
+    );
+    let name = fired.name_any();
+    let done: ProfileRequest = pipeline
+        .wait_for("the triggered run to finish", TIMEOUT, || {
+            let api: Api<ProfileRequest> = ns.api();
+            let name = name.clone();
+            async move {
+                let r = api.get(&name).await.ok()?;
+                let phase = r.status.as_ref()?.phase?;
+                phase.is_terminal().then_some(r)
+            }
+        })
+        .await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::Succeeded),
+        "{status:#?}\n{}\n{}",
+        pipeline.operator_logs(),
+        pipeline.agent_logs()
+    );
+    let notes = status
+        .summary
+        .as_ref()
+        .map(|s| s.notes.clone())
+        .unwrap_or_default();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("heap read on the node at the trigger's fire")),
+        "the run's heap is the one read at the fire: {notes:?}"
+    );
+    let artifacts = artifacts_of(&pipeline.client, &done).await;
+    assert_eq!(artifacts.len(), 1, "{artifacts:#?}");
+    let file = pipeline.download(&done, &artifacts[0]).await;
+    let (share, top) = inuse_cum_percent(&file, "main.hoardOrders");
+    assert!(
+        share >= 80.0,
+        "main.hoardOrders holds {share}% of inuse_space:\n{top}"
+    );
+    eprintln!(
+        "triggers e2e (Go OOM): pod started at {:.1}s, fire seen {:.1}s later ({}), OOM kill \
+         seen at +{:.1}s, run finished at +{:.1}s; main.hoardOrders {share}% of inuse_space; \
+         test took {:.1}s",
+        ready.as_secs_f64(),
+        (fire_seen - ready).as_secs_f64(),
+        trigger.heap_at_fire,
+        (killed_at - ready).as_secs_f64(),
+        (started.elapsed() - ready).as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
 }

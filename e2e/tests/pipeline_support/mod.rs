@@ -854,6 +854,22 @@ impl Pipeline {
         limit_bytes: u64,
         args: &[&str],
     ) -> Pod {
+        self.memory_limited_pod_running(ns, name, node, labels, limit_bytes, workload_bin(), args)
+            .await
+    }
+
+    /// As [`Self::memory_limited_pod`], running `program` instead of the C workload.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn memory_limited_pod_running(
+        &mut self,
+        ns: &TestNamespace,
+        name: &str,
+        node: usize,
+        labels: &[(&str, &str)],
+        limit_bytes: u64,
+        program: &Path,
+        args: &[&str],
+    ) -> Pod {
         let container_id = random_hex(32);
         let mut fixture = PodFixture::new(
             name,
@@ -909,7 +925,7 @@ impl Pipeline {
             joined.push(v1_container);
         }
         let joined: Vec<&Path> = joined.iter().map(PathBuf::as_path).collect();
-        let child = workload::spawn_in_cgroups(&joined, workload_bin(), args)
+        let child = workload::spawn_in_cgroups(&joined, program, args)
             .expect("starting a workload in its cgroups");
         self.workloads.push(PodWorkload {
             pod: pod.clone(),
@@ -917,6 +933,17 @@ impl Pipeline {
             children: vec![child],
         });
         pod
+    }
+
+    /// How the workload process of pod `uid` ended, once it has (`None` while it runs).
+    pub fn workload_exit(&mut self, uid: &str) -> Option<std::process::ExitStatus> {
+        self.workloads
+            .iter_mut()
+            .find(|w| w.pod.metadata.uid.as_deref() == Some(uid))?
+            .children
+            .first_mut()?
+            .try_wait()
+            .expect("waiting for a workload")
     }
 
     /// This fixture's directory in the v1 memory hierarchy (a hybrid host); removed with it.

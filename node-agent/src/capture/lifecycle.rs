@@ -151,6 +151,21 @@ pub struct Symbolized {
     pub after_window: Option<Duration>,
 }
 
+/// The outputs of a heap profile (a capture's, or one read earlier: a memory fire's).
+pub fn finished_heap(result: heap::HeapProfile) -> Finished {
+    Finished {
+        report: result.text(),
+        summary: CaptureSummary {
+            kind: Some(Kind::Heap(result.summary())),
+            ..Default::default()
+        },
+        profile: result.profile,
+        histogram_text: None,
+        runqlat_histogram: None,
+        symbolized: Symbolized::default(),
+    }
+}
+
 /// Starts `spec` on the node's samplers (blocking: BPF loads, `/proc` walks).
 ///
 /// # Errors
@@ -373,20 +388,7 @@ impl Running {
                     },
                 })
             }
-            Engine::Heap(h) => {
-                let result = h.finish()?;
-                Ok(Finished {
-                    report: result.text(),
-                    summary: CaptureSummary {
-                        kind: Some(Kind::Heap(result.summary())),
-                        ..Default::default()
-                    },
-                    profile: result.profile,
-                    histogram_text: None,
-                    runqlat_histogram: None,
-                    symbolized: Symbolized::default(),
-                })
-            }
+            Engine::Heap(h) => Ok(finished_heap(h.finish()?)),
         }
     }
 }

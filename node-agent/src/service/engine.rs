@@ -19,6 +19,7 @@ use crate::capture::runqlat::{LatencyUnit, RunqlatOptions};
 use crate::capture::window::Window;
 use crate::capture::{CaptureTarget, Samplers};
 use crate::cgroup::CgroupRoot;
+use crate::trigger::fire_heaps::FireHeaps;
 
 /// Starts captures for the service.
 pub trait CaptureEngine: Send + Sync + 'static {
@@ -119,6 +120,62 @@ pub struct NodeEngine {
     pub cgroup_root: CgroupRoot,
     /// The node's samplers.
     pub samplers: Arc<Samplers>,
+    /// The heaps memory fires read on this node (a triggered heap run's artifact); `None`:
+    /// every heap capture reads now.
+    pub fire_heaps: Option<Arc<FireHeaps>>,
+}
+
+/// A triggered heap run served by the heap its fire read on this node: no window.
+struct FireHeapCapture(Finished);
+
+impl Window for FireHeapCapture {
+    type Error = PipelineError;
+
+    fn deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    fn next_work(&self) -> Option<Instant> {
+        None
+    }
+
+    fn work(&mut self) -> Result<(), PipelineError> {
+        Ok(())
+    }
+}
+
+impl EngineCapture for FireHeapCapture {
+    fn sampler(&self) -> Option<usize> {
+        None
+    }
+
+    fn finish(self: Box<Self>) -> Result<Finished, PipelineError> {
+        Ok(self.0)
+    }
+}
+
+impl NodeEngine {
+    /// The heap fire `request.trigger_fire_id` read on this node, as the capture's outputs,
+    /// when it is kept and belongs to one of the request's pods; why not otherwise.
+    fn fire_heap(&self, request: &CaptureRequest) -> Result<Finished, String> {
+        let id = request.trigger_fire_id.as_str();
+        let spool = self
+            .fire_heaps
+            .as_ref()
+            .ok_or_else(|| "this agent keeps no heaps of fires".to_string())?;
+        let pods: Vec<&str> = request.targets.iter().map(|t| t.pod_uid.as_str()).collect();
+        let kept = spool.get(id, &pods).map_err(|e| e.to_string())?;
+        let note = format!(
+            "heap read on the node at the trigger's fire ({} ms after it), before this run \
+             started",
+            kept.took.as_millis()
+        );
+        let mut heap = kept.heap;
+        heap.reason = format!("{note}; {}", heap.reason);
+        let mut finished = lifecycle::finished_heap(heap);
+        finished.summary.notes.push(note);
+        Ok(finished)
+    }
 }
 
 impl CaptureEngine for NodeEngine {
@@ -128,6 +185,22 @@ impl CaptureEngine for NodeEngine {
         profile_type: ProfileType,
         duration: Duration,
     ) -> Result<Box<dyn EngineCapture>, PipelineError> {
+        if profile_type == ProfileType::Heap && !request.trigger_fire_id.is_empty() {
+            // Before resolving: the pod may be dead by now (OOM-killed), its heap read
+            // before.
+            match self.fire_heap(request) {
+                Ok(finished) => {
+                    tracing::info!(
+                        uid = %request.request_uid, fire = %request.trigger_fire_id,
+                        "heap capture served by the heap read at its fire"
+                    );
+                    return Ok(Box::new(FireHeapCapture(finished)));
+                }
+                Err(why) => tracing::info!(
+                    uid = %request.request_uid, "reading the heap now: {why}"
+                ),
+            }
+        }
         let resolved = targets::resolve(&self.cgroup_root, &request.targets)
             .map_err(PipelineError::Targets)?;
         tracing::info!(

@@ -52,6 +52,7 @@ pub use self::tls::{ServingIdentity, TlsFiles, TlsMaterial};
 use self::upload::{UploadPolicy, Uploader};
 use crate::capture::{SamplerConfig, Samplers};
 use crate::cgroup::{CgroupError, CgroupRoot};
+use crate::trigger::fire_heaps::{FireHeapLimits, FireHeaps};
 
 /// Errors of starting or running the service.
 #[derive(Debug, thiserror::Error)]
@@ -226,15 +227,21 @@ impl NodeAgent {
         config.map_sizes.apply(&mut sampler_config);
         let samplers = Arc::new(Samplers::new(sampler_config));
         let metrics = Arc::new(metrics::AgentMetrics::default());
-        let watch = Arc::new(watch::NodeWatch::new(
-            cgroup_root.clone(),
-            config.triggers.clone(),
-        ));
+        let fire_heaps = Arc::new(FireHeaps::new(FireHeapLimits::default()));
+        let watch = Arc::new(
+            watch::NodeWatch::new(cgroup_root.clone(), config.triggers.clone()).with_heap_at_fire(
+                watch::HeapAtFireReader {
+                    samplers: Arc::clone(&samplers),
+                    spool: Arc::clone(&fire_heaps),
+                },
+            ),
+        );
         let agent = Agent::with_engine(Context {
             node: config.node_name.clone(),
             engine: Arc::new(NodeEngine {
                 cgroup_root,
                 samplers: Arc::clone(&samplers),
+                fire_heaps: Some(fire_heaps),
             }),
             uploader: Uploader::new(UploadPolicy::default())?,
             upload_permits: None,

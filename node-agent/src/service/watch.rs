@@ -21,14 +21,17 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, UNIX_EPOCH};
 
 use flamefleet_proto::agent::{
-    MemoryEventKind, PressureResource, TriggerFired, WatchAck, WatchEvent, WatchRequest,
-    trigger_condition, watch_event,
+    HeapAtFire, MemoryEventKind, PressureResource, TriggerFired, WatchAck, WatchEvent,
+    WatchRequest, trigger_condition, watch_event,
 };
 use futures::Stream;
 use tonic::Status;
 
-use crate::cgroup::CgroupRoot;
+use crate::capture::{Samplers, TargetLabels};
+use crate::cgroup::{Cgroup, CgroupRoot};
 use crate::trigger::files::Hierarchies;
+use crate::trigger::fire_heaps::{FireHeap, FireHeaps};
+use crate::trigger::heap_now;
 use crate::trigger::{
     Condition, Fire, MemoryEvent, PsiResource, TriggerSpec, WatchId, WatchTarget, Watcher,
     WatcherConfig,
@@ -48,6 +51,17 @@ struct Entry {
     namespace: String,
     pod_name: String,
     container: String,
+    /// The watched cgroup (a memory fire reads the heap of its processes).
+    cgroup: Cgroup,
+}
+
+/// What a memory fire reads at once, and where it keeps it for the fire's run.
+#[derive(Debug, Clone)]
+pub struct HeapAtFireReader {
+    /// The node's samplers (the Go runtime heap source reads through them).
+    pub samplers: Arc<Samplers>,
+    /// Where the heaps are kept.
+    pub spool: Arc<FireHeaps>,
 }
 
 #[derive(Default)]
@@ -69,6 +83,7 @@ pub struct NodeWatch {
     config: WatcherConfig,
     watcher: Mutex<Option<Arc<Watcher>>>,
     state: Arc<Mutex<State>>,
+    heaps: Option<HeapAtFireReader>,
     /// Fires sent to the operator.
     sent: Arc<AtomicU64>,
     /// Fires dropped: no stream, or its queue full.
@@ -97,9 +112,18 @@ impl NodeWatch {
             config,
             watcher: Mutex::new(None),
             state: Arc::default(),
+            heaps: None,
             sent: Arc::default(),
             dropped: Arc::default(),
         }
+    }
+
+    /// Memory fires read the Go heap of the cgroup that fired at once and keep it in
+    /// `reader.spool` for the fire's run (docs/triggers.md, "Memory").
+    #[must_use]
+    pub fn with_heap_at_fire(mut self, reader: HeapAtFireReader) -> Self {
+        self.heaps = Some(reader);
+        self
     }
 
     fn watcher(&self) -> Result<Arc<Watcher>, String> {
@@ -111,12 +135,27 @@ impl NodeWatch {
             .map_err(|e| e.to_string())?;
         let state = Arc::clone(&self.state);
         let (sent, dropped) = (Arc::clone(&self.sent), Arc::clone(&self.dropped));
+        let heaps = self.heaps.clone();
         std::thread::Builder::new()
             .name("trigger-fires".into())
             .spawn(move || {
                 // Ends when the watcher (the fires' sender) is dropped.
                 for fire in fires {
-                    forward(&state, &fire, &sent, &dropped);
+                    let entry = state
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .entries
+                        .get(&fire.target)
+                        .cloned();
+                    let fire_id = heaps.as_ref().map(|h| h.spool.new_id()).unwrap_or_default();
+                    // The heap first: the OOM killer does not wait for the report.
+                    let heap = match (&heaps, &entry) {
+                        (Some(reader), Some(entry)) if fire.condition.is_memory() => {
+                            Some(read_heap(reader, entry, &fire, &fire_id))
+                        }
+                        _ => None,
+                    };
+                    forward(&state, &fire, fire_id, heap, &sent, &dropped);
                 }
             })
             .map_err(|e| format!("spawning the fire forwarder: {e}"))?;
@@ -194,7 +233,7 @@ impl NodeWatch {
                     (
                         WatchTarget {
                             key,
-                            cgroup,
+                            cgroup: cgroup.clone(),
                             triggers: triggers.clone(),
                         },
                         Entry {
@@ -204,6 +243,7 @@ impl NodeWatch {
                             namespace: target.namespace.clone(),
                             pod_name: target.pod_name.clone(),
                             container: container.clone(),
+                            cgroup: cgroup.clone(),
                         },
                     ),
                 );
@@ -359,8 +399,57 @@ impl NodeWatch {
     }
 }
 
+/// Reads the Go heap of the cgroup that fired and keeps it under `fire_id`.
+fn read_heap(reader: &HeapAtFireReader, entry: &Entry, fire: &Fire, fire_id: &str) -> HeapAtFire {
+    let labels = TargetLabels {
+        namespace: entry.namespace.clone(),
+        pod: entry.pod_name.clone(),
+        container: entry.container.clone(),
+    };
+    let node = reader.samplers.config().node.clone();
+    let result = heap_now::capture_go_heap(&reader.samplers, &entry.cgroup, labels, &node);
+    let took = fire.at.elapsed().unwrap_or_default();
+    let took_ms = u32::try_from(took.as_millis()).unwrap_or(u32::MAX);
+    let kept = result.map_err(|e| e.to_string()).and_then(|now| {
+        reader.spool.keep(
+            fire_id,
+            FireHeap {
+                pod_uid: entry.pod_uid.clone(),
+                fired_at: fire.at,
+                took,
+                heap: now.profile,
+            },
+        )
+    });
+    match kept {
+        Ok(()) => {
+            tracing::info!(%fire, fire_id, took_ms, "heap read at the fire, kept for its run");
+            HeapAtFire {
+                kept: true,
+                took_ms,
+                error: String::new(),
+            }
+        }
+        Err(error) => {
+            tracing::info!(%fire, fire_id, took_ms, %error, "no heap read at the fire");
+            HeapAtFire {
+                kept: false,
+                took_ms,
+                error,
+            }
+        }
+    }
+}
+
 /// Sends `fire` to the current stream (never blocks the watcher's consumer).
-fn forward(state: &Mutex<State>, fire: &Fire, sent: &AtomicU64, dropped: &AtomicU64) {
+fn forward(
+    state: &Mutex<State>,
+    fire: &Fire,
+    fire_id: String,
+    heap_at_fire: Option<HeapAtFire>,
+    sent: &AtomicU64,
+    dropped: &AtomicU64,
+) {
     let state = state.lock().unwrap_or_else(PoisonError::into_inner);
     let (Some(entry), Some(sender)) = (state.entries.get(&fire.target), state.sender.as_ref())
     else {
@@ -386,6 +475,8 @@ fn forward(state: &Mutex<State>, fire: &Fire, sent: &AtomicU64, dropped: &Atomic
                 .at
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            fire_id,
+            heap_at_fire,
         })),
     };
     tracing::info!(%fire, "trigger fired");

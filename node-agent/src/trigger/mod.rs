@@ -11,10 +11,12 @@
 //! - [`psi`]: the kernel's PSI triggers;
 //! - [`cooldown`]: the cooldown per (cgroup, trigger) and the node's fire budget;
 //! - [`watcher`]: the one thread that waits on every watched cgroup's events and ticks;
-//! - [`heap_now`]: the heap capture a memory fire starts on the node.
+//! - [`heap_now`]: the heap capture a memory fire starts on the node;
+//! - [`fire_heaps`]: where those heaps wait for the fire's run.
 
 pub mod cooldown;
 pub mod files;
+pub mod fire_heaps;
 pub mod heap_now;
 pub mod psi;
 pub mod watcher;

@@ -599,6 +599,7 @@ pub fn cpu_request(
         targets: vec![tree.target("shop", "checkout-1", "app")],
         uploads: upload.slots(uid, &[format!("cpu-{node}.pb.gz")]),
         deadline_ms: 0,
+        trigger_fire_id: String::new(),
     }
 }
 

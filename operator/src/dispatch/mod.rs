@@ -72,6 +72,9 @@ pub struct CapturePlan {
     pub settled: BTreeMap<String, NodeOutcome>,
     /// The namespace's artifact storage quota, bytes (0: unlimited; see `store::quota`).
     pub artifact_quota: u64,
+    /// A triggered heap run: the node's id of the fire whose heap, read at the fire, the
+    /// run takes (`flamefleet.dev/trigger-fire-id`); empty otherwise.
+    pub trigger_fire_id: String,
 }
 
 /// Tunables of dispatching.

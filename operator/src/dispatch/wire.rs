@@ -113,6 +113,14 @@ pub fn capture_request(
         uploads,
         // The dispatcher sets it: it knows the grace.
         deadline_ms: 0,
+        // A triggered heap run: the heap its node read at the fire. Whoever wrote the
+        // annotation, the agent hands that heap only to a capture of the pod it was read
+        // from, and the targets are the request's own namespace's pods.
+        trigger_fire_id: if spec.profile_type == ProfileType::Heap {
+            plan.trigger_fire_id.clone()
+        } else {
+            String::new()
+        },
     };
     request.set_type(profile_type);
     request
@@ -167,6 +175,7 @@ mod tests {
             nodes: Vec::new(),
             settled: BTreeMap::new(),
             artifact_quota: 0,
+            trigger_fire_id: String::new(),
         }
     }
 
@@ -212,6 +221,7 @@ mod tests {
             nodes: Vec::new(),
             settled: BTreeMap::new(),
             artifact_quota: 0,
+            trigger_fire_id: String::new(),
         };
         let node = NodePlan {
             node: "n1".into(),

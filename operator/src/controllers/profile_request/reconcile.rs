@@ -369,10 +369,21 @@ async fn launch(
             nodes: plans,
             settled,
             artifact_quota,
+            trigger_fire_id: trigger_fire_id(&request),
         },
         table,
     );
     Ok((Action::requeue(RUNNING_RESYNC), true))
+}
+
+/// The fire whose heap a triggered heap run takes (its annotation; empty: none).
+fn trigger_fire_id(request: &ProfileRequest) -> String {
+    request
+        .annotations()
+        .get(flamefleet_api::trigger::TRIGGER_FIRE_ANNOTATION)
+        .filter(|id| id.len() <= 64)
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// Builds the session of a Running request this process has no session for (the operator
@@ -457,6 +468,7 @@ async fn resume(
             nodes: plans,
             settled,
             artifact_quota,
+            trigger_fire_id: trigger_fire_id(request),
         },
         table,
     );

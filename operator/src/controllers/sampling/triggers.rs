@@ -32,8 +32,8 @@ use flamefleet_api::policy_runs::{
     POLICY_KIND_LABEL, POLICY_NAME_LABEL, POLICY_UID_LABEL, PolicyKind, is_label_value,
 };
 use flamefleet_api::trigger::{
-    MemoryEventName, PolicyTrigger, PressureResource, TRIGGER_LABEL, TRIGGER_POD_UID_LABEL,
-    TriggerFire, TriggerStatus,
+    MemoryEventName, PolicyTrigger, PressureResource, TRIGGER_FIRE_ANNOTATION, TRIGGER_LABEL,
+    TRIGGER_POD_UID_LABEL, TriggerFire, TriggerStatus,
 };
 use flamefleet_api::{
     ClusterSamplingPolicy, ProfileRequest, ProfileType, RunReference, SamplingPolicy,
@@ -547,7 +547,35 @@ fn fire_status(fired: &pb::TriggerFired, node: &str, at: Timestamp) -> TriggerFi
         container: bounded(&fired.container, 63),
         node: node.to_string(),
         fired_at: Time(at),
+        heap_at_fire: fired
+            .heap_at_fire
+            .as_ref()
+            .map(|h| {
+                if h.kept {
+                    format!(
+                        "read on the node {} ms after the fire, before the run started",
+                        h.took_ms
+                    )
+                } else {
+                    bounded(
+                        &format!("not read ({} ms after the fire): {}", h.took_ms, h.error),
+                        300,
+                    )
+                }
+            })
+            .unwrap_or_default(),
     }
+}
+
+/// The node's id of a fire whose heap it kept, when it looks like one (32 hex digits as the
+/// agent makes them; at most 64, so a node cannot write an annotation of any size).
+fn kept_fire_id(fired: &pb::TriggerFired) -> Option<&str> {
+    let id = fired.fire_id.as_str();
+    (fired.heap_at_fire.as_ref().is_some_and(|h| h.kept)
+        && !id.is_empty()
+        && id.len() <= 64
+        && id.bytes().all(|b| b.is_ascii_hexdigit()))
+    .then_some(id)
 }
 
 /// The name of the run a fire creates: the policy, the fire's second, and a hash of the pod
@@ -576,6 +604,7 @@ pub fn triggered_request(
     pod: &str,
     pod_uid: &str,
     at: Timestamp,
+    fire_id: Option<&str>,
 ) -> ProfileRequest {
     let mut labels = policy.labels.clone();
     labels.insert(POLICY_KIND_LABEL.into(), policy.kind.as_str().to_string());
@@ -607,6 +636,13 @@ pub fn triggered_request(
     let mut request = ProfileRequest::new(&name, spec);
     request.metadata.namespace = Some(namespace.to_string());
     request.metadata.labels = Some(labels);
+    // A heap run takes the heap its node read at the fire (the agent checks the pod).
+    if let Some(id) = fire_id.filter(|_| profile_type == ProfileType::Heap) {
+        request.metadata.annotations = Some(BTreeMap::from([(
+            TRIGGER_FIRE_ANNOTATION.to_string(),
+            id.to_string(),
+        )]));
+    }
     request.metadata.owner_references = Some(vec![OwnerReference {
         api_version: format!("{}/{}", flamefleet_api::GROUP, flamefleet_api::VERSION),
         kind: policy.kind.as_str().to_string(),
@@ -778,7 +814,15 @@ async fn handle_fire(ctx: &Arc<SamplingContext>, node: &str, fired: pb::TriggerF
         write_policy_status(ctx, &policy).await;
         return;
     }
-    let request = triggered_request(&policy, &trigger, &pod.namespace, &pod.name, &pod.uid, now);
+    let request = triggered_request(
+        &policy,
+        &trigger,
+        &pod.namespace,
+        &pod.name,
+        &pod.uid,
+        now,
+        kept_fire_id(&fired),
+    );
     let name = request.name_any();
     let api: Api<ProfileRequest> = Api::namespaced(ctx.client.clone(), &pod.namespace);
     let created = match api.create(&PostParams::default(), &request).await {
@@ -1103,7 +1147,7 @@ mod tests {
         };
         let t = policy.spec.triggers[0].clone();
         let at = Timestamp::from_second(1_767_607_230).unwrap();
-        let r = triggered_request(&policy, &t, "shop", "web-1", "pod-uid", at);
+        let r = triggered_request(&policy, &t, "shop", "web-1", "pod-uid", at, Some("00ff"));
         assert_eq!(r.spec.profile_type, ProfileType::Heap);
         assert_eq!(r.spec.cpu, None);
         assert_eq!(r.spec.selector, None);
@@ -1115,6 +1159,16 @@ mod tests {
         assert_eq!(labels[TRIGGER_POD_UID_LABEL], "pod-uid");
         assert_eq!(labels[POLICY_UID_LABEL], "p-uid");
         assert_eq!(labels["team"], "a");
+        assert_eq!(r.annotations()[TRIGGER_FIRE_ANNOTATION], "00ff");
+        let cpu = PolicyTrigger {
+            capture: Some(serde_json::from_value(serde_json::json!({"type": "cpu"})).unwrap()),
+            ..t.clone()
+        };
+        let r2 = triggered_request(&policy, &cpu, "shop", "web-1", "pod-uid", at, Some("00ff"));
+        assert!(
+            !r2.annotations().contains_key(TRIGGER_FIRE_ANNOTATION),
+            "only a heap run takes the fire's heap"
+        );
         let owner = &r.owner_references()[0];
         assert_eq!(
             (owner.uid.as_str(), owner.controller),
