@@ -51,6 +51,9 @@ APT_PACKAGES=(
   busybox-static
   kmod
   xz-utils   # 6.12's modules are .ko.xz; busybox's insmod reads plain ELF
+  # the fault tier's clock step (e2e/tests/faults.rs): the node's processes see a stepped
+  # wall clock through LD_PRELOAD, this machine's clock is never touched
+  libfaketime
   # plumbing
   openssl
   git

@@ -359,6 +359,9 @@ pub struct PipelineOptions {
     /// The store's directory (default: `store` in the fixture's directory), e.g. a small
     /// volume a test fills.
     pub store_dir: Option<PathBuf>,
+    /// Environment of the processes a node runs (operator, agents, store), e.g. a faked
+    /// clock (`LD_PRELOAD` of libfaketime).
+    pub node_env: Vec<(String, String)>,
 }
 
 impl Default for PipelineOptions {
@@ -373,6 +376,7 @@ impl Default for PipelineOptions {
             operator_bin: None,
             store_process: false,
             store_dir: None,
+            node_env: Vec::new(),
         }
     }
 }
@@ -528,7 +532,8 @@ impl Pipeline {
             .arg("--cgroup-root")
             .arg(&self.cgroup_root)
             .args(["--probe-listen", &format!("127.0.0.1:{probe_port}")])
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(self.options.node_env.iter().cloned());
         let log = self.dir.path().join(format!("agent-{node}-{n}.log"));
         let (proc, mut lines) = spawn_logged_lines(
             &format!("agent {node}"),
@@ -690,7 +695,8 @@ impl Pipeline {
             .env(
                 "RUST_LOG",
                 "info,flamefleet_operator=debug,kube_lease_manager=warn",
-            );
+            )
+            .envs(self.options.node_env.iter().cloned());
         let log = self
             .dir
             .path()
@@ -727,7 +733,8 @@ impl Pipeline {
             .arg("--secret-file")
             .arg(self.store_secret())
             .args(["--listen", &format!("127.0.0.1:{}", self.store_port)])
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(self.options.node_env.iter().cloned());
         let log = self
             .dir
             .path()
