@@ -13,6 +13,7 @@
 
 pub mod admission;
 pub mod conditions;
+pub mod continuous;
 pub mod crd_yaml;
 pub mod download_seal;
 pub mod duration;

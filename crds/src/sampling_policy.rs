@@ -23,7 +23,7 @@ pub static SCHEDULE_RULE: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("self.matches(r'{}')", SCHEDULE_PATTERN.as_str()));
 
 /// The schedules accepted, in one line: the API server's answer to any other.
-pub const SCHEDULE_FORMS: &str = "schedule must be 5 cron fields (minute hour day month weekday; \"* * * * *\" is every minute), 6 with a leading seconds field, or one of @hourly @daily @weekly @monthly @yearly @annually";
+pub const SCHEDULE_FORMS: &str = "schedule must be 5 cron fields (minute hour day month weekday; \"* * * * *\" is every minute), 6 with a leading seconds field, one of @hourly @daily @weekly @monthly @yearly @annually, or @continuous (always-on: every selected pod profiled in back-to-back windows, each exported)";
 
 /// Largest `sampling.maxPods`: one run's pods are listed in `podNames` of its requests.
 pub const MAX_PODS_PER_RUN: i32 = 1000;
@@ -66,7 +66,16 @@ pub fn schedule_pattern() -> String {
     let month = format!("0?[1-9]|1[0-2]|{months}");
     let weekdays = names(&["sun", "mon", "tue", "wed", "thu", "fri", "sat"]);
     let weekday = format!("[0-7]|{weekdays}");
-    let macros = ["yearly", "annually", "monthly", "weekly", "daily", "hourly"].join("|");
+    let macros = [
+        "yearly",
+        "annually",
+        "monthly",
+        "weekly",
+        "daily",
+        "hourly",
+        "continuous",
+    ]
+    .join("|");
     format!(
         "^(@({macros})|({seconds} )?{minute} {hour} {day} {month} {weekday})$",
         seconds = field(sixty, false),
@@ -128,9 +137,15 @@ pub fn schedule_pattern() -> String {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.schedule != '@continuous' || self.template.type == 'cpu'").message("an always-on policy (schedule @continuous) profiles CPU only: template.type must be cpu")
+)]
 pub struct SamplingPolicySpec {
     /// Cron schedule in the policy's `timeZone`: five fields (`*/5 * * * *`), six with a
-    /// leading seconds field (`*/20 * * * * *`), or a macro such as `@hourly`.
+    /// leading seconds field (`*/20 * * * * *`), or a macro such as `@hourly`; or
+    /// `@continuous`: every selected pod profiled back to back in windows (the cluster's
+    /// window, by default 19 s every 20 s), each window exported over OTLP, no
+    /// ProfileRequest per window (docs/export.md, "Always-on profiling").
     #[schemars(length(min = 6, max = 256))]
     #[x_kube(validation = Rule::new(SCHEDULE_RULE.as_str()).message(SCHEDULE_FORMS))]
     pub schedule: String,
@@ -325,6 +340,9 @@ pub struct SamplingPolicyStatus {
     /// in between finishes it instead of planning another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_run: Option<PendingRun>,
+    /// What an always-on policy (`schedule: "@continuous"`) has profiled and exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuous: Option<crate::continuous::ContinuousStatus>,
     /// What each trigger has done (fires, fires turned down, pods watched).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]

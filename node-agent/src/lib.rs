@@ -8,7 +8,8 @@
 //! [`unwind`] (CFI tables for the BPF stack walker), [`gopclntab`] (Go's own function
 //! table: names, lines and unwind rows of stripped Go binaries), [`cli`] (the `capture`
 //! subcommand), [`bpf`] (generated skeletons), [`service`] (the gRPC
-//! AgentService: capture table, upload, status write-back, mTLS).
+//! AgentService: capture table, upload, status write-back, mTLS), [`continuous`] (always-on
+//! windows of the pods of continuous policies).
 //!
 //! What profiled processes own is read through [`process`], because a
 //! workload may be hostile: [`process::files`] (their files: inside their
@@ -22,6 +23,7 @@ pub mod bpf;
 pub mod capture;
 pub mod cgroup;
 pub mod cli;
+pub mod continuous;
 pub mod gopclntab;
 pub mod java;
 pub mod perf_map;

@@ -264,6 +264,45 @@ pub struct Options {
     /// jitter).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub export_max_retry_delay: Duration,
+    /// Always-on policies (`schedule: "@continuous"`): how long each window samples
+    /// (docs/export.md, "Always-on profiling").
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "19s")]
+    pub continuous_window: Duration,
+    /// Always-on policies: time from one window's start to the next (at least the window,
+    /// at most 1h).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    pub continuous_period: Duration,
+    /// Always-on policies: most pods profiled always-on on one node, all policies together;
+    /// the others are listed in their policies' status.
+    #[arg(long, default_value_t = 100)]
+    pub max_continuous_pods_per_node: usize,
+    /// Always-on policies: largest gzipped profile of one pod's window (at most 3 MiB);
+    /// a larger one is dropped and counted.
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1024..=(3 << 20)))]
+    pub continuous_max_profile_bytes: u64,
+}
+
+/// The always-on settings from the flags.
+fn continuous_settings(
+    options: &Options,
+) -> anyhow::Result<crate::controllers::sampling::continuous::ContinuousSettings> {
+    let (window, period) = (options.continuous_window, options.continuous_period);
+    if window < Duration::from_secs(1) || period < window || period > Duration::from_secs(3600) {
+        bail!(
+            "--continuous-window must be at least 1s and --continuous-period from the window to 1h; found {} and {}",
+            humantime::format_duration(window),
+            humantime::format_duration(period)
+        );
+    }
+    Ok(
+        crate::controllers::sampling::continuous::ContinuousSettings {
+            window,
+            period,
+            max_profile_bytes: options.continuous_max_profile_bytes,
+            max_pods_per_node: options.max_continuous_pods_per_node.max(1),
+            max_cpu_frequency_hz: options.max_cpu_frequency_hz,
+        },
+    )
 }
 
 /// The export settings from the flags; `None` without --export-otlp-endpoint.
@@ -492,6 +531,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let store = open_store(&options, &client, store_ca.clone()).await?;
     // Checked before leading, so a bad export configuration fails the start, not later.
     let export = export_settings(&options)?;
+    let continuous = continuous_settings(&options)?;
     let connector = match (&ca, &options.tls_ca, &options.tls_cert, &options.tls_key) {
         (Some(ca), ..) => AgentConnector::from_ca(ca.clone(), options.agent_connect_timeout)?,
         (None, Some(ca), Some(cert), Some(key)) => {
@@ -585,7 +625,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         client.clone(),
         options.agent_namespace.clone(),
     ));
-    if let Some(exporter) = exporter {
+    if let Some(exporter) = exporter.clone() {
         dispatcher = dispatcher.with_exporter(exporter);
     }
     let dispatcher = Arc::new(dispatcher);
@@ -611,7 +651,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         profiled: std::sync::Mutex::new(Default::default()),
         recorder: recorder.clone(),
         metrics: metrics.clone(),
-        triggers: sampling::triggers::TriggerHub::new(connector),
+        triggers: sampling::triggers::TriggerHub::new(connector.clone()),
+        continuous: sampling::continuous::ContinuousHub::new(connector, continuous, exporter),
     });
     let context = Arc::new(Context {
         limits: TenantLimits {

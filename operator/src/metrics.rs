@@ -90,6 +90,7 @@ pub struct Metrics {
     export_queue: Gauge,
     trigger_fires: Family<TriggerLabels, Counter>,
     trigger_streams: Gauge,
+    continuous_windows: Family<TriggerLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -152,6 +153,12 @@ impl Metrics {
         let slice_writes = Counter::default();
         let trigger_fires = Family::<TriggerLabels, Counter>::default();
         let trigger_streams = Gauge::default();
+        let continuous_windows = Family::<TriggerLabels, Counter>::default();
+        registry.register(
+            "continuous_windows",
+            "Always-on windows (one pod's) sent by agents, by what became of them",
+            continuous_windows.clone(),
+        );
         registry.register(
             "trigger_fires",
             "Trigger fires reported by agents, by what became of them",
@@ -266,7 +273,17 @@ impl Metrics {
             export_queue,
             trigger_fires,
             trigger_streams,
+            continuous_windows,
         }
+    }
+
+    /// Counts an always-on window by what became of it (`Queued`, `Empty`, `NotAsked`, ...).
+    pub fn continuous_window(&self, outcome: &str) {
+        self.continuous_windows
+            .get_or_create(&TriggerLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     /// Counts an artifact exported.

@@ -12,6 +12,8 @@
 //!   deduplicated exactly, each part's samples labelled with where it came from.
 //! - `otlp` (feature `otlp`): to OpenTelemetry profiles (OTLP) and back, losslessly.
 //! - [`read`]: strings, sample types, totals and stacks of a decoded profile.
+//! - [`split`](mod@split): one profile into parts by a key of each sample (a node's window into
+//!   one profile per pod), each part with only the table entries it uses.
 //!
 //! Written here rather than taken from a crate: the `pprof` crate (pprof-rs) builds profiles
 //! of its own process only and brings its own generated types and a signal-based sampler;
@@ -25,12 +27,14 @@ pub mod merge;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 pub mod read;
+pub mod split;
 pub mod validate;
 
 pub use builder::{Frame, FrameLine, Label, MappingInfo, ProfileBuilder, nanos_per_sample};
 pub use codec::{DecodeLimits, decode, decode_with, encode_gzip};
 pub use merge::{LabelledProfile, Window, merge};
 pub use read::{Frames, allocation_count, sample_types, string, value_total};
+pub use split::split;
 pub use validate::validate;
 
 /// The generated `perftools.profiles` messages (from `flamefleet-proto`).

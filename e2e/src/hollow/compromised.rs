@@ -15,8 +15,8 @@ use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::capture_summary::Kind;
 use flamefleet_proto::agent::{
     CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CaptureSummary, CollectRequest,
-    HeapProcess, HeapSummary, InfoRequest, InfoResponse, TriggerFired, WatchAck, WatchEvent,
-    WatchRequest, watch_event,
+    ContinuousRequest, HeapProcess, HeapSummary, InfoRequest, InfoResponse, TriggerFired, WatchAck,
+    WatchEvent, WatchRequest, watch_event,
 };
 use futures::StreamExt as _;
 use tonic::{Request, Response, Status};
@@ -136,6 +136,15 @@ impl AgentService for NodeService {
                 futures::future::pending::<Result<WatchEvent, Status>>().await
             }));
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    type ContinuousStream = <Agent as AgentService>::ContinuousStream;
+
+    async fn continuous(
+        &self,
+        request: Request<ContinuousRequest>,
+    ) -> Result<Response<Self::ContinuousStream>, Status> {
+        self.agent.continuous(request).await
     }
 }
 

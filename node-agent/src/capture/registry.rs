@@ -160,6 +160,16 @@ impl Samplers {
         }
     }
 
+    /// A registry with no sampler running yet, whose samplers feed `catalog` (one the node's
+    /// own registry shares: the always-on windows' samplers, [`crate::continuous`]).
+    pub fn with_catalog(config: SamplerConfig, catalog: ProcessCatalog) -> Self {
+        Self {
+            config,
+            catalog,
+            ..Self::default()
+        }
+    }
+
     /// Settings the samplers are created with.
     pub fn config(&self) -> &SamplerConfig {
         &self.config

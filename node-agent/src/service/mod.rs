@@ -15,6 +15,7 @@
 //! cannot forge another node's result).
 
 pub mod captures;
+pub mod continuous;
 pub mod engine;
 mod error;
 pub mod identity;
@@ -36,8 +37,8 @@ use std::sync::Arc;
 use flamefleet_proto::agent::agent_service_server::{AgentService, AgentServiceServer};
 use flamefleet_proto::agent::capture_progress::Stage;
 use flamefleet_proto::agent::{
-    CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CollectRequest, InfoRequest,
-    InfoResponse, WatchEvent, WatchRequest,
+    CancelRequest, CancelResponse, CaptureProgress, CaptureRequest, CollectRequest,
+    ContinuousEvent, ContinuousRequest, InfoRequest, InfoResponse, WatchEvent, WatchRequest,
 };
 use futures::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
@@ -163,6 +164,8 @@ pub struct Agent {
     probes: Arc<ProbeState>,
     /// The node's triggers (`Watch`); `None`: this agent watches nothing.
     watch: Option<Arc<watch::NodeWatch>>,
+    /// The node's always-on profiling (`Continuous`); `None`: this agent does none.
+    continuous: Option<Arc<crate::continuous::Continuous>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -207,6 +210,7 @@ struct NodeAgent {
     samplers: Arc<Samplers>,
     metrics: Arc<metrics::AgentMetrics>,
     watch: Arc<watch::NodeWatch>,
+    continuous: Arc<crate::continuous::Continuous>,
 }
 
 impl NodeAgent {
@@ -225,7 +229,12 @@ impl NodeAgent {
             ..SamplerConfig::default()
         };
         config.map_sizes.apply(&mut sampler_config);
-        let samplers = Arc::new(Samplers::new(sampler_config));
+        let samplers = Arc::new(Samplers::new(sampler_config.clone()));
+        let continuous = crate::continuous::Continuous::new(
+            cgroup_root.clone(),
+            sampler_config,
+            samplers.catalog().clone(),
+        );
         let metrics = Arc::new(metrics::AgentMetrics::default());
         let fire_heaps = Arc::new(FireHeaps::new(FireHeapLimits::default()));
         let watch = Arc::new(
@@ -249,12 +258,14 @@ impl NodeAgent {
             progress_period: pipeline::PROGRESS_PERIOD,
             shutdown: tokio_util::sync::CancellationToken::new(),
         })
-        .with_watch(Arc::clone(&watch));
+        .with_watch(Arc::clone(&watch))
+        .with_continuous(Arc::clone(&continuous));
         Ok(Self {
             agent,
             samplers,
             metrics,
             watch,
+            continuous,
         })
     }
 }
@@ -267,7 +278,15 @@ impl Agent {
             table: Arc::new(CaptureTable::new(CacheLimits::default())),
             probes: ProbeState::new("starting"),
             watch: None,
+            continuous: None,
         }
+    }
+
+    /// Serves `Continuous` with `continuous` (the node's always-on profiling).
+    #[must_use]
+    pub fn with_continuous(mut self, continuous: Arc<crate::continuous::Continuous>) -> Self {
+        self.continuous = Some(continuous);
+        self
     }
 
     /// Serves `Watch` with `watch` (the node's trigger watcher).
@@ -459,6 +478,27 @@ impl AgentService for Agent {
             watch, session, ack, rx,
         ))))
     }
+
+    type ContinuousStream = Pin<Box<dyn Stream<Item = Result<ContinuousEvent, Status>> + Send>>;
+
+    async fn continuous(
+        &self,
+        request: Request<ContinuousRequest>,
+    ) -> Result<Response<Self::ContinuousStream>, Status> {
+        let Some(continuous) = self.continuous.clone() else {
+            return Err(Status::unimplemented(format!(
+                "the agent of node {} does no always-on profiling (a capture-only agent)",
+                self.ctx.node
+            )));
+        };
+        let req = request.into_inner();
+        let pods = req.pods.len();
+        let (session, ack, rx) = continuous.replace(&req).map_err(Status::invalid_argument)?;
+        tracing::info!(session, pods, "always-on set replaced");
+        Ok(Response::new(Box::pin(continuous::ContinuousStream::new(
+            continuous, session, ack, rx,
+        ))))
+    }
 }
 
 /// How long a client may take to complete the TLS handshake.
@@ -490,6 +530,7 @@ pub async fn serve(
         samplers,
         metrics,
         watch,
+        continuous,
     } = NodeAgent::new(&config)?;
     // What this node's kernel offers and what each engine runs with (also on /metrics).
     tracing::info!(
@@ -501,6 +542,7 @@ pub async fn serve(
     probes.set_health_check(Box::new(move || health.health()));
     probes.set_metrics(metrics, samplers);
     probes.set_trigger_metrics(watch);
+    probes.set_continuous_metrics(continuous);
     if let Some(listen) = config.probe_listen {
         let bound = probes::spawn(listen, Arc::clone(&probes)).await?;
         println!("probes on {bound}");

@@ -37,6 +37,7 @@ pub struct ProbeState {
     health: std::sync::OnceLock<HealthCheck>,
     counters: std::sync::OnceLock<(Arc<AgentMetrics>, Arc<Samplers>)>,
     triggers: std::sync::OnceLock<Arc<super::watch::NodeWatch>>,
+    continuous: std::sync::OnceLock<Arc<crate::continuous::Continuous>>,
 }
 
 impl std::fmt::Debug for ProbeState {
@@ -79,6 +80,11 @@ impl ProbeState {
     /// ignored).
     pub fn set_trigger_metrics(&self, watch: Arc<super::watch::NodeWatch>) {
         let _ = self.triggers.set(watch);
+    }
+
+    /// Adds the always-on windows' counters to `/metrics`.
+    pub fn set_continuous_metrics(&self, continuous: Arc<crate::continuous::Continuous>) {
+        let _ = self.continuous.set(continuous);
     }
 
     /// Marks the gRPC server as serving (or not).
@@ -193,6 +199,9 @@ async fn metrics(State(state): State<Arc<ProbeState>>) -> String {
     }
     if let Some(watch) = state.triggers.get() {
         text.push_str(&watch.render_metrics());
+    }
+    if let Some(continuous) = state.continuous.get() {
+        text.push_str(&continuous.render_metrics());
     }
     text
 }

@@ -65,13 +65,86 @@ pub struct ExportSettings {
     pub max_artifact_bytes: u64,
 }
 
-/// One node's finished capture, to be exported.
+/// One profile of an export job.
+#[derive(Debug, Clone)]
+pub enum ExportItem {
+    /// A verified artifact in the store (key, SHA-256 recorded when verified), read back
+    /// when its turn comes.
+    Stored(ArtifactKey, Sha256Digest),
+    /// An always-on window's gzipped pprof, held in memory (it is in no store): `name`
+    /// for logs.
+    Window {
+        /// e.g. `shop/web-0@1764390000000`.
+        name: String,
+        /// The gzipped pprof, as the agent sent it (at most its set's limit).
+        pprof: Arc<Vec<u8>>,
+    },
+}
+
+impl std::fmt::Display for ExportItem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stored(key, _) => key.fmt(f),
+            Self::Window { name, .. } => write!(f, "window {name}"),
+        }
+    }
+}
+
+/// What became of the exports of one source (an always-on policy's windows), for its
+/// status: counted as the worker gets to them.
+#[derive(Debug, Default)]
+pub struct ExportTally {
+    /// Profiles exported.
+    pub exported: std::sync::atomic::AtomicU64,
+    /// Profiles dropped (refused by the queue, rejected, retries exhausted, invalid).
+    pub dropped: std::sync::atomic::AtomicU64,
+    /// Profiles waiting in the queue.
+    pub queued: std::sync::atomic::AtomicU64,
+    /// The last drop's reason, and when the last export succeeded.
+    pub last: Mutex<TallyTimes>,
+}
+
+/// See [`ExportTally::last`].
+#[derive(Debug, Default, Clone)]
+pub struct TallyTimes {
+    /// Why the last dropped profile was dropped.
+    pub error: String,
+    /// When the last profile was exported.
+    pub exported_at: Option<jiff::Timestamp>,
+}
+
+impl ExportTally {
+    fn exported(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.exported.fetch_add(1, Relaxed);
+        self.lock().exported_at = Some(jiff::Timestamp::now());
+    }
+
+    fn dropped(&self, n: u64, reason: &str, message: &str) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.dropped.fetch_add(n, Relaxed);
+        self.lock().error = crate::events::truncated(&format!("{reason}: {message}"), 300);
+    }
+
+    /// Counts a profile dropped before it reached the queue (e.g. too large at its source).
+    pub fn dropped_without_queue(&self, reason: &str, message: &str) {
+        self.dropped(1, reason, message);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TallyTimes> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One node's finished capture (or one pod's always-on window), to be exported.
 #[derive(Debug, Clone)]
 pub struct ExportJob {
     /// Who and where, for the resource attributes.
     pub context: CaptureContext,
-    /// The pprof artifacts (store key, SHA-256 recorded when verified).
-    pub artifacts: Vec<(ArtifactKey, Sha256Digest)>,
+    /// The pprof profiles.
+    pub artifacts: Vec<ExportItem>,
+    /// Where what becomes of them is counted, besides `/metrics`.
+    pub tally: Vec<Arc<ExportTally>>,
 }
 
 impl ExportJob {
@@ -83,25 +156,36 @@ impl ExportJob {
         pods: &[crate::pods::target::TargetPod],
         artifacts: &[Artifact],
     ) -> Option<Self> {
-        let artifacts: Vec<(ArtifactKey, Sha256Digest)> = artifacts
+        let artifacts: Vec<ExportItem> = artifacts
             .iter()
             .filter(|a| a.sample_type.is_some())
             .filter_map(|a| {
                 let key = request.artifact(a.name.clone()).ok()?;
                 let sha = a.sha256.as_deref()?.parse().ok()?;
-                Some((key, sha))
+                Some(ExportItem::Stored(key, sha))
             })
             .collect();
         (!artifacts.is_empty()).then(|| Self {
             context: CaptureContext {
                 namespace: request.namespace().to_owned(),
                 request: request.name().to_owned(),
+                policy: String::new(),
                 node: node.to_owned(),
                 pods: pods.iter().map(resource::ExportedPod::from).collect(),
             },
             artifacts,
+            tally: Vec::new(),
         })
     }
+}
+
+/// The OTLP profile ID of a window: the first 16 bytes of its SHA-256.
+fn window_id(pprof: &[u8]) -> [u8; 16] {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(pprof);
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest[..16]);
+    id
 }
 
 /// A job in the queue, with how far its export got.
@@ -166,6 +250,7 @@ impl Exporter {
     pub fn submit(&self, job: ExportJob) {
         let namespace = job.context.namespace.clone();
         let artifacts = job.artifacts.len() as u64;
+        let tally = job.tally.clone();
         let pending = Pending {
             job,
             done: 0,
@@ -180,8 +265,21 @@ impl Exporter {
             pushed
         };
         match pushed {
-            Ok(()) => self.wake.notify_one(),
+            Ok(()) => {
+                for t in &tally {
+                    t.queued
+                        .fetch_add(artifacts, std::sync::atomic::Ordering::Relaxed);
+                }
+                self.wake.notify_one();
+            }
             Err(refused) => {
+                for t in &tally {
+                    t.dropped(
+                        artifacts,
+                        refused.reason(),
+                        "the export queue was full for this namespace or the cluster",
+                    );
+                }
                 tracing::warn!(
                     %namespace,
                     reason = refused.reason(),
@@ -222,21 +320,18 @@ impl Exporter {
             if let Some(at) = pending.retry_at.take() {
                 tokio::time::sleep_until(at.into()).await;
             }
-            while let Some((key, sha256)) = pending.job.artifacts.get(pending.done).cloned() {
+            while let Some(key) = pending.job.artifacts.get(pending.done).cloned() {
                 let outcome = self
-                    .export_artifact(
-                        &sink,
-                        store.as_ref(),
-                        &settings,
-                        &pending.job.context,
-                        &key,
-                        sha256,
-                    )
+                    .export_artifact(&sink, store.as_ref(), &settings, &pending.job.context, &key)
                     .await;
                 let (reason, message) = match outcome {
                     Ok(()) => {
                         tracing::debug!(%key, "exported");
                         self.metrics.export_exported();
+                        for t in &pending.job.tally {
+                            t.queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                            t.exported();
+                        }
                         pending.done += 1;
                         pending.attempt = 0;
                         pending.first_failure = None;
@@ -262,6 +357,10 @@ impl Exporter {
                 };
                 tracing::warn!(%key, reason, "export dropped: {message}");
                 self.metrics.export_dropped(reason, 1);
+                for t in &pending.job.tally {
+                    t.queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                    t.dropped(1, reason, &message);
+                }
                 pending.done += 1;
                 pending.attempt = 0;
                 pending.first_failure = None;
@@ -276,9 +375,16 @@ impl Exporter {
         store: &dyn ArtifactStore,
         settings: &ExportSettings,
         context: &CaptureContext,
-        key: &ArtifactKey,
-        sha256: Sha256Digest,
+        item: &ExportItem,
     ) -> Result<(), Failure> {
+        let (key, sha256) = match item {
+            ExportItem::Stored(key, sha256) => (key, *sha256),
+            ExportItem::Window { pprof, .. } => {
+                return self
+                    .export_bytes(sink, context, pprof, window_id(pprof))
+                    .await;
+            }
+        };
         let body = match store.read(key, settings.max_artifact_bytes).await {
             Ok((body, digest)) if digest.sha256 == sha256 => body,
             Ok(_) => {
@@ -298,15 +404,25 @@ impl Exporter {
             }
             Err(e) => return Err(Failure::Transient(e.to_string())),
         };
+        let mut profile_id = [0u8; 16];
+        profile_id.copy_from_slice(&sha256.as_bytes()[..16]);
+        self.export_bytes(sink, context, &body, profile_id).await
+    }
+
+    /// Converts and sends one gzipped (or plain) pprof.
+    async fn export_bytes(
+        &self,
+        sink: &Sink,
+        context: &CaptureContext,
+        body: &[u8],
+        profile_id: [u8; 16],
+    ) -> Result<(), Failure> {
         let limits = DecodeLimits {
             max_decompressed_bytes: DECODE_BUDGET,
             max_kept_bytes: DECODE_BUDGET,
         };
         let invalid = |e: flamefleet_pprof::Error| Failure::Drop("invalid_profile", e.to_string());
-        let profile = flamefleet_pprof::decode_with(&body, &limits).map_err(invalid)?;
-        drop(body);
-        let mut profile_id = [0u8; 16];
-        profile_id.copy_from_slice(&sha256.as_bytes()[..16]);
+        let profile = flamefleet_pprof::decode_with(body, &limits).map_err(invalid)?;
         let options = Options {
             scope_name: "flamefleet".into(),
             scope_version: env!("CARGO_PKG_VERSION").into(),
@@ -322,7 +438,7 @@ impl Exporter {
         match sink.send(request).await {
             Ok(None) => Ok(()),
             Ok(Some((rejected, message))) => {
-                tracing::warn!(%key, rejected, "the export endpoint rejected part of the profiles: {message}");
+                tracing::warn!(request = %context.request, policy = %context.policy, rejected, "the export endpoint rejected part of the profiles: {message}");
                 Ok(())
             }
             Err(SendError::Permanent(e)) => Err(Failure::Drop("rejected", e)),

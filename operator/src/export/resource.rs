@@ -46,8 +46,11 @@ impl From<&TargetPod> for ExportedPod {
 pub struct CaptureContext {
     /// The request's namespace.
     pub namespace: String,
-    /// The request's name.
+    /// The request's name; empty for an always-on window, which has none.
     pub request: String,
+    /// The always-on policy a window comes from (`namespace/name` of a SamplingPolicy, the
+    /// name of a ClusterSamplingPolicy); empty for a capture.
+    pub policy: String,
     /// The node.
     pub node: String,
     /// The request's pods on that node.
@@ -70,8 +73,13 @@ pub fn attributes(context: &CaptureContext, owner: &Owner) -> Vec<KeyValue> {
         string("k8s.namespace.name", &context.namespace),
         string("service.namespace", &context.namespace),
         string("k8s.node.name", &context.node),
-        string("flamefleet.request.name", &context.request),
     ];
+    if !context.request.is_empty() {
+        out.push(string("flamefleet.request.name", &context.request));
+    }
+    if !context.policy.is_empty() {
+        out.push(string("flamefleet.policy.name", &context.policy));
+    }
     let pod = context.pods.iter().find(|p| {
         owner.namespace.as_deref() == Some(context.namespace.as_str())
             && owner.pod.as_deref() == Some(p.name.as_str())
@@ -127,6 +135,7 @@ mod tests {
             })
         };
         CaptureContext {
+            policy: String::new(),
             namespace: "shop".into(),
             request: "checkout-cpu".into(),
             node: "n1".into(),

@@ -13,6 +13,7 @@
 //! - [`policy`]: the reconciler tying them together, with the run's coverage and status.
 
 pub mod budget;
+pub mod continuous;
 pub mod fleet;
 pub mod history;
 pub mod policy;
@@ -85,6 +86,8 @@ pub struct SamplingContext {
     pub metrics: Arc<Metrics>,
     /// The policies' triggers: the agents' watch sets, cooldowns and counters.
     pub triggers: triggers::TriggerHub,
+    /// The always-on policies: the agents' always-on sets, coverage and export counters.
+    pub continuous: continuous::ContinuousHub,
 }
 
 impl super::ControllerContext for SamplingContext {
@@ -210,6 +213,7 @@ pub async fn run(
     futures::join!(
         run_kind::<SamplingPolicy>(context.clone(), selector.clone(), shutdown.clone()),
         run_kind::<ClusterSamplingPolicy>(context.clone(), selector, shutdown.clone()),
-        triggers::TriggerHub::run(context, shutdown),
+        triggers::TriggerHub::run(context.clone(), shutdown.clone()),
+        continuous::ContinuousHub::run(context, shutdown),
     );
 }

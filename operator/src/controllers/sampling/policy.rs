@@ -190,6 +190,7 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
         );
         status.next_schedule_time = None;
         ctx.triggers.register(&uid, None, &[]);
+        ctx.continuous.register(&uid, None);
         if status != before {
             write_status(api, &current, &status).await?;
         }
@@ -227,6 +228,12 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
     ctx.triggers
         .register(&uid, registered(&current, &spec, &uid)?, &status.triggers);
     status.triggers = ctx.triggers.status_of(&uid, &spec.triggers);
+
+    if flamefleet_api::continuous::is_continuous(&spec.schedule) {
+        return apply_continuous(ctx, api, &current, &spec, &uid, status).await;
+    }
+    ctx.continuous.register(&uid, None);
+    status.continuous = None;
 
     let schedule = match schedule::parse(&spec.schedule, spec.time_zone.as_deref(), now) {
         Ok(s) => {
@@ -868,6 +875,7 @@ async fn cleanup<P: Policy>(policy: Arc<P>, ctx: &SamplingContext) -> Result<Act
         .remove(&uid);
     ctx.ledger.forget_policy(&uid);
     ctx.triggers.forget(&uid);
+    ctx.continuous.forget(&uid);
     tracing::info!(runs = runs.items.len(), "deleted the policy's runs");
     Ok(Action::await_change())
 }
@@ -895,6 +903,119 @@ fn record_profiled(ctx: &SamplingContext, uid: &str, runs: &[Arc<ProfileRequest>
             );
         }
     }
+}
+
+/// How often an always-on policy's status is refreshed (coverage, windows, export health).
+const CONTINUOUS_STATUS_PERIOD: Duration = Duration::from_secs(10);
+/// Condition of an always-on policy: its pods are profiled (or why not).
+pub const CONDITION_CONTINUOUS: &str = "Continuous";
+
+/// An always-on policy (`schedule: "@continuous"`): registered with the continuous hub,
+/// which profiles its pods in windows on their agents (no runs); its status says what the
+/// windows did. Looked at again every [`CONTINUOUS_STATUS_PERIOD`].
+async fn apply_continuous<P: Policy>(
+    ctx: &SamplingContext,
+    api: &Api<P>,
+    current: &P,
+    spec: &flamefleet_api::SamplingPolicySpec,
+    uid: &str,
+    mut status: SamplingPolicyStatus,
+) -> Result<Action> {
+    let generation = current.meta().generation;
+    let now = ctx.now();
+    let hub = &ctx.continuous;
+    let frequency = spec
+        .template
+        .cpu
+        .as_ref()
+        .map_or(DEFAULT_POLICY_FREQUENCY_HZ, |c| c.frequency_hz);
+    let max = hub.settings().max_cpu_frequency_hz;
+    let refusal = if spec.suspend == Some(true) {
+        Some(("Suspended", "suspended: no pod is profiled".to_string()))
+    } else if spec.template.profile_type != ProfileType::Cpu {
+        Some((
+            "NotCpu",
+            "an always-on policy profiles CPU only: template.type must be cpu".to_string(),
+        ))
+    } else if frequency > max {
+        Some((
+            "FrequencyTooHigh",
+            format!(
+                "template.cpu.frequencyHz {frequency} is above the cluster's limit of {max} Hz (set by the cluster admin with the operator's --max-cpu-frequency-hz)"
+            ),
+        ))
+    } else if spec.template.export == Some(false) {
+        Some((
+            "ExportDisabled",
+            "template.export is false: always-on windows exist only to be exported, so none is taken".to_string(),
+        ))
+    } else if !hub.exports() {
+        Some((
+            "NoExportSink",
+            "the cluster has no export endpoint (the operator's --export-otlp-endpoint, chart value export.otlp.endpoint): always-on windows exist only to be exported, so none is taken".to_string(),
+        ))
+    } else {
+        None
+    };
+    let registered = match &refusal {
+        Some(_) => None,
+        None => Some(super::continuous::Registered {
+            kind: P::KIND,
+            name: current.name_any(),
+            namespace: current.meta().namespace.clone(),
+            uid: uid.to_string(),
+            spec: spec.clone(),
+            scope: scope_of(current)?,
+            frequency_hz: u32::try_from(frequency).unwrap_or(1).max(1),
+        }),
+    };
+    hub.register(uid, registered);
+    set_condition(
+        &mut status.conditions,
+        new_condition(
+            CONDITION_SCHEDULE_VALID,
+            true,
+            "Continuous",
+            format!(
+                "always-on: windows of {} every {}, at {frequency} Hz",
+                humantime::format_duration(hub.settings().window),
+                humantime::format_duration(hub.settings().period)
+            ),
+            generation,
+            Time(now),
+        ),
+    );
+    let (reason, message) = refusal.clone().unwrap_or((
+        "Profiling",
+        "every selected pod is profiled in windows, each exported".to_string(),
+    ));
+    set_condition(
+        &mut status.conditions,
+        new_condition(
+            CONDITION_CONTINUOUS,
+            refusal.is_none(),
+            reason,
+            message,
+            generation,
+            Time(now),
+        ),
+    );
+    status.next_schedule_time = None;
+    status.pending_run = None;
+    let (continuous, matching, covered) = hub.status_of(uid);
+    let mut coverage = status.coverage.clone().unwrap_or_default();
+    coverage.matching_pods = i64::try_from(matching).unwrap_or(i64::MAX);
+    coverage.covered_pods = i64::try_from(covered).unwrap_or(i64::MAX);
+    coverage.summary = match (covered * 100).checked_div(matching) {
+        Some(percent) => format!("{covered}/{matching} ({percent}%)"),
+        None => "0/0".into(),
+    };
+    status.coverage = Some(coverage);
+    status.continuous = Some(continuous);
+    if current.policy_status() != Some(&status) {
+        write_status(api, current, &status).await?;
+    }
+    Ok(Action::requeue(CONTINUOUS_STATUS_PERIOD))
 }
 
 /// Coverage: of the eligible pods now, those profiled since the start of the last full
