@@ -109,6 +109,18 @@ pub fn is_label_value(value: &str) -> bool {
 /// Default `startingDeadlineSeconds`: how late after its scheduled time a run may start.
 pub const DEFAULT_STARTING_DEADLINE_SECONDS: i64 = 300;
 
+/// The time (Unix seconds) a run belongs to: its scheduled time, or a triggered run's fire
+/// (`status.trigger.firedAt`).
+pub fn run_second(run: &ProfileRequest) -> Option<i64> {
+    scheduled_second(run).or_else(|| {
+        run.status
+            .as_ref()?
+            .trigger
+            .as_ref()
+            .map(|t| t.fired_at.0.as_second())
+    })
+}
+
 /// The scheduled time (Unix seconds) of a run, from its label.
 pub fn scheduled_second(run: &ProfileRequest) -> Option<i64> {
     run.labels().get(SCHEDULED_TIME_LABEL)?.parse().ok()
@@ -137,6 +149,8 @@ pub struct RunIdentity {
     pub reached: Option<i64>,
     /// The policy's starting deadline, seconds.
     pub deadline_seconds: i64,
+    /// The names of the policy's triggers (their runs: [`Self::why_not_triggered`]).
+    pub triggers: Vec<String>,
 }
 
 impl RunIdentity {
@@ -167,6 +181,7 @@ impl RunIdentity {
                 .starting_deadline_seconds
                 .filter(|s| *s >= 0)
                 .unwrap_or(DEFAULT_STARTING_DEADLINE_SECONDS),
+            triggers: spec.triggers.iter().map(|t| t.name.clone()).collect(),
         }
     }
 
@@ -183,8 +198,16 @@ impl RunIdentity {
             .partition(|r| self.recognises(r.borrow()))
     }
 
-    /// Why `request` is not one of the policy's runs (`None`: it is).
-    pub fn why_not(&self, request: &ProfileRequest) -> Option<&'static str> {
+    /// Splits `requests` into the policy's scheduled and triggered runs and the others.
+    pub fn partition_all<R: Borrow<ProfileRequest>>(&self, requests: Vec<R>) -> (Vec<R>, Vec<R>) {
+        requests.into_iter().partition(|r| {
+            let r = r.borrow();
+            self.recognises(r) || self.why_not_triggered(r).is_none()
+        })
+    }
+
+    /// Why `request` is not owned by the policy in a namespace it samples (`None`: it is).
+    fn why_not_owned(&self, request: &ProfileRequest) -> Option<&'static str> {
         let owned = request.owner_references().iter().any(|o| {
             o.controller == Some(true)
                 && o.uid == self.uid
@@ -201,6 +224,56 @@ impl RunIdentity {
             .is_some_and(|set| !set.contains(&namespace))
         {
             return Some("not in a namespace the policy samples");
+        }
+        None
+    }
+
+    /// Why `request` is not a run one of the policy's triggers created (`None`: it is). A
+    /// triggered run has no scheduled time; what a tenant cannot choose is its
+    /// `status.trigger` (the operator alone writes a request's status): it must name one of
+    /// the policy's triggers, the run's name must be the one the operator gives the run of
+    /// that fire (policy, fire second, pod and trigger), and the API server's
+    /// `creationTimestamp` must fall near the fire.
+    pub fn why_not_triggered(&self, request: &ProfileRequest) -> Option<&'static str> {
+        if let Some(why) = self.why_not_owned(request) {
+            return Some(why);
+        }
+        let labels = request.labels();
+        let Some(trigger) = labels.get(crate::trigger::TRIGGER_LABEL) else {
+            return Some("no trigger label");
+        };
+        if !self.triggers.contains(trigger) {
+            return Some("not a trigger of the policy");
+        }
+        let Some(fire) = request.status.as_ref().and_then(|s| s.trigger.as_ref()) else {
+            return Some("no status.trigger");
+        };
+        if &fire.name != trigger {
+            return Some("status.trigger names another trigger");
+        }
+        let Some(pod_uid) = labels.get(crate::trigger::TRIGGER_POD_UID_LABEL) else {
+            return Some("no trigger pod label");
+        };
+        let fired = fire.fired_at.0.as_second();
+        if crate::trigger::trigger_run_name(&self.name, trigger, pod_uid, fired)
+            != request.name_any()
+        {
+            return Some("not the name of the policy's run of that fire");
+        }
+        let Some(created) = request.metadata.creation_timestamp.as_ref() else {
+            return Some("no creationTimestamp");
+        };
+        let created = created.0.as_second();
+        if created < fired - CLOCK_SKEW_SECONDS || created > fired + CREATION_SLACK_SECONDS {
+            return Some("created far from its fire");
+        }
+        None
+    }
+
+    /// Why `request` is not one of the policy's scheduled runs (`None`: it is).
+    pub fn why_not(&self, request: &ProfileRequest) -> Option<&'static str> {
+        if let Some(why) = self.why_not_owned(request) {
+            return Some(why);
         }
         let Some(t) = scheduled_second(request) else {
             return Some("no scheduled-time label");
@@ -292,7 +365,83 @@ mod tests {
             namespaces: Some(BTreeSet::from(["a".to_string(), "b".to_string()])),
             reached: Some(2_000_000_000),
             deadline_seconds: 300,
+            triggers: vec!["near-limit".into()],
         }
+    }
+
+    /// A triggered run of the `fleet` policy's `trigger` on pod `pod`, fired at `fired`.
+    fn triggered(
+        trigger: &str,
+        pod: &str,
+        fired: i64,
+        created: i64,
+        status: bool,
+    ) -> ProfileRequest {
+        let mut r = claimed("a", fired, created, None);
+        r.metadata.name = Some(crate::trigger::trigger_run_name(
+            "fleet", trigger, pod, fired,
+        ));
+        r.metadata.labels = Some(
+            [
+                (
+                    crate::trigger::TRIGGER_LABEL.to_string(),
+                    trigger.to_string(),
+                ),
+                (
+                    crate::trigger::TRIGGER_POD_UID_LABEL.to_string(),
+                    pod.to_string(),
+                ),
+            ]
+            .into(),
+        );
+        if status {
+            r.status = Some(
+                serde_json::from_value(json!({"trigger": {
+                    "name": trigger, "condition": "memory above 60% of limit",
+                    "measured": "61.0", "threshold": "60.0", "pod": "p", "node": "n",
+                    "firedAt": Timestamp::from_second(fired).unwrap().to_string(),
+                    "reason": "near-limit: memory above 60% of limit",
+                }}))
+                .unwrap(),
+            );
+        }
+        r
+    }
+
+    #[test]
+    fn a_triggered_run_is_recognised_by_its_status_trigger_and_name() {
+        let id = identity();
+        let t = 1_900_000_000;
+        let run = triggered("near-limit", "pod-1", t, t + 1, true);
+        assert_eq!(id.why_not_triggered(&run), None);
+        assert_eq!(run_second(&run), Some(t));
+        assert_eq!(
+            id.why_not(&run),
+            Some("no scheduled-time label"),
+            "not a scheduled run"
+        );
+        // Labels and names are a tenant's to write; the status is the operator's.
+        assert_eq!(
+            id.why_not_triggered(&triggered("near-limit", "pod-1", t, t + 1, false)),
+            Some("no status.trigger")
+        );
+        assert_eq!(
+            id.why_not_triggered(&triggered("other", "pod-1", t, t + 1, true)),
+            Some("not a trigger of the policy")
+        );
+        let mut renamed = run.clone();
+        renamed.metadata.name = Some("fleet-t1-abcdef01".into());
+        assert_eq!(
+            id.why_not_triggered(&renamed),
+            Some("not the name of the policy's run of that fire")
+        );
+        assert_eq!(
+            id.why_not_triggered(&triggered("near-limit", "pod-1", t, t + 3_600, true)),
+            Some("created far from its fire")
+        );
+        let scheduled = claimed("b", t, t + 1, None);
+        let (runs, others) = id.partition_all(vec![run, scheduled, renamed]);
+        assert_eq!((runs.len(), others.len()), (2, 1));
     }
 
     fn claimed(ns: &str, t: i64, created: i64, name: Option<String>) -> ProfileRequest {

@@ -30,6 +30,26 @@ pub const TRIGGER_POD_UID_LABEL: &str = "flamefleet.dev/trigger-pod-uid";
 /// node at the fire, the run takes as its artifact (docs/triggers.md, "Memory").
 pub const TRIGGER_FIRE_ANNOTATION: &str = "flamefleet.dev/trigger-fire-id";
 
+/// The name of the run a fire of `trigger` on pod `pod_uid` creates at `second` (Unix
+/// seconds, the fire's `status.trigger.firedAt`): the policy, the fire's second, and a hash
+/// of the pod and trigger (a DNS label of at most 63 characters).
+pub fn trigger_run_name(policy: &str, trigger: &str, pod_uid: &str, second: i64) -> String {
+    use sha2::{Digest, Sha256};
+    let cleaned: String = policy
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .take(32)
+        .collect();
+    let cleaned = cleaned.trim_matches('-');
+    let prefix = if cleaned.is_empty() { "run" } else { cleaned };
+    let hash = hex::encode(&Sha256::digest(format!("{pod_uid}/{trigger}").as_bytes())[..4]);
+    format!("{prefix}-t{second}-{hash}")
+}
+
 /// One trigger: exactly one condition (`memory`, `cpu` or `pressure`), what it captures and
 /// how often it may fire.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]

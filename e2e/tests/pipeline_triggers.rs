@@ -27,7 +27,9 @@ use flamefleet_e2e::TestNamespace;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
-use pipeline_support::{Pipeline, PipelineOptions, artifacts_of, metrics_at, serial};
+use pipeline_support::{
+    Pipeline, PipelineOptions, artifacts_of, kubectl_profile, metrics_at, serial,
+};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -546,6 +548,39 @@ async fn a_memory_fire_hands_the_heap_it_read_to_its_run_even_after_the_oom_kill
     assert!(
         share >= 80.0,
         "main.hoardOrders holds {share}% of inuse_space:\n{top}"
+    );
+
+    // The policy's fleet views know the triggered run: listed with its reason, merged by
+    // its fire's time.
+    let (ok, text) = kubectl_profile(&pipeline.kubeconfig, ns.name(), &["list", "sp/go-oom"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.lines().next().is_some_and(|h| h.ends_with("TRIGGER"))
+            && text.contains(&name)
+            && text.contains(&trigger.reason),
+        "{text}"
+    );
+    let fleet = tempfile::tempdir().unwrap();
+    let (ok, text) = kubectl_profile(
+        &pipeline.kubeconfig,
+        ns.name(),
+        &[
+            "get",
+            "sp/go-oom",
+            "--since",
+            "1h",
+            "--format",
+            "pprof",
+            "-o",
+            fleet.path().to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{text}");
+    let (merged_share, top) =
+        inuse_cum_percent(&fleet.path().join("go-oom-heap.pb.gz"), "main.hoardOrders");
+    assert!(
+        merged_share >= 80.0,
+        "the fleet view of sp/go-oom: {text}\n{top}"
     );
     eprintln!(
         "triggers e2e (Go OOM): pod started at {:.1}s, fire seen {:.1}s later ({}), OOM kill \

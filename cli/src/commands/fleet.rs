@@ -7,7 +7,9 @@
 //! ([`RunIdentity`]): the `flamefleet.dev/policy-uid` label only narrows the listing, since
 //! any tenant with `edit` in a namespace can copy it onto requests of its own. Requests that
 //! carry the label but are not runs are left out, and the count of them is printed. Runs are
-//! placed in the window by their `flamefleet.dev/scheduled-time` label. Every merged sample
+//! placed in the window by their `flamefleet.dev/scheduled-time` label; the runs a policy's
+//! triggers created ([`RunIdentity::why_not_triggered`]) by their fire's time
+//! (`status.trigger.firedAt`, which only the operator writes). Every merged sample
 //! keeps its labels (namespace, pod, container, node, ...) and gains `run`, so the merged
 //! profile can still be split (`go tool pprof -tagfocus=node=...`).
 
@@ -194,7 +196,7 @@ pub async fn runs(cluster: &Cluster, policy: &PolicyRef) -> Result<Runs> {
         .await
         .map_err(kube_err(format!("listing the runs of {}", policy.shown())))?
         .items;
-    let (mut runs, ignored) = identity.partition(labelled);
+    let (mut runs, ignored) = identity.partition_all(labelled);
     runs.sort_by_key(|r| std::cmp::Reverse(scheduled_second(r)));
     Ok(Runs {
         runs,
@@ -202,12 +204,12 @@ pub async fn runs(cluster: &Cluster, policy: &PolicyRef) -> Result<Runs> {
     })
 }
 
-/// A run's scheduled time in Unix seconds (0 when unlabelled).
+/// A run's scheduled time, or a triggered run's fire time, in Unix seconds (0: neither).
 pub fn scheduled_second(run: &ProfileRequest) -> i64 {
-    policy_runs::scheduled_second(run).unwrap_or(0)
+    policy_runs::run_second(run).unwrap_or(0)
 }
 
-/// The runs scheduled within `since` of `now` (pure).
+/// The runs scheduled (or triggered) within `since` of `now` (pure).
 pub fn in_window(runs: &[ProfileRequest], since: Duration, now: i64) -> Vec<&ProfileRequest> {
     let from = now.saturating_sub(i64::try_from(since.as_secs()).unwrap_or(i64::MAX));
     runs.iter()
@@ -412,7 +414,14 @@ pub async fn list(cluster: &Cluster, policy: &PolicyRef, out: &mut dyn Write) ->
 
 /// The table of runs (pure).
 pub fn runs_table(runs: &[ProfileRequest], now: i64) -> String {
-    let mut rows = vec![[
+    let trigger = |r: &ProfileRequest| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.trigger.as_ref())
+            .map(|t| t.reason.clone())
+    };
+    let triggered = runs.iter().any(|r| trigger(r).is_some());
+    let mut rows = vec![vec![
         "NAME".to_string(),
         "NAMESPACE".into(),
         "SCHEDULED".into(),
@@ -421,10 +430,14 @@ pub fn runs_table(runs: &[ProfileRequest], now: i64) -> String {
         "NODES".into(),
         "SAMPLES".into(),
     ]];
+    if triggered {
+        // A triggered run's time is its fire's; the column says what fired.
+        rows[0].push("TRIGGER".into());
+    }
     for r in runs {
         let status = r.status.as_ref();
         let scheduled = scheduled_second(r);
-        rows.push([
+        let mut row = vec![
             r.metadata.name.clone().unwrap_or_default(),
             namespace_of(r),
             if scheduled == 0 {
@@ -443,9 +456,13 @@ pub fn runs_table(runs: &[ProfileRequest], now: i64) -> String {
                 .and_then(|s| s.node_count)
                 .map_or("-".into(), |n| n.to_string()),
             samples(r).map_or("-".into(), |n| n.to_string()),
-        ]);
+        ];
+        if triggered {
+            row.push(trigger(r).unwrap_or_else(|| "-".into()));
+        }
+        rows.push(row);
     }
-    let widths: Vec<usize> = (0..7)
+    let widths: Vec<usize> = (0..rows[0].len())
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -524,6 +541,37 @@ mod tests {
         }
         let table = runs_table(&[running], 10_000);
         assert!(table.lines().nth(1).unwrap().ends_with('-'), "{table}");
+        // A triggered run: placed by its fire, its reason in a TRIGGER column.
+        let mut fired = run("t", 0, "Succeeded", 4);
+        fired.metadata.labels = None;
+        if let Some(s) = fired.status.as_mut() {
+            s.trigger = Some(
+                serde_json::from_value(json!({
+                    "name": "near-limit", "condition": "memory above 60% of limit",
+                    "measured": "61.0", "threshold": "60.0", "pod": "p", "node": "n",
+                    "firedAt": "1970-01-01T02:45:00Z",
+                    "reason": "near-limit: memory above 60% of limit (measured 61.0%, threshold 60.0%)",
+                }))
+                .unwrap(),
+            );
+        }
+        let all = [runs[0].clone(), fired];
+        let names = |w: Vec<&ProfileRequest>| -> Vec<String> {
+            w.iter().map(|r| r.metadata.name.clone().unwrap()).collect()
+        };
+        assert_eq!(
+            names(in_window(&all, Duration::from_secs(1_000), 10_000)),
+            ["t"]
+        );
+        let table = runs_table(&all, 10_000);
+        assert!(
+            table.lines().next().unwrap().ends_with("TRIGGER"),
+            "{table}"
+        );
+        assert!(
+            table.contains("100s ago") && table.contains("near-limit: memory above 60%"),
+            "{table}"
+        );
     }
 
     #[test]

@@ -46,7 +46,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
-use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
 
 use super::SamplingContext;
@@ -578,23 +577,8 @@ fn kept_fire_id(fired: &pb::TriggerFired) -> Option<&str> {
     .then_some(id)
 }
 
-/// The name of the run a fire creates: the policy, the fire's second, and a hash of the pod
-/// and trigger (a DNS label of at most 63 characters).
-pub fn trigger_run_name(policy: &str, trigger: &str, pod_uid: &str, second: i64) -> String {
-    let cleaned: String = policy
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | '0'..='9' | '-' => c,
-            'A'..='Z' => c.to_ascii_lowercase(),
-            _ => '-',
-        })
-        .take(32)
-        .collect();
-    let cleaned = cleaned.trim_matches('-');
-    let prefix = if cleaned.is_empty() { "run" } else { cleaned };
-    let hash = hex::encode(&Sha256::digest(format!("{pod_uid}/{trigger}").as_bytes())[..4]);
-    format!("{prefix}-t{second}-{hash}")
-}
+/// The name of the run a fire creates (see [`flamefleet_api::trigger::trigger_run_name`]).
+pub use flamefleet_api::trigger::trigger_run_name;
 
 /// The ProfileRequest of a fire of `trigger` on pod `pod` (in `namespace`).
 pub fn triggered_request(
