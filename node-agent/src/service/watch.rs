@@ -395,6 +395,12 @@ impl NodeWatch {
             "Event-source wakeups of the watcher.",
             stats.wakeups,
         );
+        metric(
+            "notify_fallbacks_total",
+            "counter",
+            "Kernel notifications that could not be armed (a PSI trigger refused, a read-only v1 cgroup.event_control): read on the tick or polled instead.",
+            stats.psi_fallbacks + stats.v1_notify_fallbacks,
+        );
         out
     }
 }

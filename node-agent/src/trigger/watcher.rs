@@ -111,6 +111,9 @@ pub struct WatcherStats {
     pub gone: u64,
     /// Pressure triggers the kernel refused, read on the tick instead.
     pub psi_fallbacks: u64,
+    /// v1 memory notifications that could not be registered (`cgroup.event_control` not
+    /// writable, e.g. a read-only host cgroup mount): usage polled, OOM counters ticked.
+    pub v1_notify_fallbacks: u64,
 }
 
 #[derive(Default)]
@@ -124,6 +127,7 @@ struct Counters {
     dropped: AtomicU64,
     gone: AtomicU64,
     psi_fallbacks: AtomicU64,
+    v1_notify_fallbacks: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -230,6 +234,7 @@ impl Watcher {
             dropped: get(&c.dropped),
             gone: get(&c.gone),
             psi_fallbacks: get(&c.psi_fallbacks),
+            v1_notify_fallbacks: get(&c.v1_notify_fallbacks),
         }
     }
 }
@@ -305,6 +310,8 @@ struct Watched {
     cpu_prev: Option<(Instant, u64, Option<Throttling>)>,
     /// The limit the v1 threshold was registered for.
     threshold_for: Option<u64>,
+    /// The v1 threshold could not be registered: usage is polled as on a unified host.
+    threshold_polled: bool,
     /// The next `memory.current` read (unified hosts, memory-percent triggers).
     memory_poll: Option<Instant>,
     memory_last: Option<(Instant, u64)>,
@@ -478,6 +485,7 @@ impl Loop {
             v1_ooms: 0,
             cpu_prev: None,
             threshold_for: None,
+            threshold_polled: false,
             memory_poll: None,
             memory_last: None,
         };
@@ -540,7 +548,16 @@ impl Loop {
                 );
             }
             if !m.v2 && wants_events {
-                let efd = register_v1(&m.dir, &m.events, None)?;
+                // Without the OOM notification (a read-only cgroup mount), the tick reads
+                // memory.oom_control's oom_kill and memory.failcnt; only `oom` needs it.
+                let efd = match register_v1(&m.dir, &m.events, None) {
+                    Ok(efd) => efd,
+                    Err(e) => {
+                        tracing::info!("{e}; reading the v1 OOM counters on the tick instead");
+                        bump(&self.counters.v1_notify_fallbacks);
+                        return self.arm_rest(w);
+                    }
+                };
                 let token = self.token(id);
                 self.epoll
                     .add(
@@ -557,6 +574,14 @@ impl Loop {
                 );
             }
         }
+        self.arm_rest(w)
+    }
+
+    /// The v1 usage threshold and the PSI triggers.
+    fn arm_rest(&mut self, w: &mut Watched) -> Result<()> {
+        let id = w.id;
+        let sys = |what: &str, e: nix::Error| TriggerError::Watcher(format!("{what}: {e}"));
+        let oneshot = EpollFlags::EPOLLONESHOT;
         self.arm_threshold(w)?;
         let cgroup_dir = w.cgroup.path.clone();
         for (i, t) in w.triggers.iter_mut().enumerate() {
@@ -596,7 +621,7 @@ impl Loop {
     /// current limit.
     fn arm_threshold(&mut self, w: &mut Watched) -> Result<()> {
         let id = w.id;
-        if w.memory.as_ref().is_none_or(|m| m.v2) {
+        if w.memory.as_ref().is_none_or(|m| m.v2) || w.threshold_polled {
             return Ok(());
         }
         let Some(percent) = w
@@ -633,7 +658,19 @@ impl Loop {
             return Ok(());
         };
         let bytes = limit / 100 * u64::from(percent);
-        let efd = register_v1(&m.dir, &m.usage, Some(bytes))?;
+        let efd = match register_v1(&m.dir, &m.usage, Some(bytes)) {
+            Ok(efd) => efd,
+            Err(e) => {
+                // A read-only cgroup mount: read usage at the adaptive interval of a unified
+                // host instead (a quarter of the time the growth needs to reach the
+                // threshold, at least `memory_poll_min`), never registering again.
+                tracing::info!("{e}; polling memory.usage_in_bytes instead");
+                bump(&self.counters.v1_notify_fallbacks);
+                w.threshold_polled = true;
+                w.memory_poll.get_or_insert_with(Instant::now);
+                return Ok(());
+            }
+        };
         let token = self.token(id);
         self.epoll
             .add(
