@@ -277,7 +277,8 @@ impl Metrics {
         }
     }
 
-    /// Counts an always-on window by what became of it (`Queued`, `Empty`, `NotAsked`, ...).
+    /// Counts an always-on window by what became of it (`Queued`, `Empty`, `NotAsked`,
+    /// `TooFrequent`, ...).
     pub fn continuous_window(&self, outcome: &str) {
         self.continuous_windows
             .get_or_create(&TriggerLabels {

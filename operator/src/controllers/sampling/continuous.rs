@@ -154,6 +154,39 @@ struct Inner {
     refused: HashMap<String, Vec<String>>,
     /// Pod UID → its workload (read once per pod: the cache keeps no owners).
     workloads: HashMap<String, Option<Workload>>,
+    /// (node, pod UID) → the windows it may still send now ([`admit_window`]).
+    rates: HashMap<(String, String), WindowRate>,
+}
+
+/// Windows a node may send for one pod at once. A node sends one per period, and one more
+/// each time its set changes (the window running then ends early), so the bucket refills
+/// at [`WINDOWS_PER_PERIOD`]: a node sending faster (a compromised one, flooding the export
+/// queue and the backend with its pods' profiles) has the rest dropped and counted as
+/// `TooFrequent`.
+const WINDOW_BURST: f64 = 3.0;
+/// The windows per period one pod's bucket refills.
+const WINDOWS_PER_PERIOD: f64 = 2.0;
+
+/// A token bucket of one pod's windows on one node: [`WINDOWS_PER_PERIOD`] windows per
+/// period, [`WINDOW_BURST`] at once.
+#[derive(Debug, Clone, Copy)]
+struct WindowRate {
+    tokens: f64,
+    at: Instant,
+}
+
+/// Whether a window arriving `now` fits `rate` (taking its token if so).
+fn admit_window(rate: &mut WindowRate, now: Instant, period: Duration) -> bool {
+    let refill = now.saturating_duration_since(rate.at).as_secs_f64() / period.as_secs_f64()
+        * WINDOWS_PER_PERIOD;
+    rate.tokens = (rate.tokens + refill).min(WINDOW_BURST);
+    rate.at = now;
+    if rate.tokens >= 1.0 {
+        rate.tokens -= 1.0;
+        true
+    } else {
+        false
+    }
 }
 
 /// The operator's always-on policies: registered policies, the calls, coverage and counters.
@@ -686,6 +719,24 @@ fn handle_window(
         .min(hub.settings.window + Duration::from_secs(1));
     let now = Instant::now();
     let mut inner = hub.lock();
+    if inner.rates.len() > 4 * inner.pods.len() + 64 {
+        // Pods that left every set.
+        let current: BTreeSet<String> = inner.pods.keys().map(|(_, pod)| pod.clone()).collect();
+        inner.rates.retain(|(_, pod), _| current.contains(pod));
+    }
+    let rate = inner
+        .rates
+        .entry((node.to_string(), target.pod_uid.clone()))
+        .or_insert(WindowRate {
+            tokens: WINDOW_BURST,
+            at: now,
+        });
+    if !admit_window(rate, now, hub.settings.period) {
+        drop(inner);
+        ctx.metrics.continuous_window("TooFrequent");
+        tracing::warn!(%node, pod = %format!("{}/{}", target.namespace, target.pod_name), "node sends windows of a pod faster than one per period; dropped");
+        return;
+    }
     let mut tallies = Vec::new();
     let mut policy_names = Vec::new();
     for uid in &entry.policy_uids {
@@ -802,6 +853,45 @@ mod tests {
         covered.sampled -= w;
         let one_missing = coverage_percent(&covered, last, w, p).unwrap();
         assert!((95..=97).contains(&one_missing), "{one_missing}");
+    }
+
+    #[test]
+    fn windows_beyond_two_per_period_and_a_burst_of_three_are_dropped() {
+        let p = Duration::from_secs(20);
+        let t0 = Instant::now();
+        let mut rate = WindowRate {
+            tokens: WINDOW_BURST,
+            at: t0,
+        };
+        // A flood: the burst passes, the rest is dropped.
+        let admitted = (0..100)
+            .filter(|i| admit_window(&mut rate, t0 + Duration::from_millis(*i), p))
+            .count();
+        assert_eq!(admitted, 3);
+        // Then two per period, however many are sent.
+        let mut admitted = 0;
+        for k in 1..=50u32 {
+            let at = t0 + p * k;
+            admitted += (0..10)
+                .filter(|i| admit_window(&mut rate, at + Duration::from_millis(*i), p))
+                .count();
+        }
+        assert_eq!(admitted, 100);
+        // An honest node: a window every period, an early one each time its set changes
+        // (here every third window, at 1 s): every window passes.
+        let mut rate = WindowRate {
+            tokens: WINDOW_BURST,
+            at: t0,
+        };
+        let mut at = t0;
+        for k in 0..200u32 {
+            at += if k % 3 == 1 {
+                Duration::from_secs(1)
+            } else {
+                p - Duration::from_millis(50)
+            };
+            assert!(admit_window(&mut rate, at, p), "window {k}");
+        }
     }
 
     #[test]
