@@ -18,6 +18,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use flamefleet_api::continuous::ContinuousStatus;
 use flamefleet_api::policy_runs::{self, POLICY_UID_LABEL, PolicyKind, RunIdentity};
 use flamefleet_api::{ClusterSamplingPolicy, ProfileRequest, RequestPhase, SamplingPolicy};
 use k8s_openapi::api::core::v1::Namespace;
@@ -92,6 +93,39 @@ pub struct Runs {
     pub runs: Vec<ProfileRequest>,
     /// Requests carrying the policy's UID label that are not its runs.
     pub ignored: usize,
+    /// The policy is always-on (`schedule: "@continuous"`): what its status says of the
+    /// windows (its profiles are at the OpenTelemetry endpoint, not in runs).
+    pub always_on: Option<ContinuousStatus>,
+}
+
+/// What `list` prints of an always-on policy (pure).
+pub fn always_on_summary(policy: &str, s: &ContinuousStatus) -> String {
+    let mut out = format!(
+        "{policy} is always-on (schedule @continuous): each pod is profiled in windows of {}s every {}s and each window is exported to the cluster's OpenTelemetry endpoint (docs/export.md); there are no runs to download.\n",
+        s.window_seconds, s.period_seconds
+    );
+    out.push_str(&format!(
+        "  pods {} on {} nodes; windows {}, exported {}, dropped {}, queued {}\n",
+        s.pods,
+        s.nodes,
+        s.windows,
+        s.exported,
+        s.dropped,
+        s.queued.unwrap_or(0)
+    ));
+    if let Some(c) = s.min_coverage_percent {
+        out.push_str(&format!("  lowest coverage of a pod: {c}%\n"));
+    }
+    for l in &s.low_coverage {
+        out.push_str(&format!("  low coverage: {l}\n"));
+    }
+    if !s.last_export_error.is_empty() {
+        out.push_str(&format!("  last export error: {}\n", s.last_export_error));
+    }
+    for l in &s.refused {
+        out.push_str(&format!("  not profiled: {l}\n"));
+    }
+    out
 }
 
 impl Runs {
@@ -148,6 +182,17 @@ pub async fn runs(cluster: &Cluster, policy: &PolicyRef) -> Result<Runs> {
         policy: policy.shown(),
         namespace: cluster.namespace.clone(),
     };
+    let mut always_on = None;
+    let mut note = |spec: &flamefleet_api::SamplingPolicySpec,
+                    status: Option<&flamefleet_api::SamplingPolicyStatus>| {
+        if flamefleet_api::continuous::is_continuous(&spec.schedule) {
+            always_on = Some(
+                status
+                    .and_then(|s| s.continuous.clone())
+                    .unwrap_or_default(),
+            );
+        }
+    };
     let identity = match policy {
         PolicyRef::Namespaced(name) => {
             let api: Api<SamplingPolicy> =
@@ -158,6 +203,7 @@ pub async fn runs(cluster: &Cluster, policy: &PolicyRef) -> Result<Runs> {
                 .map_err(kube_err(format!("getting samplingpolicy {name}")))?
                 .ok_or_else(not_found)?;
             let uid = p.metadata.uid.clone().ok_or_else(not_found)?;
+            note(&p.spec, p.status.as_ref());
             RunIdentity::of_policy(
                 PolicyKind::Namespaced,
                 name,
@@ -175,6 +221,7 @@ pub async fn runs(cluster: &Cluster, policy: &PolicyRef) -> Result<Runs> {
                 .map_err(kube_err(format!("getting clustersamplingpolicy {name}")))?
                 .ok_or_else(not_found)?;
             let uid = p.metadata.uid.clone().ok_or_else(not_found)?;
+            note(&p.spec.policy, p.status.as_ref());
             let namespaces =
                 sampled_namespaces(cluster, name, p.spec.namespace_selector.as_ref()).await?;
             RunIdentity::of_policy(
@@ -201,6 +248,7 @@ pub async fn runs(cluster: &Cluster, policy: &PolicyRef) -> Result<Runs> {
     Ok(Runs {
         runs,
         ignored: ignored.len(),
+        always_on,
     })
 }
 
@@ -256,6 +304,9 @@ pub async fn get(
 ) -> Result<Vec<PathBuf>> {
     let found = runs(cluster, policy).await?;
     let _ = write!(out, "{}", found.ignored_note());
+    if let Some(s) = &found.always_on {
+        let _ = write!(out, "{}", always_on_summary(&policy.shown(), s));
+    }
     let all = found.runs;
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let window = in_window(&all, since, now);
@@ -403,6 +454,12 @@ fn latency_over_time(
 pub async fn list(cluster: &Cluster, policy: &PolicyRef, out: &mut dyn Write) -> Result<()> {
     let found = runs(cluster, policy).await?;
     let _ = write!(out, "{}", found.ignored_note());
+    if let Some(s) = &found.always_on {
+        let _ = write!(out, "{}", always_on_summary(&policy.shown(), s));
+        if found.runs.is_empty() {
+            return Ok(());
+        }
+    }
     if found.runs.is_empty() {
         let _ = writeln!(out, "No runs of {} yet.", policy.shown());
         return Ok(());
@@ -494,6 +551,37 @@ mod tests {
                        "summary": {"samples": samples, "artifacts": 1}},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn an_always_on_policy_says_where_its_profiles_are() {
+        let s = ContinuousStatus {
+            pods: 10,
+            nodes: 1,
+            window_seconds: 19,
+            period_seconds: 20,
+            windows: 300,
+            exported: 290,
+            dropped: 10,
+            queued: Some(0),
+            min_coverage_percent: Some(97),
+            last_export_error: "retries_exhausted: Unavailable".into(),
+            low_coverage: vec!["shop/web-3: 90%".into()],
+            ..ContinuousStatus::default()
+        };
+        let text = always_on_summary("sp/always", &s);
+        assert!(text.starts_with("sp/always is always-on"), "{text}");
+        assert!(text.contains("windows of 19s every 20s"), "{text}");
+        assert!(
+            text.contains("pods 10 on 1 nodes; windows 300, exported 290, dropped 10, queued 0"),
+            "{text}"
+        );
+        assert!(text.contains("lowest coverage of a pod: 97%"), "{text}");
+        assert!(text.contains("low coverage: shop/web-3: 90%"), "{text}");
+        assert!(
+            text.contains("last export error: retries_exhausted: Unavailable"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -16,7 +16,9 @@
 //! puts the capture back at the end of its namespace's queue, to be tried again after a
 //! capped exponential backoff with full jitter, for at most `--export-max-retry-time`, then
 //! it is dropped and counted: a capture whose export keeps failing takes turns with the
-//! others instead of holding the worker. Drops, retries and exports are
+//! others instead of holding the worker, which meanwhile sends the next job that is not
+//! waiting (RESOURCE_EXHAUSTED with the endpoint's RetryInfo is transient too, retried no
+//! sooner than it asks). Drops, retries and exports are
 //! in `/metrics` (`flamefleet_operator_export_*`). Nothing is persisted: jobs queued when the
 //! operator stops are lost (the artifacts stay in the store).
 //!
@@ -204,8 +206,9 @@ struct Pending {
 
 /// Why one attempt at an artifact did not export it.
 enum Failure {
-    /// Trying again may help (the endpoint or the store is unavailable).
-    Transient(String),
+    /// Trying again may help (the endpoint or the store is unavailable), not before the
+    /// delay the endpoint asked for, if it did.
+    Transient(String, Option<Duration>),
     /// It never will: dropped, with the reason label.
     Drop(&'static str, String),
 }
@@ -307,19 +310,32 @@ impl Exporter {
             attempts: u32::MAX,
         };
         loop {
-            let next = {
+            // The first job in turn that is not waiting for a retry: a job backing off
+            // never holds up the others, which are sent meanwhile.
+            let now = Instant::now();
+            let (next, earliest) = {
                 let mut queue = self.lock();
-                let next = queue.pop();
+                let next = queue.pop_first(|p| p.retry_at.is_none_or(|at| at <= now));
+                let earliest = match next {
+                    Some(_) => None,
+                    None => queue.fronts().filter_map(|p| p.retry_at).min(),
+                };
                 self.metrics.export_queued(queue.len());
-                next
+                (next, earliest)
             };
             let Some((namespace, mut pending)) = next else {
-                self.wake.notified().await;
+                match earliest {
+                    Some(at) => {
+                        tokio::select! {
+                            () = tokio::time::sleep_until(at.into()) => {}
+                            () = self.wake.notified() => {}
+                        }
+                    }
+                    None => self.wake.notified().await,
+                }
                 continue;
             };
-            if let Some(at) = pending.retry_at.take() {
-                tokio::time::sleep_until(at.into()).await;
-            }
+            pending.retry_at = None;
             while let Some(key) = pending.job.artifacts.get(pending.done).cloned() {
                 let outcome = self
                     .export_artifact(&sink, store.as_ref(), &settings, &pending.job.context, &key)
@@ -338,9 +354,11 @@ impl Exporter {
                         continue;
                     }
                     Err(Failure::Drop(reason, message)) => (reason, message),
-                    Err(Failure::Transient(message)) => {
+                    Err(Failure::Transient(message, asked)) => {
                         let first = *pending.first_failure.get_or_insert_with(Instant::now);
-                        let delay = backoff.delay(pending.attempt, &mut rng);
+                        let delay = backoff
+                            .delay(pending.attempt, &mut rng)
+                            .max(asked.unwrap_or_default());
                         if first.elapsed() + delay > settings.max_retry_time {
                             ("retries_exhausted", message)
                         } else {
@@ -402,7 +420,7 @@ impl Exporter {
             Err(e @ StoreError::TooLarge { .. }) => {
                 return Err(Failure::Drop("invalid_profile", e.to_string()));
             }
-            Err(e) => return Err(Failure::Transient(e.to_string())),
+            Err(e) => return Err(Failure::Transient(e.to_string(), None)),
         };
         let mut profile_id = [0u8; 16];
         profile_id.copy_from_slice(&sha256.as_bytes()[..16]);
@@ -442,7 +460,7 @@ impl Exporter {
                 Ok(())
             }
             Err(SendError::Permanent(e)) => Err(Failure::Drop("rejected", e)),
-            Err(SendError::Retryable(e)) => Err(Failure::Transient(e)),
+            Err(SendError::Retryable(e, delay)) => Err(Failure::Transient(e, delay)),
         }
     }
 }

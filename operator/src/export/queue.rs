@@ -88,6 +88,33 @@ impl<T> FairQueue<T> {
         self.len += 1;
     }
 
+    /// The next item `ready` accepts, looking at the oldest item of each namespace in turn:
+    /// the first namespace whose oldest item is ready gives it, and the namespaces passed
+    /// over keep their place (served first once ready). `None` when no oldest item is ready.
+    pub fn pop_first(&mut self, mut ready: impl FnMut(&T) -> bool) -> Option<(String, T)> {
+        let position = self.turns.iter().position(|ns| {
+            self.items
+                .get(ns)
+                .and_then(VecDeque::front)
+                .is_some_and(&mut ready)
+        })?;
+        let namespace = self.turns.remove(position)?;
+        let queue = self.items.get_mut(&namespace)?;
+        let item = queue.pop_front()?;
+        self.len -= 1;
+        if queue.is_empty() {
+            self.items.remove(&namespace);
+        } else {
+            self.turns.push_back(namespace.clone());
+        }
+        Some((namespace, item))
+    }
+
+    /// The oldest item of each namespace.
+    pub fn fronts(&self) -> impl Iterator<Item = &T> {
+        self.items.values().filter_map(VecDeque::front)
+    }
+
     /// The next item: the oldest of the namespace whose turn it is.
     pub fn pop(&mut self) -> Option<(String, T)> {
         let namespace = self.turns.pop_front()?;
@@ -145,6 +172,26 @@ mod tests {
         assert_eq!(q.len(), 3);
         let order: Vec<(String, i32)> = std::iter::from_fn(|| q.pop()).collect();
         assert_eq!(order, [("b".into(), 2), ("a".into(), 3), ("a".into(), 1)]);
+    }
+
+    #[test]
+    fn an_item_not_ready_holds_up_no_other_namespace() {
+        let mut q = FairQueue::new(10, 4);
+        q.push("a", (1, false)).unwrap();
+        q.push("a", (2, true)).unwrap();
+        q.push("b", (3, true)).unwrap();
+        q.push("c", (4, true)).unwrap();
+        // a's oldest is backing off: b's is next, then c's; a keeps its place in turn.
+        let ready = |item: &(i32, bool)| item.1;
+        assert_eq!(q.pop_first(ready).map(|(_, i)| i.0), Some(3));
+        assert_eq!(q.fronts().filter(|i| !i.1).count(), 1);
+        assert_eq!(q.pop_first(ready).map(|(_, i)| i.0), Some(4));
+        assert_eq!(q.pop_first(ready), None);
+        assert_eq!(q.len(), 2);
+        // Once ready, a is served, oldest first.
+        assert_eq!(q.pop_first(|_| true).map(|(_, i)| i.0), Some(1));
+        assert_eq!(q.pop_first(|_| true).map(|(_, i)| i.0), Some(2));
+        assert!(q.is_empty());
     }
 
     #[test]

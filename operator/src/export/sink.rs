@@ -121,8 +121,9 @@ impl Interceptor for Headers {
 /// What a failed export means for the export.
 #[derive(Debug)]
 pub enum SendError {
-    /// Worth trying again later (the endpoint is down, overloaded or timed out).
-    Retryable(String),
+    /// Worth trying again later (the endpoint is down, overloaded or timed out); not before
+    /// the delay the endpoint asked for, if it did.
+    Retryable(String, Option<Duration>),
     /// Trying again would fail the same way (refused, malformed, unauthenticated).
     Permanent(String),
 }
@@ -233,9 +234,59 @@ impl Sink {
     }
 }
 
-/// OTLP/gRPC: these codes are transient; every other one is not (RESOURCE_EXHAUSTED only
-/// with the server's RetryInfo, which we do not read: a message over the server's size limit
-/// would fail again).
+/// The `google.rpc.Status` of a gRPC error's `grpc-status-details-bin` (only the fields read).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<RpcAny>,
+}
+
+/// `google.protobuf.Any`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcAny {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+/// `google.rpc.RetryInfo`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RetryInfo {
+    #[prost(message, optional, tag = "1")]
+    retry_delay: Option<RpcDuration>,
+}
+
+/// `google.protobuf.Duration`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcDuration {
+    #[prost(int64, tag = "1")]
+    seconds: i64,
+    #[prost(int32, tag = "2")]
+    nanos: i32,
+}
+
+/// Longest retry delay taken from an endpoint (it is the endpoint's word, not ours).
+const MAX_ASKED_DELAY: Duration = Duration::from_secs(300);
+
+/// The delay of the `google.rpc.RetryInfo` in `status`'s details, if it carries one.
+fn retry_info(status: &tonic::Status) -> Option<Duration> {
+    use prost::Message as _;
+    let details = RpcStatus::decode(status.details()).ok()?;
+    let info = details
+        .details
+        .iter()
+        .find(|a| a.type_url.ends_with("/google.rpc.RetryInfo"))?;
+    let delay = RetryInfo::decode(&info.value[..]).ok()?.retry_delay?;
+    let seconds = u64::try_from(delay.seconds).ok()?;
+    let nanos = u32::try_from(delay.nanos).ok()?;
+    Some(Duration::new(seconds, nanos.min(999_999_999)).min(MAX_ASKED_DELAY))
+}
+
+/// OTLP/gRPC: these codes are transient; every other one is not. RESOURCE_EXHAUSTED is
+/// transient when the server says when to come back (a `RetryInfo` in the status details:
+/// the spec's throttling, e.g. a Collector's memory limiter), and not without one (a message
+/// over the server's size limit would fail again).
 fn judge(status: &tonic::Status) -> SendError {
     use tonic::Code;
     let text = format!("{:?}: {}", status.code(), status.message());
@@ -245,7 +296,11 @@ fn judge(status: &tonic::Status) -> SendError {
         | Code::Aborted
         | Code::OutOfRange
         | Code::Unavailable
-        | Code::DataLoss => SendError::Retryable(text),
+        | Code::DataLoss => SendError::Retryable(text, retry_info(status)),
+        Code::ResourceExhausted => match retry_info(status) {
+            Some(delay) => SendError::Retryable(text, Some(delay)),
+            None => SendError::Permanent(text),
+        },
         _ => SendError::Permanent(text),
     }
 }
@@ -301,11 +356,54 @@ mod tests {
         assert!(read_headers(dir.path()).unwrap_err().contains("huge"));
     }
 
+    /// A status whose details carry a RetryInfo of `delay`.
+    fn throttled(delay: Duration) -> tonic::Status {
+        use prost::Message as _;
+        let info = RetryInfo {
+            retry_delay: Some(RpcDuration {
+                seconds: i64::try_from(delay.as_secs()).unwrap(),
+                nanos: i32::try_from(delay.subsec_nanos()).unwrap(),
+            }),
+        };
+        let details = RpcStatus {
+            details: vec![RpcAny {
+                type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
+                value: info.encode_to_vec(),
+            }],
+        };
+        tonic::Status::with_details(
+            tonic::Code::ResourceExhausted,
+            "memory limiter",
+            details.encode_to_vec().into(),
+        )
+    }
+
+    #[test]
+    fn resource_exhausted_is_retried_when_the_endpoint_says_when() {
+        match judge(&throttled(Duration::from_millis(2500))) {
+            SendError::Retryable(text, delay) => {
+                assert_eq!(delay, Some(Duration::from_millis(2500)));
+                assert!(text.contains("ResourceExhausted"), "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // An endpoint cannot hold the worker for long.
+        assert!(matches!(
+            judge(&throttled(Duration::from_secs(86_400))),
+            SendError::Retryable(_, Some(d)) if d == MAX_ASKED_DELAY
+        ));
+        // Without RetryInfo (e.g. a message over the server's size limit): dropped.
+        assert!(matches!(
+            judge(&tonic::Status::resource_exhausted("message too large")),
+            SendError::Permanent(_)
+        ));
+    }
+
     #[test]
     fn only_transient_codes_are_retried() {
         assert!(matches!(
             judge(&tonic::Status::unavailable("down")),
-            SendError::Retryable(_)
+            SendError::Retryable(_, None)
         ));
         assert!(matches!(
             judge(&tonic::Status::invalid_argument("bad")),
