@@ -12,6 +12,7 @@
 #   flamefleet.local/flamefleet-agent     flamefleet-agent
 #   flamefleet.local/checkout-demo        the demo workload (examples/demo-workload)
 #   flamefleet.local/inventory-demo       the Go demo workload (examples/demo-workload/inventory)
+#   flamefleet.local/orders-demo          the Go OOM demo workload (examples/demo-workload/orders)
 #   flamefleet.local/catalog-demo         the Python demo workload (examples/demo-workload/catalog):
 #                                         pyenv's CPython 3.12 and the few modules it loads
 #   flamefleet.local/ledger-demo          the Java demo workload (examples/demo-workload/ledger):
@@ -30,7 +31,7 @@ IMAGES="$FLAMEFLEET_CACHE/images"
 VERSION="$(awk -F'"' '/^version/ {print $2; exit}' "$REPO/Cargo.toml")"
 TAG="${FLAMEFLEET_IMAGE_TAG:-$VERSION}"
 REGISTRY=flamefleet.local
-NAMES=(flamefleet-operator flamefleet-agent checkout-demo inventory-demo catalog-demo ledger-demo)
+NAMES=(flamefleet-operator flamefleet-agent checkout-demo inventory-demo orders-demo catalog-demo ledger-demo)
 # The demo's runtimes: scripts/setup.sh installs both (scripts/install-pythons.sh, Debian's
 # openjdk-17-jdk-headless).
 PYTHON_VERSION=3.12.1
@@ -117,6 +118,14 @@ cmd_build() {
   rm -f "$work/inventory.bin"
   docker_archive "$work" "$REGISTRY/inventory-demo:$TAG" "$(tar_of inventory-demo)" \
     "$(config '["/usr/local/bin/inventory"]' 65532:65532)"
+  rm -rf "$work"
+  work="$(mktemp -d)"
+  rootfs_base "$work" 65532
+  (cd "$REPO/examples/demo-workload/orders" && CGO_ENABLED=0 GOTOOLCHAIN=local go build -trimpath -o "$work/orders.bin" .)
+  rootfs_add_binary "$work" "$work/orders.bin" /usr/local/bin/orders
+  rm -f "$work/orders.bin"
+  docker_archive "$work" "$REGISTRY/orders-demo:$TAG" "$(tar_of orders-demo)" \
+    "$(config '["/usr/local/bin/orders"]' 65532:65532)"
   rm -rf "$work"
   # CPython as the official python images ship it (a shared libpython, which the agent
   # finds _PyRuntime in), with only what the interpreter loads at startup: the

@@ -1,0 +1,3 @@
+module flamefleet.dev/examples/orders
+
+go 1.23
