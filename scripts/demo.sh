@@ -8,8 +8,10 @@
 #                            `kubectl profile cpu|heap|runqlat|offcpu` and download real
 #                            profiles (printing the top blocking stacks of the off-CPU one);
 #                            profile a Python and a Java service with `kubectl profile
-#                            cpu` (printing their top functions and methods); then scale
-#                            the workloads to 0 (they keep the CPUs busy)
+#                            cpu` (printing their top functions and methods); let a Go
+#                            service grow until its memory limit OOM-kills it, and show the
+#                            heap profile a policy's memory trigger took before the kill;
+#                            then scale the workloads to 0 (they keep the CPUs busy)
 #   scripts/demo.sh down     uninstall Flamefleet and stop the cluster
 #
 # Run as root (no sudo needed). The cluster keeps running after the demo; the kubeconfig is
@@ -181,8 +183,45 @@ echo "--- cpu of the Python catalog service: top Python functions (go tool pprof
 go tool pprof -top -nodecount=5 -show '^catalog\.' "$(only "$DEMO_DIR/profiles/catalog/cpu-*-$NODE_NAME.pb.gz")" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
 echo "--- cpu of the Java ledger service: top Java methods (go tool pprof -top -show '^dev\.flamefleet\.demo\.')"
 go tool pprof -top -nodecount=5 -show '^dev\.flamefleet\.demo\.' "$(only "$DEMO_DIR/profiles/ledger/cpu-*-$NODE_NAME.pb.gz")" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
-k get preq -n "$DEMO_NS"
 stop_apps catalog ledger
+
+step "a triggered heap profile taken before an OOM kill: the Go orders service grows until its 128 MiB limit"
+# policy.yaml: at 60% of the limit, the agent reads the Go heap at once and the operator makes
+# it a ProfileRequest owned by the policy (docs/triggers.md). POST /leak starts the growth.
+sed "s|image: .*orders-demo:.*|image: flamefleet.local/orders-demo:$TAG|" examples/demo-workload/orders/deployment.yaml |
+  k apply -n "$DEMO_NS" -f - >/dev/null
+k apply -n "$DEMO_NS" -f examples/demo-workload/orders/policy.yaml >/dev/null
+k -n "$DEMO_NS" scale deploy/orders --replicas=1 >/dev/null
+k -n "$DEMO_NS" rollout status deploy/orders --timeout 120s
+pod="$(k -n "$DEMO_NS" get pod -l app=orders --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}')"
+uid="$(k -n "$DEMO_NS" get pod "$pod" -o jsonpath='{.metadata.uid}')"
+ip="$(k -n "$DEMO_NS" get pod "$pod" -o jsonpath='{.status.podIP}')"
+# The agent watches the pod once the operator sends it the policy's watch set.
+for _ in $(seq 60); do
+  [[ "$(k -n "$DEMO_NS" get samplingpolicy orders-oom -o jsonpath='{.status.triggers[0].watchedPods}')" -ge 1 ]] 2>/dev/null && break
+  sleep 1
+done
+curl -fsS -X POST "http://$ip:8080/leak?pause=20ms"
+run=""
+for _ in $(seq 120); do
+  run="$(k -n "$DEMO_NS" get preq -l "flamefleet.dev/trigger-pod-uid=$uid" -o jsonpath='{.items[?(@.status.phase=="Succeeded")].metadata.name}')"
+  [[ -n "$run" ]] && break
+  sleep 1
+done
+[[ -n "$run" ]] || die "no triggered run of $pod finished (k -n $DEMO_NS get preq; k -n $DEMO_NS describe samplingpolicy orders-oom)"
+for _ in $(seq 60); do
+  [[ "$(k -n "$DEMO_NS" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].lastState.terminated.reason}')" == OOMKilled ]] && break
+  sleep 1
+done
+echo "--- $pod: $(k -n "$DEMO_NS" get pod "$pod" -o jsonpath='last termination {.status.containerStatuses[0].lastState.terminated.reason}, restarts {.status.containerStatuses[0].restartCount}')"
+echo "--- $run: $(k -n "$DEMO_NS" get preq "$run" -o jsonpath='{.status.trigger.reason}; heap {.status.trigger.heapAtFire}')"
+rm -rf "$DEMO_DIR/profiles/orders" && mkdir -p "$DEMO_DIR/profiles/orders"
+k profile get "$run" -n "$DEMO_NS" -o "$DEMO_DIR/profiles/orders" --format svg >"$DEMO_DIR/heap-orders.log" 2>&1 ||
+  { cat "$DEMO_DIR/heap-orders.log"; die "kubectl profile get $run failed"; }
+echo "--- heap of the orders service before its OOM kill (go tool pprof -top -sample_index=inuse_space)"
+go tool pprof -top -nodecount=5 -sample_index=inuse_space "$(only "$DEMO_DIR/profiles/orders/*.pb.gz")" 2>/dev/null | sed -n '/^ *flat  *flat%/,$p'
+k profile list -n "$DEMO_NS"
+stop_apps orders
 
 cat <<EOF
 
@@ -192,6 +231,7 @@ CPUs. Look around:
   export KUBECONFIG=$KUBECONFIG PATH=$FLAMEFLEET_CACHE/plugins:\$PATH
   $KUBECTL get preq -n $DEMO_NS
   $KUBECTL scale deploy/checkout deploy/inventory deploy/catalog deploy/ledger -n $DEMO_NS --replicas=1
+  $KUBECTL profile list sp/orders-oom -n $DEMO_NS
   $KUBECTL profile cpu deploy/checkout -n $DEMO_NS --duration 30s
   $KUBECTL profile list -n $DEMO_NS
 Stop everything: scripts/demo.sh down
