@@ -11,6 +11,7 @@ include!(concat!(env!("OUT_DIR"), "/skeletons.rs"));
 pub unsafe trait Pod: Copy + Default {}
 
 unsafe impl Pod for cpu_sampler::types::cpu_sample_key {}
+unsafe impl Pod for cpu_ring::types::ring_entry {}
 unsafe impl Pod for cpu_sampler::types::ff_target {}
 unsafe impl Pod for cpu_sampler::types::ff_proc_event {}
 unsafe impl Pod for runqlat::types::runqlat_key {}

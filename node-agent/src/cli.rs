@@ -97,6 +97,13 @@ pub struct ServeArgs {
     /// The node's budget of trigger fires per minute, all pods together.
     #[arg(long, default_value_t = 30)]
     pub trigger_fires_per_minute: u32,
+    /// Samples per second on each CPU of the lead-up ring, the in-kernel ring of recent CPU
+    /// samples of the pods CPU and pressure triggers watch (1-99; docs/triggers.md).
+    #[arg(long, default_value_t = 19)]
+    pub trigger_lead_up_hz: u64,
+    /// How far before a CPU or pressure fire its CPU profile reaches (at most 30s).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub trigger_lead_up: std::time::Duration,
 }
 
 /// Runs `serve` until SIGINT or SIGTERM.
@@ -133,7 +140,13 @@ pub fn run_serve(args: &ServeArgs) -> anyhow::Result<()> {
             fires_per_minute: args.trigger_fires_per_minute,
             ..crate::trigger::WatcherConfig::default()
         },
+        lead_up: crate::trigger::cpu_ring::RingConfig {
+            frequency: args.trigger_lead_up_hz,
+            lookback: args.trigger_lead_up,
+            ..crate::trigger::cpu_ring::RingConfig::default()
+        },
     };
+    config.lead_up.validate().map_err(anyhow::Error::msg)?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -587,3 +587,162 @@ int main(void) {
         rounds * 2
     );
 }
+
+/// A C workload whose load grows: `argv[1]` seconds at 15% of a core in bursts of its hot
+/// function (under a 0.2-core quota: not throttled), then all of it (throttled).
+fn growing_spinner(dir: &Path) -> PathBuf {
+    support::compile_c(
+        dir,
+        "growing",
+        r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static volatile unsigned long sink;
+__attribute__((noinline)) void spin_hot(void) { for (unsigned long i = 0; i < 20000; i++) sink += i; }
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+int main(int argc, char **argv) {
+    double calm = argc > 1 ? atof(argv[1]) : 8, start = now();
+    puts("ready"); fflush(stdout);
+    while (now() - start < calm) {
+        double t = now();
+        while (now() - t < 0.015) spin_hot();
+        usleep(85000);
+    }
+    puts("hot"); fflush(stdout);
+    for (;;) spin_hot();
+}
+"#,
+    )
+}
+
+/// The lead-up (docs/triggers.md): the ring keeps a throttled C workload's samples at 19 Hz,
+/// a CPU-throttling fire snapshots the seconds before it, and the CPU capture after the
+/// fire prepends them, symbolized like its own samples and labelled as the lead-up. The
+/// workload runs its hot function at 15% of a core for 8 s under a 0.2-core quota, then
+/// spins and is throttled: the profile names the hot function and covers at least 5 s
+/// before the fire.
+#[test]
+fn a_cpu_fires_profile_covers_the_seconds_before_the_fire_from_the_ring() {
+    use flamefleet_agent::capture::CaptureTarget;
+    use flamefleet_agent::capture::cpu::CpuOptions;
+    use flamefleet_agent::capture::lifecycle::{self, CaptureSpec};
+    use flamefleet_agent::trigger::cpu_ring::{CpuRing, RingConfig};
+    use flamefleet_agent::trigger::fire_lead_ups::LeadUp;
+
+    require_root();
+    let _serial = serial();
+    let began = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = growing_spinner(dir.path());
+    let mut cg = LimitedCgroup::new("leadup", None, Some((20_000, 100_000)));
+    let config = RingConfig::default();
+    let ring = CpuRing::start(config).expect("the lead-up ring loads");
+    ring.watch(cg.cgroup.id)
+        .expect("the ring watches the cgroup");
+    // Ticks of a second (ten CFS periods): one period throttled by chance in the calm phase
+    // does not fire.
+    let (w, fires) = watcher(WatcherConfig {
+        tick: Duration::from_secs(1),
+        ..test_config()
+    });
+    w.watch(cg.target(
+        "shop/spinner/app",
+        vec![TriggerSpec {
+            name: "throttled".into(),
+            condition: Condition::CpuThrottled { percent: 50 },
+            cooldown: Duration::from_secs(3600),
+        }],
+    ))
+    .expect("watch");
+    let started = Instant::now();
+    let _out = ready(cg.spawn(Command::new(&bin).arg("8")), "ready");
+    let fire = fires.recv_timeout(FIRE_WAIT).expect("a throttling fire");
+    let fired_after = started.elapsed();
+    let snapshot = ring.snapshot(
+        cg.cgroup.id,
+        fire.at.elapsed().unwrap_or_default(),
+        config.lookback,
+    );
+    eprintln!(
+        "fire {:.1}s after the start: {fire}; ring: {} samples, {:.1}s before the fire, torn {}, {} slots/CPU, {} KiB",
+        fired_after.as_secs_f64(),
+        snapshot.samples.len(),
+        snapshot.covered().as_secs_f64(),
+        snapshot.torn,
+        ring.slots(),
+        ring.ring_bytes() / 1024
+    );
+    assert!(
+        fired_after >= Duration::from_secs(8),
+        "the calm phase (8 s at 15% of the 20% quota) does not fire"
+    );
+    let lead_up = LeadUp {
+        pod_uid: "pod-uid".into(),
+        cgroup: cg.cgroup.path.clone(),
+        fired_at: fire.at,
+        frequency: config.frequency,
+        lookback: config.lookback,
+        snapshot,
+    };
+
+    // The capture the fire starts, with the lead-up prepended.
+    let samplers = Samplers::new(SamplerConfig::default());
+    let mut running = lifecycle::start(
+        &samplers,
+        CaptureSpec::Cpu {
+            targets: vec![CaptureTarget::raw(cg.cgroup.clone())],
+            options: CpuOptions::default(),
+            duration: Duration::from_secs(2),
+        },
+    )
+    .expect("the CPU capture starts");
+    running.prepend_lead_up(lead_up);
+    running
+        .run_window(&flamefleet_agent::capture::window::Stop::new())
+        .expect("the window");
+    let finished = running.finish().expect("finish");
+    eprintln!("{}", finished.report);
+    let file = dir.path().join("cpu.pb.gz");
+    flamefleet_agent::cli::write_profile(&file, &finished.profile).unwrap();
+    let d = Decoded::read(&file);
+    let (mut lead, mut hot, mut after, mut oldest_ms) = (0i64, 0i64, 0i64, 0i64);
+    for s in &d.profile.sample {
+        match d.label(s, "trigger_phase") {
+            Some("lead-up") => {
+                lead += 1;
+                oldest_ms = oldest_ms.max(d.num_label(s, "ms_before_fire").expect("its time"));
+                let leaf = d.user_leaf(s).map(|l| d.functions(l));
+                if leaf.is_some_and(|f| f.first() == Some(&"spin_hot")) {
+                    hot += 1;
+                }
+            }
+            Some("after-fire") => after += s.value[0],
+            other => panic!("a sample labelled {other:?}"),
+        }
+    }
+    let share = hot as f64 * 100.0 / lead.max(1) as f64;
+    println!(
+        "lead-up: {lead} samples at {} Hz covering {:.1}s before the fire, spin_hot {share:.1}% of them (user leaf); {after} samples after; test {:.1}s",
+        config.frequency,
+        oldest_ms as f64 / 1e3,
+        began.elapsed().as_secs_f64()
+    );
+    assert!(
+        oldest_ms >= 5_000,
+        "the lead-up covers at least 5 s before the fire: {oldest_ms} ms"
+    );
+    assert!(
+        share >= 80.0,
+        "the lead-up names the hot function: {share:.1}%"
+    );
+    assert!(after > 0, "the capture's own samples follow the lead-up");
+    assert!(
+        finished.report.contains("lead-up:"),
+        "the capture says it has a lead-up:\n{}",
+        finished.report
+    );
+    ring.unwatch(cg.cgroup.id);
+    assert_eq!(ring.watched(), 0);
+}

@@ -28,6 +28,7 @@ use super::window::{self, Stop, Window, WindowEnd};
 use super::{CaptureError, CaptureTarget, Samplers};
 use crate::process::ProcessCatalog;
 use crate::symbolize::StackSymbolizer;
+use crate::trigger::fire_lead_ups::LeadUp;
 
 /// What to capture, per profile type.
 #[derive(Debug, Clone)]
@@ -100,6 +101,8 @@ enum Engine {
         duration: Duration,
         /// Time the early symbolization pass took (see the [`Window`] of [`Running`]).
         warmed: Option<Duration>,
+        /// A trigger's lead-up, prepended to the profile.
+        lead_up: Option<LeadUp>,
     },
     Runqlat {
         capture: RunqlatCapture,
@@ -187,6 +190,7 @@ pub fn start(samplers: &Samplers, spec: CaptureSpec) -> Result<Running, EngineEr
             started: Instant::now(),
             duration,
             warmed: None,
+            lead_up: None,
         },
         CaptureSpec::Runqlat {
             targets,
@@ -249,6 +253,14 @@ impl Running {
         }
     }
 
+    /// Prepends `lead_up` (the samples a trigger's ring kept before its fire) to a CPU
+    /// capture's profile; ignored by the other engines.
+    pub fn prepend_lead_up(&mut self, lead_up: LeadUp) {
+        if let Engine::Cpu { lead_up: slot, .. } = &mut self.engine {
+            *slot = Some(lead_up);
+        }
+    }
+
     /// Runs the window on this thread until it ends, or until `stop`.
     ///
     /// # Errors
@@ -270,13 +282,15 @@ impl Running {
                 java_attach,
                 node,
                 warmed,
+                lead_up,
                 ..
             } => {
                 let after_window = Instant::now();
                 let result = capture.finish()?;
                 let mut symbolizer = StackSymbolizer::new(catalog);
                 symbolizer.java_attach(java_attach);
-                let profile = result.to_profile(&mut symbolizer, &node);
+                let profile =
+                    result.to_profile_with_lead_up(&mut symbolizer, &node, lead_up.as_ref());
                 let symbolized = Symbolized {
                     during_window: warmed,
                     after_window: Some(after_window.elapsed()),
@@ -296,7 +310,12 @@ impl Running {
                             .chain(symbolizer.jvms().iter().map(ToString::to_string))
                             .collect(),
                     })),
-                    notes: symbolizer.kernel_note().into_iter().collect(),
+                    notes: lead_up
+                        .as_ref()
+                        .map(LeadUp::describe)
+                        .into_iter()
+                        .chain(symbolizer.kernel_note())
+                        .collect(),
                 };
                 Ok(Finished {
                     report: with_notes(result.top_text(&profile), &summary),

@@ -15,7 +15,7 @@ pub mod heap;
 pub mod kernel;
 pub mod lifecycle;
 pub mod offcpu;
-mod perf_event;
+pub(crate) mod perf_event;
 mod process_tracker;
 mod registry;
 pub mod runqlat;

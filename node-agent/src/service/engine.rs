@@ -20,6 +20,7 @@ use crate::capture::window::Window;
 use crate::capture::{CaptureTarget, Samplers};
 use crate::cgroup::CgroupRoot;
 use crate::trigger::fire_heaps::FireHeaps;
+use crate::trigger::fire_lead_ups::{FireLeadUps, LeadUp};
 
 /// Starts captures for the service.
 pub trait CaptureEngine: Send + Sync + 'static {
@@ -123,6 +124,9 @@ pub struct NodeEngine {
     /// The heaps memory fires read on this node (a triggered heap run's artifact); `None`:
     /// every heap capture reads now.
     pub fire_heaps: Option<Arc<FireHeaps>>,
+    /// The lead-ups CPU and pressure fires read from the ring on this node (prepended to a
+    /// triggered CPU run's profile); `None`: no lead-ups.
+    pub fire_lead_ups: Option<Arc<FireLeadUps>>,
 }
 
 /// A triggered heap run served by the heap its fire read on this node: no window.
@@ -178,6 +182,19 @@ impl NodeEngine {
     }
 }
 
+impl NodeEngine {
+    /// The lead-up fire `request.trigger_fire_id` read on this node, when it is kept and
+    /// belongs to one of the request's pods; why not otherwise.
+    fn fire_lead_up(&self, request: &CaptureRequest) -> Result<LeadUp, String> {
+        let spool = self
+            .fire_lead_ups
+            .as_ref()
+            .ok_or_else(|| "this agent keeps no lead-ups of fires".to_string())?;
+        let pods: Vec<&str> = request.targets.iter().map(|t| t.pod_uid.as_str()).collect();
+        spool.get(&request.trigger_fire_id, &pods)
+    }
+}
+
 impl CaptureEngine for NodeEngine {
     fn start(
         &self,
@@ -209,10 +226,23 @@ impl CaptureEngine for NodeEngine {
         );
         let node = &self.samplers.config().node;
         let spec = spec(request, profile_type, duration, &resolved, node)?;
-        Ok(Box::new(NodeCapture(lifecycle::start(
-            &self.samplers,
-            spec,
-        )?)))
+        let mut running = lifecycle::start(&self.samplers, spec)?;
+        if profile_type == ProfileType::Cpu && !request.trigger_fire_id.is_empty() {
+            match self.fire_lead_up(request) {
+                Ok(lead_up) => {
+                    tracing::info!(
+                        uid = %request.request_uid, fire = %request.trigger_fire_id,
+                        samples = lead_up.snapshot.samples.len(),
+                        "the fire's lead-up is prepended to the CPU profile"
+                    );
+                    running.prepend_lead_up(lead_up);
+                }
+                Err(why) => tracing::info!(
+                    uid = %request.request_uid, "a CPU run of a fire without its lead-up: {why}"
+                ),
+            }
+        }
+        Ok(Box::new(NodeCapture(running)))
     }
 }
 

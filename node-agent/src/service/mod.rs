@@ -54,6 +54,7 @@ use self::upload::{UploadPolicy, Uploader};
 use crate::capture::{SamplerConfig, Samplers};
 use crate::cgroup::{CgroupError, CgroupRoot};
 use crate::trigger::fire_heaps::{FireHeapLimits, FireHeaps};
+use crate::trigger::fire_lead_ups::{FireLeadUps, LeadUpLimits};
 
 /// Errors of starting or running the service.
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +154,8 @@ pub struct AgentConfig {
     pub cgroup_root: Option<PathBuf>,
     /// The trigger watcher's bounds (least cooldown, cgroups watched, fires per minute).
     pub triggers: crate::trigger::WatcherConfig,
+    /// The lead-up ring of CPU and pressure triggers (frequency, lookback).
+    pub lead_up: crate::trigger::cpu_ring::RingConfig,
 }
 
 /// The tonic service: the captures table, progress, uploads and reporting around a
@@ -237,13 +240,17 @@ impl NodeAgent {
         );
         let metrics = Arc::new(metrics::AgentMetrics::default());
         let fire_heaps = Arc::new(FireHeaps::new(FireHeapLimits::default()));
+        let fire_lead_ups = Arc::new(FireLeadUps::new(LeadUpLimits::default()));
         let watch = Arc::new(
-            watch::NodeWatch::new(cgroup_root.clone(), config.triggers.clone()).with_heap_at_fire(
-                watch::HeapAtFireReader {
+            watch::NodeWatch::new(cgroup_root.clone(), config.triggers.clone())
+                .with_heap_at_fire(watch::HeapAtFireReader {
                     samplers: Arc::clone(&samplers),
                     spool: Arc::clone(&fire_heaps),
-                },
-            ),
+                })
+                .with_lead_up_at_fire(watch::LeadUpAtFireReader {
+                    config: config.lead_up,
+                    spool: Arc::clone(&fire_lead_ups),
+                }),
         );
         let agent = Agent::with_engine(Context {
             node: config.node_name.clone(),
@@ -251,6 +258,7 @@ impl NodeAgent {
                 cgroup_root,
                 samplers: Arc::clone(&samplers),
                 fire_heaps: Some(fire_heaps),
+                fire_lead_ups: Some(fire_lead_ups),
             }),
             uploader: Uploader::new(UploadPolicy::default())?,
             upload_permits: None,

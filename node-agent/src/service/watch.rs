@@ -21,16 +21,18 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, UNIX_EPOCH};
 
 use flamefleet_proto::agent::{
-    HeapAtFire, MemoryEventKind, PressureResource, TriggerFired, WatchAck, WatchEvent,
-    WatchRequest, trigger_condition, watch_event,
+    HeapAtFire, LeadUpAtFire, MemoryEventKind, PressureResource, TriggerFired, WatchAck,
+    WatchEvent, WatchRequest, trigger_condition, watch_event,
 };
 use futures::Stream;
 use tonic::Status;
 
 use crate::capture::{Samplers, TargetLabels};
 use crate::cgroup::{Cgroup, CgroupRoot};
+use crate::trigger::cpu_ring::{CpuRing, RingConfig};
 use crate::trigger::files::Hierarchies;
 use crate::trigger::fire_heaps::{FireHeap, FireHeaps};
+use crate::trigger::fire_lead_ups::{FireLeadUps, LeadUp};
 use crate::trigger::heap_now;
 use crate::trigger::{
     Condition, Fire, MemoryEvent, PsiResource, TriggerSpec, WatchId, WatchTarget, Watcher,
@@ -53,6 +55,8 @@ struct Entry {
     container: String,
     /// The watched cgroup (a memory fire reads the heap of its processes).
     cgroup: Cgroup,
+    /// Whether the lead-up ring keeps its samples (it has a CPU or pressure trigger).
+    in_ring: bool,
 }
 
 /// What a memory fire reads at once, and where it keeps it for the fire's run.
@@ -62,6 +66,22 @@ pub struct HeapAtFireReader {
     pub samplers: Arc<Samplers>,
     /// Where the heaps are kept.
     pub spool: Arc<FireHeaps>,
+}
+
+/// What a CPU or pressure fire reads at once: the lead-up in the ring, kept for the fire's
+/// CPU run.
+#[derive(Debug, Clone)]
+pub struct LeadUpAtFireReader {
+    /// How the ring samples (started on the first watched CPU or pressure trigger).
+    pub config: RingConfig,
+    /// Where the lead-ups are kept.
+    pub spool: Arc<FireLeadUps>,
+}
+
+/// The lead-up ring, started on first use.
+#[derive(Default)]
+struct Ring {
+    ring: Option<Arc<CpuRing>>,
 }
 
 #[derive(Default)]
@@ -84,6 +104,8 @@ pub struct NodeWatch {
     watcher: Mutex<Option<Arc<Watcher>>>,
     state: Arc<Mutex<State>>,
     heaps: Option<HeapAtFireReader>,
+    lead_up: Option<LeadUpAtFireReader>,
+    ring: Arc<Mutex<Ring>>,
     /// Fires sent to the operator.
     sent: Arc<AtomicU64>,
     /// Fires dropped: no stream, or its queue full.
@@ -113,6 +135,8 @@ impl NodeWatch {
             watcher: Mutex::new(None),
             state: Arc::default(),
             heaps: None,
+            lead_up: None,
+            ring: Arc::default(),
             sent: Arc::default(),
             dropped: Arc::default(),
         }
@@ -126,6 +150,44 @@ impl NodeWatch {
         self
     }
 
+    /// CPU and pressure fires read the lead-up of the cgroup that fired from an in-kernel
+    /// ring of recent CPU samples and keep it in `reader.spool` for the fire's CPU run
+    /// (docs/triggers.md, "The lead-up").
+    #[must_use]
+    pub fn with_lead_up_at_fire(mut self, reader: LeadUpAtFireReader) -> Self {
+        self.lead_up = Some(reader);
+        self
+    }
+
+    /// The lead-up ring, started now if it is not yet.
+    fn ring(&self, reader: &LeadUpAtFireReader) -> Result<Arc<CpuRing>, String> {
+        let mut slot = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = slot.ring.as_ref() {
+            return Ok(Arc::clone(r));
+        }
+        let config = RingConfig {
+            max_cgroups: u32::try_from(self.config.max_watched).unwrap_or(u32::MAX),
+            ..reader.config
+        };
+        let ring = Arc::new(CpuRing::start(config).map_err(|e| e.to_string())?);
+        slot.ring = Some(Arc::clone(&ring));
+        Ok(ring)
+    }
+
+    fn unring(&self, entries: &[Entry]) {
+        let ring = self
+            .ring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .ring
+            .clone();
+        if let Some(ring) = ring {
+            for e in entries.iter().filter(|e| e.in_ring) {
+                ring.unwatch(e.cgroup.id);
+            }
+        }
+    }
+
     fn watcher(&self) -> Result<Arc<Watcher>, String> {
         let mut slot = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(w) = slot.as_ref() {
@@ -136,6 +198,8 @@ impl NodeWatch {
         let state = Arc::clone(&self.state);
         let (sent, dropped) = (Arc::clone(&self.sent), Arc::clone(&self.dropped));
         let heaps = self.heaps.clone();
+        let lead = self.lead_up.clone();
+        let ring = Arc::clone(&self.ring);
         std::thread::Builder::new()
             .name("trigger-fires".into())
             .spawn(move || {
@@ -147,7 +211,11 @@ impl NodeWatch {
                         .entries
                         .get(&fire.target)
                         .cloned();
-                    let fire_id = heaps.as_ref().map(|h| h.spool.new_id()).unwrap_or_default();
+                    let fire_id = heaps
+                        .as_ref()
+                        .map(|h| h.spool.new_id())
+                        .or_else(|| lead.as_ref().map(|l| l.spool.new_id()))
+                        .unwrap_or_default();
                     // The heap first: the OOM killer does not wait for the report.
                     let heap = match (&heaps, &entry) {
                         (Some(reader), Some(entry)) if fire.condition.is_memory() => {
@@ -155,7 +223,20 @@ impl NodeWatch {
                         }
                         _ => None,
                     };
-                    forward(&state, &fire, fire_id, heap, &sent, &dropped);
+                    let ring = ring
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .ring
+                        .clone();
+                    let lead_up = match (&lead, &entry, ring) {
+                        (Some(reader), Some(entry), Some(ring))
+                            if entry.in_ring && !fire.condition.is_memory() =>
+                        {
+                            Some(read_lead_up(reader, &ring, entry, &fire, &fire_id))
+                        }
+                        _ => None,
+                    };
+                    forward(&state, &fire, fire_id, heap, lead_up, &sent, &dropped);
                 }
             })
             .map_err(|e| format!("spawning the fire forwarder: {e}"))?;
@@ -244,6 +325,7 @@ impl NodeWatch {
                             pod_name: target.pod_name.clone(),
                             container: container.clone(),
                             cgroup: cgroup.clone(),
+                            in_ring: false,
                         },
                     ),
                 );
@@ -281,15 +363,30 @@ impl NodeWatch {
                 }
             }
         };
+        let stale_entries: Vec<Entry> = stale.iter().map(|(_, e)| e.clone()).collect();
+        self.unring(&stale_entries);
         if let Some(watcher) = &watcher {
             for id in stale.iter().filter_map(|(_, e)| e.id) {
                 watcher.unwatch(id);
             }
             for (key, (target, mut entry)) in wanted {
                 let what = format!("{}/{}/{}", entry.namespace, entry.pod_name, entry.container);
+                let wants_ring = target.triggers.iter().any(|t| !t.condition.is_memory());
                 match watcher.watch(target) {
                     Ok(id) => {
                         entry.id = Some(id);
+                        if let (true, Some(reader)) = (wants_ring, self.lead_up.as_ref()) {
+                            match self
+                                .ring(reader)
+                                .and_then(|r| r.watch(entry.cgroup.id).map_err(|e| e.to_string()))
+                            {
+                                Ok(()) => entry.in_ring = true,
+                                // The trigger still fires; its CPU run has no lead-up.
+                                Err(e) => refused.push(format!(
+                                    "{what}: watched without the lead-up of its CPU profiles: {e}"
+                                )),
+                            }
+                        }
                         self.state
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
@@ -326,6 +423,7 @@ impl NodeWatch {
             state.sender = None;
             state.entries.drain().map(|(_, e)| e).collect()
         };
+        self.unring(&stale);
         if let Some(w) = self
             .watcher
             .lock()
@@ -447,12 +545,62 @@ fn read_heap(reader: &HeapAtFireReader, entry: &Entry, fire: &Fire, fire_id: &st
     }
 }
 
+/// Reads the lead-up of the cgroup that fired from the ring and keeps it under `fire_id`.
+fn read_lead_up(
+    reader: &LeadUpAtFireReader,
+    ring: &CpuRing,
+    entry: &Entry,
+    fire: &Fire,
+    fire_id: &str,
+) -> LeadUpAtFire {
+    let config = ring.config();
+    let snapshot = ring.snapshot(
+        entry.cgroup.id,
+        fire.at.elapsed().unwrap_or_default(),
+        config.lookback,
+    );
+    let samples = u32::try_from(snapshot.samples.len()).unwrap_or(u32::MAX);
+    let covered_ms = u32::try_from(snapshot.covered().as_millis()).unwrap_or(u32::MAX);
+    let kept = reader.spool.keep(
+        fire_id,
+        LeadUp {
+            pod_uid: entry.pod_uid.clone(),
+            cgroup: entry.cgroup.path.clone(),
+            fired_at: fire.at,
+            frequency: config.frequency,
+            lookback: config.lookback,
+            snapshot,
+        },
+    );
+    match kept {
+        Ok(()) => {
+            tracing::info!(%fire, fire_id, samples, covered_ms, "lead-up read at the fire, kept for its run");
+            LeadUpAtFire {
+                kept: true,
+                samples,
+                covered_ms,
+                error: String::new(),
+            }
+        }
+        Err(error) => {
+            tracing::info!(%fire, fire_id, %error, "no lead-up kept at the fire");
+            LeadUpAtFire {
+                kept: false,
+                samples,
+                covered_ms,
+                error,
+            }
+        }
+    }
+}
+
 /// Sends `fire` to the current stream (never blocks the watcher's consumer).
 fn forward(
     state: &Mutex<State>,
     fire: &Fire,
     fire_id: String,
     heap_at_fire: Option<HeapAtFire>,
+    lead_up_at_fire: Option<LeadUpAtFire>,
     sent: &AtomicU64,
     dropped: &AtomicU64,
 ) {
@@ -483,6 +631,7 @@ fn forward(
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
             fire_id,
             heap_at_fire,
+            lead_up_at_fire,
         })),
     };
     tracing::info!(%fire, "trigger fired");

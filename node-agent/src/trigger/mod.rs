@@ -12,11 +12,16 @@
 //! - [`cooldown`]: the cooldown per (cgroup, trigger) and the node's fire budget;
 //! - [`watcher`]: the one thread that waits on every watched cgroup's events and ticks;
 //! - [`heap_now`]: the heap capture a memory fire starts on the node;
-//! - [`fire_heaps`]: where those heaps wait for the fire's run.
+//! - [`fire_heaps`]: where those heaps wait for the fire's run;
+//! - [`cpu_ring`]: the in-kernel ring of recent CPU samples of the cgroups CPU and pressure
+//!   triggers watch (the lead-up of their fires' CPU profiles);
+//! - [`fire_lead_ups`]: where a fire's lead-up waits for the fire's run.
 
 pub mod cooldown;
+pub mod cpu_ring;
 pub mod files;
 pub mod fire_heaps;
+pub mod fire_lead_ups;
 pub mod heap_now;
 pub mod psi;
 pub mod watcher;

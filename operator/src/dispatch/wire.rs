@@ -113,10 +113,11 @@ pub fn capture_request(
         uploads,
         // The dispatcher sets it: it knows the grace.
         deadline_ms: 0,
-        // A triggered heap run: the heap its node read at the fire. Whoever wrote the
-        // annotation, the agent hands that heap only to a capture of the pod it was read
-        // from, and the targets are the request's own namespace's pods.
-        trigger_fire_id: if spec.profile_type == ProfileType::Heap {
+        // A triggered heap run: the heap its node read at the fire; a triggered CPU run: the
+        // lead-up its node read from the ring. Whoever wrote the annotation, the agent hands
+        // either only to a capture of the pod it was read from, and the targets are the
+        // request's own namespace's pods.
+        trigger_fire_id: if matches!(spec.profile_type, ProfileType::Heap | ProfileType::Cpu) {
             plan.trigger_fire_id.clone()
         } else {
             String::new()

@@ -8,9 +8,10 @@ use flamefleet_proto::pprof::Profile;
 
 use super::{CpuDrops, CpuOptions};
 use crate::capture::CaptureTarget;
-use crate::pprof::{Frame, ProfileBuilder};
+use crate::pprof::{Frame, Label, ProfileBuilder};
 use crate::python::{self, PyFrame, PyProcessStatus, PyStats};
 use crate::symbolize::StackSymbolizer;
+use crate::trigger::fire_lead_ups::LeadUp;
 use crate::unwind::{UnwinderStats, WalkStats};
 
 /// One aggregated CPU sample: a thread, its stacks, and how often it was seen.
@@ -105,6 +106,21 @@ impl CpuSamples {
     /// Symbolizes and builds the pprof profile: sample types `samples/count`
     /// and `cpu/nanoseconds`, labels namespace/pod/container/node/pid/comm/thread.
     pub fn to_profile(&self, symbolizer: &mut StackSymbolizer, node: &str) -> Profile {
+        self.to_profile_with_lead_up(symbolizer, node, None)
+    }
+
+    /// [`Self::to_profile`], with the samples a trigger's ring kept before its fire
+    /// prepended (docs/triggers.md, "The lead-up"): symbolized the same way, each its own
+    /// sample of `1/frequency` s of CPU at the ring's frequency, labelled
+    /// `trigger_phase=lead-up` and `ms_before_fire`; this capture's own samples are
+    /// labelled `trigger_phase=after-fire`. Lead-up samples of a cgroup that is none of the
+    /// targets' (or below one) are left out.
+    pub fn to_profile_with_lead_up(
+        &self,
+        symbolizer: &mut StackSymbolizer,
+        node: &str,
+        lead_up: Option<&LeadUp>,
+    ) -> Profile {
         let period = crate::pprof::nanos_per_sample(self.options.frequency);
         let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")]);
         b.cpu_period(self.options.frequency);
@@ -122,10 +138,16 @@ impl CpuSamples {
             self.drops.kernel_stack,
             self.drops.notify
         ));
+        if let Some(lead_up) = lead_up {
+            self.add_lead_up(symbolizer, &mut b, node, lead_up);
+        }
         for s in &self.samples {
             let frames = s.frames(symbolizer, &mut b);
             let target = self.targets.get(s.target);
-            let labels = crate::capture::thread_labels(target, node, s.tgid, s.pid, &s.comm);
+            let mut labels = crate::capture::thread_labels(target, node, s.tgid, s.pid, &s.comm);
+            if lead_up.is_some() {
+                labels.push(Label::Str("trigger_phase".into(), "after-fire".into()));
+            }
             let n = s.count as i64;
             symbolizer.account(&frames, s.count);
             b.add_sample(&frames, &[n, n * period], &labels);
@@ -156,6 +178,51 @@ impl CpuSamples {
         b.build()
     }
 
+    fn add_lead_up(
+        &self,
+        symbolizer: &mut StackSymbolizer,
+        b: &mut ProfileBuilder,
+        node: &str,
+        lead_up: &LeadUp,
+    ) {
+        let Some(target) = self
+            .targets
+            .iter()
+            .find(|t| lead_up.cgroup.starts_with(&t.cgroup.path))
+        else {
+            b.comment(&format!(
+                "lead-up left out: its cgroup {} is none of the targets'",
+                lead_up.cgroup.display()
+            ));
+            return;
+        };
+        b.comment(&lead_up.describe());
+        let period = crate::pprof::nanos_per_sample(lead_up.frequency);
+        for r in &lead_up.snapshot.samples {
+            let sample = CpuSample {
+                target: 0,
+                tgid: r.tgid,
+                pid: r.pid,
+                comm: r.comm.clone(),
+                user_stack: r.user_stack.clone(),
+                kernel_stack: r.kernel_stack.clone(),
+                python: Vec::new(),
+                count: 1,
+            };
+            let frames = sample.frames(symbolizer, b);
+            let mut labels =
+                crate::capture::thread_labels(Some(target), node, r.tgid, r.pid, &r.comm);
+            labels.push(Label::Str("trigger_phase".into(), "lead-up".into()));
+            labels.push(Label::Num(
+                "ms_before_fire".into(),
+                r.before_fire_ns / 1_000_000,
+                "milliseconds".into(),
+            ));
+            symbolizer.account(&frames, 1);
+            b.add_sample(&frames, &[1, period], &labels);
+        }
+    }
+
     /// A short "top" of `profile` (built from these samples) by leaf function, for
     /// `flamefleet-agent capture --text`.
     pub fn top_text(&self, profile: &Profile) -> String {
@@ -184,7 +251,13 @@ impl CpuSamples {
         }
         let mut rows: Vec<_> = flat.into_iter().collect();
         rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        let total = self.total().max(1) as f64;
+        // The profile's samples: with a lead-up, more than this capture's own.
+        let total = profile
+            .sample
+            .iter()
+            .map(|s| s.value.first().copied().unwrap_or(0))
+            .sum::<i64>()
+            .max(1) as f64;
         let mut out = format!(
             "{} samples at {} Hz ({}) in {:.1?}; drops: {}\n",
             self.total(),

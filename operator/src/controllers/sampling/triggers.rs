@@ -566,11 +566,13 @@ fn fire_status(fired: &pb::TriggerFired, node: &str, at: Timestamp) -> TriggerFi
     }
 }
 
-/// The node's id of a fire whose heap it kept, when it looks like one (32 hex digits as the
-/// agent makes them; at most 64, so a node cannot write an annotation of any size).
+/// The node's id of a fire whose heap or CPU lead-up it kept, when it looks like one (32 hex
+/// digits as the agent makes them; at most 64, so a node cannot write an annotation of any
+/// size).
 fn kept_fire_id(fired: &pb::TriggerFired) -> Option<&str> {
     let id = fired.fire_id.as_str();
-    (fired.heap_at_fire.as_ref().is_some_and(|h| h.kept)
+    ((fired.heap_at_fire.as_ref().is_some_and(|h| h.kept)
+        || fired.lead_up_at_fire.as_ref().is_some_and(|l| l.kept))
         && !id.is_empty()
         && id.len() <= 64
         && id.bytes().all(|b| b.is_ascii_hexdigit()))
@@ -620,8 +622,11 @@ pub fn triggered_request(
     let mut request = ProfileRequest::new(&name, spec);
     request.metadata.namespace = Some(namespace.to_string());
     request.metadata.labels = Some(labels);
-    // A heap run takes the heap its node read at the fire (the agent checks the pod).
-    if let Some(id) = fire_id.filter(|_| profile_type == ProfileType::Heap) {
+    // A heap run takes the heap its node read at the fire, a CPU run prepends the lead-up
+    // its node read from the ring (the agent checks the pod).
+    if let Some(id) =
+        fire_id.filter(|_| matches!(profile_type, ProfileType::Heap | ProfileType::Cpu))
+    {
         request.metadata.annotations = Some(BTreeMap::from([(
             TRIGGER_FIRE_ANNOTATION.to_string(),
             id.to_string(),
@@ -1149,9 +1154,27 @@ mod tests {
             ..t.clone()
         };
         let r2 = triggered_request(&policy, &cpu, "shop", "web-1", "pod-uid", at, Some("00ff"));
+        assert_eq!(
+            r2.annotations()[TRIGGER_FIRE_ANNOTATION],
+            "00ff",
+            "a CPU run prepends the fire's lead-up"
+        );
+        let runqlat = PolicyTrigger {
+            capture: Some(serde_json::from_value(serde_json::json!({"type": "runqlat"})).unwrap()),
+            ..t.clone()
+        };
+        let r3 = triggered_request(
+            &policy,
+            &runqlat,
+            "shop",
+            "web-1",
+            "pod-uid",
+            at,
+            Some("00ff"),
+        );
         assert!(
-            !r2.annotations().contains_key(TRIGGER_FIRE_ANNOTATION),
-            "only a heap run takes the fire's heap"
+            !r3.annotations().contains_key(TRIGGER_FIRE_ANNOTATION),
+            "a runqlat run takes nothing the node read at the fire"
         );
         let owner = &r.owner_references()[0];
         assert_eq!(
