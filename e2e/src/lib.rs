@@ -19,6 +19,7 @@ pub mod crds;
 pub mod guest;
 pub mod hollow;
 pub mod kubectl;
+pub mod lead_up;
 pub mod pki;
 pub mod pods;
 pub mod test_namespace;

@@ -594,3 +594,130 @@ async fn a_memory_fire_hands_the_heap_it_read_to_its_run_even_after_the_oom_kill
         started.elapsed().as_secs_f64()
     );
 }
+
+/// The lead-up end to end: a C workload whose load grows into its pod's CPU limit of 0.2
+/// cores (10 s of bursts at 15% of a core, then all the time) under a policy whose trigger
+/// fires on throttling. The agent's ring holds the pod's samples from the moment the watch
+/// set reaches it; the fire snapshots them, the operator annotates the CPU run with the fire,
+/// and the run's profile starts with them: it names the workload's hot function and covers
+/// at least 5 s before the fire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_fires_profile_covers_the_seconds_before_the_fire() {
+    let started = Instant::now();
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        nodes: 1,
+        ..PipelineOptions::default()
+    })
+    .await;
+    let ns = TestNamespace::create("ff-trig-cpu").await.unwrap();
+    // The policy first: the ring keeps the pod's samples once the watch set reaches the
+    // agent (within ~2 s of the pod), and the workload's calm phase runs 10 s.
+    let api: Api<SamplingPolicy> = ns.api();
+    let policy = api
+        .create(
+            &PostParams::default(),
+            &pipeline.policy(
+                "cpu-watch",
+                json!({
+                    "schedule": "@yearly",
+                    "template": {
+                        "type": "cpu",
+                        "selector": {"matchLabels": {"app": "ramp"}},
+                        "duration": "2s",
+                    },
+                    "triggers": [{
+                        "name": "throttled",
+                        "cpu": {"throttledPercent": 50},
+                        "capture": {"duration": "2s"},
+                    }],
+                }),
+            ),
+        )
+        .await
+        .expect("creating the SamplingPolicy");
+    let uid = policy.uid().unwrap();
+    pipeline
+        .cpu_limited_pod(&ns, "ramp", 0, &[("app", "ramp")], 200, 1, &["ramp", "10"])
+        .await;
+    let ready = started.elapsed();
+
+    let fired: ProfileRequest = pipeline
+        .wait_for("a triggered run with status.trigger", TIMEOUT, || {
+            let (ns, uid) = (&ns, uid.clone());
+            async move {
+                runs(ns, &uid)
+                    .await
+                    .into_iter()
+                    .find(|r| r.status.as_ref().is_some_and(|s| s.trigger.is_some()))
+            }
+        })
+        .await;
+    let fire_seen = started.elapsed();
+    let trigger = fired.status.clone().unwrap().trigger.unwrap();
+    assert_eq!(fired.spec.profile_type, flamefleet_api::ProfileType::Cpu);
+    assert!(
+        fired
+            .annotations()
+            .get(TRIGGER_FIRE_ANNOTATION)
+            .is_some_and(|id| id.len() == 32),
+        "the CPU run names the fire whose lead-up the node kept: {:?}\n{}",
+        fired.annotations(),
+        pipeline.agent_logs()
+    );
+    let name = fired.name_any();
+    let done: ProfileRequest = pipeline
+        .wait_for("the triggered run to finish", TIMEOUT, || {
+            let api: Api<ProfileRequest> = ns.api();
+            let name = name.clone();
+            async move {
+                let r = api.get(&name).await.ok()?;
+                let phase = r.status.as_ref()?.phase?;
+                phase.is_terminal().then_some(r)
+            }
+        })
+        .await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::Succeeded),
+        "{status:#?}\n{}\n{}",
+        pipeline.operator_logs(),
+        pipeline.agent_logs()
+    );
+    let notes = status
+        .summary
+        .as_ref()
+        .map(|s| s.notes.clone())
+        .unwrap_or_default();
+    assert!(
+        notes.iter().any(|n| n.starts_with("lead-up: ")),
+        "the run says it starts with the lead-up: {notes:?}\n{}",
+        pipeline.agent_logs()
+    );
+    let artifacts = artifacts_of(&pipeline.client, &done).await;
+    assert_eq!(artifacts.len(), 1, "{artifacts:#?}");
+    let file = pipeline.download(&done, &artifacts[0]).await;
+    let f = flamefleet_e2e::lead_up::figures(&file, "burn_cpu");
+    let share = f.share();
+    eprintln!(
+        "triggers e2e (CPU lead-up): pod started at {:.1}s, fire seen {:.1}s later ({}); \
+         lead-up {} samples reaching {:.1}s before the fire, burn_cpu on {share:.1}% of them \
+         ({:.1}% their leaf); {} samples after the fire; {notes:?}; test took {:.1}s",
+        ready.as_secs_f64(),
+        (fire_seen - ready).as_secs_f64(),
+        trigger.reason,
+        f.lead_up,
+        f.oldest_ms as f64 / 1e3,
+        f.leaf_share(),
+        f.after_fire,
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(f.unlabelled, 0, "every sample says its phase: {f:?}");
+    assert!(
+        f.oldest_ms >= 5_000,
+        "the profile covers at least 5 s before the fire: {f:?}"
+    );
+    assert!(share >= 80.0, "the lead-up names burn_cpu: {f:?}");
+    assert!(f.after_fire > 0, "the capture's own samples follow: {f:?}");
+}

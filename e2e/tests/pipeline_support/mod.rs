@@ -425,7 +425,10 @@ impl Drop for Pipeline {
                 .lines()
             {
                 let f: Vec<&str> = line.split_whitespace().collect();
-                if f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "memory") {
+                if f.len() > 3
+                    && f[2] == "cgroup"
+                    && f[3].split(',').any(|o| o == "memory" || o == "cpu")
+                {
                     let dir = Path::new(f[1]).join(name);
                     if dir.exists() {
                         remove_cgroup_tree(&dir);
@@ -434,6 +437,23 @@ impl Drop for Pipeline {
             }
         }
     }
+}
+
+/// The mount point of the v1 hierarchy of `controller` (a hybrid host).
+fn v1_root(controller: &str) -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/mounts").expect("reading /proc/mounts");
+    mounts
+        .lines()
+        .find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == controller))
+                .then(|| PathBuf::from(f[1]))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "a {controller} controller: in cgroup v2 or a v1 {controller} hierarchy (mount one at /sys/fs/cgroup/{controller})"
+            )
+        })
 }
 
 /// What the operator logs once it holds the lease and its controllers start.
@@ -938,6 +958,92 @@ impl Pipeline {
             pod: pod.clone(),
             cgroup,
             children: vec![child],
+        });
+        pod
+    }
+
+    /// A Running pod like [`Pipeline::pod`] whose pod-level cgroup has a CFS quota of
+    /// `millicores` per 100 ms period, as the kubelet sets a CPU limit: cgroup v2 `cpu.max`
+    /// where the v2 hierarchy has the cpu controller, else `cpu.cfs_quota_us` in the v1 cpu
+    /// hierarchy at the same relative path (a hybrid host). `procs` workload processes run
+    /// with `args`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn cpu_limited_pod(
+        &mut self,
+        ns: &TestNamespace,
+        name: &str,
+        node: usize,
+        labels: &[(&str, &str)],
+        millicores: u64,
+        procs: usize,
+        args: &[&str],
+    ) -> Pod {
+        let container_id = random_hex(32);
+        let mut fixture = PodFixture::new(
+            name,
+            &self.nodes[node],
+            &format!("containerd://{container_id}"),
+        );
+        for (k, v) in labels {
+            fixture = fixture.label(k, v);
+        }
+        let pod = ns
+            .running_pod(&fixture)
+            .await
+            .expect("creating a running pod");
+        let uid = pod.metadata.uid.clone().expect("pod uid");
+        let rel = PathBuf::from(format!("kubepods/burstable/pod{uid}"));
+        let pod_dir = self.cgroup_root.join(&rel);
+        let cgroup = pod_dir.join(&container_id);
+        std::fs::create_dir_all(&cgroup)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", cgroup.display()));
+        let write = |path: PathBuf, value: &str| {
+            std::fs::write(&path, value)
+                .unwrap_or_else(|e| panic!("writing {value:?} to {}: {e}", path.display()))
+        };
+        let (period, quota) = (100_000u64, millicores * 100);
+        let mount = cgroup2_mount();
+        let controllers =
+            std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+        let mut joined = vec![cgroup.clone()];
+        if controllers.split_whitespace().any(|c| c == "cpu") {
+            let mut dir = mount.clone();
+            for part in self
+                .cgroup_root
+                .strip_prefix(&mount)
+                .expect("the fixture's cgroups under the cgroup2 mount")
+                .join(&rel)
+                .components()
+            {
+                write(dir.join("cgroup.subtree_control"), "+cpu");
+                dir = dir.join(part);
+            }
+            write(pod_dir.join("cpu.max"), &format!("{quota} {period}"));
+        } else {
+            let v1 = v1_root("cpu").join(
+                self.cgroup_root
+                    .file_name()
+                    .expect("the fixture's cgroup directory name"),
+            );
+            let v1_pod = v1.join(&rel);
+            let v1_container = v1_pod.join(&container_id);
+            std::fs::create_dir_all(&v1_container)
+                .unwrap_or_else(|e| panic!("creating {}: {e}", v1_container.display()));
+            write(v1_pod.join("cpu.cfs_period_us"), &period.to_string());
+            write(v1_pod.join("cpu.cfs_quota_us"), &quota.to_string());
+            joined.push(v1_container);
+        }
+        let joined: Vec<&Path> = joined.iter().map(PathBuf::as_path).collect();
+        let children = (0..procs)
+            .map(|_| {
+                workload::spawn_in_cgroups(&joined, workload_bin(), args)
+                    .expect("starting a workload in its cgroups")
+            })
+            .collect();
+        self.workloads.push(PodWorkload {
+            pod: pod.clone(),
+            cgroup,
+            children,
         });
         pod
     }

@@ -4,10 +4,13 @@
  *   wake  - short bursts then sleeps: many wakeups, for run-queue latency
  *   grow N - grows its memory in grow_memory() to N MiB (1 MiB every 10 ms, touched), holds it
  *            200 ms, frees it all, waits 300 ms and starts again: usage that crosses a
- *            threshold below N MiB again and again (triggers) */
+ *            threshold below N MiB again and again (triggers)
+ *   ramp N - N seconds of 15 ms bursts of burn_cpu() every 100 ms (15% of a core), then
+ *            burn_cpu() all the time: load that grows into a CPU limit (lead-up of triggers) */
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static volatile unsigned long sink;
@@ -39,8 +42,22 @@ __attribute__((noinline)) static void grow_memory(int mib) {
     usleep(300000);
 }
 
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "spin";
+    if (strcmp(mode, "ramp") == 0) {
+        double calm = argc > 2 ? atof(argv[2]) : 10, start = now();
+        while (now() - start < calm) {
+            double t = now();
+            while (now() - t < 0.015) burn_cpu(20000);
+            usleep(85000);
+        }
+    }
     if (strcmp(mode, "grow") == 0) {
         /* A fixed mmap threshold: every 1 MiB block is its own mapping, returned on free
          * (glibc would otherwise raise the threshold and keep freed blocks in its heap). */
