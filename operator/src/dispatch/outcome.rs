@@ -58,6 +58,13 @@ pub enum NodeFailure {
         /// The agent's message (the store's answer).
         message: String,
     },
+    /// The agent stopped the capture itself: it had not ended by the operator's deadline
+    /// plus the agent's margin, so nobody was waiting for it (an operator killed or
+    /// restarted before it collected the result; see `docs/failure-modes.md`).
+    Abandoned {
+        /// The agent's message.
+        message: String,
+    },
     /// The agent's stream broke before a result (agent killed or restarted mid-capture).
     Interrupted {
         /// Agent pod.
@@ -94,6 +101,17 @@ pub enum NodeFailure {
 }
 
 impl NodeFailure {
+    /// The failure of a FAILED report: its `reason` when it is one the operator knows (the
+    /// field is the agent's to fill, and a reason is a label users select on), else
+    /// `CaptureFailed` with the agent's `message`.
+    pub fn reported(reason: &str, message: String) -> Self {
+        match reason {
+            "StorageFull" => Self::StorageFull { message },
+            "Abandoned" => Self::Abandoned { message },
+            _ => Self::CaptureFailed { reason: message },
+        }
+    }
+
     /// A short, stable label for metrics and event reasons.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -102,6 +120,7 @@ impl NodeFailure {
             Self::PodsVanished { .. } => "PodsVanished",
             Self::CaptureFailed { .. } => "CaptureFailed",
             Self::StorageFull { .. } => "StorageFull",
+            Self::Abandoned { .. } => "Abandoned",
             Self::Interrupted { .. } => "AgentInterrupted",
             Self::TimedOut { .. } => "TimedOut",
             Self::UploadRejected { .. } => "UploadRejected",
@@ -143,6 +162,10 @@ impl std::fmt::Display for NodeFailure {
             Self::StorageFull { message } => write!(
                 f,
                 "the artifact store is full, nothing of this node was kept: {message}"
+            ),
+            Self::Abandoned { message } => write!(
+                f,
+                "the agent stopped the capture, nothing of this node was kept: {message}"
             ),
             Self::Interrupted { agent, error } => write!(
                 f,
@@ -210,6 +233,26 @@ mod tests {
             "{msg}"
         );
         assert!(!msg.contains("was cancelled"), "{msg}");
+        // The agent's machine-readable reasons the operator knows become the node's.
+        let abandoned = NodeFailure::reported("Abandoned", "abandoned: not ended 75s after".into());
+        assert_eq!(abandoned.reason(), "Abandoned");
+        assert!(
+            abandoned
+                .to_string()
+                .contains("abandoned: not ended 75s after")
+        );
+        assert_eq!(
+            NodeFailure::reported("StorageFull", "refused".into()).reason(),
+            "StorageFull"
+        );
+        // Any other is the agent's word only: its message, under the generic reason.
+        let other = NodeFailure::reported("Anything", "it broke".into());
+        assert_eq!(
+            other,
+            NodeFailure::CaptureFailed {
+                reason: "it broke".into()
+            }
+        );
         let msg = NodeFailure::PodsVanished {
             pods: vec![("web-1".into(), "deleted".into())],
         }

@@ -295,12 +295,7 @@ impl AgentCalls {
                     Stage::Done => return Ok(Followed::Ended(progress)),
                     Stage::Failed => {
                         let message = super::agent_report::bounded_message(&progress.message);
-                        // Only a reason the operator knows becomes the node's: the field is
-                        // the agent's to fill, and a reason is a label users select on.
-                        return Err(match progress.reason.as_str() {
-                            "StorageFull" => NodeFailure::StorageFull { message },
-                            _ => NodeFailure::CaptureFailed { reason: message },
-                        });
+                        return Err(NodeFailure::reported(&progress.reason, message));
                     }
                     stage => {
                         tracing::debug!(node = %node.node, ?stage, elapsed_ms = progress.elapsed_ms, "capture progress");
