@@ -146,6 +146,12 @@ struct PodFigures {
     samples: u64,
     bytes: u64,
     periods: std::collections::BTreeSet<i64>,
+    /// The first window: (its start after the set arrived, its length), in ms.
+    first: Option<(i64, u32)>,
+    /// Windows after the first that ended within the run: their sampled time and number
+    /// (the steady state, against `window/period`).
+    steady: Duration,
+    steady_windows: u64,
 }
 
 fn main() -> Result<()> {
@@ -262,6 +268,9 @@ fn main() -> Result<()> {
     let wall = wall0.elapsed();
     let cpu = cpu_time() - cpu0;
     let (bpf_ns, bpf_cnt) = sampler_bpf_stats();
+    // The window running at the end of the run is counted up to the end: let it finish
+    // (ending the set now would end it early, and its profile would find no stream).
+    std::thread::sleep(Duration::from_secs(window) + Duration::from_secs(2));
     continuous.end(session);
     drop(continuous);
     let windows = consumer
@@ -271,6 +280,10 @@ fn main() -> Result<()> {
 
     let mut by_pod: BTreeMap<String, PodFigures> = BTreeMap::new();
     for (w, len) in &windows {
+        if w.start_unix_ms >= unix0 + wall.as_millis() as i64 {
+            // Started after the run (while the last one finished).
+            continue;
+        }
         let f = by_pod.entry(w.pod_name.clone()).or_default();
         f.bytes += *len as u64;
         // Only the part of the window inside the measured wall time.
@@ -278,6 +291,16 @@ fn main() -> Result<()> {
         let end = (w.start_unix_ms + i64::from(w.duration_ms)).min(unix0 + wall.as_millis() as i64);
         if end > start {
             f.sampled += Duration::from_millis((end - start) as u64);
+        }
+        let offset = w.start_unix_ms - unix0;
+        match f.first {
+            Some((first, _)) if first <= offset => {
+                if w.start_unix_ms + i64::from(w.duration_ms) <= unix0 + wall.as_millis() as i64 {
+                    f.steady += Duration::from_millis(u64::from(w.duration_ms));
+                    f.steady_windows += 1;
+                }
+            }
+            _ => f.first = Some((offset, w.duration_ms)),
         }
         f.windows += 1;
         f.samples += w.samples;
@@ -292,6 +315,8 @@ fn main() -> Result<()> {
     );
     let mut min_share = f64::MAX;
     let mut min_periods = f64::MAX;
+    let mut min_steady = f64::MAX;
+    let mut firsts = Vec::new();
     for (pod, f) in &by_pod {
         let share = f.sampled.as_secs_f64() / wall.as_secs_f64() * 100.0;
         let covered = f
@@ -302,6 +327,11 @@ fn main() -> Result<()> {
         let period_share = covered as f64 / periods.max(1) as f64 * 100.0;
         min_share = min_share.min(share);
         min_periods = min_periods.min(period_share);
+        if f.steady_windows > 0 {
+            min_steady =
+                min_steady.min(f.steady.as_secs_f64() / (f.steady_windows * period) as f64 * 100.0);
+        }
+        firsts.extend(f.first);
         println!(
             "{pod:>8} {:>8} {:>15.2}% {:>9}/{:<3} {:>9} {:>10.1}",
             f.windows,
@@ -317,6 +347,14 @@ fn main() -> Result<()> {
         min_share,
         100.0 * window as f64 / period as f64,
         min_periods
+    );
+    println!(
+        "steady state (windows after the first, within the run): lowest {:.2}% of their periods; first window: started {}..{} ms after the set arrived (loading the sampler), sampled {}..{} ms",
+        min_steady,
+        firsts.iter().map(|f| f.0).min().unwrap_or(0),
+        firsts.iter().map(|f| f.0).max().unwrap_or(0),
+        firsts.iter().map(|f| f.1).min().unwrap_or(0),
+        firsts.iter().map(|f| f.1).max().unwrap_or(0),
     );
     let core = cpu.as_secs_f64() / wall.as_secs_f64() * 100.0;
     println!(

@@ -250,8 +250,9 @@ impl Continuous {
     /// The windows' thread: runs until the set is empty.
     fn run(self: Arc<Self>) {
         let mut samplers: HashMap<u32, Arc<Samplers>> = HashMap::new();
-        // Windows start on the period's boundaries from the first one.
-        let anchor = Instant::now();
+        // Windows start on the period's boundaries from the first one, whose clock starts
+        // once its samplers are loaded (the verifier's second or so is not cut from it).
+        let mut anchor: Option<Instant> = None;
         loop {
             let (set, generation) = {
                 let mut state = self.lock();
@@ -262,17 +263,23 @@ impl Continuous {
                 (state.set.clone(), state.generation)
             };
             samplers.retain(|hz, _| set.lanes.contains_key(hz));
-            let now = Instant::now();
             let period = set.period.max(MIN_WINDOW);
-            let since = now.duration_since(anchor);
+            let Some(origin) = anchor else {
+                let started = self.window(&set, &mut samplers, None, generation);
+                anchor = Some(started);
+                self.pause_until(started + period, generation);
+                continue;
+            };
+            let now = Instant::now();
+            let since = now.duration_since(origin);
             let periods = since.as_nanos() / period.as_nanos();
-            let period_start = anchor + period * u32::try_from(periods).unwrap_or(u32::MAX);
+            let period_start = origin + period * u32::try_from(periods).unwrap_or(u32::MAX);
             let window_end = period_start + set.window;
             if window_end.saturating_duration_since(now) < SHORTEST_WINDOW {
                 self.pause_until(period_start + period, generation);
                 continue;
             }
-            self.window(&set, &mut samplers, window_end, generation);
+            self.window(&set, &mut samplers, Some(window_end), generation);
             self.pause_until(period_start + period, generation);
         }
     }
@@ -293,14 +300,16 @@ impl Continuous {
         }
     }
 
-    /// One window of every pod of `set`, until `end` or a change of the set.
+    /// One window of every pod of `set`, until `end` (`None`: the set's window from when
+    /// its captures have started, loading their samplers) or a change of the set. Returns
+    /// when the window's sampling started.
     fn window(
         &self,
         set: &Set,
         samplers: &mut HashMap<u32, Arc<Samplers>>,
-        end: Instant,
+        end: Option<Instant>,
         generation: u64,
-    ) {
+    ) -> Instant {
         self.counters.windows.fetch_add(1, Ordering::Relaxed);
         let mut running: Vec<(u32, &[Pod], Running)> = Vec::new();
         for (&hz, pods) in &set.lanes {
@@ -328,7 +337,7 @@ impl Continuous {
                     frequency: u64::from(hz),
                     ..CpuOptions::default()
                 },
-                duration: end.saturating_duration_since(Instant::now()),
+                duration: end.map_or(set.window, |e| e.saturating_duration_since(Instant::now())),
             };
             match lifecycle::start(registry, spec) {
                 Ok(r) => running.push((hz, pods, r)),
@@ -342,6 +351,7 @@ impl Continuous {
         // verifier's time is not sampled time).
         let started_at = SystemTime::now();
         let started = Instant::now();
+        let end = end.unwrap_or(started + set.window);
         // The window: each capture's work (its early symbolization) when due, until the end
         // or a new set.
         loop {
@@ -406,6 +416,7 @@ impl Continuous {
                 }
             }
         }
+        started
     }
 
     /// Queues `window` for the operator; never waits.
