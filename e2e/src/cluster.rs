@@ -137,6 +137,16 @@ impl Cluster {
         }
     }
 
+    /// `kubectl apply` of `object` (written to a temporary file); `Err` carries stderr.
+    pub fn apply(&self, object: &serde_json::Value) -> std::result::Result<String, String> {
+        let file = tempfile_path("apply", "json");
+        std::fs::write(&file, object.to_string())
+            .map_err(|e| format!("writing {}: {e}", file.display()))?;
+        let out = self.kubectl(&["apply", "-f", &file.to_string_lossy()]);
+        let _ = std::fs::remove_file(&file);
+        out
+    }
+
     /// The pinned helm against this cluster; `Err` carries stderr.
     pub fn helm(&self, args: &[&str]) -> std::result::Result<String, String> {
         let out = Command::new(helm_binary())
@@ -316,6 +326,54 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
+}
+
+/// A Deployment `name` (label `app=<name>`) of `replicas` pods of a demo image (built by
+/// `scripts/images.sh`, never pulled), each with CPU `[request, limit]` (quantities) and run
+/// with `args`.
+pub fn demo_deployment(
+    namespace: &str,
+    name: &str,
+    image: &str,
+    replicas: u32,
+    [cpu_request, cpu_limit]: [&str; 2],
+    args: &[&str],
+) -> serde_json::Value {
+    let mut container = serde_json::json!({
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "Never",
+        "resources": {
+            "requests": {"cpu": cpu_request, "memory": "64Mi"},
+            "limits": {"cpu": cpu_limit, "memory": "256Mi"},
+        },
+    });
+    if !args.is_empty() {
+        container["args"] = serde_json::json!(args);
+    }
+    serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [container]},
+            },
+        },
+    })
+}
+
+/// A path in the temporary directory no other process of this run uses.
+fn tempfile_path(what: &str, ext: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!(
+        "flamefleet-{what}-{}-{}.{ext}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
 }
 
 /// Where the built-in store keeps artifacts on this node (`store.persistence.hostPath`).

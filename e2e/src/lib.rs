@@ -21,6 +21,7 @@ pub mod hollow;
 pub mod kubectl;
 pub mod lead_up;
 pub mod pki;
+pub mod pod_usage;
 pub mod pods;
 pub mod test_namespace;
 pub mod workload;

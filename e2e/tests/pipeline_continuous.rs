@@ -14,7 +14,7 @@
 //! - deleting the policy stops the windows on the nodes.
 //!
 //! The cluster's windows are shortened for the test (2 s every 3 s instead of 19 s every
-//! 20 s); the real-node benchmark (`scripts/continuous-bench.sh`) runs the defaults.
+//! 20 s); the real-node benchmark (`e2e/benches/always_on_real_node.rs`) runs the defaults.
 
 mod pipeline_support;
 

@@ -3,6 +3,7 @@
 //! and what its file exporter wrote, read back as OTLP `ProfilesData`.
 
 use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,8 +37,9 @@ pub fn binary() -> PathBuf {
     path
 }
 
-/// A running Collector: OTLP/gRPC on 127.0.0.1:`port`, profiles written to `output` as
-/// length-prefixed protobuf `ProfilesData` (the file exporter's `proto` format).
+/// A running Collector: OTLP/gRPC on `host`:`port` (127.0.0.1 unless started with
+/// [`Collector::start_on`]), profiles written to `output` as length-prefixed protobuf
+/// `ProfilesData` (the file exporter's `proto` format).
 pub struct Collector {
     pub proc: Proc,
     pub port: u16,
@@ -45,8 +47,15 @@ pub struct Collector {
 }
 
 impl Collector {
-    /// Starts a Collector in `dir` listening on `port`, and waits until it is ready.
+    /// Starts a Collector in `dir` listening on 127.0.0.1:`port`, and waits until it is
+    /// ready.
     pub fn start(dir: &Path, port: u16) -> Self {
+        Self::start_on(dir, "127.0.0.1", port)
+    }
+
+    /// Starts a Collector in `dir` listening on `host`:`port` (the real node's address, for
+    /// an operator running in a pod), and waits until it is ready.
+    pub fn start_on(dir: &Path, host: &str, port: u16) -> Self {
         let output = dir.join(format!("otelcol-{port}.pb"));
         let config = dir.join(format!("otelcol-{port}.yaml"));
         std::fs::write(
@@ -56,7 +65,7 @@ impl Collector {
   otlp:
     protocols:
       grpc:
-        endpoint: 127.0.0.1:{port}
+        endpoint: {host}:{port}
 exporters:
   file:
     path: {output}
@@ -77,15 +86,22 @@ service:
         .unwrap();
         let log = dir.join(format!("otelcol-{port}.log"));
         let err = std::fs::File::create(&log).unwrap();
-        let child = Command::new(binary())
-            .arg("--config")
+        let mut cmd = Command::new(binary());
+        cmd.arg("--config")
             .arg(&config)
             .arg("--feature-gates=service.profilesSupport")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("starting the OpenTelemetry Collector");
+            .stderr(err);
+        // Die with the test process.
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("starting the OpenTelemetry Collector");
         let mut proc = Proc {
             name: "otelcol".into(),
             child: Some(child),
