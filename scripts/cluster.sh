@@ -13,6 +13,7 @@
 #   scripts/cluster.sh kubectl …  the pinned kubectl against this cluster
 #   scripts/cluster.sh import F…  import docker-archive image tars into the node's containerd
 #   scripts/cluster.sh env        KUBECONFIG, node name and the like, as shell assignments
+#   scripts/cluster.sh kubelet stop|start   stop or start the kubelet alone (the fault tier)
 #
 # The node's layout is detected, not assumed: cgroup v2 alone at /sys/fs/cgroup with systemd
 # as PID 1 uses the kubelet's systemd cgroup driver; anything else (this VM: hybrid cgroups,
@@ -111,6 +112,13 @@ stop() {
   for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
   rm -f "$STATE/$name.pid"
+}
+
+# retry N CMD...: runs CMD up to N times until it succeeds.
+retry() {
+  local n="$1" i; shift
+  for ((i = 0; i < n; i++)); do "$@" && return 0; done
+  return 1
 }
 
 # wait_for WHAT SECONDS CMD...: polls CMD every 0.5 s until it succeeds.
@@ -371,8 +379,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 EOF
-  start kubelet "$(bin kubelet)" --config "$STATE/kubelet.yaml" --kubeconfig "$STATE/kubelet.kubeconfig" \
-    --root-dir "$KUBELET_ROOT" --hostname-override "$NODE" --node-ip "$HOST_IP" --v=1
+  start_kubelet
   modprobe br_netfilter 2>/dev/null || true
   sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
   sysctl -qw net.ipv4.ip_forward=1 2>/dev/null || true
@@ -389,6 +396,12 @@ healthzBindAddress: 127.0.0.1:10256
 conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 EOF
   start kube-proxy "$(bin kube-proxy)" --config "$STATE/kube-proxy.yaml" --v=1
+}
+
+# start_kubelet: the kubelet with the configuration start_node wrote.
+start_kubelet() {
+  start kubelet "$(bin kubelet)" --config "$STATE/kubelet.yaml" --kubeconfig "$STATE/kubelet.kubeconfig" \
+    --root-dir "$KUBELET_ROOT" --hostname-override "$NODE" --node-ip "$HOST_IP" --v=1
 }
 
 node_ready() {
@@ -522,7 +535,9 @@ cmd_up() {
   flock 9
   HOST_IP="$(host_ip)"; NODE="$(node_name)"; DRIVER="$(cgroup_driver)"
   [[ -n "$HOST_IP" ]] || { echo "cluster.sh: no IPv4 default route: cannot pick the node's address" >&2; exit 1; }
-  if all_running && node_ready && dns_answers kubernetes.default.svc.cluster.local; then
+  # DNS is asked a few times: one lost UDP answer on a loaded machine must not make `up` tear
+  # down a running cluster (and every installation on it) to start afresh.
+  if all_running && node_ready && retry 5 dns_answers kubernetes.default.svc.cluster.local; then
     write_env
     say "already up: node $NODE; KUBECONFIG=$KUBECONFIG_ADMIN"
     return 0
@@ -589,6 +604,23 @@ cmd_down() {
   cmd_down_locked
 }
 
+# cmd_kubelet stop|start: the fault tier's kubelet restart (e2e/tests/real_node_faults). The
+# pods keep running while it is stopped, as on any node whose kubelet restarts; `start`
+# uses the running node's configuration and does not wait (the caller waits on the node's
+# Ready condition).
+cmd_kubelet() {
+  require_root "it stops and starts the node's kubelet"
+  [[ -f "$STATE/env" && -f "$STATE/kubelet.yaml" ]] || { echo "cluster.sh: the node is not up (scripts/cluster.sh up)" >&2; exit 1; }
+  case "${1:-}" in
+    stop) stop kubelet ;;
+    start)
+      HOST_IP="$(awk -F= '$1 == "NODE_IP" {print $2}' "$STATE/env")"
+      NODE="$(awk -F= '$1 == "NODE_NAME" {print $2}' "$STATE/env")"
+      start_kubelet ;;
+    *) echo "usage: scripts/cluster.sh kubelet stop|start" >&2; exit 2 ;;
+  esac
+}
+
 cmd_status() {
   local c
   for c in "${COMPONENTS[@]}"; do
@@ -608,5 +640,6 @@ case "${1:-}" in
   kubectl) shift; kctl "$@" ;;
   import) shift; import_images "$@" ;;
   env) cat "$STATE/env" ;;
-  *) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  kubelet) shift; cmd_kubelet "$@" ;;
+  *) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -298,6 +298,17 @@ impl Cluster {
         self.helm(&args).map(|_| ())
     }
 
+    /// Stops the node's kubelet (`scripts/cluster.sh kubelet stop`); the pods keep running.
+    /// The returned guard starts it again when dropped, so a failing test leaves the node
+    /// with its kubelet; [`KubeletStopped::start`] does so earlier.
+    ///
+    /// # Errors
+    /// When the script fails.
+    pub fn stop_kubelet(&self) -> Result<KubeletStopped> {
+        run_script("cluster.sh", &["kubelet", "stop"])?;
+        Ok(KubeletStopped { started: false })
+    }
+
     /// Waits until `check` returns `Some`, polling every 500 ms, for at most `timeout`.
     ///
     /// # Errors
@@ -374,6 +385,35 @@ fn tempfile_path(what: &str, ext: &str) -> PathBuf {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ))
+}
+
+/// The node's kubelet, stopped by [`Cluster::stop_kubelet`]: started again on drop.
+#[derive(Debug)]
+#[must_use = "dropping it starts the kubelet again"]
+pub struct KubeletStopped {
+    started: bool,
+}
+
+impl KubeletStopped {
+    /// Starts the kubelet again (`scripts/cluster.sh kubelet start`), without waiting for
+    /// the node to be Ready.
+    ///
+    /// # Errors
+    /// When the script fails.
+    pub fn start(mut self) -> Result<()> {
+        self.started = true;
+        run_script("cluster.sh", &["kubelet", "start"]).map(|_| ())
+    }
+}
+
+impl Drop for KubeletStopped {
+    fn drop(&mut self) {
+        if !self.started
+            && let Err(e) = run_script("cluster.sh", &["kubelet", "start"])
+        {
+            eprintln!("starting the kubelet again failed: {e}");
+        }
+    }
 }
 
 /// Where the built-in store keeps artifacts on this node (`store.persistence.hostPath`).
