@@ -588,6 +588,30 @@ int main(void) {
     );
 }
 
+/// The BPF maps this process holds: (map_type, max_entries, memlock bytes) of each, from
+/// `/proc/self/fdinfo`.
+fn bpf_maps() -> Vec<(String, u64, u64)> {
+    let mut maps = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fdinfo").expect("/proc/self/fdinfo") {
+        let Ok(text) = std::fs::read_to_string(entry.expect("an fd").path()) else {
+            continue;
+        };
+        let field = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key)?.trim().parse::<u64>().ok())
+        };
+        if let (Some(kind), Some(entries), Some(memlock), Some(id)) = (
+            field("map_type:"),
+            field("max_entries:"),
+            field("memlock:"),
+            field("map_id:"),
+        ) {
+            maps.push((format!("id {id} type {kind}"), entries, memlock));
+        }
+    }
+    maps
+}
+
 /// A C workload whose load grows: `argv[1]` seconds at 15% of a core in bursts of its hot
 /// function (under a 0.2-core quota: not throttled), then all of it (throttled).
 fn growing_spinner(dir: &Path) -> PathBuf {
@@ -638,7 +662,14 @@ fn a_cpu_fires_profile_covers_the_seconds_before_the_fire_from_the_ring() {
     let bin = growing_spinner(dir.path());
     let mut cg = LimitedCgroup::new("leadup", None, Some((20_000, 100_000)));
     let config = RingConfig::default();
+    let maps_before = bpf_maps();
     let ring = CpuRing::start(config).expect("the lead-up ring loads");
+    // The ring's kernel memory, as the kernel accounts it for its maps.
+    let ring_maps: Vec<(String, u64, u64)> = bpf_maps()
+        .into_iter()
+        .filter(|m| !maps_before.contains(m))
+        .collect();
+    eprintln!("the ring's maps (type, max_entries, memlock bytes): {ring_maps:?}");
     ring.watch(cg.cgroup.id)
         .expect("the ring watches the cgroup");
     // Ticks of a second (ten CFS periods): one period throttled by chance in the calm phase
