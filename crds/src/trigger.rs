@@ -1,6 +1,6 @@
 //! Triggers of the sampling policies: capture a selected pod when a condition of its own
-//! cgroup holds (memory near its limit, CPU throttled, pressure), watched on the node by the
-//! agent (docs/triggers.md). A fire becomes an ordinary ProfileRequest owned by the policy,
+//! cgroup holds (memory near its limit, CPU throttled, pressure, run-queue latency), watched
+//! on the node by the agent (docs/triggers.md). A fire becomes an ordinary ProfileRequest owned by the policy,
 //! for that pod only, whose `status.trigger` says which trigger fired at what value.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -50,12 +50,19 @@ pub fn trigger_run_name(policy: &str, trigger: &str, pod_uid: &str, second: i64)
     format!("{prefix}-t{second}-{hash}")
 }
 
-/// One trigger: exactly one condition (`memory`, `cpu` or `pressure`), what it captures and
-/// how often it may fire.
+/// Least `latency.windowSeconds`.
+pub const MIN_LATENCY_WINDOW_SECONDS: i32 = 2;
+/// Most `latency.windowSeconds`.
+pub const MAX_LATENCY_WINDOW_SECONDS: i32 = 300;
+/// Default `latency.windowSeconds`.
+pub const DEFAULT_LATENCY_WINDOW_SECONDS: i32 = 10;
+
+/// One trigger: exactly one condition (`memory`, `cpu`, `pressure` or `latency`), what it
+/// captures and how often it may fire.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("[has(self.memory), has(self.cpu), has(self.pressure)].filter(x, x).size() == 1").message("a trigger has exactly one condition: memory, cpu or pressure"),
+    validation = Rule::new("[has(self.memory), has(self.cpu), has(self.pressure), has(self.latency)].filter(x, x).size() == 1").message("a trigger has exactly one condition: memory, cpu, pressure or latency"),
     validation = Rule::new("!has(self.policyCooldownSeconds) || !has(self.cooldownSeconds) || self.policyCooldownSeconds <= self.cooldownSeconds").message("policyCooldownSeconds must not exceed cooldownSeconds")
 )]
 pub struct PolicyTrigger {
@@ -71,8 +78,12 @@ pub struct PolicyTrigger {
     /// A pressure (PSI) condition of a container's cgroup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pressure: Option<PressureTrigger>,
-    /// What a fire captures (default: a heap profile for memory triggers, a CPU profile for
-    /// cpu and pressure ones, for 10s, with the template's options of that type).
+    /// A run-queue latency condition of a container's tasks (runqlat, measured in BPF).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencyTrigger>,
+    /// What a fire captures (default: a heap profile for memory triggers, a runqlat profile
+    /// for latency ones, a CPU profile for cpu and pressure ones, for 10s, with the
+    /// template's options of that type).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capture: Option<TriggerCapture>,
     /// Least time between two fires of this trigger on one pod (default 600, at least 60).
@@ -161,11 +172,39 @@ pub enum PressureResource {
     Io,
 }
 
+/// A run-queue latency condition: the 99th percentile of the time the container's tasks
+/// waited to run (runnable, not running: CPU contention and CFS throttling) above a
+/// threshold over a sliding window.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LatencyTrigger {
+    /// Fires when the p99 of the run-queue waits of the window is above this many
+    /// microseconds (the waits are counted in log2 buckets; the p99 is interpolated inside
+    /// its bucket, as a runqlat profile's `status.latency` is).
+    #[schemars(range(min = 1, max = 60_000_000))]
+    pub runqlat_p99_micros: i64,
+    /// The window the p99 is taken over, seconds (default 10, 2 to 300). At least 50 waits
+    /// must fall in it: fewer are not judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_LATENCY_WINDOW_SECONDS, max = MAX_LATENCY_WINDOW_SECONDS))]
+    pub window_seconds: Option<i32>,
+}
+
+impl LatencyTrigger {
+    /// The window, seconds.
+    pub fn window_seconds(&self) -> i32 {
+        self.window_seconds
+            .unwrap_or(DEFAULT_LATENCY_WINDOW_SECONDS)
+            .clamp(MIN_LATENCY_WINDOW_SECONDS, MAX_LATENCY_WINDOW_SECONDS)
+    }
+}
+
 /// What a fire captures.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TriggerCapture {
-    /// The profile type (default: heap for memory triggers, cpu otherwise).
+    /// The profile type (default: heap for memory triggers, runqlat for latency ones, cpu
+    /// otherwise).
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub profile_type: Option<ProfileType>,
     /// How long to capture (default 10s; at least 1s, at most 10m).
@@ -192,6 +231,8 @@ impl PolicyTrigger {
             .and_then(|c| c.profile_type)
             .unwrap_or(if self.is_memory() {
                 ProfileType::Heap
+            } else if self.latency.is_some() {
+                ProfileType::Runqlat
             } else {
                 ProfileType::Cpu
             })
@@ -232,7 +273,7 @@ pub struct TriggerFire {
     pub measured: String,
     /// The threshold it crossed, in `unit`.
     pub threshold: String,
-    /// `%`, `m` (millicores) or `events`.
+    /// `%`, `m` (millicores), `events` or `µs`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub unit: String,
     /// The raw numbers behind the value, e.g. `memory.current 190 MiB of memory.max 256 MiB`.

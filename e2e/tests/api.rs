@@ -809,13 +809,14 @@ async fn policy_triggers_are_validated_by_the_api_server() {
         {"name": "throttled", "cpu": {"throttledPercent": 50}, "capture": {"type": "cpu", "duration": "30s"}},
         {"name": "busy", "cpu": {"aboveMillicores": 1500, "forSeconds": 60}, "policyCooldownSeconds": 120},
         {"name": "stalled", "pressure": {"resource": "memory", "someAvg10Percent": 40}},
+        {"name": "waiting", "latency": {"runqlatP99Micros": 20000, "windowSeconds": 30}},
     ]);
     create_raw(&sp, &policy_with_triggers("SamplingPolicy", "good", good))
         .await
         .expect("a policy with one trigger of each condition");
     let typed: Api<SamplingPolicy> = ns.api();
     let back = typed.get("good").await.unwrap();
-    assert_eq!(back.spec.triggers.len(), 5);
+    assert_eq!(back.spec.triggers.len(), 6);
     assert_eq!(
         back.spec.triggers[0].capture_type(),
         flamefleet_api::ProfileType::Heap
@@ -823,6 +824,10 @@ async fn policy_triggers_are_validated_by_the_api_server() {
     assert_eq!(
         back.spec.triggers[3].capture_type(),
         flamefleet_api::ProfileType::Cpu
+    );
+    assert_eq!(
+        back.spec.triggers[5].capture_type(),
+        flamefleet_api::ProfileType::Runqlat
     );
     let csp = dynamic_api::<ClusterSamplingPolicy>(&client, None);
     let cluster_name = format!("{}-good", ns.name());
@@ -841,11 +846,11 @@ async fn policy_triggers_are_validated_by_the_api_server() {
     let cases = [
         (
             json!([{"name": "two", "memory": {"aboveLimitPercent": 90}, "cpu": {"throttledPercent": 50}}]),
-            "a trigger has exactly one condition: memory, cpu or pressure",
+            "a trigger has exactly one condition: memory, cpu, pressure or latency",
         ),
         (
             json!([{"name": "none"}]),
-            "a trigger has exactly one condition: memory, cpu or pressure",
+            "a trigger has exactly one condition: memory, cpu, pressure or latency",
         ),
         (
             json!([{"name": "both", "memory": {"aboveLimitPercent": 90, "event": "oom"}}]),
@@ -874,6 +879,22 @@ async fn policy_triggers_are_validated_by_the_api_server() {
         (
             json!([{"name": "long", "memory": {"aboveLimitPercent": 90}, "capture": {"duration": "11m"}}]),
             "duration must be at least 1s and at most 10m",
+        ),
+        (
+            json!([{"name": "lat", "latency": {"runqlatP99Micros": 0}}]),
+            "should be greater than or equal to 1",
+        ),
+        (
+            json!([{"name": "lat", "latency": {"runqlatP99Micros": 1000, "windowSeconds": 1}}]),
+            "should be greater than or equal to 2",
+        ),
+        (
+            json!([{"name": "lat", "latency": {"runqlatP99Micros": 1000, "windowSeconds": 301}}]),
+            "should be less than or equal to 300",
+        ),
+        (
+            json!([{"name": "lat", "latency": {"windowSeconds": 10}}]),
+            "runqlatP99Micros: Required value",
         ),
         (
             json!([{"name": "psi", "pressure": {"resource": "disk", "someAvg10Percent": 40}}]),

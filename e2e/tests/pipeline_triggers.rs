@@ -721,3 +721,139 @@ async fn a_cpu_fires_profile_covers_the_seconds_before_the_fire() {
     assert!(share >= 80.0, "the lead-up names burn_cpu: {f:?}");
     assert!(f.after_fire > 0, "the capture's own samples follow: {f:?}");
 }
+
+/// A pod whose tasks outnumber its CPU quota (four spinning processes under a limit of 200
+/// millicores on the pod's cgroup, as the kubelet sets it): the agent's latency trigger
+/// (the runqlat sampler's BPF histogram of the pod's waits, p99 over a 2 s window) fires,
+/// the operator creates a runqlat run of that pod with the measured p99 in
+/// `status.trigger`, and the run's own capture measures a p99 above the threshold too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_crowding_its_cpu_quota_fires_the_runqlat_p99_trigger() {
+    const THRESHOLD_US: i64 = 20_000;
+    let started = Instant::now();
+    let _serial = serial().await;
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        nodes: 1,
+        ..PipelineOptions::default()
+    })
+    .await;
+    let tenant = TestNamespace::create("ff-trig-lat").await.unwrap();
+    let crowd = pipeline
+        .cpu_limited_pod(&tenant, "crowd", 0, &[("app", "crowd")], 200, 4, &["spin"])
+        .await;
+    let api: Api<SamplingPolicy> = tenant.api();
+    let policy = api
+        .create(
+            &PostParams::default(),
+            &pipeline.policy(
+                "runq-watch",
+                json!({
+                    "schedule": "@yearly",
+                    "template": {
+                        "type": "runqlat",
+                        "selector": {"matchLabels": {"app": "crowd"}},
+                        "duration": "3s",
+                    },
+                    "triggers": [{
+                        "name": "waiting-to-run",
+                        "latency": {"runqlatP99Micros": THRESHOLD_US, "windowSeconds": 2},
+                        "capture": {"duration": "3s"},
+                    }],
+                }),
+            ),
+        )
+        .await
+        .expect("creating the SamplingPolicy");
+    let uid = policy.uid().unwrap();
+    let ready = started.elapsed();
+    let fired: ProfileRequest = pipeline
+        .wait_for(
+            "a triggered runqlat run with status.trigger",
+            TIMEOUT,
+            || {
+                let (tenant, uid) = (&tenant, uid.clone());
+                async move {
+                    runs(tenant, &uid)
+                        .await
+                        .into_iter()
+                        .find(|r| r.status.as_ref().is_some_and(|s| s.trigger.is_some()))
+                }
+            },
+        )
+        .await;
+    let fire_seen = started.elapsed();
+    let trigger = fired.status.clone().unwrap().trigger.unwrap();
+    eprintln!("status.trigger: {trigger:#?}");
+    assert_eq!(trigger.name, "waiting-to-run");
+    assert_eq!(trigger.pod, "crowd");
+    assert_eq!(trigger.unit, "µs");
+    assert_eq!(trigger.threshold, format!("{THRESHOLD_US}.0"));
+    let measured: f64 = trigger.measured.parse().expect("a measured number");
+    assert!(
+        measured > THRESHOLD_US as f64,
+        "measured p99 {measured} µs, expected above {THRESHOLD_US}: {trigger:#?}"
+    );
+    assert!(
+        trigger.reason.starts_with(&format!(
+            "waiting-to-run: runqlat p99 above {THRESHOLD_US}µs over 2s (measured "
+        )),
+        "{}",
+        trigger.reason
+    );
+    assert!(
+        trigger.detail.contains("run-queue waits"),
+        "{}",
+        trigger.detail
+    );
+    assert_eq!(
+        fired.spec.profile_type,
+        flamefleet_api::ProfileType::Runqlat
+    );
+    assert_eq!(fired.spec.pod_names, ["crowd"]);
+    assert_eq!(fired.labels()[TRIGGER_POD_UID_LABEL], crowd.uid().unwrap());
+
+    let name = fired.name_any();
+    let done: ProfileRequest = pipeline
+        .wait_for("the triggered runqlat run to finish", TIMEOUT, || {
+            let api: Api<ProfileRequest> = tenant.api();
+            let name = name.clone();
+            async move {
+                let r = api.get(&name).await.ok()?;
+                let phase = r.status.as_ref()?.phase?;
+                phase.is_terminal().then_some(r)
+            }
+        })
+        .await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::Succeeded),
+        "{status:#?}\n{}\n{}",
+        pipeline.operator_logs(),
+        pipeline.agent_logs()
+    );
+    let latency = status
+        .summary
+        .and_then(|s| s.runqlat)
+        .expect("runqlat percentiles in the run's summary");
+    eprintln!("the run's capture: {latency:?}");
+    assert!(
+        latency.p99_us > THRESHOLD_US,
+        "the capture's p99 {} µs is not above the trigger's {THRESHOLD_US} µs: {latency:?}",
+        latency.p99_us
+    );
+    let metrics = pipeline.agent_metrics(0).await;
+    assert_eq!(
+        metric(&metrics, "flamefleet_agent_trigger_watched_cgroups"),
+        Some(1.0),
+        "{metrics}"
+    );
+    eprintln!(
+        "latency trigger e2e: policy created at {:.1}s, fire seen {:.1}s later, run finished \
+         at +{:.1}s; test took {:.1}s",
+        ready.as_secs_f64(),
+        (fire_seen - ready).as_secs_f64(),
+        (started.elapsed() - ready).as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}

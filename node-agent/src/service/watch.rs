@@ -62,7 +62,8 @@ struct Entry {
 /// What a memory fire reads at once, and where it keeps it for the fire's run.
 #[derive(Debug, Clone)]
 pub struct HeapAtFireReader {
-    /// The node's samplers (the Go runtime heap source reads through them).
+    /// The node's samplers (the Go runtime heap source reads through them; latency
+    /// triggers count run-queue waits with their runqlat sampler).
     pub samplers: Arc<Samplers>,
     /// Where the heaps are kept.
     pub spool: Arc<FireHeaps>,
@@ -193,8 +194,12 @@ impl NodeWatch {
         if let Some(w) = slot.as_ref() {
             return Ok(Arc::clone(w));
         }
-        let (watcher, fires) = Watcher::start(self.hierarchies.clone(), self.config.clone())
-            .map_err(|e| e.to_string())?;
+        let (watcher, fires) = Watcher::start_with_samplers(
+            self.hierarchies.clone(),
+            self.config.clone(),
+            self.heaps.as_ref().map(|h| Arc::clone(&h.samplers)),
+        )
+        .map_err(|e| e.to_string())?;
         let state = Arc::clone(&self.state);
         let (sent, dropped) = (Arc::clone(&self.sent), Arc::clone(&self.dropped));
         let heaps = self.heaps.clone();
@@ -689,6 +694,26 @@ fn trigger_spec(
             },
             percent: percent(p.percent)?,
         },
+        Some(C::RunqlatP99(r)) => Condition::RunqlatP99 {
+            micros: Some(r.micros)
+                .filter(|m| (1..=60_000_000).contains(m))
+                .ok_or_else(|| {
+                    format!(
+                        "expected a runqlat p99 threshold of 1 to 60000000 µs, found {}",
+                        r.micros
+                    )
+                })?,
+            window: Duration::from_secs(u64::from(
+                Some(r.window_seconds)
+                    .filter(|w| (2..=300).contains(w))
+                    .ok_or_else(|| {
+                        format!(
+                            "expected a runqlat window of 2 to 300 s, found {}",
+                            r.window_seconds
+                        )
+                    })?,
+            )),
+        },
     };
     if t.name.is_empty() || t.name.len() > 63 {
         return Err("expected a name of 1 to 63 characters".into());
@@ -777,7 +802,7 @@ mod tests {
                 millicores: 1500,
                 sustained_seconds: 30,
             })),
-            ..t
+            ..t.clone()
         };
         let spec = trigger_spec(&cpu, floor).unwrap();
         assert_eq!(spec.cooldown, Duration::from_secs(600));
@@ -787,6 +812,32 @@ mod tests {
                 millicores: 1500,
                 sustained: Duration::from_secs(30)
             }
+        );
+        let latency = |micros, window_seconds| TriggerCondition {
+            condition: Some(trigger_condition::Condition::RunqlatP99(
+                flamefleet_proto::agent::RunqlatP99 {
+                    micros,
+                    window_seconds,
+                },
+            )),
+            ..t.clone()
+        };
+        assert_eq!(
+            trigger_spec(&latency(20_000, 10), floor).unwrap().condition,
+            Condition::RunqlatP99 {
+                micros: 20_000,
+                window: Duration::from_secs(10)
+            }
+        );
+        assert!(
+            trigger_spec(&latency(0, 10), floor)
+                .unwrap_err()
+                .contains("1 to 60000000 µs")
+        );
+        assert!(
+            trigger_spec(&latency(20_000, 3600), floor)
+                .unwrap_err()
+                .contains("2 to 300 s")
         );
     }
 }

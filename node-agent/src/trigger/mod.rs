@@ -9,6 +9,7 @@
 //!
 //! - [`files`]: where a cgroup's counters live (unified or hybrid host) and their parsers;
 //! - [`psi`]: the kernel's PSI triggers;
+//! - [`runqlat`]: the run-queue latency of a watched cgroup, from the node's runqlat sampler;
 //! - [`cooldown`]: the cooldown per (cgroup, trigger) and the node's fire budget;
 //! - [`watcher`]: the one thread that waits on every watched cgroup's events and ticks;
 //! - [`heap_now`]: the heap capture a memory fire starts on the node;
@@ -24,6 +25,7 @@ pub mod fire_heaps;
 pub mod fire_lead_ups;
 pub mod heap_now;
 pub mod psi;
+pub mod runqlat;
 pub mod watcher;
 
 use std::fmt;
@@ -89,6 +91,14 @@ pub enum Condition {
         /// 1..=100.
         percent: u8,
     },
+    /// The 99th percentile of the cgroup's run-queue waits over the last `window` above
+    /// `micros` (at least [`runqlat::MIN_WAITS`] waits in the window).
+    RunqlatP99 {
+        /// Microseconds.
+        micros: u32,
+        /// The sliding window.
+        window: Duration,
+    },
 }
 
 impl Condition {
@@ -123,6 +133,11 @@ impl fmt::Display for Condition {
             Self::Pressure { resource, percent } => {
                 write!(f, "{} some avg10 above {percent}%", resource.file())
             }
+            Self::RunqlatP99 { micros, window } => write!(
+                f,
+                "runqlat p99 above {micros}µs over {}",
+                humantime::format_duration(*window)
+            ),
         }
     }
 }
@@ -145,7 +160,7 @@ pub struct Measurement {
     pub value: f64,
     /// The threshold it crossed.
     pub threshold: f64,
-    /// `%`, `m` (millicores), `events`.
+    /// `%`, `m` (millicores), `events`, `µs`.
     pub unit: &'static str,
     /// The raw numbers behind it (e.g. `memory.current 190 MiB of memory.max 256 MiB`).
     pub detail: String,
@@ -265,6 +280,12 @@ pub enum TriggerError {
         /// The error.
         source: std::io::Error,
     },
+    /// The run-queue latency of a cgroup cannot be counted.
+    #[error(
+        "counting run-queue latency with the node's runqlat sampler: {0}; latency triggers \
+         need what runqlat captures need (BTF, CAP_BPF and CAP_PERFMON)"
+    )]
+    Runqlat(String),
     /// The watcher's thread or kernel objects.
     #[error("trigger watcher: {0}")]
     Watcher(String),

@@ -6,7 +6,8 @@
 //!   which is how a hybrid host says "usage crossed N bytes" the moment it happens;
 //! - the kernel's PSI triggers ([`super::psi`]);
 //! - its tick (`WatcherConfig::tick`): `cpu.stat` (usage and throttling, which have no
-//!   notification) and the v1 counters without one;
+//!   notification), the v1 counters without one, and the run-queue latency histogram the
+//!   runqlat sampler keeps in BPF for cgroups with a latency trigger ([`super::runqlat`]);
 //! - on a unified host, `memory.current`, which has no notification either: it is read at an
 //!   interval that shrinks as usage nears the threshold (a quarter of the time the last
 //!   growth rate needs to reach it, at least `memory_poll_min`), so a slow leak costs one read
@@ -35,7 +36,9 @@ use super::files::{
     self, Controller, CounterFile, Hierarchies, MemoryEvents, Throttling, pressure_some,
 };
 use super::psi::{self, PsiTrigger};
+use super::runqlat::{self as latency, LatencyWatch};
 use super::{Condition, Fire, Measurement, MemoryEvent, Result, TriggerError, TriggerSpec};
+use crate::capture::Samplers;
 use crate::cgroup::Cgroup;
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -149,10 +152,21 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    /// Starts the thread; fires arrive on the returned receiver.
+    /// Starts the thread; fires arrive on the returned receiver. Without samplers, latency
+    /// triggers are refused ([`Self::start_with_samplers`]).
     pub fn start(
         hierarchies: Hierarchies,
         config: WatcherConfig,
+    ) -> Result<(Self, mpsc::Receiver<Fire>)> {
+        Self::start_with_samplers(hierarchies, config, None)
+    }
+
+    /// As [`Self::start`]; latency triggers count run-queue waits with `samplers`' runqlat
+    /// sampler.
+    pub fn start_with_samplers(
+        hierarchies: Hierarchies,
+        config: WatcherConfig,
+        samplers: Option<Arc<Samplers>>,
     ) -> Result<(Self, mpsc::Receiver<Fire>)> {
         let sys = |what: &str, e: nix::Error| TriggerError::Watcher(format!("{what}: {e}"));
         let epoll =
@@ -182,6 +196,7 @@ impl Watcher {
             rearm: Vec::new(),
             fires: fires_tx,
             counters: counters.clone(),
+            samplers,
         };
         let thread = std::thread::Builder::new()
             .name("trigger-watch".into())
@@ -315,6 +330,8 @@ struct Watched {
     /// The next `memory.current` read (unified hosts, memory-percent triggers).
     memory_poll: Option<Instant>,
     memory_last: Option<(Instant, u64)>,
+    /// The run-queue waits (latency triggers).
+    latency: Option<LatencyWatch>,
 }
 
 struct Loop {
@@ -333,6 +350,8 @@ struct Loop {
     rearm: Vec<(Instant, u64, bool)>,
     fires: mpsc::SyncSender<Fire>,
     counters: Arc<Counters>,
+    /// The node's samplers: latency triggers count waits with their runqlat sampler.
+    samplers: Option<Arc<Samplers>>,
 }
 
 impl Loop {
@@ -461,6 +480,29 @@ impl Loop {
                 Some(CounterFile::open(dir.join("cpu.stat"))?)
             }
         };
+        let window = target
+            .triggers
+            .iter()
+            .filter_map(|t| match t.condition {
+                Condition::RunqlatP99 { window, .. } => Some(window),
+                _ => None,
+            })
+            .max();
+        let latency = match (window, &self.samplers) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(TriggerError::Runqlat(
+                    "this watcher was started without the node's samplers".into(),
+                ));
+            }
+            (Some(window), Some(samplers)) => Some(LatencyWatch::start(
+                samplers,
+                &target.cgroup,
+                window,
+                self.config.tick,
+                Instant::now(),
+            )?),
+        };
         let id = self.next_token;
         self.next_token += 1;
         let mut watched = Watched {
@@ -488,6 +530,7 @@ impl Loop {
             threshold_polled: false,
             memory_poll: None,
             memory_last: None,
+            latency,
         };
         if let Err(e) = self.arm_sources(&mut watched) {
             for token in watched.sources.keys() {
@@ -981,7 +1024,46 @@ impl Loop {
                 self.pressure(w, i, now)?;
             }
         }
+        self.latency(w, now)?;
         self.cpu(w, now)
+    }
+
+    /// The p99 of each latency trigger's window, from the runqlat sampler's histogram.
+    fn latency(&mut self, w: &mut Watched, now: Instant) -> Result<()> {
+        let Some(watch) = w.latency.as_mut() else {
+            return Ok(());
+        };
+        let mut judged = Vec::new();
+        for (i, t) in w.triggers.iter().enumerate() {
+            if let Condition::RunqlatP99 { micros, window } = t.spec.condition {
+                bump(&self.counters.reads);
+                judged.push((i, micros, watch.read(now, window)?));
+            }
+        }
+        for (i, micros, waits) in judged {
+            let count = waits.count();
+            if count < latency::MIN_WAITS {
+                continue;
+            }
+            let Some(p99) = waits.quantile_us(0.99) else {
+                continue;
+            };
+            if p99 > f64::from(micros) {
+                let p50 = waits.quantile_us(0.50).unwrap_or(0.0);
+                let m = Measurement {
+                    value: p99,
+                    threshold: f64::from(micros),
+                    unit: "µs",
+                    detail: format!(
+                        "p99 {p99:.0} µs, p50 {p50:.0} µs of {count} run-queue waits over the \
+                         last {:.1} s",
+                        waits.span.as_secs_f64()
+                    ),
+                };
+                self.fire(w, i, m, now);
+            }
+        }
+        Ok(())
     }
 
     fn cpu(&mut self, w: &mut Watched, now: Instant) -> Result<()> {
@@ -1183,6 +1265,14 @@ fn validate(t: &TriggerSpec, min_cooldown: Duration) -> Result<()> {
     {
         return Err(invalid(format!(
             "expected a percentage of 1 to 100, found {p}"
+        )));
+    }
+    if let Condition::RunqlatP99 { micros, window } = t.condition
+        && (micros == 0 || window < Duration::from_secs(1))
+    {
+        return Err(invalid(format!(
+            "expected a runqlat p99 above 0 µs over at least 1 s, found {micros} µs over {}",
+            humantime::format_duration(window)
         )));
     }
     if let Condition::CpuAbove { millicores: 0, .. } = t.condition {

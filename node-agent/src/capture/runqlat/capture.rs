@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use super::sampler::{RawHist, RunqlatSampler, Shared, read_clock_stats, read_drops, read_hists};
-use super::{ClockStats, Histogram, RunqlatDrops, RunqlatOptions, RunqlatResult};
-use crate::bpf::runqlat::types::runqlat_key;
+use super::{ClockStats, Histogram, RUNQLAT_SLOTS, RunqlatDrops, RunqlatOptions, RunqlatResult};
+use crate::bpf::per_cpu;
+use crate::bpf::runqlat::types::{runqlat_key, runqlat_slots};
 use crate::capture::target_table::{CaptureCgroups, delete_target_entries};
-use crate::capture::{CaptureTarget, Result};
+use crate::capture::{CaptureError, CaptureTarget, Result};
 
 /// A running runqlat capture; [`RunqlatCapture::finish`] returns its histograms.
 pub struct RunqlatCapture {
@@ -47,6 +48,31 @@ impl RunqlatCapture {
     /// The sampler this capture runs on.
     pub fn sampler(&self) -> &Arc<RunqlatSampler> {
         &self.sampler
+    }
+
+    /// The waits counted since the capture started, summed over its targets (and the
+    /// cgroups nested in them), bucket by bucket in its unit, without ending it: one
+    /// per-CPU map lookup per target index (per-process histograms are not read).
+    pub fn totals(&self) -> Result<Vec<u64>> {
+        let shared = self.sampler.lock();
+        let indices: Vec<u32> = self.cgroups.owners(&shared.table).into_keys().collect();
+        let mut slots = vec![0u64; RUNQLAT_SLOTS];
+        for index in indices {
+            let cpus = per_cpu::<runqlat_slots>(&shared.maps.target_hists, index)
+                .map_err(|e| CaptureError::bpf("reading runqlat histograms", e))?;
+            let base = self.baseline.get(&(index, 0));
+            for h in cpus {
+                for (a, b) in slots.iter_mut().zip(h.slots) {
+                    *a += b;
+                }
+            }
+            if let Some(base) = base {
+                for (a, b) in slots.iter_mut().zip(&base.slots) {
+                    *a = a.saturating_sub(*b);
+                }
+            }
+        }
+        Ok(slots)
     }
 
     /// Stops the capture and returns its histograms (the difference since it

@@ -307,6 +307,11 @@ pub fn proto_trigger(t: &PolicyTrigger) -> pb::TriggerCondition {
             })),
             (None, None) => None,
         }
+    } else if let Some(l) = &t.latency {
+        Some(C::RunqlatP99(pb::RunqlatP99 {
+            micros: u32::try_from(l.runqlat_p99_micros).unwrap_or(0),
+            window_seconds: percent(l.window_seconds()),
+        }))
     } else {
         t.pressure.as_ref().map(|p| {
             C::Pressure(pb::Pressure {
@@ -1207,5 +1212,40 @@ mod tests {
             before
         ));
         assert!(!recent_run(&created, "p-uid", "near-limit", None, at));
+    }
+
+    #[test]
+    fn latency_triggers_capture_runqlat_over_their_window() {
+        let t: PolicyTrigger = serde_json::from_value(serde_json::json!({
+            "name": "slow-runq",
+            "latency": {"runqlatP99Micros": 5000},
+        }))
+        .unwrap();
+        assert_eq!(t.capture_type(), ProfileType::Runqlat);
+        assert_eq!(
+            proto_trigger(&t).condition,
+            Some(pb::trigger_condition::Condition::RunqlatP99(
+                pb::RunqlatP99 {
+                    micros: 5000,
+                    window_seconds: 10,
+                }
+            ))
+        );
+        let cpu: PolicyTrigger = serde_json::from_value(serde_json::json!({
+            "name": "slow-runq-cpu",
+            "latency": {"runqlatP99Micros": 5000, "windowSeconds": 30},
+            "capture": {"type": "cpu"},
+        }))
+        .unwrap();
+        assert_eq!(cpu.capture_type(), ProfileType::Cpu);
+        assert_eq!(
+            proto_trigger(&cpu).condition,
+            Some(pb::trigger_condition::Condition::RunqlatP99(
+                pb::RunqlatP99 {
+                    micros: 5000,
+                    window_seconds: 30,
+                }
+            ))
+        );
     }
 }
