@@ -238,3 +238,141 @@ fn threads_outnumbering_their_cpu_quota_fire_the_runqlat_p99_trigger() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// Seconds from the environment, or `default`.
+fn env_secs(name: &str, default: f64) -> Duration {
+    Duration::from_secs_f64(
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default),
+    )
+}
+
+/// Watches the crowd with `triggers` (all the latency condition, with `cooldown`) for `hold`;
+/// returns the fires' triggers and receive times, and the watcher's counters.
+fn hold_condition(
+    cg: &QuotaCgroup,
+    triggers: &[&str],
+    cooldown: Duration,
+    tick: Duration,
+    per_minute: u32,
+    hold: Duration,
+) -> (
+    Vec<(String, Instant)>,
+    flamefleet_agent::trigger::WatcherStats,
+) {
+    let samplers = Arc::new(Samplers::new(SamplerConfig::default()));
+    let root = CgroupRoot::detect().expect("a cgroup2 mount");
+    let (w, fires) = Watcher::start_with_samplers(
+        Hierarchies::detect(&root),
+        WatcherConfig {
+            tick,
+            min_cooldown: Duration::from_millis(100),
+            fires_per_minute: per_minute,
+            ..WatcherConfig::default()
+        },
+        Some(samplers),
+    )
+    .expect("watcher starts");
+    let condition = Condition::RunqlatP99 {
+        micros: THRESHOLD_US,
+        window: Duration::from_secs(2),
+    };
+    w.watch(WatchTarget {
+        key: "shop/crowd/app".into(),
+        cgroup: cg.cgroup.clone(),
+        triggers: triggers
+            .iter()
+            .map(|n| TriggerSpec {
+                name: (*n).into(),
+                condition,
+                cooldown,
+            })
+            .collect(),
+    })
+    .expect("watch");
+    let t0 = Instant::now();
+    let mut at = Vec::new();
+    while let Some(left) = hold.checked_sub(t0.elapsed()) {
+        if let Ok(fire) = fires.recv_timeout(left) {
+            at.push((fire.trigger, Instant::now()));
+        }
+    }
+    (at, w.stats())
+}
+
+/// A condition that stays true (the crowd never stops waiting) fires once per cooldown for
+/// as long as it holds, and the node's fire budget refuses fires beyond it, counted. CI
+/// holds it 12 s with a cooldown of 1.2 s: the ratio of ten minutes to the least cooldown
+/// the API accepts (60 s). The same test at full scale, outside CI (about 11 minutes):
+/// `FLAMEFLEET_TRIGGER_HOLD_SECONDS=600 FLAMEFLEET_TRIGGER_COOLDOWN_SECONDS=60`.
+#[test]
+fn a_latency_condition_held_true_fires_once_per_cooldown_and_the_node_budget_refuses_more() {
+    require_root();
+    let _serial = serial();
+    let started = Instant::now();
+    let hold = env_secs("FLAMEFLEET_TRIGGER_HOLD_SECONDS", 12.0);
+    let cooldown = env_secs(
+        "FLAMEFLEET_TRIGGER_COOLDOWN_SECONDS",
+        hold.as_secs_f64() / 10.0,
+    );
+    // The agent's tick is 1 s; scaled down with the cooldown.
+    let tick = (cooldown / 5).min(Duration::from_secs(1));
+    let dir = tempfile::tempdir().unwrap();
+    let bin = crowd(dir.path());
+    let mut cg = QuotaCgroup::new(20_000, 100_000);
+    let _out = cg.spawn(&bin);
+
+    // The cooldown alone (a budget that never binds).
+    let (at, stats) = hold_condition(&cg, &["held"], cooldown, tick, 6000, hold);
+    let gaps: Vec<Duration> = at.windows(2).map(|p| p[1].1 - p[0].1).collect();
+    eprintln!(
+        "held {hold:?}, cooldown {cooldown:?}, tick {tick:?}: {} fires, gaps {gaps:?}; {} times \
+         held back inside the cooldown",
+        at.len(),
+        stats.held_back
+    );
+    for gap in &gaps {
+        // Receive times: each fire is sent right after its cooldown check.
+        assert!(
+            *gap + Duration::from_millis(50) >= cooldown,
+            "fired {gap:?} after the previous fire, inside the cooldown of {cooldown:?}"
+        );
+    }
+    // A fire once the cooldown has ended, on the next tick: between hold/(cooldown + tick)
+    // and hold/cooldown fires (plus the first).
+    let most = (hold.as_secs_f64() / cooldown.as_secs_f64()).floor() as usize + 1;
+    let least =
+        ((hold.as_secs_f64() / (cooldown + tick).as_secs_f64()).floor() as usize).saturating_sub(1);
+    assert!(
+        (least..=most).contains(&at.len()),
+        "{} fires in {hold:?} with a cooldown of {cooldown:?}: expected {least} to {most}",
+        at.len()
+    );
+    assert!(stats.held_back > 0, "{stats:?}");
+    assert_eq!((stats.refused, stats.dropped), (0, 0), "{stats:?}");
+
+    // The node's budget: 3 fires a minute for three triggers that each want one per
+    // cooldown, for 6 s: the full bucket (3), nothing refills, the rest refused.
+    let names = ["held-a", "held-b", "held-c"];
+    let (at, stats) = hold_condition(
+        &cg,
+        &names,
+        Duration::from_secs(1),
+        Duration::from_millis(200),
+        3,
+        Duration::from_secs(6),
+    );
+    eprintln!(
+        "budget 3/min, three triggers with a 1 s cooldown for 6 s: {} fires ({:?}), {} refused \
+         by the budget; test {:.1} s",
+        at.len(),
+        at.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(),
+        stats.refused,
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(at.len(), 3, "{at:?}");
+    assert!(stats.refused >= 6, "{stats:?}");
+    assert_eq!(stats.dropped, 0, "{stats:?}");
+}
