@@ -14,7 +14,15 @@
 //! - *watcher*: the agent's watcher (`trigger::Watcher`, default configuration: 1 s tick);
 //! - *poll 100 ms*: the peer, a loop reading every file the conditions depend on every
 //!   100 ms (what watching costs without the kernel's notifications, at a latency the
-//!   memory race needs — still slower than the watcher's notifications).
+//!   memory race needs — still slower than the watcher's notifications);
+//! - *watcher + latency*: the watcher again, each cgroup with a sixth trigger, runqlat p99
+//!   above 20 ms over 10 s: the node's runqlat sampler loaded with the cgroups as its
+//!   targets. Besides the watcher thread, its BPF program's own cost: run time and runs of
+//!   the programs it loaded, with the kernel's BPF statistics on for the row
+//!   (`BPF_ENABLE_STATS`, what `sysctl kernel.bpf_stats_enabled=1` turns on; `bpftool prog
+//!   show` prints the same `run_time_ns`/`run_cnt`). Every context switch of the node runs
+//!   it, the watched cgroups' and everyone else's; `--wakers N` makes N of the cgroups'
+//!   processes wake every millisecond, so that some switches are the watched pods' own.
 //!
 //! CPU is the thread's own on-CPU time (`/proc/self/task/<tid>/schedstat`); memory is the
 //! process's RSS growth from before the cgroups were watched.
@@ -48,7 +56,7 @@ struct Watched {
 }
 
 impl Watched {
-    fn new(root: &CgroupRoot, h: &Hierarchies, i: u64) -> Result<Self> {
+    fn new(root: &CgroupRoot, h: &Hierarchies, i: u64, waker: bool) -> Result<Self> {
         let rel = format!("flamefleet-bench-trigger-{}-{i}", std::process::id());
         let dir = root.path().join(&rel);
         std::fs::create_dir(&dir).with_context(|| dir.display().to_string())?;
@@ -80,8 +88,17 @@ impl Watched {
                     .expect("no NUL")
             })
             .collect();
-        let mut cmd = Command::new("sleep");
-        cmd.arg("3600").stdout(Stdio::null());
+        let mut cmd = if waker {
+            // Wakes every millisecond: a run-queue wait per wakeup.
+            let mut c = Command::new("perl");
+            c.args(["-e", "select(undef,undef,undef,0.001) while 1"]);
+            c
+        } else {
+            let mut c = Command::new("sleep");
+            c.arg("3600");
+            c
+        };
+        cmd.stdout(Stdio::null());
         // SAFETY: only open/write/close between fork and exec, on memory made before.
         unsafe {
             cmd.pre_exec(move || {
@@ -135,6 +152,44 @@ impl Drop for Watched {
             let _ = std::fs::remove_dir(d);
         }
     }
+}
+
+fn latency_trigger() -> TriggerSpec {
+    TriggerSpec {
+        name: "waiting-to-run".into(),
+        condition: Condition::RunqlatP99 {
+            micros: 20_000,
+            window: Duration::from_secs(10),
+        },
+        cooldown: Duration::from_secs(600),
+    }
+}
+
+/// (run time, runs) of the BPF programs whose IDs are in `ids`.
+fn prog_stats(ids: &[u32]) -> (Duration, u64) {
+    libbpf_rs::query::ProgInfoIter::default()
+        .filter(|p| ids.contains(&p.id))
+        .fold((Duration::ZERO, 0), |(t, n), p| {
+            (t + Duration::from_nanos(p.run_time_ns), n + p.run_cnt)
+        })
+}
+
+fn prog_ids() -> Vec<(u32, String)> {
+    libbpf_rs::query::ProgInfoIter::default()
+        .map(|p| (p.id, p.name.to_string_lossy().into_owned()))
+        .collect()
+}
+
+/// Context switches of the node so far (`ctxt` of /proc/stat).
+fn node_switches() -> u64 {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("ctxt "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 fn triggers() -> Vec<TriggerSpec> {
@@ -223,11 +278,12 @@ fn main() -> Result<()> {
     }
     let n = flag("--cgroups", 100);
     let secs = flag("--seconds", 30);
+    let wakers = flag("--wakers", 10);
     let root = CgroupRoot::detect()?;
     let h = Hierarchies::detect(&root);
     let rss0 = rss_kib();
     let cgroups: Vec<Watched> = (0..n)
-        .map(|i| Watched::new(&root, &h, i))
+        .map(|i| Watched::new(&root, &h, i, i < wakers))
         .collect::<Result<_>>()?;
 
     // The watcher.
@@ -267,6 +323,59 @@ fn main() -> Result<()> {
     let p_wall = p_t0.elapsed();
     let peer_reads = peer.join().unwrap_or(0);
 
+    // The watcher with a latency trigger on every cgroup: the runqlat sampler loaded.
+    let samplers = std::sync::Arc::new(flamefleet_agent::capture::Samplers::new(
+        flamefleet_agent::capture::SamplerConfig::default(),
+    ));
+    let before: Vec<u32> = prog_ids().into_iter().map(|(id, _)| id).collect();
+    let rss3 = rss_kib();
+    let (watcher, _fires) = Watcher::start_with_samplers(
+        h.clone(),
+        WatcherConfig::default(),
+        Some(std::sync::Arc::clone(&samplers)),
+    )?;
+    let load_t0 = Instant::now();
+    for (i, c) in cgroups.iter().enumerate() {
+        let mut t = triggers();
+        t.push(latency_trigger());
+        watcher.watch(WatchTarget {
+            key: format!("bench/pod-{i}/app"),
+            cgroup: c.cgroup.clone(),
+            triggers: t,
+        })?;
+    }
+    let watch_all = load_t0.elapsed();
+    let rss4 = rss_kib();
+    let ours: Vec<(u32, String)> = prog_ids()
+        .into_iter()
+        .filter(|(id, _)| !before.contains(id))
+        .collect();
+    let ids: Vec<u32> = ours.iter().map(|(id, _)| *id).collect();
+    // SAFETY: no pointers; the returned descriptor keeps the statistics on until closed.
+    let stats_fd = unsafe {
+        libbpf_rs::libbpf_sys::bpf_enable_stats(libbpf_rs::libbpf_sys::BPF_STATS_RUN_TIME)
+    };
+    if stats_fd < 0 {
+        bail!(
+            "BPF_ENABLE_STATS failed ({}); run as root on Linux ≥ 5.8",
+            std::io::Error::last_os_error()
+        );
+    }
+    let (b0, r0) = prog_stats(&ids);
+    let s0 = node_switches();
+    let l0 = thread_cpu("trigger-watch")?;
+    let l_t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(secs));
+    let l1 = thread_cpu("trigger-watch")?;
+    let s1 = node_switches();
+    let (b1, r1) = prog_stats(&ids);
+    let l_wall = l_t0.elapsed();
+    // SAFETY: our own descriptor, closed once.
+    unsafe { libc::close(stats_fd) };
+    let l_stats = watcher.stats();
+    drop(watcher);
+    drop(samplers);
+
     let pct = |cpu: Duration, wall: Duration| cpu.as_secs_f64() * 100.0 / wall.as_secs_f64();
     println!(
         "trigger watching cost, {n} cgroups, {} triggers each ({}), {secs} s per row",
@@ -290,6 +399,34 @@ fn main() -> Result<()> {
         pct(p1 - p0, p_wall),
         (p1 - p0).as_secs_f64() * 1e6 / p_wall.as_secs_f64() / n as f64,
         peer_reads
+    );
+    let (bpf, runs) = (b1.saturating_sub(b0), r1.saturating_sub(r0));
+    println!(
+        "| watcher + runqlat p99 trigger (1 s tick) | {:.3}% | {:.1} | {} |",
+        pct(l1 - l0, l_wall),
+        (l1 - l0).as_secs_f64() * 1e6 / l_wall.as_secs_f64() / n as f64,
+        l_stats.reads
+    );
+    println!(
+        "| its BPF (sched_switch, every switch of the node) | {:.3}% | {:.1} | {runs} runs |",
+        pct(bpf, l_wall),
+        bpf.as_secs_f64() * 1e6 / l_wall.as_secs_f64() / n as f64,
+    );
+    println!(
+        "runqlat BPF: {:.0} ns per run ({} runs, {:.0} context switches/s on the node, {wakers} \
+         of the {n} cgroups waking every 1 ms); programs {:?}; watching {n} cgroups with it took \
+         {:.2} s (sampler load included); RSS +{} KiB ({:.1} KiB per cgroup, watcher and sampler)",
+        if runs > 0 {
+            bpf.as_nanos() as f64 / runs as f64
+        } else {
+            0.0
+        },
+        runs,
+        s1.saturating_sub(s0) as f64 / l_wall.as_secs_f64(),
+        ours,
+        watch_all.as_secs_f64(),
+        rss4.saturating_sub(rss3),
+        rss4.saturating_sub(rss3) as f64 / n as f64,
     );
     println!(
         "watcher memory: RSS +{} KiB for {n} cgroups ({:.1} KiB each; cgroups and processes \
