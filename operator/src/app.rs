@@ -652,7 +652,11 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         recorder: recorder.clone(),
         metrics: metrics.clone(),
         triggers: sampling::triggers::TriggerHub::new(connector.clone()),
-        continuous: sampling::continuous::ContinuousHub::new(connector, continuous, exporter),
+        continuous: sampling::continuous::ContinuousHub::new(
+            connector,
+            continuous,
+            exporter.clone(),
+        ),
     });
     let context = Arc::new(Context {
         limits: TenantLimits {
@@ -741,8 +745,16 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     if let Some(signer) = signer {
         signer.abort();
     }
+    let leadership_lost = lost_rx.try_recv().unwrap_or(false);
+    if let Some(exporter) = &exporter {
+        exporter.abandon(if leadership_lost {
+            "leader_lost"
+        } else {
+            "shutdown"
+        });
+    }
     metrics.set_leader(false);
-    if lost_rx.try_recv().unwrap_or(false) {
+    if leadership_lost {
         bail!(
             "lost the leader Lease {}; exiting so that only the new leader acts",
             lease.name

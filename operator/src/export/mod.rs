@@ -293,6 +293,41 @@ impl Exporter {
         }
     }
 
+    /// Empties the queue when the operator stops leading (`reason`: `leader_lost` or
+    /// `shutdown`): nothing is persisted, so what is still queued is never exported by this
+    /// process, and the new leader does not know of it. Counts those profiles as dropped
+    /// (`/metrics`, the policies' tallies) and logs how many. Returns that number.
+    pub fn abandon(&self, reason: &'static str) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let drained: Vec<(String, Pending)> = {
+            let mut queue = self.lock();
+            let drained = std::iter::from_fn(|| queue.pop()).collect();
+            self.metrics.export_queued(0);
+            drained
+        };
+        let mut total = 0;
+        for (_, pending) in &drained {
+            let left = pending.job.artifacts.len().saturating_sub(pending.done) as u64;
+            for t in &pending.job.tally {
+                let _ = t
+                    .queued
+                    .fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(left)));
+                t.dropped(left, reason, "the operator stopped leading with it queued");
+            }
+            total += left;
+        }
+        if total > 0 {
+            self.metrics.export_dropped(reason, total);
+            tracing::warn!(
+                profiles = total,
+                captures = drained.len(),
+                reason,
+                "the operator stops leading with profiles in the export queue: they are not exported (nothing is persisted; the new leader does not know of them)"
+            );
+        }
+        total
+    }
+
     /// The one worker. A transient failure puts the job back at the end of its namespace's
     /// queue with a time before which it is not tried again, so that a capture whose export
     /// keeps failing (an endpoint down, or a payload it times out on) takes its turn with
@@ -462,5 +497,58 @@ impl Exporter {
             Err(SendError::Permanent(e)) => Err(Failure::Drop("rejected", e)),
             Err(SendError::Retryable(e, delay)) => Err(Failure::Transient(e, delay)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn window(namespace: &str, tally: &Arc<ExportTally>) -> ExportJob {
+        ExportJob {
+            context: CaptureContext {
+                namespace: namespace.into(),
+                request: String::new(),
+                policy: format!("{namespace}/always"),
+                node: "n1".into(),
+                pods: Vec::new(),
+            },
+            artifacts: vec![ExportItem::Window {
+                name: format!("{namespace}/web-0@1"),
+                pprof: Arc::new(vec![1, 2, 3]),
+            }],
+            tally: vec![Arc::clone(tally)],
+        }
+    }
+
+    #[test]
+    fn what_is_queued_when_leadership_ends_is_counted_as_dropped() {
+        let metrics = Arc::new(Metrics::new());
+        // No worker: the jobs stay queued, as when the endpoint is down.
+        let exporter = Exporter {
+            queue: Mutex::new(FairQueue::new(8, 8)),
+            wake: Notify::new(),
+            metrics: Arc::clone(&metrics),
+        };
+        let tally = Arc::new(ExportTally::default());
+        exporter.submit(window("shop", &tally));
+        exporter.submit(window("shop", &tally));
+        exporter.submit(window("bank", &tally));
+        assert_eq!(tally.queued.load(Relaxed), 3);
+
+        assert_eq!(exporter.abandon("leader_lost"), 3);
+        assert_eq!(tally.queued.load(Relaxed), 0);
+        assert_eq!(tally.dropped.load(Relaxed), 3);
+        assert!(tally.lock().error.starts_with("leader_lost: "));
+        let text = metrics.encode();
+        assert!(
+            text.lines()
+                .any(|l| l.contains("reason=\"leader_lost\"") && l.ends_with(" 3")),
+            "{text}"
+        );
+        assert!(exporter.lock().is_empty());
+        // Nothing left to abandon.
+        assert_eq!(exporter.abandon("shutdown"), 0);
     }
 }
