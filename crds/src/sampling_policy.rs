@@ -138,17 +138,20 @@ pub fn schedule_pattern() -> String {
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("self.schedule != '@continuous' || self.template.type == 'cpu'").message("an always-on policy (schedule @continuous) profiles CPU only: template.type must be cpu")
+    validation = Rule::new("!has(self.schedule) || self.schedule != '@continuous' || self.template.type == 'cpu'").message("an always-on policy (schedule @continuous) profiles CPU only: template.type must be cpu"),
+    validation = Rule::new("has(self.schedule) || (has(self.triggers) && size(self.triggers) > 0)").message("a policy without a schedule captures on its triggers only: set a schedule, or at least one trigger")
 )]
 pub struct SamplingPolicySpec {
     /// Cron schedule in the policy's `timeZone`: five fields (`*/5 * * * *`), six with a
     /// leading seconds field (`*/20 * * * * *`), or a macro such as `@hourly`; or
     /// `@continuous`: every selected pod profiled back to back in windows (the cluster's
     /// window, by default 19 s every 20 s), each window exported over OTLP, no
-    /// ProfileRequest per window (docs/export.md, "Always-on profiling").
+    /// ProfileRequest per window (docs/export.md, "Always-on profiling"). Optional when the
+    /// policy has triggers: without a schedule it captures on its triggers only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 6, max = 256))]
     #[x_kube(validation = Rule::new(SCHEDULE_RULE.as_str()).message(SCHEDULE_FORMS))]
-    pub schedule: String,
+    pub schedule: Option<String>,
     /// IANA time zone of the schedule, e.g. `Europe/Paris` (default: UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(

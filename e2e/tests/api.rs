@@ -843,6 +843,34 @@ async fn policy_triggers_are_validated_by_the_api_server() {
     .expect("a cluster policy with a trigger");
     let _ = csp.delete(&cluster_name, &Default::default()).await;
 
+    // Triggers only: no schedule. Without triggers a policy needs one.
+    let mut trigger_only = policy_with_triggers(
+        "SamplingPolicy",
+        "trigger-only",
+        json!([{"name": "near-limit", "memory": {"aboveLimitPercent": 90}}]),
+    );
+    trigger_only["spec"]
+        .as_object_mut()
+        .expect("a spec")
+        .remove("schedule");
+    create_raw(&sp, &trigger_only)
+        .await
+        .expect("a policy with triggers and no schedule");
+    assert_eq!(typed.get("trigger-only").await.unwrap().spec.schedule, None);
+    let mut neither = valid_policy("SamplingPolicy", "neither");
+    neither["spec"]
+        .as_object_mut()
+        .expect("a spec")
+        .remove("schedule");
+    let err = create_raw(&sp, &neither)
+        .await
+        .expect_err("a policy with neither schedule nor triggers");
+    assert!(
+        err.to_string()
+            .contains("a policy without a schedule captures on its triggers only"),
+        "{err}"
+    );
+
     let cases = [
         (
             json!([{"name": "two", "memory": {"aboveLimitPercent": 90}, "cpu": {"throttledPercent": 50}}]),

@@ -726,7 +726,8 @@ async fn a_cpu_fires_profile_covers_the_seconds_before_the_fire() {
 /// millicores on the pod's cgroup, as the kubelet sets it): the agent's latency trigger
 /// (the runqlat sampler's BPF histogram of the pod's waits, p99 over a 2 s window) fires,
 /// the operator creates a runqlat run of that pod with the measured p99 in
-/// `status.trigger`, and the run's own capture measures a p99 above the threshold too.
+/// `status.trigger`, and the run's own capture measures a p99 above the threshold too. The
+/// policy has no schedule (triggers only).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_crowding_its_cpu_quota_fires_the_runqlat_p99_trigger() {
     const THRESHOLD_US: i64 = 20_000;
@@ -748,7 +749,7 @@ async fn a_pod_crowding_its_cpu_quota_fires_the_runqlat_p99_trigger() {
             &pipeline.policy(
                 "runq-watch",
                 json!({
-                    "schedule": "@yearly",
+                    // No schedule: the policy captures on its trigger only.
                     "template": {
                         "type": "runqlat",
                         "selector": {"matchLabels": {"app": "crowd"}},
@@ -848,6 +849,25 @@ async fn a_pod_crowding_its_cpu_quota_fires_the_runqlat_p99_trigger() {
         Some(1.0),
         "{metrics}"
     );
+    // A trigger-only policy: no schedule, no next time, only the triggered run.
+    let status = api
+        .get("runq-watch")
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default();
+    let valid = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ScheduleValid")
+        .expect("a ScheduleValid condition");
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("True", "TriggersOnly"),
+        "{status:#?}"
+    );
+    assert_eq!(status.next_schedule_time, None, "{status:#?}");
+    assert_eq!(runs(&tenant, &uid).await.len(), 1, "only the triggered run");
     eprintln!(
         "latency trigger e2e: policy created at {:.1}s, fire seen {:.1}s later, run finished \
          at +{:.1}s; test took {:.1}s",

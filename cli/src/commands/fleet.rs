@@ -185,7 +185,11 @@ pub async fn runs(cluster: &Cluster, policy: &PolicyRef) -> Result<Runs> {
     let mut always_on = None;
     let mut note = |spec: &flamefleet_api::SamplingPolicySpec,
                     status: Option<&flamefleet_api::SamplingPolicyStatus>| {
-        if flamefleet_api::continuous::is_continuous(&spec.schedule) {
+        if spec
+            .schedule
+            .as_deref()
+            .is_some_and(flamefleet_api::continuous::is_continuous)
+        {
             always_on = Some(
                 status
                     .and_then(|s| s.continuous.clone())

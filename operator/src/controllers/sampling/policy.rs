@@ -229,17 +229,40 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
         .register(&uid, registered(&current, &spec, &uid)?, &status.triggers);
     status.triggers = ctx.triggers.status_of(&uid, &spec.triggers);
 
-    if flamefleet_api::continuous::is_continuous(&spec.schedule) {
+    if spec
+        .schedule
+        .as_deref()
+        .is_some_and(flamefleet_api::continuous::is_continuous)
+    {
         return apply_continuous(ctx, api, &current, &spec, &uid, status).await;
     }
     ctx.continuous.register(&uid, None);
     status.continuous = None;
 
-    let schedule = match schedule::parse(&spec.schedule, spec.time_zone.as_deref(), now) {
-        Ok(s) => {
+    // No schedule (the API server admits that only with triggers): runs come from fires.
+    let parsed = spec
+        .schedule
+        .as_deref()
+        .map(|text| (text, schedule::parse(text, spec.time_zone.as_deref(), now)));
+    let schedule = match parsed {
+        None => {
+            set_condition(
+                &mut status.conditions,
+                new_condition(
+                    CONDITION_SCHEDULE_VALID,
+                    true,
+                    "TriggersOnly",
+                    "no schedule: the policy captures when its triggers fire",
+                    generation,
+                    Time(now),
+                ),
+            );
+            None
+        }
+        Some((text, Ok(s))) => {
             let mut message = format!(
                 "schedule {:?} in {}",
-                spec.schedule,
+                text,
                 spec.time_zone.as_deref().unwrap_or("UTC")
             );
             let min = ctx.limits.min_run_interval;
@@ -264,9 +287,9 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
                     Time(now),
                 ),
             );
-            s
+            Some(s)
         }
-        Err(e) => {
+        Some((_, Err(e))) => {
             set_condition(
                 &mut status.conditions,
                 new_condition(
@@ -326,9 +349,7 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
     }
 
     let mut action = Action::requeue(MAX_REQUEUE);
-    if spec.suspend == Some(true) {
-        status.next_schedule_time = None;
-    } else {
+    if let Some(schedule) = schedule.filter(|_| spec.suspend != Some(true)) {
         let mut last = status
             .last_schedule_time
             .as_ref()
@@ -372,6 +393,8 @@ async fn apply<P: Policy>(policy: Arc<P>, ctx: &SamplingContext, api: &Api<P>) -
             let wait = to_std(next.duration_since(ctx.now())) + Duration::from_millis(20);
             action = Action::requeue(wait.min(MAX_REQUEUE));
         }
+    } else {
+        status.next_schedule_time = None;
     }
 
     // Active runs, last success and coverage, from the cache.
