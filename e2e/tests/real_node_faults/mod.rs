@@ -1,4 +1,4 @@
-//! The fault tier's faults of a real node (issue 37; the control plane's, the store's and the
+//! The fault tier's faults of a real node (the control plane's, the store's and the
 //! operator's are in `faults.rs`), run by `real_node.rs` on its one installation:
 //!
 //! - the agent OOM-killed by its memory limit mid-capture ([`agent_oom_killed_mid_capture`]);
