@@ -3,7 +3,9 @@
 //! policy watches on another node, for a pod the policy does not select, for a policy and a
 //! trigger that do not exist, and for its own watched pod under another pod's name. Only
 //! the fire for its own watched pod becomes a run, of that pod (by UID, whatever name the
-//! node claimed), and a replay of it within the cooldown is turned down.
+//! node claimed), and a replay of it within the cooldown is turned down. A genuine fire
+//! for a policy whose node budget is spent is turned down too, and says why in the
+//! policy's status and an Event.
 //!
 //! Real operator, real store process, real API server; the agents are hollow (the real
 //! gRPC service and mTLS without BPF): a compromised node is not bound to run the agent's
@@ -18,7 +20,7 @@ use flamefleet_api::trigger::{TRIGGER_LABEL, TRIGGER_POD_UID_LABEL};
 use flamefleet_api::{ProfileRequest, SamplingPolicy};
 use flamefleet_e2e::hollow::cluster::{ClusterOptions, HollowCluster, RUN_LABEL, subset_label};
 use flamefleet_proto::agent::TriggerFired;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
@@ -100,6 +102,32 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
         .await
         .expect("creating the SamplingPolicy");
     let policy_uid = policy.uid().expect("a policy UID");
+    // The same pods and trigger under a budget no capture fits: a duty cycle of 1% of 60 s
+    // allows 0 s of capture, so a fire of its own pod is turned down by the budget.
+    let spent: SamplingPolicy = serde_json::from_value(json!({
+        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
+        "metadata": {"name": "spent-watch", "labels": {RUN_LABEL: cluster.id}},
+        "spec": {
+            "template": {
+                "type": "cpu",
+                "selector": {"matchLabels": {subset_label(SELECTED): "true"}},
+                "duration": "1s",
+            },
+            "budget": {"maxDutyCyclePercent": 1, "dutyCycleWindowSeconds": 60},
+            "triggers": [{
+                "name": "hot",
+                "cpu": {"throttledPercent": 20},
+                "capture": {"duration": "1s"},
+            }],
+        },
+    }))
+    .expect("a valid SamplingPolicy");
+    let spent_uid = policies
+        .create(&PostParams::default(), &spent)
+        .await
+        .expect("creating the budget-bound SamplingPolicy")
+        .uid()
+        .expect("a policy UID");
 
     let fire = |pod_uid: &str, pod_name: &str, policy_uid: &str, trigger: &str| TriggerFired {
         policy_uid: policy_uid.to_string(),
@@ -139,23 +167,53 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
         // The same again: within the cooldown.
         fire(&own, "w-00000", &policy_uid, "hot"),
     ];
-    assert!(cluster.fleet.script_watch(0, forged));
+    // First, while nothing captures on node 0 (so that the duty cycle, not the node's one
+    // concurrent capture, is what turns it down): its own watched pod for the policy whose
+    // budget no capture fits.
+    let forged: Vec<_> = std::iter::once(fire(&own, "w-00000", &spent_uid, "hot"))
+        .chain(forged)
+        .collect();
+    // The operator restarts a node's watch call when its watch set changes, and it
+    // registers the two policies one after the other: the script goes to the first call
+    // made once both are watched (node 0's hollow agent refuses the calls before it, and
+    // the operator calls again after a pause).
     cluster.start_operator().expect("the operator");
+    let deadline = Instant::now() + TIMEOUT;
+    for name in ["hot-watch", "spent-watch"] {
+        loop {
+            let watched = policies
+                .get(name)
+                .await
+                .ok()
+                .and_then(|p| p.status)
+                .and_then(|s| s.triggers.into_iter().find(|t| t.name == "hot"))
+                .map_or(0, |t| t.watched_pods);
+            if watched == SELECTED as i64 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} does not watch its {SELECTED} pods (watchedPods {watched})"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert!(cluster.fleet.script_watch(0, forged));
 
     // Every scripted fire reached the operator and was counted.
     let deadline = Instant::now() + TIMEOUT;
     let metrics = loop {
         let metrics = operator_metrics(&cluster).await;
-        let counted = ["NotWatched", "Created", "Cooldown"]
+        let counted = ["NotWatched", "Created", "Cooldown", "DutyCycle"]
             .iter()
             .map(|o| fires(&metrics, o))
             .sum::<f64>();
-        if cluster.fleet.watch_script_sent(0) && counted >= 6.0 {
+        if cluster.fleet.watch_script_sent(0) && counted >= 7.0 {
             break metrics;
         }
         assert!(
             Instant::now() < deadline,
-            "the operator did not count the 6 fires of node 0 (sent: {}):\n{}\n--- operator ---\n{}",
+            "the operator did not count the 7 fires of node 0 (sent: {}):\n{}\n--- operator ---\n{}",
             cluster.fleet.watch_script_sent(0),
             metrics
                 .lines()
@@ -173,6 +231,7 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
     assert_eq!(fires(&metrics, "NotWatched"), 4.0, "{metrics}");
     assert_eq!(fires(&metrics, "Created"), 1.0, "{metrics}");
     assert_eq!(fires(&metrics, "Cooldown"), 1.0, "{metrics}");
+    assert_eq!(fires(&metrics, "DutyCycle"), 1.0, "{metrics}");
 
     // One run, of node 0's own pod, named by its UID and not by what the node claimed.
     let requests: Api<ProfileRequest> = cluster.target_ns.api();
@@ -234,8 +293,70 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
         status.last_skip_reason.starts_with("Cooldown: "),
         "{status:#?}"
     );
+
+    // The budget-bound policy: no run, one skip, the budget's reason in its status and a
+    // Warning Event on it.
+    let node0 = cluster.fleet.nodes()[0].name.clone();
+    let deadline = Instant::now() + TIMEOUT;
+    let spent_status = loop {
+        let status = policies
+            .get("spent-watch")
+            .await
+            .ok()
+            .and_then(|p| p.status)
+            .and_then(|s| s.triggers.into_iter().find(|t| t.name == "hot"));
+        if let Some(t) = status.filter(|t| t.skipped == 1) {
+            break t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status.triggers of spent-watch did not count its skip"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(spent_status.fires, 0, "{spent_status:#?}");
+    assert!(
+        spent_status
+            .last_skip_reason
+            .starts_with(&format!("DutyCycle: node {node0} ")),
+        "{spent_status:#?}"
+    );
+    let spent_runs = requests
+        .list(&ListParams::default().labels(&format!("flamefleet.dev/policy-uid={spent_uid}")))
+        .await
+        .expect("listing runs")
+        .items;
+    assert!(spent_runs.is_empty(), "{spent_runs:#?}");
+    let events: Api<Event> = cluster.target_ns.api();
+    let deadline = Instant::now() + TIMEOUT;
+    let event = loop {
+        let found = events
+            .list(
+                &ListParams::default()
+                    .fields("involvedObject.name=spent-watch,reason=TriggerSkipped"),
+            )
+            .await
+            .expect("listing Events")
+            .items
+            .into_iter()
+            .next();
+        if let Some(e) = found {
+            break e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no TriggerSkipped Event on spent-watch"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(event.type_.as_deref(), Some("Warning"), "{event:#?}");
+    let note = event.message.unwrap_or_default();
+    assert!(
+        note.contains("w-00000") && note.contains("DutyCycle"),
+        "{note}"
+    );
     eprintln!(
-        "forged fires: 4 refused, 1 run, 1 cooldown; test took {:.1}s",
+        "forged fires: 4 refused, 1 run, 1 cooldown, 1 over budget; test took {:.1}s",
         started.elapsed().as_secs_f64()
     );
 }
