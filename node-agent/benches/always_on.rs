@@ -156,6 +156,14 @@ struct PodFigures {
 
 fn main() -> Result<()> {
     let argv: Vec<String> = std::env::args().collect();
+    if argv.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "always_on: the always-on engine's coverage and cost (as root)\n\
+             options: --pods N (10) --seconds S (600) --frequency HZ (19) --window S (19) \
+             --period S (20) --busy-us US (2000: CPU each pod's process spins every 20 ms)"
+        );
+        return Ok(());
+    }
     let pods: usize = flag(&argv, "--pods").unwrap_or(10);
     let seconds: u64 = flag(&argv, "--seconds").unwrap_or(600);
     let frequency: u32 = flag(&argv, "--frequency").unwrap_or(19);

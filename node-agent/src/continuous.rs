@@ -11,9 +11,15 @@
 //! - **Its own samplers.** The windows run on CPU samplers of their own, one per frequency
 //!   (the node's registry gives a capture that joins a running sampler that sampler's
 //!   frequency: always-on windows there would hold every ad hoc capture of the node at 19 Hz).
-//!   They share the node's process catalog. Between two windows the sampler's perf events
-//!   are closed and the program stays loaded (the registry's linger), so a window costs no
-//!   BPF load.
+//!   They share the node's process catalog.
+//! - **Windows cut from one capture.** Each frequency's capture is held as long as the set:
+//!   a window ends and the next begins at one read of the sampler's counts, so consecutive
+//!   windows' sampled spans meet exactly and a window's start costs nothing (no BPF load, no
+//!   perf event to open, no process to walk). Windows keep a fixed cadence from the first
+//!   one; between a window's end and the next period, if the window is shorter than the
+//!   period, the sampler's perf events are disabled. What a window reports as sampled is
+//!   the span between the reads (or the pause) that bound it. Symbolizing, splitting and
+//!   encoding a window happen on a builder thread while the next window samples.
 //! - **Bounded.** At most [`MAX_PODS`] pods and [`MAX_LANES`] frequencies; each pod's
 //!   profile at most the set's `max_profile_bytes` (a larger one is replaced by a window
 //!   saying so); windows go to a queue of [`QUEUE`] that drops, and counts, when the
@@ -22,15 +28,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use flamefleet_proto::agent::{
     ContinuousAck, ContinuousEvent, ContinuousRequest, Target, WindowProfile, continuous_event,
 };
 
 use crate::capture::cpu::CpuOptions;
-use crate::capture::lifecycle::{self, CaptureSpec, Running};
-use crate::capture::window::Window as _;
+use crate::capture::lifecycle::{self, CaptureSpec, Running, WindowCut};
 use crate::capture::{CaptureTarget, SamplerConfig, Samplers};
 use crate::cgroup::CgroupRoot;
 use crate::process::ProcessCatalog;
@@ -51,8 +56,6 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(3600);
 pub const MAX_PROFILE_BYTES: u64 = 3 << 20;
 /// Highest frequency accepted.
 pub const MAX_FREQUENCY_HZ: u32 = 1000;
-/// A window shorter than this is not started (the next period's comes soon).
-const SHORTEST_WINDOW: Duration = Duration::from_millis(500);
 
 /// One pod of the set.
 #[derive(Debug, Clone, PartialEq)]
@@ -248,49 +251,147 @@ impl Continuous {
     }
 
     /// The windows' thread: runs until the set is empty.
+    ///
+    /// Each frequency's capture is held across windows (a [`Lane`]): its sampler stays
+    /// attached, and one window becomes the next by one read of the sampler's counts
+    /// ([`Running::cut`]), so the windows' sampled spans follow each other with no gap and a
+    /// window's start costs nothing. Windows follow a fixed cadence: window k samples from
+    /// `origin + k·period` (the origin: when the first captures had started, their samplers
+    /// loaded) for the set's window; in the rest of the period, if any, the sampler is paused
+    /// (its perf events disabled: nothing sampled, nothing paid). The work a window's end
+    /// costs (symbolizing, splitting, encoding) happens while the next one samples.
     fn run(self: Arc<Self>) {
-        let mut samplers: HashMap<u32, Arc<Samplers>> = HashMap::new();
-        // Windows start on the period's boundaries from the first one, whose clock starts
-        // once its samplers are loaded (the verifier's second or so is not cut from it).
-        let mut anchor: Option<Instant> = None;
         loop {
-            let (set, generation) = {
-                let mut state = self.lock();
-                if state.set.is_empty() {
-                    state.running = false;
+            let (jobs, queue) = std::sync::mpsc::sync_channel(BUILDS);
+            let me = Arc::clone(&self);
+            let builder = std::thread::Builder::new()
+                .name("ff-continuous-build".into())
+                .spawn(move || me.build(&queue));
+            let builder = match builder {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!(
+                        "always-on profiling stops: cannot start its builder thread: {e}"
+                    );
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    self.lock().running = false;
                     return;
                 }
-                (state.set.clone(), state.generation)
             };
-            samplers.retain(|hz, _| set.lanes.contains_key(hz));
-            let period = set.period.max(MIN_WINDOW);
-            let Some(origin) = anchor else {
-                let started = self.window(&set, &mut samplers, None, generation);
-                anchor = Some(started);
-                self.pause_until(started + period, generation);
-                continue;
-            };
-            let now = Instant::now();
-            let since = now.duration_since(origin);
-            let periods = since.as_nanos() / period.as_nanos();
-            let period_start = origin + period * u32::try_from(periods).unwrap_or(u32::MAX);
-            let window_end = period_start + set.window;
-            if window_end.saturating_duration_since(now) < SHORTEST_WINDOW {
-                self.pause_until(period_start + period, generation);
-                continue;
+            let builds = Builds(jobs);
+            self.windows(&builds);
+            // The last windows are built and sent before the thread ends (or a set that
+            // came meanwhile starts).
+            drop(builds);
+            let _ = builder.join();
+            let mut state = self.lock();
+            if state.set.is_empty() {
+                state.running = false;
+                return;
             }
-            self.window(&set, &mut samplers, Some(window_end), generation);
-            self.pause_until(period_start + period, generation);
         }
     }
 
-    /// Sleeps until `at`, or until the set changes from `generation`.
-    fn pause_until(&self, at: Instant, generation: u64) {
+    /// The windows' loop ([`Self::run`]), until the set is empty.
+    fn windows(&self, builds: &Builds) {
+        let mut samplers: HashMap<u32, Arc<Samplers>> = HashMap::new();
+        let mut lanes: BTreeMap<u32, Lane> = BTreeMap::new();
+        let mut seen: Option<u64> = None;
+        let mut origin: Option<Instant> = None;
+        let mut paused = false;
+        let mut last = Set::default();
+        loop {
+            let (set, generation) = {
+                let state = self.lock();
+                if state.set.is_empty() {
+                    // A set replaced by an empty one: what the running windows sampled is
+                    // sent (a call that ended has no stream to send it on).
+                    if state.sender.is_none() || paused {
+                        lanes.clear();
+                    }
+                    break;
+                }
+                (state.set.clone(), state.generation)
+            };
+            last.clone_from(&set);
+            samplers.retain(|hz, _| set.lanes.contains_key(hz));
+            let period = set.period.max(MIN_WINDOW);
+            let contiguous = set.window >= period;
+            if seen != Some(generation) {
+                // A new set: its captures start while the old ones still sample (joining
+                // their samplers), then the old ones' windows end.
+                seen = Some(generation);
+                lanes = self.renew(&set, &mut samplers, lanes, paused, builds);
+                if origin.is_none() && !lanes.is_empty() {
+                    origin = Some(Instant::now());
+                }
+                continue;
+            }
+            let Some(origin) = origin.filter(|_| !lanes.is_empty()) else {
+                // No pod's cgroup found yet: look again a period later.
+                if self.pause_until(Instant::now() + period, generation) {
+                    seen = None;
+                }
+                continue;
+            };
+            let now = Instant::now();
+            let periods = now.duration_since(origin).as_nanos() / period.as_nanos();
+            let period_start = origin + period * u32::try_from(periods).unwrap_or(u32::MAX);
+            let in_window = contiguous || now < period_start + set.window;
+            if !contiguous && paused && in_window {
+                for (hz, lane) in &mut lanes {
+                    if let Err(e) = lane.running.resume() {
+                        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(hz, "an always-on window could not start: {e}");
+                    }
+                }
+                paused = false;
+                self.counters.windows.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if !contiguous && !paused && !in_window {
+                for (hz, lane) in &mut lanes {
+                    if let Err(e) = lane.running.pause() {
+                        tracing::warn!(hz, "an always-on window could not pause: {e}");
+                    }
+                }
+                paused = true;
+                for (&hz, lane) in &mut lanes {
+                    self.cut(hz, lane, &set, builds);
+                }
+                if lanes.values().any(|l| l.missing > 0) {
+                    lanes = self.renew(&set, &mut samplers, lanes, paused, builds);
+                }
+                continue;
+            }
+            let next = if contiguous || paused {
+                period_start + period
+            } else {
+                period_start + set.window
+            };
+            if self.pause_until(next, generation) && contiguous {
+                self.counters.windows.fetch_add(1, Ordering::Relaxed);
+                if lanes.values().any(|l| l.missing > 0) {
+                    lanes = self.renew(&set, &mut samplers, lanes, paused, builds);
+                } else {
+                    for (&hz, lane) in &mut lanes {
+                        self.cut(hz, lane, &set, builds);
+                    }
+                }
+            }
+        }
+        for (hz, mut lane) in lanes {
+            self.cut(hz, &mut lane, &last, builds);
+        }
+    }
+
+    /// Sleeps until `at` (`true`), or until the set changes from `generation` (`false`).
+    fn pause_until(&self, at: Instant, generation: u64) -> bool {
         let mut state = self.lock();
         while state.generation == generation {
             let left = at.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return;
+                return true;
             }
             state = self
                 .changed
@@ -298,30 +399,41 @@ impl Continuous {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+        false
     }
 
-    /// One window of every pod of `set`, until `end` (`None`: the set's window from when
-    /// its captures have started, loading their samplers) or a change of the set. Returns
-    /// when the window's sampling started.
-    fn window(
+    /// Captures for `set`, replacing `old`: the new ones start first (joining the old ones'
+    /// samplers, which keep sampling meanwhile: no gap, and the new captures' process walks
+    /// are not cut from any window), then the old ones' windows end and are sent. A
+    /// `paused` set's old captures end first instead (their windows were sent when they
+    /// paused, and a paused sampler takes no new capture), and the new ones start paused.
+    fn renew(
         &self,
         set: &Set,
         samplers: &mut HashMap<u32, Arc<Samplers>>,
-        end: Option<Instant>,
-        generation: u64,
-    ) -> Instant {
-        self.counters.windows.fetch_add(1, Ordering::Relaxed);
-        let mut running: Vec<(u32, &[Pod], Running)> = Vec::new();
+        mut old: BTreeMap<u32, Lane>,
+        paused: bool,
+        builds: &Builds,
+    ) -> BTreeMap<u32, Lane> {
+        if paused {
+            old.clear();
+        }
+        let mut lanes = BTreeMap::new();
         for (&hz, pods) in &set.lanes {
-            let wanted: Vec<Target> = pods.iter().map(|p| p.target.clone()).collect();
-            // Pods whose cgroups are gone (or not there yet) are left out of this window.
+            // Pods whose cgroups are gone (or not there yet) are left out, and looked for
+            // again at the end of every window.
             let mut resolved: Vec<CaptureTarget> = Vec::new();
-            for t in &wanted {
-                match targets::resolve(&self.root, std::slice::from_ref(t)) {
-                    Ok(r) => resolved.extend(r.into_iter().map(|r| r.capture)),
+            let mut found: Vec<Pod> = Vec::new();
+            for pod in pods {
+                match targets::resolve(&self.root, std::slice::from_ref(&pod.target)) {
+                    Ok(r) => {
+                        resolved.extend(r.into_iter().map(|r| r.capture));
+                        found.push(pod.clone());
+                    }
                     Err(e) => tracing::debug!("always-on window: {e}"),
                 }
             }
+            let missing = pods.len() - found.len();
             if resolved.is_empty() {
                 continue;
             }
@@ -337,86 +449,96 @@ impl Continuous {
                     frequency: u64::from(hz),
                     ..CpuOptions::default()
                 },
-                duration: end.map_or(set.window, |e| e.saturating_duration_since(Instant::now())),
+                // Held until the set changes: the windows are cut from it.
+                duration: MAX_PERIOD,
             };
             match lifecycle::start(registry, spec) {
-                Ok(r) => running.push((hz, pods, r)),
+                Ok(mut running) => {
+                    if paused && let Err(e) = running.pause() {
+                        tracing::warn!(hz, "an always-on capture could not pause: {e}");
+                    }
+                    lanes.insert(
+                        hz,
+                        Lane {
+                            pods: found,
+                            missing,
+                            running,
+                        },
+                    );
+                }
                 Err(e) => {
                     self.counters.failed.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(hz, "an always-on window could not start: {e}");
                 }
             }
         }
-        // The window counts from here: starting a capture may load its sampler (the
-        // verifier's time is not sampled time).
-        let started_at = SystemTime::now();
-        let started = Instant::now();
-        let end = end.unwrap_or(started + set.window);
-        // The window: each capture's work (its early symbolization) when due, until the end
-        // or a new set.
-        loop {
-            let next = running
-                .iter()
-                .filter_map(|(_, _, r)| r.next_work())
-                .min()
-                .map_or(end, |t| t.min(end));
-            {
-                let mut state = self.lock();
-                while state.generation == generation && Instant::now() < next {
-                    let left = next.saturating_duration_since(Instant::now());
-                    state = self
-                        .changed
-                        .wait_timeout(state, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
-                }
-                if state.generation != generation {
-                    break;
-                }
-            }
-            if Instant::now() >= end {
-                break;
-            }
-            let now = Instant::now();
-            for (_, _, r) in &mut running {
-                if r.next_work().is_some_and(|t| t <= now)
-                    && let Err(e) = r.work()
-                {
-                    tracing::debug!("always-on window work: {e}");
-                }
-            }
+        if !lanes.is_empty() {
+            self.counters.windows.fetch_add(1, Ordering::Relaxed);
         }
-        let duration = started.elapsed();
-        let start_unix_ms = started_at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        for (hz, pods, r) in running {
-            match r.finish() {
-                Ok(finished) => {
-                    let dropped = match &finished.summary.kind {
-                        Some(flamefleet_proto::agent::capture_summary::Kind::Cpu(c)) => {
-                            c.dropped_samples
-                        }
-                        _ => 0,
-                    };
-                    let meta = WindowMeta {
-                        start_unix_ms,
-                        duration,
+        for (hz, mut lane) in old {
+            self.cut(hz, &mut lane, set, builds);
+        }
+        lanes
+    }
+
+    /// Ends `lane`'s window now (the next one starts at the same instant) and hands it to
+    /// `builds`, which sends each of its pods' profile of it.
+    fn cut(&self, hz: u32, lane: &mut Lane, set: &Set, builds: &Builds) {
+        match lane.running.cut() {
+            Ok(cut) => {
+                let job = Build {
+                    cut,
+                    pods: lane.pods.clone(),
+                    hz,
+                    max_bytes: set.max_profile_bytes,
+                };
+                if let Err(std::sync::mpsc::TrySendError::Full(job)) = builds.0.try_send(job) {
+                    self.counters
+                        .dropped
+                        .fetch_add(job.pods.len() as u64, Ordering::Relaxed);
+                    tracing::warn!(
                         hz,
-                        dropped,
-                        max_bytes: set.max_profile_bytes,
-                    };
-                    for w in per_pod(&finished.profile, pods, &meta, &self.counters) {
-                        self.send(w);
-                    }
-                }
-                Err(e) => {
-                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(hz, "an always-on window could not be read: {e}");
+                        "an always-on window was dropped: the windows before it are still being built"
+                    );
                 }
             }
+            Err(e) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(hz, "an always-on window could not be read: {e}");
+            }
         }
-        started
+    }
+
+    /// Builds the windows `jobs` brings (symbolizing, splitting per pod, encoding) and sends
+    /// them, until the windows' thread ends.
+    fn build(&self, jobs: &std::sync::mpsc::Receiver<Build>) {
+        for job in jobs {
+            let finished = job.cut.finish();
+            let dropped = match &finished.summary.kind {
+                Some(flamefleet_proto::agent::capture_summary::Kind::Cpu(c)) => c.dropped_samples,
+                _ => 0,
+            };
+            // The window's span is the profile's: from the read (or resume) that started it
+            // to the read (or pause) that ended it. In milliseconds, each end rounded down, so
+            // that consecutive windows' spans still meet.
+            let start_ns = finished.profile.time_nanos;
+            let end_ns = start_ns.saturating_add(finished.profile.duration_nanos);
+            let start_unix_ms = start_ns.div_euclid(1_000_000);
+            let duration_ms = end_ns.div_euclid(1_000_000) - start_unix_ms;
+            if duration_ms <= 0 {
+                continue;
+            }
+            let meta = WindowMeta {
+                start_unix_ms,
+                duration_ms: u32::try_from(duration_ms).unwrap_or(u32::MAX),
+                hz: job.hz,
+                dropped,
+                max_bytes: job.max_bytes,
+            };
+            for w in per_pod(&finished.profile, &job.pods, &meta, &self.counters) {
+                self.send(w);
+            }
+        }
     }
 
     /// Queues `window` for the operator; never waits.
@@ -441,10 +563,35 @@ impl Continuous {
     }
 }
 
+/// One frequency's capture, held across windows ([`Continuous::run`]).
+struct Lane {
+    /// The pods it samples: those of the set whose cgroups were found when it started.
+    pods: Vec<Pod>,
+    /// The set's pods at this frequency whose cgroups were not found.
+    missing: usize,
+    running: Running,
+}
+
+/// A window cut, for the builder thread ([`Continuous::build`]).
+struct Build {
+    cut: WindowCut,
+    pods: Vec<Pod>,
+    hz: u32,
+    max_bytes: u64,
+}
+
+/// Where the windows' thread hands its cuts: the builder thread, which a window's cut
+/// never waits for (a full queue drops the window, counted).
+struct Builds(std::sync::mpsc::SyncSender<Build>);
+
+/// Cuts waiting for the builder thread: one per frequency and window, with room for a
+/// window whose build is slow (a binary symbolized for the first time).
+const BUILDS: usize = 2 * MAX_LANES;
+
 /// What every pod's profile of one window shares.
 struct WindowMeta {
     start_unix_ms: i64,
-    duration: Duration,
+    duration_ms: u32,
     hz: u32,
     dropped: u64,
     max_bytes: u64,
@@ -498,7 +645,7 @@ fn per_pod(
                 namespace: t.namespace.clone(),
                 pod_name: t.pod_name.clone(),
                 start_unix_ms: meta.start_unix_ms,
-                duration_ms: u32::try_from(meta.duration.as_millis()).unwrap_or(u32::MAX),
+                duration_ms: meta.duration_ms,
                 frequency_hz: meta.hz,
                 samples,
                 dropped_samples: meta.dropped,

@@ -287,44 +287,18 @@ impl Running {
             } => {
                 let after_window = Instant::now();
                 let result = capture.finish()?;
-                let mut symbolizer = StackSymbolizer::new(catalog);
-                symbolizer.java_attach(java_attach);
-                let profile =
-                    result.to_profile_with_lead_up(&mut symbolizer, &node, lead_up.as_ref());
-                let symbolized = Symbolized {
-                    during_window: warmed,
-                    after_window: Some(after_window.elapsed()),
-                };
-                // `frequency_hz` is the frequency the samples were really taken at: a
-                // capture that joins a running sampler gets the sampler's.
-                let summary = CaptureSummary {
-                    kind: Some(Kind::Cpu(pb::CpuSummary {
-                        samples: result.total(),
-                        dropped_samples: result.drops.total(),
-                        unsymbolized_frames_pct: symbolizer.stats.unsymbolized_pct(),
-                        frequency_hz: result.options.frequency,
-                        requested_frequency_hz: requested_hz,
-                        runtimes: result
-                            .runtimes()
-                            .into_iter()
-                            .chain(symbolizer.jvms().iter().map(ToString::to_string))
-                            .collect(),
-                    })),
-                    notes: lead_up
-                        .as_ref()
-                        .map(LeadUp::describe)
-                        .into_iter()
-                        .chain(symbolizer.kernel_note())
-                        .collect(),
-                };
-                Ok(Finished {
-                    report: with_notes(result.top_text(&profile), &summary),
-                    profile,
-                    histogram_text: None,
-                    summary,
-                    runqlat_histogram: None,
-                    symbolized,
-                })
+                Ok(cpu_finished(
+                    &result,
+                    catalog,
+                    CpuFinish {
+                        requested_hz,
+                        java_attach,
+                        node: &node,
+                        warmed,
+                        lead_up: lead_up.as_ref(),
+                        after_window,
+                    },
+                ))
             }
             Engine::Runqlat { capture, node, .. } => {
                 let result = capture.finish()?;
@@ -409,6 +383,158 @@ impl Running {
             }
             Engine::Heap(h) => Ok(finished_heap(h.finish()?)),
         }
+    }
+}
+
+impl Running {
+    /// Ends a CPU capture's window now and starts its next one at the same instant, the
+    /// capture going on ([`CpuCapture::cut`]): the always-on windows' way from one window to
+    /// the next, whose start costs nothing (no sampler to join, no process to walk). Only
+    /// the maps are read here; building the window's outputs ([`WindowCut::finish`]) is left
+    /// to the caller, on any thread, while the next window samples.
+    ///
+    /// # Errors
+    /// Not a CPU capture; reading the sampler's maps.
+    pub fn cut(&mut self) -> Result<WindowCut, EngineError> {
+        let Engine::Cpu {
+            capture,
+            requested_hz,
+            catalog,
+            java_attach,
+            node,
+            ..
+        } = &mut self.engine
+        else {
+            return Err(not_cpu("cut"));
+        };
+        let samples = capture.cut()?;
+        Ok(WindowCut {
+            samples,
+            tracker: capture.tracker().clone(),
+            catalog: catalog.clone(),
+            requested_hz: *requested_hz,
+            java_attach: *java_attach,
+            node: node.clone(),
+        })
+    }
+
+    /// Pauses a CPU capture's sampling ([`CpuCapture::pause`]); its window's span ends here.
+    ///
+    /// # Errors
+    /// Not a CPU capture; another capture shares the sampler; the kernel's.
+    pub fn pause(&mut self) -> Result<(), EngineError> {
+        match &mut self.engine {
+            Engine::Cpu { capture, .. } => Ok(capture.pause()?),
+            _ => Err(not_cpu("pause")),
+        }
+    }
+
+    /// Resumes a paused CPU capture ([`CpuCapture::resume`]); its next window starts here.
+    ///
+    /// # Errors
+    /// Not a CPU capture; the kernel's.
+    pub fn resume(&mut self) -> Result<(), EngineError> {
+        match &mut self.engine {
+            Engine::Cpu { capture, .. } => Ok(capture.resume()?),
+            _ => Err(not_cpu("resume")),
+        }
+    }
+}
+
+/// A window cut from a held CPU capture ([`Running::cut`]): its samples, read from the
+/// maps, and what building its outputs needs.
+#[derive(Debug)]
+pub struct WindowCut {
+    samples: crate::capture::cpu::CpuSamples,
+    tracker: crate::capture::process_tracker::ProcessTracker,
+    catalog: ProcessCatalog,
+    requested_hz: u64,
+    java_attach: bool,
+    node: String,
+}
+
+impl WindowCut {
+    /// Builds the window's outputs, as [`Running::finish`] would: its targets' processes
+    /// are snapshot again first (their mappings now, a library loaded since the capture
+    /// started; a process that exited keeps its last snapshot), their tables queued.
+    pub fn finish(self) -> Finished {
+        let after_window = Instant::now();
+        self.tracker.track_running(
+            &self.samples.targets,
+            &mut std::collections::HashSet::new(),
+            false,
+        );
+        cpu_finished(
+            &self.samples,
+            self.catalog,
+            CpuFinish {
+                requested_hz: self.requested_hz,
+                java_attach: self.java_attach,
+                node: &self.node,
+                warmed: None,
+                lead_up: None,
+                after_window,
+            },
+        )
+    }
+}
+
+fn not_cpu(what: &str) -> EngineError {
+    CaptureError::InvalidOptions(format!("only a CPU capture can {what} its window")).into()
+}
+
+/// What building a CPU capture's outputs needs besides its samples.
+struct CpuFinish<'a> {
+    requested_hz: u64,
+    java_attach: bool,
+    node: &'a str,
+    warmed: Option<Duration>,
+    lead_up: Option<&'a LeadUp>,
+    after_window: Instant,
+}
+
+/// The outputs of a CPU capture's samples.
+fn cpu_finished(
+    result: &crate::capture::cpu::CpuSamples,
+    catalog: ProcessCatalog,
+    f: CpuFinish<'_>,
+) -> Finished {
+    let mut symbolizer = StackSymbolizer::new(catalog);
+    symbolizer.java_attach(f.java_attach);
+    let profile = result.to_profile_with_lead_up(&mut symbolizer, f.node, f.lead_up);
+    let symbolized = Symbolized {
+        during_window: f.warmed,
+        after_window: Some(f.after_window.elapsed()),
+    };
+    // `frequency_hz` is the frequency the samples were really taken at: a capture that joins
+    // a running sampler gets the sampler's.
+    let summary = CaptureSummary {
+        kind: Some(Kind::Cpu(pb::CpuSummary {
+            samples: result.total(),
+            dropped_samples: result.drops.total(),
+            unsymbolized_frames_pct: symbolizer.stats.unsymbolized_pct(),
+            frequency_hz: result.options.frequency,
+            requested_frequency_hz: f.requested_hz,
+            runtimes: result
+                .runtimes()
+                .into_iter()
+                .chain(symbolizer.jvms().iter().map(ToString::to_string))
+                .collect(),
+        })),
+        notes: f
+            .lead_up
+            .map(LeadUp::describe)
+            .into_iter()
+            .chain(symbolizer.kernel_note())
+            .collect(),
+    };
+    Finished {
+        report: with_notes(result.top_text(&profile), &summary),
+        profile,
+        histogram_text: None,
+        summary,
+        runqlat_histogram: None,
+        symbolized,
     }
 }
 

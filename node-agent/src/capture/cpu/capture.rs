@@ -5,14 +5,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use libbpf_rs::MapHandle;
+use libbpf_rs::{MapCore as _, MapFlags, MapHandle};
 
 use super::sampler::{CpuSampler, Shared, drop_unreferenced_stacks, read_counts, read_drops};
 use super::{CpuDrops, CpuSample, CpuSamples};
 use crate::bpf::cpu_sampler::types::cpu_sample_key;
 use crate::bpf::from_bytes;
+use crate::capture::process_tracker::ProcessTracker;
 use crate::capture::target_table::{CaptureCgroups, delete_target_entries};
-use crate::capture::{CaptureTarget, Result, stack_maps};
+use crate::capture::{CaptureError, CaptureTarget, Result, stack_maps};
 use crate::python::{PyFrame, PyStats};
 use crate::unwind::WalkStats;
 
@@ -30,6 +31,16 @@ pub struct CpuCapture {
     pub(super) started: SystemTime,
     pub(super) started_at: Instant,
     pub(super) opens_spell: bool,
+}
+
+/// The maps as one read found them: the end of a window, the next one's baseline.
+struct Snapshot {
+    counts: HashMap<Vec<u8>, u64>,
+    drops: CpuDrops,
+    walk: WalkStats,
+    py: PyStats,
+    /// Where the window's span ended.
+    ended_at: Instant,
 }
 
 impl std::fmt::Debug for CpuCapture {
@@ -90,6 +101,113 @@ impl CpuCapture {
         Ok(())
     }
 
+    /// Ends the capture's window now and starts the next one at the same instant, without
+    /// stopping the capture: the sampler stays attached, so the next window costs nothing
+    /// to start. The counts are read once: what they hold is this window's, and the next
+    /// window counts from that same read, so no sample is in both windows or in neither,
+    /// and the windows' spans (each from its start to the read that ends it, or to where
+    /// the sampler was paused) follow each other with no gap.
+    ///
+    /// The sole capture of its sampler also removes the counts that did not move over the
+    /// window (a stack no longer sampled, a process gone) and the stacks only they referred
+    /// to, so that a capture held for days keeps its maps to what it samples now. A count
+    /// is removed only if it still holds the value read; a sample counted in the instant
+    /// between that check and the removal is lost (the next sample of that stack starts it
+    /// again at one).
+    ///
+    /// # Errors
+    /// Reading the sampler's maps.
+    pub fn cut(&mut self) -> Result<CpuSamples> {
+        let (samples, snapshot) = self.read_with_snapshot()?;
+        let Snapshot {
+            mut counts,
+            drops,
+            walk,
+            py,
+            ended_at,
+        } = snapshot;
+        let shared = self.sampler.lock();
+        if shared.active == 1 {
+            let stale: Vec<Vec<u8>> = counts
+                .iter()
+                .filter(|(raw, count)| self.baseline.get(*raw) == Some(*count))
+                .map(|(raw, _)| raw.clone())
+                .collect();
+            let mut removed = 0usize;
+            for raw in stale {
+                let still = shared
+                    .maps
+                    .counts
+                    .lookup(&raw, MapFlags::ANY)
+                    .ok()
+                    .flatten()
+                    .and_then(|v| v.get(..8).and_then(|b| b.try_into().ok()))
+                    .map(u64::from_ne_bytes);
+                if still == counts.get(&raw).copied() && shared.maps.counts.delete(&raw).is_ok() {
+                    counts.remove(&raw);
+                    removed += 1;
+                }
+            }
+            if removed > 0 {
+                let freed = drop_unreferenced_stacks(&shared.maps);
+                tracing::debug!(
+                    removed,
+                    ?freed,
+                    "cpu capture: counts idle over a window removed"
+                );
+            }
+        }
+        drop(shared);
+        self.baseline = counts;
+        self.drops_before = drops;
+        self.walk_before = walk;
+        self.py_before = py;
+        self.started = samples.started + samples.duration;
+        self.started_at = ended_at;
+        Ok(samples)
+    }
+
+    /// The tracker that feeds the catalog and the unwinder with the targets' processes.
+    pub(crate) fn tracker(&self) -> &ProcessTracker {
+        &self.sampler.tracker
+    }
+
+    /// Stops sampling (the sampler's perf events are disabled, not closed) until
+    /// [`Self::resume`]; the window's span ends here. For the sole capture of its sampler
+    /// (the always-on windows' gaps): pausing would stop other captures' sampling too.
+    ///
+    /// # Errors
+    /// Another capture runs on the sampler; the kernel refused to disable an event.
+    pub fn pause(&mut self) -> Result<()> {
+        let mut shared = self.sampler.lock();
+        if shared.active != 1 {
+            return Err(CaptureError::InvalidOptions(format!(
+                "only the sole capture of a sampler may pause it; {} captures run on it",
+                shared.active
+            )));
+        }
+        if shared.paused_at.is_none() {
+            CpuSampler::set_enabled(&shared, false)?;
+            shared.paused_at = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Starts sampling again after [`Self::pause`]; the next window's span starts here.
+    ///
+    /// # Errors
+    /// The kernel refused to enable an event.
+    pub fn resume(&mut self) -> Result<()> {
+        let mut shared = self.sampler.lock();
+        if shared.paused_at.is_some() {
+            CpuSampler::set_enabled(&shared, true)?;
+            shared.paused_at = None;
+            self.started = SystemTime::now();
+            self.started_at = Instant::now();
+        }
+        Ok(())
+    }
+
     /// The samples so far, as [`Self::finish`] would read them now, without
     /// stopping the capture.
     pub fn peek(&self) -> Result<CpuSamples> {
@@ -97,24 +215,37 @@ impl CpuCapture {
     }
 
     fn read(&self) -> Result<CpuSamples> {
-        let duration = self.started_at.elapsed();
+        Ok(self.read_with_snapshot()?.0)
+    }
+
+    /// The samples since the window started, and the maps as read for them (the next
+    /// window's baseline, [`Self::cut`]).
+    fn read_with_snapshot(&self) -> Result<(CpuSamples, Snapshot)> {
         let shared = self.sampler.lock();
+        // The window ends at this read (or where its sampler was paused: nothing was
+        // sampled after that).
+        let read_at = Instant::now();
+        let ended_at = shared.paused_at.unwrap_or(read_at);
+        let duration = ended_at.saturating_duration_since(self.started_at);
         // Indices nested below a target (another capture's) count for it too.
         let target_of_index = self.cgroups.owners(&shared.table);
         let own: HashSet<u32> = target_of_index.keys().copied().collect();
         let now = read_counts(&shared.maps.counts, &own)?;
-        let mut drops = read_drops(&shared.maps.drops).since(self.drops_before);
-        let walk = WalkStats::read(&shared.maps.unwind_stats).since(self.walk_before);
+        let drops_now = read_drops(&shared.maps.drops);
+        let walk_now = WalkStats::read(&shared.maps.unwind_stats);
+        let py_now = PyStats::read(&shared.maps.py_stats);
+        let mut drops = drops_now.since(self.drops_before);
+        let walk = walk_now.since(self.walk_before);
         drops.user_stack += walk.stack_lost;
         let mut kernel_cache: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut user_cache: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut py_cache: HashMap<(u32, u64), Vec<PyFrame>> = HashMap::new();
         let python = self.sampler.tracker.python();
-        let py_stats = PyStats::read(&shared.maps.py_stats).since(self.py_before);
+        let py_stats = py_now.since(self.py_before);
         let mut samples = Vec::new();
-        for (raw, count) in now {
-            let count = count.saturating_sub(self.baseline.get(&raw).copied().unwrap_or(0));
-            let Some(key) = from_bytes::<cpu_sample_key>(&raw) else {
+        for (raw, &count) in &now {
+            let count = count.saturating_sub(self.baseline.get(raw).copied().unwrap_or(0));
+            let Some(key) = from_bytes::<cpu_sample_key>(raw) else {
                 continue;
             };
             if count == 0 {
@@ -155,7 +286,7 @@ impl CpuCapture {
             tgids.iter().filter_map(|&t| py.status(t)).collect()
         });
         let options = self.sampler.options;
-        Ok(CpuSamples {
+        let samples = CpuSamples {
             targets: self.targets.clone(),
             samples,
             drops,
@@ -166,6 +297,14 @@ impl CpuCapture {
             options,
             started: self.started,
             duration,
-        })
+        };
+        let snapshot = Snapshot {
+            counts: now,
+            drops: drops_now,
+            walk: walk_now,
+            py: py_now,
+            ended_at,
+        };
+        Ok((samples, snapshot))
     }
 }

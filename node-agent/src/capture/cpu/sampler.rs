@@ -44,11 +44,18 @@ pub(super) struct Shared {
     pub(super) perf: Vec<OwnedFd>,
     /// When `active` last dropped to 0 (or the sampler was loaded).
     pub(super) idle_since: Instant,
+    /// When the sole capture paused the perf events ([`CpuCapture::pause`]); `None` while
+    /// they sample.
+    pub(super) paused_at: Option<Instant>,
 }
 
 /// `PERF_EVENT_IOC_SET_BPF` of linux/perf_event.h (`_IOW('$', 8, __u32)`); libc does not
 /// export it.
 const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+/// `PERF_EVENT_IOC_ENABLE` (`_IO('$', 0)`).
+const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+/// `PERF_EVENT_IOC_DISABLE` (`_IO('$', 1)`).
+const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 
 impl Maps {
     pub(super) fn target_maps(&self) -> TargetMaps<'_> {
@@ -153,6 +160,7 @@ impl CpuSampler {
                 active: 0,
                 perf: Vec::new(),
                 idle_since: Instant::now(),
+                paused_at: None,
             }),
             options,
             cpus,
@@ -208,8 +216,33 @@ impl CpuSampler {
         shared.active = shared.active.saturating_sub(1);
         if shared.active == 0 {
             shared.perf.clear();
+            shared.paused_at = None;
             shared.idle_since = Instant::now();
         }
+    }
+
+    /// Enables or disables every perf event of the sampler (each on its CPU, synchronously:
+    /// once disabled, no sample is taken any more).
+    pub(super) fn set_enabled(shared: &Shared, enabled: bool) -> Result<()> {
+        let request = if enabled {
+            PERF_EVENT_IOC_ENABLE
+        } else {
+            PERF_EVENT_IOC_DISABLE
+        };
+        for fd in &shared.perf {
+            // SAFETY: the descriptor is open and ours; the request takes no argument.
+            let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request as _, 0) };
+            if rc != 0 {
+                return Err(CaptureError::Io {
+                    action: format!(
+                        "{} the CPU sampler's perf event",
+                        if enabled { "enabling" } else { "disabling" }
+                    ),
+                    source: std::io::Error::last_os_error(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The unwind tables the sampler walks user stacks with (`None` with
@@ -249,6 +282,12 @@ impl CpuSampler {
         self.tracker
             .track_running(targets, &mut HashSet::new(), true);
         let mut shared = self.lock();
+        if shared.paused_at.is_some() {
+            return Err(CaptureError::InvalidOptions(
+                "the CPU sampler is paused by the capture holding it; end that capture first"
+                    .into(),
+            ));
+        }
         // The first capture of a busy spell opens the perf events (the last one of the
         // previous spell closed them).
         let opens_spell = shared.active == 0;
