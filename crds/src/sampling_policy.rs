@@ -145,7 +145,7 @@ pub struct SamplingPolicySpec {
     /// Cron schedule in the policy's `timeZone`: five fields (`*/5 * * * *`), six with a
     /// leading seconds field (`*/20 * * * * *`), or a macro such as `@hourly`; or
     /// `@continuous`: every selected pod profiled back to back in windows (the cluster's
-    /// window, by default 19 s every 20 s), each window exported over OTLP, no
+    /// window, by default 20 s back to back), each window exported over OTLP, no
     /// ProfileRequest per window (docs/export.md, "Always-on profiling"). Optional when the
     /// policy has triggers: without a schedule it captures on its triggers only.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,7 +1,7 @@
 //! Always-on profiling on the real node (prints figures, asserts nothing; docs/benchmarks.md,
 //! "Always-on profiling on the real node"): the chart installed on the one-node cluster of
 //! `scripts/cluster.sh` (real kubelet, containerd + runc) with its default windows (19 Hz,
-//! 19 s of every 20 s), exporting to a real OpenTelemetry Collector on the host
+//! contiguous windows of 20 s), exporting to a real OpenTelemetry Collector on the host
 //! (scripts/otelcol.sh); `--pods` pods of the checkout demo, each held to `--cpu-limit`; an
 //! always-on SamplingPolicy over them for `--seconds`. Prints:
 //!
@@ -11,7 +11,8 @@
 //! - the same agent's CPU over `--idle-seconds` with the pods running and no policy (the
 //!   peer: what the agent costs anyway);
 //! - per pod, from what the Collector received: windows, the sampled share of the wall time
-//!   since the policy was created (19 s of every 20 s is 95.0%), the steady state (the
+//!   since the policy was created (at most window/period: 100% with the default contiguous
+//!   windows), the steady state (the
 //!   windows after the first, over their periods), the first window's start;
 //! - the policy's coverage (`minCoveragePercent`, `lowCoverage`), the agent's always-on
 //!   counters, ProfileRequests in the cluster before and after;
@@ -186,7 +187,7 @@ async fn main() -> Result<()> {
         "export.otlp.endpoint=http://{}:{port}",
         cluster.node_ip
     ));
-    eprintln!("helm install (chart defaults: continuous.window 19s, continuous.period 20s) ...");
+    eprintln!("helm install (chart defaults: continuous.window 20s, continuous.period 20s) ...");
     cluster
         .install_flamefleet(RELEASE, NAMESPACE, &values)
         .map_err(anyhow::Error::msg)?;
@@ -292,7 +293,7 @@ async fn run(
         },
     }))?;
     println!(
-        "\nalways-on on the real node: {} pods of the checkout demo (one worker, CPU limit {}), {} Hz, the chart's windows (19 s every 20 s), for {} s; agent idle with the pods running: {idle_percent:.4}% of one core over {} s; load {}",
+        "\nalways-on on the real node: {} pods of the checkout demo (one worker, CPU limit {}), {} Hz, the chart's windows, for {} s; agent idle with the pods running: {idle_percent:.4}% of one core over {} s; load {}",
         s.pods,
         s.cpu_limit,
         s.frequency,
@@ -356,7 +357,10 @@ async fn run(
 
     // Per pod, from what the Collector received.
     let windows = exported_windows(collector, &format!("{namespace}/always"));
-    let period_ms = 20_000;
+    // The cluster's windows, as the policy's status says them.
+    let (window_s, period_s) = (status.window_seconds, status.period_seconds.max(1));
+    let period_ms = period_s * 1000;
+    let ceiling = 100.0 * window_s as f64 / period_s as f64;
     println!(
         "\n{:>28} {:>8} {:>15} {:>15} {:>20} {:>9}",
         "pod (exported windows)",
@@ -381,7 +385,7 @@ async fn run(
             .filter(|w| w.start_ms + w.length_ms <= end_ms)
             .collect();
         let steady_share = steady.iter().map(|w| w.length_ms).sum::<i64>() as f64
-            / (steady.len() as f64 * f64::from(period_ms)).max(1.0)
+            / (steady.len() as f64 * period_ms as f64).max(1.0)
             * 100.0;
         let first_at = ws.first().map_or(0, |w| w.start_ms - t0_ms);
         firsts.push((first_at, ws.first().map_or(0, |w| w.length_ms)));
@@ -397,7 +401,7 @@ async fn run(
         );
     }
     println!(
-        "\npods with exported windows: {} of {}; lowest sampled share of the wall time since the policy was created {:.2}%, lowest steady state {:.2}% (19 s of every 20 s is 95.0%); first windows started {}..{} ms after the policy was created and sampled {}..{} ms",
+        "\npods with exported windows: {} of {}; lowest sampled share of the wall time since the policy was created {:.2}%, lowest steady state {:.2}% ({window_s} s of every {period_s} s is {ceiling:.1}%); first windows started {}..{} ms after the policy was created and sampled {}..{} ms",
         windows.len(),
         s.pods,
         min_wall,
@@ -408,7 +412,7 @@ async fn run(
         firsts.iter().map(|f| f.1).max().unwrap_or(0),
     );
     println!(
-        "status.continuous: pods {} nodes {} windows {} exported {} dropped {} queued {:?}; minCoveragePercent {:?} (every pod's coverage is at least this; 100% is 19 s of every 20 s since it joined), lowCoverage {:?}, lastExportError {:?}",
+        "status.continuous: pods {} nodes {} windows {} exported {} dropped {} queued {:?}; minCoveragePercent {:?} (every pod's coverage is at least this; 100% is {window_s} s of every {period_s} s since it joined), lowCoverage {:?}, lastExportError {:?}",
         status.pods,
         status.nodes,
         status.windows,

@@ -13,8 +13,8 @@
 //!   exports resume;
 //! - deleting the policy stops the windows on the nodes.
 //!
-//! The cluster's windows are shortened for the test (2 s every 3 s instead of 19 s every
-//! 20 s); the real-node benchmark (`e2e/benches/always_on_real_node.rs`) runs the defaults.
+//! The cluster's windows are shortened for the test (2 s every 3 s instead of the default 20 s
+//! windows back to back: the gap between windows is exercised too); the real-node benchmark (`e2e/benches/always_on_real_node.rs`) runs the defaults.
 
 mod pipeline_support;
 

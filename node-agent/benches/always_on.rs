@@ -2,13 +2,14 @@
 //! agent's own always-on engine ([`flamefleet_agent::continuous`], what the `Continuous`
 //! call drives) over `--pods` pod cgroups laid out as the kubelet lays them out
 //! (`kubepods/burstable/pod<UID>/<container>`), each running one process that spins
-//! `--busy-us` every 20 ms, for `--seconds`, in the cluster's default windows (19 Hz, 19 s
-//! every 20 s). As in the agent, each window is split into one gzipped pprof per pod and
-//! queued for the operator's stream; here a thread takes them off the queue.
+//! `--busy-us` every 20 ms, for `--seconds`, in the cluster's default windows (19 Hz, windows
+//! of 20 s back to back; `--window 19 --period 20` for the pprof RFC's 19 s of every 20 s).
+//! As in the agent, each window is split into one gzipped pprof per pod and queued for the
+//! operator's stream; here a thread takes them off the queue.
 //!
 //! Prints:
 //! * per pod: windows received, the sampled share of the wall time (each window's sampled
-//!   time over the run; 19 s of every 20 s is 95%), the periods that got a window, samples;
+//!   time over the run; at most window/period: 19 s of every 20 s is 95%), the periods that got a window, samples;
 //! * the agent's CPU (user + system of this process, every thread: the windows' thread,
 //!   the sampler threads, symbolization, splitting and encoding), in percent of one core,
 //!   in all and per profiled pod;
@@ -19,7 +20,7 @@
 //! A benchmark: it prints, it never asserts.
 //!
 //! ```text
-//! cargo bench -p flamefleet-agent --bench always_on -- [--pods 10] [--seconds 600] [--frequency 19] [--window 19] [--period 20] [--busy-us 2000]
+//! cargo bench -p flamefleet-agent --bench always_on -- [--pods 10] [--seconds 600] [--frequency 19] [--window 20] [--period 20] [--busy-us 2000]
 //! ```
 //! (as root).
 
@@ -159,7 +160,7 @@ fn main() -> Result<()> {
     if argv.iter().any(|a| a == "--help" || a == "-h") {
         println!(
             "always_on: the always-on engine's coverage and cost (as root)\n\
-             options: --pods N (10) --seconds S (600) --frequency HZ (19) --window S (19) \
+             options: --pods N (10) --seconds S (600) --frequency HZ (19) --window S (20) \
              --period S (20) --busy-us US (2000: CPU each pod's process spins every 20 ms)"
         );
         return Ok(());
@@ -167,7 +168,7 @@ fn main() -> Result<()> {
     let pods: usize = flag(&argv, "--pods").unwrap_or(10);
     let seconds: u64 = flag(&argv, "--seconds").unwrap_or(600);
     let frequency: u32 = flag(&argv, "--frequency").unwrap_or(19);
-    let window: u64 = flag(&argv, "--window").unwrap_or(19);
+    let window: u64 = flag(&argv, "--window").unwrap_or(20);
     let period: u64 = flag(&argv, "--period").unwrap_or(20);
     let busy_us: u64 = flag(&argv, "--busy-us").unwrap_or(2000);
     if !nix::unistd::Uid::effective().is_root() {

@@ -265,8 +265,9 @@ pub struct Options {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub export_max_retry_delay: Duration,
     /// Always-on policies (`schedule: "@continuous"`): how long each window samples
-    /// (docs/export.md, "Always-on profiling").
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "19s")]
+    /// (docs/export.md, "Always-on profiling"); as long as the period by default: windows
+    /// that follow each other with no gap.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
     pub continuous_window: Duration,
     /// Always-on policies: time from one window's start to the next (at least the window,
     /// at most 1h).

@@ -73,7 +73,7 @@ pub struct ContinuousSettings {
 impl Default for ContinuousSettings {
     fn default() -> Self {
         Self {
-            window: Duration::from_secs(19),
+            window: Duration::from_secs(20),
             period: Duration::from_secs(20),
             max_profile_bytes: 1 << 20,
             max_pods_per_node: 100,
