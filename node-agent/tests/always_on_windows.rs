@@ -293,3 +293,76 @@ fn consecutive_windows_leave_no_gap_beyond_the_configured_one() {
         t.join().expect("the forwarding thread");
     }
 }
+
+/// What the windows stand on, on one held capture: paused, it samples nothing and its
+/// window's span ends at the pause (a span is what was really sampled); a paused sampler
+/// takes no other capture; resumed, it samples again; and the counts that stopped moving
+/// (a process gone) leave the maps, with their stacks, so that a capture held for days
+/// keeps only what it samples now.
+#[test]
+fn a_held_capture_samples_nothing_while_paused_and_drops_counts_that_stopped_moving() {
+    use flamefleet_agent::capture::cpu::{CpuMapFill, CpuOptions};
+    use flamefleet_agent::capture::{CaptureTarget, Samplers};
+
+    require_root();
+    let _serial = serial();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let program = compile_c(tmp.path(), "ffheldspin", SPIN);
+    let mut busy = TestCgroup::new("held-busy");
+    busy.spawn(&mut Command::new(&program));
+    let other = TestCgroup::new("held-other");
+    let samplers = Samplers::new(SamplerConfig::default());
+    let options = CpuOptions {
+        frequency: 499,
+        ..CpuOptions::default()
+    };
+    let mut capture = samplers
+        .start_cpu(&[CaptureTarget::raw(busy.cgroup.clone())], &options)
+        .expect("the held capture");
+    let sampler = std::sync::Arc::clone(capture.sampler());
+    busy.wait_cpu(Duration::from_millis(200));
+    let first = capture.cut().expect("the first window");
+    assert!(first.total() > 0, "no sample in the first window");
+
+    capture.pause().expect("pausing the sole capture");
+    let paused_at = std::time::Instant::now();
+    busy.wait_cpu(Duration::from_millis(300));
+    let waited = paused_at.elapsed();
+    assert!(
+        samplers
+            .start_cpu(&[CaptureTarget::raw(other.cgroup.clone())], &options)
+            .is_err(),
+        "a paused sampler took another capture"
+    );
+    let paused = capture.cut().expect("the window ended by the pause");
+    assert_eq!(
+        paused.total(),
+        0,
+        "samples taken while paused ({waited:?} of a spinning process)"
+    );
+    assert!(
+        paused.duration < waited / 4,
+        "the paused window claims {:?} sampled; it was paused {waited:?} of it",
+        paused.duration
+    );
+
+    capture.resume().expect("resuming");
+    busy.wait_cpu(Duration::from_millis(200));
+    let resumed = capture.cut().expect("the window after the pause");
+    assert!(resumed.total() > 0, "no sample after resuming");
+
+    busy.kill_all();
+    // The samples up to the kill, then a window with none: every count stood still.
+    capture.cut().expect("the window of the kill");
+    let still = capture.cut().expect("a window with no process");
+    assert_eq!(still.total(), 0);
+    assert_eq!(
+        sampler.map_fill(),
+        CpuMapFill {
+            targets: 1,
+            ..CpuMapFill::default()
+        },
+        "counts or stacks of a gone process left in the maps of a held capture"
+    );
+    drop(capture);
+}
