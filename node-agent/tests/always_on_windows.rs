@@ -222,8 +222,9 @@ fn consecutive_windows_leave_no_gap_beyond_the_configured_one() {
     }
 
     // A pod joins: the new set's capture starts before the old one's windows end, so the
-    // pods that stay are sampled throughout (their windows meet or overlap by the few
-    // milliseconds of the handover, never leave a gap).
+    // pods that stay are sampled throughout: their windows meet or overlap by the time the
+    // new capture took to start (milliseconds here; bounded loosely for a loaded machine),
+    // never leave a gap.
     let t1 = unix_ms();
     let (_, _, stream) = continuous
         .replace(&request(3, 1000, 1000))
@@ -236,7 +237,7 @@ fn consecutive_windows_leave_no_gap_beyond_the_configured_one() {
         for pair in sorted.windows(2) {
             let gap = pair[1].start_unix_ms - end(&pair[0]);
             assert!(
-                (-1000..=0).contains(&gap),
+                (-5000..=0).contains(&gap),
                 "{pod}: {gap} ms between windows across the set's change: {}",
                 spans(&sorted)
             );
