@@ -25,8 +25,9 @@ use flamefleet_api::continuous::ContinuousStatus;
 use flamefleet_api::{ProfileRequest, SamplingPolicy};
 use flamefleet_e2e::TestNamespace;
 use flamefleet_pprof::otlp::messages::ProfilesData;
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use pipeline_support::otelcol::{Collector, resource_attributes};
 use pipeline_support::{Pipeline, PipelineOptions, metrics_at, serial};
 use serde_json::json;
@@ -88,10 +89,13 @@ async fn an_always_on_policy_exports_every_pods_windows_without_profile_requests
     let tenant = TestNamespace::create("ff-always").await.unwrap();
     let other = TestNamespace::create("ff-always-other").await.unwrap();
     let pods = ["web-0", "web-1", "web-2"];
+    let mut created = Vec::new();
     for (i, name) in pods.iter().enumerate() {
-        pipeline
-            .pod(&tenant, name, i % 2, &[("app", "web")], "spin", 1)
-            .await;
+        created.push(
+            pipeline
+                .pod(&tenant, name, i % 2, &[("app", "web")], "spin", 1)
+                .await,
+        );
     }
     // Same labels, another namespace: a SamplingPolicy never sees it.
     pipeline
@@ -149,6 +153,12 @@ async fn an_always_on_policy_exports_every_pods_windows_without_profile_requests
             let attrs = resource_attributes(rp);
             assert_eq!(attrs["k8s.namespace.name"], tenant.name());
             assert_eq!(attrs["k8s.pod.name"], *pod);
+            // The set names each pod's running container: its samples carry its name.
+            assert_eq!(
+                attrs.get("k8s.container.name").map(String::as_str),
+                Some("app"),
+                "{attrs:?}"
+            );
             assert!(!attrs.contains_key("flamefleet.request.name"), "{attrs:?}");
             let dictionary = data.dictionary.as_ref().expect("a dictionary");
             let back = flamefleet_pprof::otlp::to_pprof(&data.resource_profiles, dictionary)
@@ -223,6 +233,94 @@ async fn an_always_on_policy_exports_every_pods_windows_without_profile_requests
         all.items.is_empty(),
         "always-on created ProfileRequests: {:?}",
         all.items.iter().map(|r| r.name_any()).collect::<Vec<_>>()
+    );
+
+    // web-0's container restarts under a new ID the API server does not know yet: its
+    // windows keep coming, sampled under the pod (no container name), also from a capture
+    // started after that (web-3 joins the node's set: the agent resolves every pod again,
+    // and web-0's listed container cgroup is gone); once the pod's status names the new
+    // container, its windows name it again.
+    let web0_uid = created[0].uid().unwrap();
+    let new_id = pipeline.restart_container(&web0_uid);
+    pipeline
+        .pod(&tenant, "web-3", 0, &[("app", "web")], "spin", 1)
+        .await;
+    let web3_seen = pipeline
+        .wait_for("web-3's first window", TIMEOUT, || {
+            let (collector, policy) = (&collector, policy.clone());
+            async move {
+                windows_by_pod(collector, &policy)
+                    .get("web-3")
+                    .is_some_and(|w| !w.is_empty())
+                    .then(|| windows_by_pod(collector, &policy)["web-0"].len())
+            }
+        })
+        .await;
+    let unnamed = pipeline
+        .wait_for(
+            "two windows of web-0 after web-3 joined, sampled under the pod",
+            TIMEOUT,
+            || {
+                let (collector, policy) = (&collector, policy.clone());
+                async move {
+                    let after: Vec<ProfilesData> = windows_by_pod(collector, &policy)["web-0"]
+                        .iter()
+                        .skip(web3_seen)
+                        .cloned()
+                        .collect();
+                    (after.len() >= 2).then_some(after)
+                }
+            },
+        )
+        .await;
+    for window in &unnamed {
+        let attrs = resource_attributes(&window.resource_profiles[0]);
+        assert!(!attrs.contains_key("k8s.container.name"), "{attrs:?}");
+        let dictionary = window.dictionary.as_ref().expect("a dictionary");
+        let back = flamefleet_pprof::otlp::to_pprof(&window.resource_profiles, dictionary)
+            .expect("a window reads back as pprof");
+        assert!(
+            flamefleet_pprof::value_total(&back, "samples", "count").unwrap_or(0) > 0,
+            "the restarted container is still sampled"
+        );
+    }
+    let pods_api: Api<Pod> = tenant.api();
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    pods_api
+        .patch_status(
+            "web-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"containerStatuses": [{
+                "name": "app", "image": "registry.invalid/flamefleet-fixture:none",
+                "imageID": "", "containerID": new_id, "ready": true, "started": true,
+                "restartCount": 1, "state": {"running": {"startedAt": now}},
+            }]}})),
+        )
+        .await
+        .expect("reporting the restarted container");
+    let reported = windows_by_pod(&collector, &policy)["web-0"].len();
+    pipeline
+        .wait_for(
+            "a window of web-0 naming its restarted container",
+            TIMEOUT,
+            || {
+                let (collector, policy) = (&collector, policy.clone());
+                async move {
+                    windows_by_pod(collector, &policy)["web-0"]
+                        .iter()
+                        .skip(reported)
+                        .any(|d| {
+                            resource_attributes(&d.resource_profiles[0])
+                                .get("k8s.container.name")
+                                .is_some_and(|c| c == "app")
+                        })
+                        .then_some(())
+                }
+            },
+        )
+        .await;
+    println!(
+        "web-0's container restarted: sampled under the pod (also by a capture started after the restart) until its status named the new ID, then as app again"
     );
 
     // The Collector goes down: windows keep coming to the operator, exports past the retry

@@ -430,6 +430,22 @@ impl Continuous {
                         resolved.extend(r.into_iter().map(|r| r.capture));
                         found.push(pod.clone());
                     }
+                    // A container of the set is gone (exited, or restarted under a new ID
+                    // the next set will name): the pod's own cgroup holds what still runs.
+                    Err(e) if !pod.target.containers.is_empty() => {
+                        tracing::debug!("always-on window: {e}; sampling the pod's cgroup");
+                        let whole = Target {
+                            containers: Vec::new(),
+                            ..pod.target.clone()
+                        };
+                        match targets::resolve(&self.root, std::slice::from_ref(&whole)) {
+                            Ok(r) => {
+                                resolved.extend(r.into_iter().map(|r| r.capture));
+                                found.push(pod.clone());
+                            }
+                            Err(e) => tracing::debug!("always-on window: {e}"),
+                        }
+                    }
                     Err(e) => tracing::debug!("always-on window: {e}"),
                 }
             }

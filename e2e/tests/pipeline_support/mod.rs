@@ -827,6 +827,38 @@ impl Pipeline {
             .join("\n")
     }
 
+    /// Restarts the container of pod `uid` (made by [`Pipeline::pod`]) as a runtime does:
+    /// its processes move to a new container cgroup under a new ID and the old cgroup is
+    /// removed. The API server is not told (a kubelet reports it later): the pod's status
+    /// still names the old ID. Returns the new `containerd://` ID.
+    #[allow(dead_code)] // not every test binary restarts containers
+    pub fn restart_container(&mut self, uid: &str) -> String {
+        let workload = self
+            .workloads
+            .iter_mut()
+            .find(|w| w.pod.metadata.uid.as_deref() == Some(uid))
+            .expect("a workload of that pod");
+        let id = random_hex(32);
+        let new = workload.cgroup.with_file_name(&id);
+        std::fs::create_dir_all(&new).unwrap_or_else(|e| panic!("creating {}: {e}", new.display()));
+        // Until the old cgroup is empty: a process may fork meanwhile.
+        loop {
+            let procs = std::fs::read_to_string(workload.cgroup.join("cgroup.procs"))
+                .expect("reading the old container's cgroup.procs");
+            if procs.trim().is_empty() {
+                break;
+            }
+            for pid in procs.lines() {
+                // A process that exited meanwhile cannot move (ESRCH); the loop rereads.
+                let _ = std::fs::write(new.join("cgroup.procs"), pid);
+            }
+        }
+        std::fs::remove_dir(&workload.cgroup)
+            .unwrap_or_else(|e| panic!("removing {}: {e}", workload.cgroup.display()));
+        workload.cgroup = new;
+        format!("containerd://{id}")
+    }
+
     /// Creates a Running pod in `ns` on node `node` whose container cgroup holds `procs`
     /// workload processes in `mode` (spin, alloc, wake).
     pub async fn pod(

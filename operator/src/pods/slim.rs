@@ -1,5 +1,5 @@
 //! The operator's cluster-wide pod cache: a watch-fed reflector of [`SlimPod`]s, the few
-//! fields of a pod that fleet sampling and agent discovery read.
+//! fields of a pod that fleet sampling, always-on profiling and agent discovery read.
 //!
 //! A `k8s_openapi` `Pod` is large even when emptied (its `PodSpec` and `PodStatus` are
 //! inline structs of dozens of fields), and a watch of `Pod`s builds every pod in full
@@ -29,6 +29,18 @@ pub struct SlimPod {
     pub ready: bool,
     /// The first container port named `grpc` (what an agent pod serves on).
     pub grpc_port: Option<i32>,
+    /// The running containers (`status.containerStatuses` with `state.running` and an ID):
+    /// what an always-on window names its samples' containers by.
+    pub containers: Vec<SlimContainer>,
+}
+
+/// A running container of a [`SlimPod`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlimContainer {
+    /// `name`.
+    pub name: String,
+    /// `containerID` (`<runtime>://<id>`).
+    pub id: String,
 }
 
 impl SlimPod {
@@ -120,12 +132,29 @@ struct WireCondition {
 }
 
 #[derive(Deserialize, Default)]
+#[serde(default)]
+struct WireState {
+    /// Only whether it is there: its `startedAt` is skipped.
+    running: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct WireContainerStatus {
+    name: String,
+    #[serde(rename = "containerID")]
+    container_id: Option<String>,
+    state: Option<WireState>,
+}
+
+#[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 struct WireStatus {
     phase: Option<String>,
     #[serde(rename = "podIP")]
     pod_ip: Option<String>,
     conditions: Option<Vec<WireCondition>>,
+    container_statuses: Option<Vec<WireContainerStatus>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -152,6 +181,16 @@ impl From<WirePod> for SlimPod {
             .iter()
             .flatten()
             .any(|c| c.type_ == "Ready" && c.status == "True");
+        let containers = status
+            .container_statuses
+            .into_iter()
+            .flatten()
+            .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            .filter_map(|c| {
+                let id = c.container_id.filter(|id| !id.is_empty())?;
+                Some(SlimContainer { name: c.name, id })
+            })
+            .collect();
         SlimPod {
             metadata: ObjectMeta {
                 name: m.name,
@@ -167,6 +206,7 @@ impl From<WirePod> for SlimPod {
             ip: status.pod_ip,
             ready,
             grpc_port,
+            containers,
         }
     }
 }
@@ -200,7 +240,13 @@ mod tests {
             "status": {"phase": "Running", "podIP": "10.0.0.1", "conditions": [
                 {"type": "PodScheduled", "status": "True"},
                 {"type": "Ready", "status": "True", "lastTransitionTime": null}
-            ], "containerStatuses": [{"name": "agent", "ready": true}]}
+            ], "containerStatuses": [
+                {"name": "agent", "ready": true, "containerID": "containerd://a1",
+                 "state": {"running": {"startedAt": "2026-11-26T00:00:00Z"}}},
+                {"name": "side", "ready": false, "containerID": "containerd://b2",
+                 "state": {"terminated": {"exitCode": 1}}},
+                {"name": "init-less", "ready": false, "state": {"waiting": {"reason": "x"}}}
+            ]}
         }))
         .unwrap();
         assert_eq!(pod.name(), "agent-x");
@@ -217,6 +263,14 @@ mod tests {
         assert_eq!(pod.grpc_port, Some(7070));
         assert!(pod.ready);
         assert!(pod.is_running_with_ip());
+        // Only the running container with an ID.
+        assert_eq!(
+            pod.containers,
+            [SlimContainer {
+                name: "agent".into(),
+                id: "containerd://a1".into()
+            }]
+        );
     }
 
     #[test]
@@ -225,6 +279,7 @@ mod tests {
         assert_eq!(pod.name(), "p");
         assert_eq!(pod.node, None);
         assert_eq!(pod.grpc_port, None);
+        assert!(pod.containers.is_empty());
         assert!(!pod.ready);
         assert!(!pod.is_running_with_ip());
         let deleting: SlimPod = serde_json::from_value(json!({

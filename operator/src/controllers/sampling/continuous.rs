@@ -33,6 +33,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
 use tokio::task::JoinHandle;
 
 use super::SamplingContext;
@@ -426,6 +427,23 @@ fn sync(ctx: &Arc<SamplingContext>) {
         matching.insert(p.uid.clone(), eligible.candidates.len());
         let cap = pod_cap(p, eligible.candidates.len());
         for c in eligible.candidates.into_iter().take(cap) {
+            // The pod's running containers, each sampled under its name; the agent also
+            // samples the pod's own cgroup, so a container started after this set (a
+            // restart's new ID) is still profiled, under the pod, until the next set.
+            let containers: Vec<pb::Container> = ctx
+                .fleet
+                .pods
+                .get(&ObjectRef::new(&c.name).within(&c.namespace))
+                .map(|pod| {
+                    pod.containers
+                        .iter()
+                        .map(|k| pb::Container {
+                            name: k.name.clone(),
+                            container_id: k.id.clone(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
             let entry = desired
                 .entry(c.node.clone())
                 .or_default()
@@ -438,9 +456,7 @@ fn sync(ctx: &Arc<SamplingContext>) {
                                 pod_uid: c.uid.clone(),
                                 namespace: c.namespace.clone(),
                                 pod_name: c.name.clone(),
-                                // The pod's cgroup: the cache keeps no container IDs, and a
-                                // container restart changes them between two syncs.
-                                containers: Vec::new(),
+                                containers,
                                 annotations: Default::default(),
                                 pod_ip: String::new(),
                             }),
@@ -793,7 +809,9 @@ fn handle_window(
             pods: vec![ExportedPod {
                 name: target.pod_name.clone(),
                 uid: target.pod_uid.clone(),
-                containers: Vec::new(),
+                // The containers of the set sent to the node: a sample's container label
+                // names one of them or none (started after the set: under the pod).
+                containers: target.containers.iter().map(|c| c.name.clone()).collect(),
                 workload,
             }],
         },

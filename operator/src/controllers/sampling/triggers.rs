@@ -370,8 +370,7 @@ fn sync(ctx: &Arc<SamplingContext>) {
                         pod_uid: c.uid.clone(),
                         namespace: c.namespace.clone(),
                         pod_name: c.name.clone(),
-                        // The pod's cgroup: the cache keeps no container IDs, and the pod's
-                        // limits are its containers' together.
+                        // The pod's cgroup: its limits are its containers' together.
                         containers: Vec::new(),
                         annotations: Default::default(),
                         pod_ip: String::new(),
