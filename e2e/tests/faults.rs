@@ -588,6 +588,154 @@ async fn artifact_store_down_30s_mid_capture() {
     assert_eq!(figures.duplicates, 0, "captures started twice");
 }
 
+/// A request created while the artifact store cannot be reached (as right after `helm
+/// install`, before the store's Service has an endpoint) waits Pending with a `Queued`
+/// condition naming the store and the error, and runs once the store is back; one whose
+/// store stays unreachable for the operator's `--store-wait` fails with reason
+/// `StoreUnavailable` and says so. With a storage quota, the operator reads the namespace's
+/// usage from the store before a capture: that read is what waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_made_while_the_store_is_unreachable_waits_for_it() {
+    let _serial = serial().await;
+    let started = Instant::now();
+    let store_wait = Duration::from_secs(10);
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        store_process: true,
+        operator_args: vec![
+            "--artifact-quota-per-namespace=1Gi".into(),
+            format!("--store-wait={}s", store_wait.as_secs()),
+        ],
+        ..PipelineOptions::default()
+    })
+    .await;
+    pipeline.kill_store();
+    let store_url = format!("http://127.0.0.1:{}/", pipeline.store_port);
+    let queued_on_store = |r: &ProfileRequest| {
+        r.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Queued" && c.status == "True")
+                .filter(|c| c.reason == "WaitingForStore")
+                .map(|c| (s.phase, c.message.clone()))
+        })
+    };
+
+    // The store comes back while the request waits: it runs and succeeds.
+    let ns = TestNamespace::create("ff-store-wait").await.unwrap();
+    pipeline
+        .pod(&ns, "web-1", 0, &[("app", "web")], "spin", 1)
+        .await;
+    let api: Api<ProfileRequest> = ns.api();
+    let spec =
+        json!({"type": "cpu", "selector": {"matchLabels": {"app": "web"}}, "duration": "2s"});
+    api.create(
+        &PostParams::default(),
+        &pipeline.request("early", spec.clone()),
+    )
+    .await
+    .unwrap();
+    let (phase, message) = wait_request(&api, "early", |r| queued_on_store(r)).await;
+    assert_eq!(phase, Some(RequestPhase::Pending));
+    assert!(
+        message.starts_with(&format!("waiting for the artifact store at {store_url}"))
+            && message.contains("(the request fails if it stays unreachable for 10s)"),
+        "{message}"
+    );
+    let waited = Instant::now();
+    pipeline.start_store();
+    let done = wait_request(&api, "early", |r| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .filter(|p| p.is_terminal())
+            .map(|_| r.clone())
+    })
+    .await;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(
+        status.phase,
+        Some(RequestPhase::Succeeded),
+        "{status:#?}\n{}",
+        pipeline.operator_logs()
+    );
+    eprintln!(
+        "store back: the waiting request ended Succeeded {:.1} s after the store was started",
+        waited.elapsed().as_secs_f64()
+    );
+
+    // The store stays down: the request fails after the bound, saying why (another
+    // namespace: the ledger keeps the first one's usage).
+    pipeline.kill_store();
+    let ns2 = TestNamespace::create("ff-store-gone").await.unwrap();
+    pipeline
+        .pod(&ns2, "web-2", 1, &[("app", "web")], "spin", 1)
+        .await;
+    let api2: Api<ProfileRequest> = ns2.api();
+    let created = Instant::now();
+    api2.create(&PostParams::default(), &pipeline.request("late", spec))
+        .await
+        .unwrap();
+    wait_request(&api2, "late", |r| queued_on_store(r)).await;
+    let failed = wait_request(&api2, "late", |r| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .filter(|p| p.is_terminal())
+            .map(|_| r.clone())
+    })
+    .await;
+    let after = created.elapsed();
+    let status = failed.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(RequestPhase::Failed), "{status:#?}");
+    assert_eq!(
+        status.reason.as_deref(),
+        Some("StoreUnavailable"),
+        "{status:#?}"
+    );
+    let message = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Succeeded")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.starts_with(&format!(
+            "the artifact store at {store_url} could not be reached for "
+        )) && message.contains("check the store Deployment"),
+        "{message}"
+    );
+    assert!(
+        after >= store_wait && after < store_wait + Duration::from_secs(20),
+        "failed after {after:?}, the bound is {store_wait:?}"
+    );
+    eprintln!(
+        "store gone: Failed (StoreUnavailable) {:.1} s after creation; test {:.1} s",
+        after.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Waits (at most [`TIMEOUT`]) until `check` of request `name` says something.
+async fn wait_request<T>(
+    api: &Api<ProfileRequest>,
+    name: &str,
+    check: impl Fn(&ProfileRequest) -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let r = api.get(name).await.unwrap();
+        if let Some(v) = check(&r) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: still {:#?} after {TIMEOUT:?}",
+            r.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A small tmpfs mounted for the store's volume, unmounted (lazily) on drop.
 struct SmallVolume {
     dir: tempfile::TempDir,

@@ -12,6 +12,7 @@ use kube::runtime::events::{Recorder, Reporter};
 
 use crate::controllers::download::{self, DownloadContext};
 use crate::controllers::profile_request::limits::TenantLimits;
+use crate::controllers::profile_request::store_wait::StoreWaits;
 use crate::controllers::profile_request::{self, Context};
 use crate::controllers::sampling::{
     self, SamplingContext, SamplingLimits, budget::Ledger, fleet::Fleet,
@@ -168,6 +169,11 @@ pub struct Options {
     /// Time allowed beyond the capture duration before a node is declared timed out.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub capture_grace: Duration,
+    /// How long a new request waits, Pending, for an artifact store it cannot reach (right
+    /// after an installation, its Service may have no endpoint yet) before it fails with
+    /// reason StoreUnavailable.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
+    pub store_wait: Duration,
     /// Captures running at once in the whole cluster; more wait, Pending (0: unlimited).
     #[arg(long, default_value_t = 100)]
     pub max_concurrent_captures: u32,
@@ -679,6 +685,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         pods: Some(sampling.fleet.pods.clone()),
         namespaces: Some(sampling.fleet.namespaces.clone()),
         admission: Default::default(),
+        store_waits: StoreWaits::new(options.store_wait),
     });
     let lost = election.lost();
     let (lost_tx, mut lost_rx) = tokio::sync::oneshot::channel::<bool>();

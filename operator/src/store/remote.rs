@@ -66,6 +66,23 @@ fn shown(url: &Url) -> String {
     u.to_string()
 }
 
+/// A transport error with its causes (`error sending request` alone says nothing; the
+/// refused connection or the failed name lookup below it does), without the URL (signed).
+fn transport_error(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 impl RemoteStore {
     /// A client of the store at `config.internal_url`.
     ///
@@ -114,7 +131,7 @@ impl RemoteStore {
     ) -> Result<serde_json::Value> {
         let response = request.send().await.map_err(|e| StoreError::Unreachable {
             url: shown(url),
-            reason: e.without_url().to_string(),
+            reason: transport_error(e),
         })?;
         let status = response.status();
         let body: serde_json::Value = response.json().await.unwrap_or_default();
@@ -198,7 +215,7 @@ impl ArtifactStore for RemoteStore {
         let url = self.url(&self.internal, ARTIFACTS_PATH, &grant)?;
         let unreachable = |e: reqwest::Error| StoreError::Unreachable {
             url: shown(&url),
-            reason: e.without_url().to_string(),
+            reason: transport_error(e),
         };
         let mut response = self
             .http

@@ -9,6 +9,7 @@ pub mod resolve;
 pub mod result_slices;
 pub mod result_table;
 pub mod status;
+pub mod store_wait;
 pub mod ttl;
 
 use std::sync::Arc;
@@ -52,6 +53,8 @@ pub struct Context {
     pub namespaces: Option<Store<k8s_openapi::api::core::v1::Namespace>>,
     /// The one admission point of the concurrency limits.
     pub admission: admission::Admission,
+    /// Requests waiting, Pending, for an unreachable artifact store (`--store-wait`).
+    pub store_waits: store_wait::StoreWaits,
     /// The controller's cache of the requests it handles (the same selector), set by
     /// [`run`]: the concurrency limits count Running requests from it instead of listing
     /// every request from the API server at each admission, which made a burst of N

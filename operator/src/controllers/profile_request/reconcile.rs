@@ -26,7 +26,7 @@ use tracing::instrument;
 use super::aggregate::{failure_reason, outcome_message};
 use super::result_table::ResultTable;
 use super::ttl::{TtlAction, ttl_action};
-use super::{Context, admission, limits, resolve, result_slices, status};
+use super::{Context, admission, limits, resolve, result_slices, status, store_wait};
 use crate::dispatch::outcome::{NodeFailure, NodeOutcome};
 use crate::dispatch::{CapturePlan, NodePlan, Session};
 use crate::pods::agents;
@@ -203,6 +203,17 @@ async fn start(
     if let Err(message) = limits::check_spec(spec, &ctx.limits) {
         return fail_request(&request, ctx, api, "OutsideLimits", message).await;
     }
+    // Before taking a capture slot: a store that cannot be reached yet (right after an
+    // installation) keeps the request Pending instead of failing its nodes.
+    match store_ready(ctx, &ids).await? {
+        store_wait::Verdict::Ready => {}
+        store_wait::Verdict::Wait { message, retry_in } => {
+            return queue(&request, ctx, api, store_wait::REASON, message, retry_in).await;
+        }
+        store_wait::Verdict::GiveUp { message } => {
+            return fail_request(&request, ctx, api, store_wait::FAILED_REASON, message).await;
+        }
+    }
     let requests = ctx
         .requests
         .read()
@@ -220,7 +231,15 @@ async fn start(
         .admit(&sources, &ids.uid, &ids.namespace)
         .await?
     {
-        return queue(&request, ctx, api, message).await;
+        return queue(
+            &request,
+            ctx,
+            api,
+            "ConcurrencyLimit",
+            message,
+            QUEUED_RECHECK,
+        )
+        .await;
     }
     // Admitted: the slot is reserved until the cache shows the request Running, unless the
     // start ends before writing Running.
@@ -592,33 +611,65 @@ async fn progress(
     expire(&updated, api).await
 }
 
-/// Marks the whole request Failed (nothing can be captured) with a reason and message.
-/// Keeps the request Pending with a `Queued` condition saying why, and checks again soon.
+/// Whether the artifact store can be reached for request `ids`, as far as starting it
+/// needs the store: with a storage quota, the namespace's usage is read from the store
+/// first (the quota ledger caches it). A store that cannot be reached is waited for
+/// ([`store_wait`]); any other error is left to the node's capture, which fails with it.
+async fn store_ready(ctx: &Context, ids: &Ids) -> Result<store_wait::Verdict> {
+    let Some(ledger) = ctx.dispatcher.quota() else {
+        return Ok(store_wait::Verdict::Ready);
+    };
+    let quota = ledger.quota_of(&ctx.client, &ids.namespace).await?;
+    let checked = ledger.room(&ids.namespace, quota).await;
+    let unreachable = match &checked {
+        Err(Error::Store(e)) => store_wait::unavailable(e),
+        _ => None,
+    };
+    let verdict = ctx
+        .store_waits
+        .check(&ids.uid, unreachable, std::time::Instant::now());
+    if let (store_wait::Verdict::Wait { retry_in, .. }, Err(e)) = (&verdict, &checked) {
+        tracing::info!(
+            request = %ids.name,
+            retry_in_ms = retry_in.as_millis(),
+            "waiting for the artifact store: {e}"
+        );
+    }
+    Ok(verdict)
+}
+
+/// Keeps the request Pending with a `Queued` condition (`reason`, `message`) saying why,
+/// and checks again after `recheck`.
 async fn queue(
     request: &ProfileRequest,
     ctx: &Context,
     api: &Api<ProfileRequest>,
+    reason: &str,
     message: String,
+    recheck: Duration,
 ) -> Result<Action> {
     let ids = ids(request)?;
     let current = request.status.clone().unwrap_or_default();
-    let already = current
-        .conditions
-        .iter()
-        .any(|c| c.type_ == CONDITION_QUEUED && c.status == "True" && c.message == message);
+    let already = current.conditions.iter().any(|c| {
+        c.type_ == CONDITION_QUEUED
+            && c.status == "True"
+            && c.reason == reason
+            && c.message == message
+    });
     if !already {
         let mut status = operator_fields(&current);
         status.phase = Some(RequestPhase::Pending);
         set_condition(
             &mut status.conditions,
-            ids.condition(CONDITION_QUEUED, true, "ConcurrencyLimit", &message),
+            ids.condition(CONDITION_QUEUED, true, reason, &message),
         );
         status::apply(api, &ids.name, &status).await?;
         publish(ctx, request, EventType::Normal, "Queued", message).await;
     }
-    Ok(Action::requeue(QUEUED_RECHECK))
+    Ok(Action::requeue(recheck))
 }
 
+/// Marks the whole request Failed (nothing can be captured) with a reason and message.
 async fn fail_request(
     request: &ProfileRequest,
     ctx: &Context,
@@ -713,6 +764,7 @@ async fn expire(request: &ProfileRequest, api: &Api<ProfileRequest>) -> Result<A
 /// control plane without one, like the e2e tests', would keep them).
 async fn cleanup(request: Arc<ProfileRequest>, ctx: &Context) -> Result<Action> {
     let ids = ids(&request)?;
+    ctx.store_waits.forget(&ids.uid);
     ctx.dispatcher.cancel(&ids.uid).await;
     result_slices::delete_all(&ctx.client, &ids.namespace, &ids.uid).await?;
     // A request whose name or UID cannot form a key never had artifacts.
