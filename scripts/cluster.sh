@@ -7,7 +7,8 @@
 # through cluster DNS.
 #
 #   scripts/cluster.sh build      build the node's binaries and images (cached)
-#   scripts/cluster.sh up         start everything (idempotent; waits for a Ready node and DNS)
+#   scripts/cluster.sh up         start everything (idempotent; waits for a Ready node, a CoreDNS
+#                                 endpoint and DNS answers; keeps a running cluster whose DNS works)
 #   scripts/cluster.sh down       stop everything, kill the pods, remove the bridge and rules
 #   scripts/cluster.sh status     what runs, and the kubeconfig
 #   scripts/cluster.sh kubectl …  the pinned kubectl against this cluster
@@ -112,13 +113,6 @@ stop() {
   for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
   rm -f "$STATE/$name.pid"
-}
-
-# retry N CMD...: runs CMD up to N times until it succeeds.
-retry() {
-  local n="$1" i; shift
-  for ((i = 0; i < n; i++)); do "$@" && return 0; done
-  return 1
 }
 
 # wait_for WHAT SECONDS CMD...: polls CMD every 0.5 s until it succeeds.
@@ -509,6 +503,26 @@ sys.exit(0 if rid == qid and flags & 0xF == 0 and an > 0 else 1)
 PY
 }
 
+# dns_endpoints: the kube-dns Service has a ready endpoint. Until it has, kube-proxy rejects
+# packets to the Service's address (the sender gets EPERM at once): no DNS check can pass,
+# and a CoreDNS pod that is restarting says nothing about the cluster being broken.
+dns_endpoints() {
+  [[ -n "$(kctl -n kube-system get endpointslices -l kubernetes.io/service-name=kube-dns \
+    -o 'jsonpath={.items[*].endpoints[?(@.conditions.ready==true)].addresses[0]}' 2>/dev/null)" ]]
+}
+
+# wait_dns SECONDS: waits (at most SECONDS, saying so) for CoreDNS's endpoints, then up to
+# 30 s for the cluster DNS to answer through kube-proxy (its rules follow the endpoints).
+wait_dns() {
+  local secs="$1" t0=$SECONDS
+  if ! dns_endpoints; then
+    say "waiting up to ${secs}s for CoreDNS endpoints (kube-proxy rejects DNS until there is one)"
+    wait_for "CoreDNS endpoints" "$secs" dns_endpoints || return 1
+    say "CoreDNS has an endpoint after $((SECONDS - t0))s"
+  fi
+  wait_for "cluster DNS answers" 30 dns_answers kubernetes.default.svc.cluster.local
+}
+
 # ---- commands --------------------------------------------------------------------------
 
 # write_env: $STATE/env, what tests and scripts need to reach the node (`cluster.sh env`).
@@ -535,9 +549,10 @@ cmd_up() {
   flock 9
   HOST_IP="$(host_ip)"; NODE="$(node_name)"; DRIVER="$(cgroup_driver)"
   [[ -n "$HOST_IP" ]] || { echo "cluster.sh: no IPv4 default route: cannot pick the node's address" >&2; exit 1; }
-  # DNS is asked a few times: one lost UDP answer on a loaded machine must not make `up` tear
-  # down a running cluster (and every installation on it) to start afresh.
-  if all_running && node_ready && retry 5 dns_answers kubernetes.default.svc.cluster.local; then
+  # A running cluster is kept unless its DNS stays broken: CoreDNS restarting (no endpoint
+  # for a while) or one lost UDP answer on a loaded machine must not make `up` tear down a
+  # running cluster (and every installation on it) to start afresh.
+  if all_running && node_ready && wait_dns 120; then
     write_env
     say "already up: node $NODE; KUBECONFIG=$KUBECONFIG_ADMIN"
     return 0
@@ -556,7 +571,7 @@ cmd_up() {
   wait_for "node $NODE to be Ready" 180 node_ready || { tail -20 "$STATE/kubelet.log" >&2; exit 1; }
   deploy_dns
   wait_for "CoreDNS" 180 kctl -n kube-system rollout status deploy/coredns --timeout 5s || { kctl -n kube-system get pods -o wide >&2; exit 1; }
-  wait_for "cluster DNS answers" 60 dns_answers kubernetes.default.svc.cluster.local
+  wait_dns 60 || exit 1
   write_env
   say "up in $((SECONDS - t0))s: node $NODE Ready, DNS at $DNS_IP; KUBECONFIG=$KUBECONFIG_ADMIN"
 }
