@@ -66,19 +66,28 @@ impl Shop<'_> {
         at
     }
 
-    /// Waits until request `name` is Running.
+    /// Waits until request `name` is Running; fails at once, with its status, when it has
+    /// already ended (a request that failed in preparation never runs).
     async fn wait_running(&self, name: &str) {
         let api = self.requests();
-        self.cluster
+        let ended = self
+            .cluster
             .wait_for(&format!("{name} to run"), TIMEOUT, || {
                 let api = api.clone();
                 async move {
-                    let r = api.get(name).await.ok()?;
-                    (r.status?.phase? == RequestPhase::Running).then_some(())
+                    let status = api.get(name).await.ok()?.status?;
+                    match status.phase? {
+                        RequestPhase::Running => Some(None),
+                        p if p.is_terminal() => Some(Some(status)),
+                        _ => None,
+                    }
                 }
             })
             .await
             .unwrap();
+        if let Some(status) = ended {
+            panic!("{name} ended before it ran: {status:#?}");
+        }
     }
 
     /// Waits (at most `timeout`) until request `name` is terminal; returns it and when that
