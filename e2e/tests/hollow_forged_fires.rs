@@ -5,7 +5,8 @@
 //! the fire for its own watched pod becomes a run, of that pod (by UID, whatever name the
 //! node claimed), and a replay of it within the cooldown is turned down. A genuine fire
 //! for a policy whose node budget is spent is turned down too, and says why in the
-//! policy's status and an Event.
+//! policy's status and an Event. The fires arrive on a call the operator has already
+//! replaced (a policy added meanwhile changed the node's set): they are handled all the same.
 //!
 //! Real operator, real store process, real API server; the agents are hollow (the real
 //! gRPC service and mTLS without BPF): a compromised node is not bound to run the agent's
@@ -173,32 +174,71 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
     let forged: Vec<_> = std::iter::once(fire(&own, "w-00000", &spent_uid, "hot"))
         .chain(forged)
         .collect();
-    // The operator restarts a node's watch call when its watch set changes, and it
-    // registers the two policies one after the other: the script goes to the first call
-    // made once both are watched (node 0's hollow agent refuses the calls before it, and
-    // the operator calls again after a pause).
+    // The script goes to the first watch call made once both policies are watched (the
+    // operator registers them one after the other; node 0's hollow agent refuses the calls
+    // before it, and the operator calls again after a pause). Its fires wait until a third
+    // policy has changed node 0's set, so that they arrive on a call the operator has
+    // already replaced: the agent ends a replaced call itself, and what it sent there
+    // before must still be handled.
     cluster.start_operator().expect("the operator");
-    let deadline = Instant::now() + TIMEOUT;
-    for name in ["hot-watch", "spent-watch"] {
-        loop {
-            let watched = policies
-                .get(name)
-                .await
-                .ok()
-                .and_then(|p| p.status)
-                .and_then(|s| s.triggers.into_iter().find(|t| t.name == "hot"))
-                .map_or(0, |t| t.watched_pods);
-            if watched == SELECTED as i64 {
-                break;
+    let watched = |name: &'static str| {
+        let policies = policies.clone();
+        async move {
+            let deadline = Instant::now() + TIMEOUT;
+            loop {
+                let watched = policies
+                    .get(name)
+                    .await
+                    .ok()
+                    .and_then(|p| p.status)
+                    .and_then(|s| s.triggers.into_iter().find(|t| t.name == "hot"))
+                    .map_or(0, |t| t.watched_pods);
+                if watched == SELECTED as i64 {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{name} does not watch its {SELECTED} pods (watchedPods {watched})"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{name} does not watch its {SELECTED} pods (watchedPods {watched})"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    };
+    watched("hot-watch").await;
+    watched("spent-watch").await;
+    assert!(cluster.fleet.script_watch_held(0, forged));
+    let deadline = Instant::now() + TIMEOUT;
+    while !cluster.fleet.watch_script_opened(0) {
+        assert!(
+            Instant::now() < deadline,
+            "the operator made no watch call to node 0 after the script was set"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(cluster.fleet.script_watch(0, forged));
+    let late: SamplingPolicy = serde_json::from_value(json!({
+        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
+        "metadata": {"name": "late-watch", "labels": {RUN_LABEL: cluster.id}},
+        "spec": {
+            "template": {
+                "type": "cpu",
+                "selector": {"matchLabels": {subset_label(SELECTED): "true"}},
+                "duration": "1s",
+            },
+            "triggers": [{
+                "name": "hot",
+                "cpu": {"throttledPercent": 90},
+                "capture": {"duration": "1s"},
+            }],
+        },
+    }))
+    .expect("a valid SamplingPolicy");
+    policies
+        .create(&PostParams::default(), &late)
+        .await
+        .expect("creating the third SamplingPolicy");
+    // Its pods are counted in the same pass that replaced node 0's call.
+    watched("late-watch").await;
+    assert!(cluster.fleet.release_watch_script(0));
 
     // Every scripted fire reached the operator and was counted.
     let deadline = Instant::now() + TIMEOUT;

@@ -31,20 +31,49 @@ pub(crate) struct NodeService {
     pub(crate) watch_script: Arc<WatchScript>,
 }
 
-/// Fires a compromised node sends on its next trigger stream, once.
-#[derive(Debug, Default)]
+/// Fires a compromised node sends on its next trigger stream, once: at once, or when the
+/// test releases them ([`WatchScript::release`]).
+#[derive(Debug)]
 pub(crate) struct WatchScript {
     fires: Mutex<Option<Vec<TriggerFired>>>,
+    /// Whether the fires wait for [`WatchScript::release`] after the acknowledgement.
+    held: AtomicBool,
+    release: tokio::sync::Semaphore,
+    opened: AtomicBool,
     sent: AtomicBool,
 }
 
+impl Default for WatchScript {
+    fn default() -> Self {
+        Self {
+            fires: Mutex::new(None),
+            held: AtomicBool::new(false),
+            release: tokio::sync::Semaphore::new(0),
+            opened: AtomicBool::new(false),
+            sent: AtomicBool::new(false),
+        }
+    }
+}
+
 impl WatchScript {
-    pub(crate) fn set(&self, fires: Vec<TriggerFired>) {
+    pub(crate) fn set(&self, fires: Vec<TriggerFired>, held: bool) {
         self.sent.store(false, Ordering::SeqCst);
+        self.opened.store(false, Ordering::SeqCst);
+        self.held.store(held, Ordering::SeqCst);
         *self
             .fires
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fires);
+    }
+
+    /// Lets a held script's fires go.
+    pub(crate) fn release(&self) {
+        self.release.add_permits(1);
+    }
+
+    /// Whether the scripted call was answered (its acknowledgement sent).
+    pub(crate) fn opened(&self) -> bool {
+        self.opened.load(Ordering::SeqCst)
     }
 
     pub(crate) fn sent(&self) -> bool {
@@ -126,15 +155,32 @@ impl AgentService for NodeService {
                 refused: Vec::new(),
             })),
         };
-        let events = std::iter::once(ack).chain(fires.into_iter().map(|f| WatchEvent {
-            event: Some(watch_event::Event::Fired(f)),
-        }));
+        let fired = fires.into_iter().map(|f| {
+            Ok(WatchEvent {
+                event: Some(watch_event::Event::Fired(f)),
+            })
+        });
         let script = Arc::clone(&self.watch_script);
-        let stream =
-            futures::stream::iter(events.map(Ok)).chain(futures::stream::once(async move {
-                script.sent.store(true, Ordering::SeqCst);
-                futures::future::pending::<Result<WatchEvent, Status>>().await
-            }));
+        let gate = Arc::clone(&self.watch_script);
+        let done = Arc::clone(&self.watch_script);
+        let stream = futures::stream::once(async move {
+            script.opened.store(true, Ordering::SeqCst);
+            Ok(ack)
+        })
+        .chain(
+            futures::stream::once(async move {
+                if gate.held.load(Ordering::SeqCst) {
+                    // Closed only with the fleet: then the call ends anyway.
+                    let _ = gate.release.acquire().await.map(|p| p.forget());
+                }
+                futures::stream::iter(fired)
+            })
+            .flatten(),
+        )
+        .chain(futures::stream::once(async move {
+            done.sent.store(true, Ordering::SeqCst);
+            futures::future::pending::<Result<WatchEvent, Status>>().await
+        }));
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -606,8 +606,32 @@ impl HollowFleet {
     pub fn script_watch(&self, index: usize, fires: Vec<TriggerFired>) -> bool {
         self.nodes
             .get(index)
-            .map(|n| n.watch_script.set(fires))
+            .map(|n| n.watch_script.set(fires, false))
             .is_some()
+    }
+
+    /// As [`Self::script_watch`], but the fires wait after the acknowledgement until
+    /// [`Self::release_watch_script`].
+    pub fn script_watch_held(&self, index: usize, fires: Vec<TriggerFired>) -> bool {
+        self.nodes
+            .get(index)
+            .map(|n| n.watch_script.set(fires, true))
+            .is_some()
+    }
+
+    /// Lets node `index`'s held fires go (see [`Self::script_watch_held`]).
+    pub fn release_watch_script(&self, index: usize) -> bool {
+        self.nodes
+            .get(index)
+            .map(|n| n.watch_script.release())
+            .is_some()
+    }
+
+    /// Whether node `index`'s scripted call was answered (its acknowledgement sent).
+    pub fn watch_script_opened(&self, index: usize) -> bool {
+        self.nodes
+            .get(index)
+            .is_some_and(|n| n.watch_script.opened())
     }
 
     /// Whether node `index`'s scripted fires (see [`Self::script_watch`]) were sent.

@@ -66,6 +66,9 @@ pub const DEFAULT_TRIGGERED_TTL_SECONDS: i64 = 86_400;
 const RESYNC: Duration = Duration::from_secs(2);
 /// How long a node whose `Watch` call failed waits before the next attempt.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// How long a replaced call is still read: the agent ends it once the new call holds the
+/// set, and fires it sent on it before are handled meanwhile.
+const DRAIN: Duration = Duration::from_secs(30);
 /// Most refusals kept per trigger status.
 const MAX_REFUSED: usize = 10;
 
@@ -444,7 +447,10 @@ fn sync(ctx: &Arc<SamplingContext>) {
             agent.clone(),
             request.clone(),
         ));
-        // The new call replaces the set on the agent; the old one ends after it.
+        // The new call replaces the set on the agent, which then ends the old one: until it
+        // does, the old call is still read, for fires the agent sent on it before (dropping
+        // it at once would lose them, and the agent would not send them again within the
+        // cooldown). Bounded by DRAIN, for an agent that never ends it.
         if let Some(old) = inner.streams.insert(
             node,
             NodeStream {
@@ -453,7 +459,12 @@ fn sync(ctx: &Arc<SamplingContext>) {
                 task,
             },
         ) {
-            old.task.abort();
+            let stop = old.task.abort_handle();
+            tokio::spawn(async move {
+                if tokio::time::timeout(DRAIN, old.task).await.is_err() {
+                    stop.abort();
+                }
+            });
         }
     }
     ctx.metrics.set_trigger_streams(inner.streams.len());
