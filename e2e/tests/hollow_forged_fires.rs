@@ -49,6 +49,48 @@ async fn operator_metrics(cluster: &HollowCluster) -> String {
     pipeline_support::metrics_at(port).await
 }
 
+/// Creates SamplingPolicy `name` of the fleet's run: a CPU trigger `hot` (throttled in
+/// `throttled_percent`% of periods, the default cooldown unless `cooldown_seconds`) on the
+/// selected pods, with `extra` merged into its spec. Returns its UID.
+async fn hot_policy(
+    policies: &Api<SamplingPolicy>,
+    run: &str,
+    name: &str,
+    (throttled_percent, cooldown_seconds): (u32, Option<u32>),
+    extra: serde_json::Value,
+) -> String {
+    let mut spec = json!({
+        "template": {
+            "type": "cpu",
+            "selector": {"matchLabels": {subset_label(SELECTED): "true"}},
+            "duration": "1s",
+        },
+        "triggers": [{
+            "name": "hot",
+            "cpu": {"throttledPercent": throttled_percent},
+            "capture": {"duration": "1s"},
+        }],
+    });
+    if let Some(cooldown) = cooldown_seconds {
+        spec["triggers"][0]["cooldownSeconds"] = json!(cooldown);
+    }
+    for (key, value) in extra.as_object().into_iter().flatten() {
+        spec[key] = value.clone();
+    }
+    let policy: SamplingPolicy = serde_json::from_value(json!({
+        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
+        "metadata": {"name": name, "labels": {RUN_LABEL: run}},
+        "spec": spec,
+    }))
+    .expect("a valid SamplingPolicy");
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap_or_else(|e| panic!("creating SamplingPolicy {name}: {e}"))
+        .uid()
+        .expect("a policy UID")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
     let started = Instant::now();
@@ -78,57 +120,25 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
     let (own, neighbour, unselected) = (uid_of(0).await, uid_of(1).await, uid_of(3).await);
 
     let policies: Api<SamplingPolicy> = cluster.target_ns.api();
-    let policy: SamplingPolicy = serde_json::from_value(json!({
-        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
-        "metadata": {"name": "hot-watch", "labels": {RUN_LABEL: cluster.id}},
-        "spec": {
-            // No scheduled run in the test's lifetime: only fires create runs.
-            "schedule": "@yearly",
-            "template": {
-                "type": "cpu",
-                "selector": {"matchLabels": {subset_label(SELECTED): "true"}},
-                "duration": "1s",
-            },
-            "triggers": [{
-                "name": "hot",
-                "cpu": {"throttledPercent": 20},
-                "capture": {"duration": "1s"},
-                "cooldownSeconds": 600,
-            }],
-        },
-    }))
-    .expect("a valid SamplingPolicy");
-    let policy = policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("creating the SamplingPolicy");
-    let policy_uid = policy.uid().expect("a policy UID");
+    // No scheduled run in the test's lifetime: only fires create runs.
+    let policy_uid = hot_policy(
+        &policies,
+        &cluster.id,
+        "hot-watch",
+        (20, Some(600)),
+        json!({"schedule": "@yearly"}),
+    )
+    .await;
     // The same pods and trigger under a budget no capture fits: a duty cycle of 1% of 60 s
     // allows 0 s of capture, so a fire of its own pod is turned down by the budget.
-    let spent: SamplingPolicy = serde_json::from_value(json!({
-        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
-        "metadata": {"name": "spent-watch", "labels": {RUN_LABEL: cluster.id}},
-        "spec": {
-            "template": {
-                "type": "cpu",
-                "selector": {"matchLabels": {subset_label(SELECTED): "true"}},
-                "duration": "1s",
-            },
-            "budget": {"maxDutyCyclePercent": 1, "dutyCycleWindowSeconds": 60},
-            "triggers": [{
-                "name": "hot",
-                "cpu": {"throttledPercent": 20},
-                "capture": {"duration": "1s"},
-            }],
-        },
-    }))
-    .expect("a valid SamplingPolicy");
-    let spent_uid = policies
-        .create(&PostParams::default(), &spent)
-        .await
-        .expect("creating the budget-bound SamplingPolicy")
-        .uid()
-        .expect("a policy UID");
+    let spent_uid = hot_policy(
+        &policies,
+        &cluster.id,
+        "spent-watch",
+        (20, None),
+        json!({"budget": {"maxDutyCyclePercent": 1, "dutyCycleWindowSeconds": 60}}),
+    )
+    .await;
 
     let fire = |pod_uid: &str, pod_name: &str, policy_uid: &str, trigger: &str| TriggerFired {
         policy_uid: policy_uid.to_string(),
@@ -215,27 +225,7 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let late: SamplingPolicy = serde_json::from_value(json!({
-        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
-        "metadata": {"name": "late-watch", "labels": {RUN_LABEL: cluster.id}},
-        "spec": {
-            "template": {
-                "type": "cpu",
-                "selector": {"matchLabels": {subset_label(SELECTED): "true"}},
-                "duration": "1s",
-            },
-            "triggers": [{
-                "name": "hot",
-                "cpu": {"throttledPercent": 90},
-                "capture": {"duration": "1s"},
-            }],
-        },
-    }))
-    .expect("a valid SamplingPolicy");
-    policies
-        .create(&PostParams::default(), &late)
-        .await
-        .expect("creating the third SamplingPolicy");
+    hot_policy(&policies, &cluster.id, "late-watch", (90, None), json!({})).await;
     // Its pods are counted in the same pass that replaced node 0's call.
     watched("late-watch").await;
     assert!(cluster.fleet.release_watch_script(0));
