@@ -641,16 +641,16 @@ async fn a_request_made_while_the_store_is_unreachable_waits_for_it() {
             && message.contains("(the request fails if it stays unreachable for 10s)"),
         "{message}"
     );
-    let waited = Instant::now();
-    pipeline.start_store();
-    let done = wait_request(&api, "early", |r| {
+    let ended = |r: &ProfileRequest| {
         r.status
             .as_ref()
             .and_then(|s| s.phase)
             .filter(|p| p.is_terminal())
             .map(|_| r.clone())
-    })
-    .await;
+    };
+    let waited = Instant::now();
+    pipeline.start_store();
+    let done = wait_request(&api, "early", ended).await;
     let status = done.status.clone().unwrap_or_default();
     assert_eq!(
         status.phase,
@@ -676,14 +676,7 @@ async fn a_request_made_while_the_store_is_unreachable_waits_for_it() {
         .await
         .unwrap();
     wait_request(&api2, "late", |r| queued_on_store(r)).await;
-    let failed = wait_request(&api2, "late", |r| {
-        r.status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .filter(|p| p.is_terminal())
-            .map(|_| r.clone())
-    })
-    .await;
+    let failed = wait_request(&api2, "late", ended).await;
     let after = created.elapsed();
     let status = failed.status.clone().unwrap_or_default();
     assert_eq!(status.phase, Some(RequestPhase::Failed), "{status:#?}");
