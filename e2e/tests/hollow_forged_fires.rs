@@ -17,7 +17,7 @@ mod pipeline_support;
 
 use std::time::{Duration, Instant};
 
-use flamefleet_api::trigger::{TRIGGER_LABEL, TRIGGER_POD_UID_LABEL};
+use flamefleet_api::trigger::{TRIGGER_LABEL, TRIGGER_POD_UID_LABEL, TriggerStatus};
 use flamefleet_api::{ProfileRequest, SamplingPolicy};
 use flamefleet_e2e::hollow::cluster::{ClusterOptions, HollowCluster, RUN_LABEL, subset_label};
 use flamefleet_proto::agent::TriggerFired;
@@ -47,6 +47,35 @@ async fn operator_metrics(cluster: &HollowCluster) -> String {
         .expect("the operator")
         .metrics_port;
     pipeline_support::metrics_at(port).await
+}
+
+/// Polls `check` every 200 ms until it gives a value; fails saying `what` was awaited
+/// once [`TIMEOUT`] has passed.
+async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "waited {TIMEOUT:?} for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The status of trigger `hot` of policy `name`, once written.
+async fn hot_status(policies: &Api<SamplingPolicy>, name: &str) -> Option<TriggerStatus> {
+    policies
+        .get(name)
+        .await
+        .ok()?
+        .status?
+        .triggers
+        .into_iter()
+        .find(|t| t.name == "hot")
 }
 
 /// Creates SamplingPolicy `name` of the fleet's run: a CPU trigger `hot` (throttled in
@@ -193,38 +222,24 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
     cluster.start_operator().expect("the operator");
     let watched = |name: &'static str| {
         let policies = policies.clone();
-        async move {
-            let deadline = Instant::now() + TIMEOUT;
-            loop {
-                let watched = policies
-                    .get(name)
+        until(name, move || {
+            let policies = policies.clone();
+            async move {
+                hot_status(&policies, name)
                     .await
-                    .ok()
-                    .and_then(|p| p.status)
-                    .and_then(|s| s.triggers.into_iter().find(|t| t.name == "hot"))
-                    .map_or(0, |t| t.watched_pods);
-                if watched == SELECTED as i64 {
-                    return;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{name} does not watch its {SELECTED} pods (watchedPods {watched})"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                    .filter(|t| t.watched_pods == SELECTED as i64)
+                    .map(|_| ())
             }
-        }
+        })
     };
     watched("hot-watch").await;
     watched("spent-watch").await;
     assert!(cluster.fleet.script_watch_held(0, forged));
-    let deadline = Instant::now() + TIMEOUT;
-    while !cluster.fleet.watch_script_opened(0) {
-        assert!(
-            Instant::now() < deadline,
-            "the operator made no watch call to node 0 after the script was set"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until(
+        "a watch call to node 0 after the script was set",
+        || async { cluster.fleet.watch_script_opened(0).then_some(()) },
+    )
+    .await;
     hot_policy(&policies, &cluster.id, "late-watch", (90, None), json!({})).await;
     // Its pods are counted in the same pass that replaced node 0's call.
     watched("late-watch").await;
@@ -302,23 +317,15 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
     );
 
     // The policy's status counts one fire and one skip, with the reason.
-    let deadline = Instant::now() + TIMEOUT;
-    let status = loop {
-        let status = policies
-            .get("hot-watch")
-            .await
-            .ok()
-            .and_then(|p| p.status)
-            .and_then(|s| s.triggers.into_iter().find(|t| t.name == "hot"));
-        if let Some(t) = status.filter(|t| t.fires == 1 && t.skipped == 1) {
-            break t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "status.triggers did not count 1 fire and 1 skip"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let status = until(
+        "status.triggers of hot-watch to count 1 fire and 1 skip",
+        || async {
+            hot_status(&policies, "hot-watch")
+                .await
+                .filter(|t| t.fires == 1 && t.skipped == 1)
+        },
+    )
+    .await;
     assert!(
         status.last_skip_reason.starts_with("Cooldown: "),
         "{status:#?}"
@@ -327,23 +334,15 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
     // The budget-bound policy: no run, one skip, the budget's reason in its status and a
     // Warning Event on it.
     let node0 = cluster.fleet.nodes()[0].name.clone();
-    let deadline = Instant::now() + TIMEOUT;
-    let spent_status = loop {
-        let status = policies
-            .get("spent-watch")
-            .await
-            .ok()
-            .and_then(|p| p.status)
-            .and_then(|s| s.triggers.into_iter().find(|t| t.name == "hot"));
-        if let Some(t) = status.filter(|t| t.skipped == 1) {
-            break t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "status.triggers of spent-watch did not count its skip"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let spent_status = until(
+        "status.triggers of spent-watch to count its skip",
+        || async {
+            hot_status(&policies, "spent-watch")
+                .await
+                .filter(|t| t.skipped == 1)
+        },
+    )
+    .await;
     assert_eq!(spent_status.fires, 0, "{spent_status:#?}");
     assert!(
         spent_status
@@ -358,9 +357,8 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
         .items;
     assert!(spent_runs.is_empty(), "{spent_runs:#?}");
     let events: Api<Event> = cluster.target_ns.api();
-    let deadline = Instant::now() + TIMEOUT;
-    let event = loop {
-        let found = events
+    let event = until("a TriggerSkipped Event on spent-watch", || async {
+        events
             .list(
                 &ListParams::default()
                     .fields("involvedObject.name=spent-watch,reason=TriggerSkipped"),
@@ -369,16 +367,9 @@ async fn forged_fires_are_refused_and_a_fire_names_the_pod_by_uid() {
             .expect("listing Events")
             .items
             .into_iter()
-            .next();
-        if let Some(e) = found {
-            break e;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no TriggerSkipped Event on spent-watch"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+            .next()
+    })
+    .await;
     assert_eq!(event.type_.as_deref(), Some("Warning"), "{event:#?}");
     let note = event.message.unwrap_or_default();
     assert!(
