@@ -322,6 +322,7 @@ fn a_held_capture_samples_nothing_while_paused_and_drops_counts_that_stopped_mov
         .expect("the held capture");
     let sampler = std::sync::Arc::clone(capture.sampler());
     busy.wait_cpu(Duration::from_millis(200));
+    let first_cut_at = std::time::Instant::now();
     let first = capture.cut().expect("the first window");
     assert!(first.total() > 0, "no sample in the first window");
 
@@ -335,16 +336,29 @@ fn a_held_capture_samples_nothing_while_paused_and_drops_counts_that_stopped_mov
             .is_err(),
         "a paused sampler took another capture"
     );
-    let paused = capture.cut().expect("the window ended by the pause");
+    // The window the pause ended runs from the first cut's read to the pause: the samples
+    // of that instant are its own. Its span ends at the pause, not at this read.
+    let ended = capture.cut().expect("the window ended by the pause");
+    let to_pause = paused_at.duration_since(first_cut_at);
+    assert!(
+        ended.duration <= to_pause,
+        "the window ended by the pause claims {:?} sampled; {to_pause:?} passed from its \
+         start to the pause (and {waited:?} paused after it)",
+        ended.duration
+    );
+    // A window wholly inside the pause: nothing sampled, nothing spanned.
+    busy.wait_cpu(Duration::from_millis(100));
+    let paused = capture.cut().expect("a window inside the pause");
     assert_eq!(
         paused.total(),
         0,
-        "samples taken while paused ({waited:?} of a spinning process)"
+        "samples taken while paused ({:?} of a spinning process)",
+        paused_at.elapsed()
     );
-    assert!(
-        paused.duration < waited / 4,
-        "the paused window claims {:?} sampled; it was paused {waited:?} of it",
-        paused.duration
+    assert_eq!(
+        paused.duration,
+        Duration::ZERO,
+        "a paused window spans nothing"
     );
 
     capture.resume().expect("resuming");
