@@ -399,14 +399,29 @@ async fn settle_within(
     names: &[String],
     timeout: Duration,
 ) -> Figures {
-    // The last status write is when a list of the fixture's requests (one every 250 ms)
-    // first reads them all terminal; the test's own watch may see them later, after its
-    // backoff.
+    // The last status write is when a list of the fixture's requests (one every 250 ms; at
+    // the size every 2 s: a list of 1,000 requests every 250 ms was a load of its
+    // own on the API server the operator recovers through) first reads them all terminal;
+    // the test's own watch may see them later, after its backoff.
+    let poll = if names.len() > 100 {
+        Duration::from_secs(2)
+    } else {
+        Duration::from_millis(250)
+    };
     let wanted: std::collections::BTreeSet<&String> = names.iter().collect();
     let selector = ListParams::default().labels(&format!("{RUN_LABEL}={}", pipeline.id));
     let deadline = Instant::now() + timeout;
     let (done, last_write) = loop {
-        let listed = api.list(&selector).await.expect("listing the requests");
+        // A list the API server cuts (its 60 s request timeout, under load) is tried again.
+        let listed = match api.list(&selector).await {
+            Ok(listed) => listed,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("{fault}: listing the requests failed, trying again: {e}");
+                tokio::time::sleep(poll).await;
+                continue;
+            }
+            Err(e) => panic!("listing the requests: {e}"),
+        };
         let done: BTreeMap<String, ProfileRequest> = listed
             .items
             .into_iter()
@@ -434,7 +449,7 @@ async fn settle_within(
             pipeline.operator_logs(),
             pipeline.agent_logs()
         );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(poll).await;
     };
     log.wait_seen_terminal(names).await;
     let watch_resumed = recovered.elapsed();
@@ -1026,6 +1041,10 @@ async fn operator_leader_killed_with_requests_and_policies_in_flight() {
     // (Not `Pipeline::wait_for`, which fails when the first replica exits: under this load
     // it may lose the Lease to the standby and exit, as designed.)
     let quarter = Instant::now();
+    // Bounded like the recovery below: the live leader starts about 4 requests a second on
+    // this machine under load (docs/benchmarks.md).
+    let quarter_timeout =
+        TIMEOUT + Duration::from_millis(250) * u32::try_from(requests / 4).unwrap_or(u32::MAX);
     loop {
         let running = log
             .snapshot()
@@ -1036,8 +1055,8 @@ async fn operator_leader_killed_with_requests_and_policies_in_flight() {
             break;
         }
         assert!(
-            quarter.elapsed() < TIMEOUT,
-            "{running} of {requests} requests running after {TIMEOUT:?}\n{}",
+            quarter.elapsed() < quarter_timeout,
+            "{running} of {requests} requests running after {quarter_timeout:?}\n{}",
             pipeline.operator_logs()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1174,10 +1193,18 @@ async fn operator_leader_killed_with_requests_and_policies_in_flight() {
             .unwrap();
     }
     // What the policies themselves counted as missed (past startingDeadlineSeconds).
+    // And the times passed over for the node's budget (also a time without a run here).
     let mut counted_missed = 0;
+    let mut skipped_for_budget = 0;
     for i in 0..LEADER_POLICIES {
-        let policy = policies.get(&format!("sampled-{i}")).await.unwrap();
-        counted_missed += policy.status.and_then(|s| s.missed_runs).unwrap_or(0);
+        let status = policies
+            .get(&format!("sampled-{i}"))
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default();
+        counted_missed += status.missed_runs.unwrap_or(0);
+        skipped_for_budget += status.skipped_for_budget.unwrap_or(0);
     }
     let mut missed = 0;
     let mut doubled = 0;
@@ -1193,7 +1220,7 @@ async fn operator_leader_killed_with_requests_and_policies_in_flight() {
     figures.duplicates += doubled;
     figures.print();
     eprintln!(
-        "operator leader SIGKILLed: {requests} requests, {LEADER_POLICIES} policies, scheduled runs missed {missed} (the policies count {counted_missed}), doubled {doubled}"
+        "operator leader SIGKILLed: {requests} requests, {LEADER_POLICIES} policies, scheduled runs missed {missed} (the policies count {counted_missed} missed, {skipped_for_budget} skipped for the node budget), doubled {doubled}"
     );
     // When the new leader created each policy's first run (the API server's clock, seconds).
     let resumed: Vec<i64> = runs

@@ -212,6 +212,12 @@ pub struct Options {
     /// (0: unlimited).
     #[arg(long, default_value_t = 10)]
     pub max_queued_runs_per_namespace: usize,
+    /// API server calls of the ProfileRequest controller for ad hoc requests (with those of
+    /// downloads and the store's GC) in flight at once, and as many again for the policies'
+    /// runs; further calls wait in the operator. Leader election and the policies' schedules
+    /// have connections of their own, never behind these (0: unlimited).
+    #[arg(long, default_value_t = 8)]
+    pub max_concurrent_api_calls: usize,
     /// Timeout of a connection attempt to an agent.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub agent_connect_timeout: Duration,
@@ -351,24 +357,64 @@ fn parse_quota(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is not a byte count or a quantity such as 500Mi or 5Gi"))
 }
 
-/// A client from `kubeconfig`, or the in-cluster configuration when `None`.
+/// The configuration of the API server connection: from `kubeconfig`, or the in-cluster
+/// configuration when `None`.
 ///
 /// # Errors
 /// An unreadable kubeconfig or no configuration at all.
-pub async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
+pub async fn kube_config(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Config> {
+    match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
                 .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
+                .with_context(|| format!("using kubeconfig {}", path.display()))
         }
         None => kube::Config::infer()
             .await
-            .context("no --kubeconfig and no in-cluster configuration")?,
-    };
-    kube::Client::try_from(config).context("building the Kubernetes client")
+            .context("no --kubeconfig and no in-cluster configuration"),
+    }
+}
+
+/// The operator's API server clients. Each has its own connections and its own queue of
+/// calls (a kube client sends every call through one queue), so that the calls of one
+/// never wait behind the other's.
+struct ApiClients {
+    /// Leader election, the policies (their schedules and caches), signing, setup: calls
+    /// that must not wait (a Lease renewed late is lost; a run created late is missed).
+    control: kube::Client,
+    /// The ProfileRequest controller's calls for ad hoc requests, the ProfileDownload
+    /// controller and the store's GC, at most `--max-concurrent-api-calls` at once: a new
+    /// leader resumes every Running request at once (1,000 measured), and their calls,
+    /// unbounded, made every other call of the operator wait at the API server
+    /// (docs/failure-modes.md).
+    requests: kube::Client,
+    /// The ProfileRequest controller's calls for the policies' runs, bounded the same way
+    /// and apart from the ad hoc requests'.
+    runs: kube::Client,
+}
+
+impl ApiClients {
+    fn new(config: kube::Config, max_concurrent: usize) -> anyhow::Result<Self> {
+        let control =
+            kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
+        let bounded = |config: kube::Config| -> anyhow::Result<kube::Client> {
+            let builder = kube::client::ClientBuilder::try_from(config)
+                .context("building the Kubernetes client")?;
+            Ok(match max_concurrent {
+                0 => builder.build(),
+                n => builder
+                    .with_layer(&tower::limit::ConcurrencyLimitLayer::new(n))
+                    .build(),
+            })
+        };
+        Ok(Self {
+            control,
+            requests: bounded(config.clone())?,
+            runs: bounded(config)?,
+        })
+    }
 }
 
 /// The store's URL-signing secret: from --store-secret-file, or the --store-secret-name
@@ -487,7 +533,11 @@ pub async fn shutdown_signal() {
 /// Runs the operator until SIGTERM/Ctrl-C, or fails when it loses the leader Lease.
 pub async fn run(options: Options) -> anyhow::Result<()> {
     install_default_crypto_provider();
-    let client = kube_client(options.kubeconfig.as_ref()).await?;
+    let clients = ApiClients::new(
+        kube_config(options.kubeconfig.as_ref()).await?,
+        options.max_concurrent_api_calls,
+    )?;
+    let client = clients.control.clone();
     let metrics = Arc::new(Metrics::new());
     let probe_state = ProbeState::new(metrics.clone());
     let listener = tokio::net::TcpListener::bind(options.metrics_listen)
@@ -629,20 +679,18 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     )
     .with_quota(quota.clone())
     .with_agent_pods(crate::dispatch::agent_restarts::AgentPods::new(
-        client.clone(),
+        clients.requests.clone(),
         options.agent_namespace.clone(),
     ));
     if let Some(exporter) = exporter.clone() {
         dispatcher = dispatcher.with_exporter(exporter);
     }
     let dispatcher = Arc::new(dispatcher);
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "flamefleet-operator".into(),
-            instance: Some(identity.clone()),
-        },
-    );
+    let reporter = Reporter {
+        controller: "flamefleet-operator".into(),
+        instance: Some(identity.clone()),
+    };
+    let recorder = Recorder::new(clients.requests.clone(), reporter.clone());
     let (fleet, fleet_driver) = Fleet::start(&client, &options.agent_namespace);
     let fleet_task = tokio::spawn(fleet_driver);
     let sampling = Arc::new(SamplingContext {
@@ -656,7 +704,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         ledger: Ledger::default(),
         planning: tokio::sync::Mutex::new(()),
         profiled: std::sync::Mutex::new(Default::default()),
-        recorder: recorder.clone(),
+        // Its own: a recorder's Events go through its client, and its cache is locked by
+        // every Event it records.
+        recorder: Recorder::new(client.clone(), reporter.clone()),
         metrics: metrics.clone(),
         triggers: sampling::triggers::TriggerHub::new(connector.clone()),
         continuous: sampling::continuous::ContinuousHub::new(
@@ -676,7 +726,11 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         },
         request_selector: options.request_selector.clone(),
         requests: std::sync::RwLock::new(None),
-        client,
+        client: clients.requests,
+        runs: profile_request::Lane {
+            recorder: Recorder::new(clients.runs.clone(), reporter.clone()),
+            client: clients.runs,
+        },
         store,
         dispatcher,
         recorder,
@@ -738,17 +792,28 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         },
         shutdown.clone(),
     );
-    futures::join!(
-        store_gc,
-        downloads,
-        profile_request::run(
-            context,
-            triggers,
-            options.request_selector.as_deref(),
-            shutdown.clone(),
-        ),
-        policies,
-    );
+    let requests = {
+        let selector = options.request_selector.clone();
+        async move {
+            profile_request::run(context, triggers, selector.as_deref(), shutdown).await;
+        }
+    };
+    // Each controller is a task of its own, run by whichever runtime thread is free: on one
+    // task, the policies' reconciles were polled in turn with a new leader's hundreds of
+    // resumed requests, all on one thread.
+    let tasks = [
+        tokio::spawn(store_gc),
+        tokio::spawn(downloads),
+        tokio::spawn(requests),
+        tokio::spawn(policies),
+    ];
+    for task in tasks {
+        if let Err(e) = task.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
     fleet_task.abort();
     if let Some(signer) = signer {
         signer.abort();

@@ -129,10 +129,24 @@ impl RemoteStore {
         url: &Url,
         not_found: impl FnOnce() -> StoreError,
     ) -> Result<serde_json::Value> {
-        let response = request.send().await.map_err(|e| StoreError::Unreachable {
+        let unreachable = |e| StoreError::Unreachable {
             url: shown(url),
             reason: transport_error(e),
-        })?;
+        };
+        // Every call here is idempotent (a verification, a list, a delete). A pooled
+        // connection that the store closed as the call went out on it fails at once
+        // ("connection closed before message completed": seen under load, failing a node's
+        // verified upload); one more try goes out on a fresh connection. A timeout is not
+        // tried again (it took its time already).
+        let again = request.try_clone();
+        let response = match (request.send().await, again) {
+            (Ok(response), _) => response,
+            (Err(e), Some(again)) if !e.is_timeout() => {
+                tracing::debug!(url = %shown(url), "the store call failed, trying once more: {}", transport_error(e));
+                again.send().await.map_err(unreachable)?
+            }
+            (Err(e), _) => return Err(unreachable(e)),
+        };
         let status = response.status();
         let body: serde_json::Value = response.json().await.unwrap_or_default();
         if status.is_success() {

@@ -27,10 +27,25 @@ use crate::dispatch::Dispatcher;
 use crate::metrics::Metrics;
 use crate::store::ArtifactStore;
 
-/// What every reconcile shares.
-pub struct Context {
+/// The API client and Event recorder of one kind of request.
+pub struct Lane {
     /// Kubernetes client.
     pub client: kube::Client,
+    /// Event recorder (on `client`).
+    pub recorder: Recorder,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// Kubernetes client of ad hoc requests (and of what is not one request's).
+    pub client: kube::Client,
+    /// The policies' runs' client and recorder: a run's calls never wait behind ad hoc
+    /// requests' (a new leader resumes every Running request at once; 1,000 measured). A
+    /// run sits in its node's budget from its creation until it ends, so a run kept waiting
+    /// made the policies' later runs skip the node (docs/failure-modes.md). Chosen by the
+    /// run's policy-UID label: a tenant forging that label onto its own requests only puts
+    /// them beside the runs (this lane is bounded too), it gains no permission.
+    pub runs: Lane,
     /// The artifact store.
     pub store: Arc<dyn ArtifactStore>,
     /// Capture sessions in progress.
@@ -60,6 +75,35 @@ pub struct Context {
     /// every request from the API server at each admission, which made a burst of N
     /// requests cost N lists of up to N objects.
     pub requests: std::sync::RwLock<Option<Store<ProfileRequest>>>,
+}
+
+impl Context {
+    /// The client of `request`'s calls (see [`Context::runs`]).
+    pub fn client_for(&self, request: &ProfileRequest) -> &kube::Client {
+        if is_run(request) {
+            &self.runs.client
+        } else {
+            &self.client
+        }
+    }
+
+    /// The recorder of `request`'s Events (see [`Context::runs`]).
+    pub fn recorder_for(&self, request: &ProfileRequest) -> &Recorder {
+        if is_run(request) {
+            &self.runs.recorder
+        } else {
+            &self.recorder
+        }
+    }
+}
+
+/// Whether `request` says it is a policy's run (its policy-UID label).
+fn is_run(request: &ProfileRequest) -> bool {
+    request
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(flamefleet_api::policy_runs::POLICY_UID_LABEL))
 }
 
 impl super::ControllerContext for Context {

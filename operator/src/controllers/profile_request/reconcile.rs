@@ -66,7 +66,7 @@ pub async fn reconcile(request: Arc<ProfileRequest>, ctx: Arc<Context>) -> Resul
     let namespace = request
         .namespace()
         .ok_or(Error::MissingMetadata("namespace"))?;
-    let api: Api<ProfileRequest> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<ProfileRequest> = Api::namespaced(ctx.client_for(&request).clone(), &namespace);
     finalizer(&api, FINALIZER, request, |event| async {
         match event {
             Event::Apply(request) => apply(request, &ctx, &api).await,
@@ -220,7 +220,7 @@ async fn start(
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
     let sources = admission::Sources {
-        client: &ctx.client,
+        client: ctx.client_for(&request),
         requests: requests.as_ref(),
         namespaces: ctx.namespaces.as_ref(),
         selector: ctx.request_selector.as_deref(),
@@ -263,7 +263,7 @@ async fn launch(
 ) -> Result<(Action, bool)> {
     let spec = &request.spec;
     let not_started = |action: Result<Action>| action.map(|a| (a, false));
-    let resolution = match resolve::resolve(&ctx.client, &ids.namespace, spec).await {
+    let resolution = match resolve::resolve(ctx.client_for(&request), &ids.namespace, spec).await {
         Ok(r) => r,
         Err(Error::Selector(m)) => {
             return not_started(fail_request(&request, ctx, api, "InvalidSelector", m).await);
@@ -275,7 +275,7 @@ async fn launch(
         return not_started(fail_request(&request, ctx, api, "NoPodsMatched", message).await);
     }
     let agents = agents::discover(
-        &ctx.client,
+        ctx.client_for(&request),
         &ctx.agent_namespace,
         ctx.pods.as_ref(),
         resolution.by_node.keys().map(String::as_str),
@@ -322,7 +322,7 @@ async fn launch(
     // The slices first, every node pending: once the status says Running, a restarted
     // operator resumes from them.
     let mut table = ResultTable::new(entries);
-    result_slices::write_all(&ctx.client, &request, &mut table).await?;
+    result_slices::write_all(ctx.client_for(&request), &request, &mut table).await?;
 
     let current = request.status.clone().unwrap_or_default();
     let mut status = operator_fields(&current);
@@ -418,7 +418,7 @@ async fn resume(
     let spec = &request.spec;
     let request_ref = RequestRef::new(&ids.namespace, &ids.name, &ids.uid)?;
     let duration = spec.capture_duration()?;
-    let table = result_slices::read_table(&ctx.client, request).await?;
+    let table = result_slices::read_table(ctx.client_for(request), request).await?;
     if table.is_empty() {
         return Ok(None);
     }
@@ -432,7 +432,7 @@ async fn resume(
         );
     }
     let agents = agents::discover(
-        &ctx.client,
+        ctx.client_for(request),
         &ctx.agent_namespace,
         ctx.pods.as_ref(),
         table
@@ -447,8 +447,13 @@ async fn resume(
         if entry.phase.is_some_and(NodePhase::is_terminal) {
             continue;
         }
-        let (targets, vanished) =
-            resolve::refresh_targets(&ctx.client, &ids.namespace, &entry.node, &entry.pods).await?;
+        let (targets, vanished) = resolve::refresh_targets(
+            ctx.client_for(request),
+            &ids.namespace,
+            &entry.node,
+            &entry.pods,
+        )
+        .await?;
         if targets.is_empty() {
             settled.insert(
                 entry.node.clone(),
@@ -525,7 +530,7 @@ async fn progress(
         table.apply(node, &outcome);
     });
     let dirty = session.with_results(|t| t.dirty_slices());
-    let written = result_slices::write_dirty(&ctx.client, &request, dirty, |i| {
+    let written = result_slices::write_dirty(ctx.client_for(&request), &request, dirty, |i| {
         session.with_results(|t| t.mark_clean(i));
     })
     .await?;
@@ -766,7 +771,7 @@ async fn cleanup(request: Arc<ProfileRequest>, ctx: &Context) -> Result<Action> 
     let ids = ids(&request)?;
     ctx.store_waits.forget(&ids.uid);
     ctx.dispatcher.cancel(&ids.uid).await;
-    result_slices::delete_all(&ctx.client, &ids.namespace, &ids.uid).await?;
+    result_slices::delete_all(ctx.client_for(&request), &ids.namespace, &ids.uid).await?;
     // A request whose name or UID cannot form a key never had artifacts.
     if let Ok(request_ref) = RequestRef::new(&ids.namespace, &ids.name, &ids.uid) {
         let deleted = ctx.store.delete_request(&request_ref).await?;
@@ -795,5 +800,13 @@ async fn publish(
     note: String,
 ) {
     let object = request.object_ref(&());
-    crate::events::publish(&ctx.recorder, &object, type_, "Capture", reason, &note).await;
+    crate::events::publish(
+        ctx.recorder_for(request),
+        &object,
+        type_,
+        "Capture",
+        reason,
+        &note,
+    )
+    .await;
 }

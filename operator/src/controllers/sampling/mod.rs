@@ -33,14 +33,15 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Resource;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::metrics::Metrics;
-use flamefleet_api::policy_runs::PolicyKind;
+use flamefleet_api::policy_runs::{POLICY_UID_LABEL, PolicyKind};
 use fleet::Fleet;
 
 /// What the cluster admin bounds about every namespace's policies (operator flags): without
@@ -161,8 +162,8 @@ impl Policy for ClusterSamplingPolicy {
     }
 }
 
-/// Maps a ProfileRequest to the policy of kind `P` that owns it.
-fn owner_of<P: Policy>(request: ProfileRequest) -> Option<ObjectRef<P>> {
+/// Maps a ProfileRequest (its metadata) to the policy of kind `P` that owns it.
+fn owner_of<P: Policy>(request: PartialObjectMeta<ProfileRequest>) -> Option<ObjectRef<P>> {
     let kind = P::kind(&());
     let owner = request
         .metadata
@@ -184,14 +185,26 @@ async fn run_kind<P: Policy>(
 ) {
     let api: Api<P> = Api::all(context.client.clone());
     let mut config = watcher::Config::default().any_semantic();
-    let mut runs_config = watcher::Config::default().any_semantic();
     if let Some(selector) = &selector {
         config = config.labels(selector);
-        runs_config = runs_config.labels(selector);
     }
-    let runs: Api<ProfileRequest> = Api::all(context.client.clone());
+    // Only the runs (the requests carrying a policy's UID label), and only their metadata:
+    // the owner reference is all the mapping reads. Ad hoc requests (a new leader resumes
+    // up to thousands, each written several times) never reach this controller.
+    let runs_selector = match &selector {
+        Some(selector) => format!("{selector},{POLICY_UID_LABEL}"),
+        None => POLICY_UID_LABEL.to_string(),
+    };
+    let runs = watcher(
+        Api::<PartialObjectMeta<ProfileRequest>>::all(context.client.clone()),
+        watcher::Config::default()
+            .any_semantic()
+            .labels(&runs_selector),
+    )
+    .default_backoff()
+    .touched_objects();
     Controller::new(api, config)
-        .watches(runs, runs_config, owner_of::<P>)
+        .watches_stream(runs, owner_of::<P>)
         .graceful_shutdown_on(shutdown)
         .run(policy::reconcile::<P>, super::error_policy, context)
         .for_each(|result| async move {
@@ -210,10 +223,27 @@ pub async fn run(
     selector: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    futures::join!(
-        run_kind::<SamplingPolicy>(context.clone(), selector.clone(), shutdown.clone()),
-        run_kind::<ClusterSamplingPolicy>(context.clone(), selector, shutdown.clone()),
-        triggers::TriggerHub::run(context.clone(), shutdown.clone()),
-        continuous::ContinuousHub::run(context, shutdown),
-    );
+    // Tasks of their own: a policy's schedule is evaluated on time whatever the trigger and
+    // always-on hubs (and the other kind's policies) are busy with.
+    let tasks = [
+        tokio::spawn(run_kind::<SamplingPolicy>(
+            context.clone(),
+            selector.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(run_kind::<ClusterSamplingPolicy>(
+            context.clone(),
+            selector,
+            shutdown.clone(),
+        )),
+        tokio::spawn(triggers::TriggerHub::run(context.clone(), shutdown.clone())),
+        tokio::spawn(continuous::ContinuousHub::run(context, shutdown)),
+    ];
+    for task in tasks {
+        if let Err(e) = task.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
 }

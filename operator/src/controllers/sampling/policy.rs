@@ -712,11 +712,15 @@ async fn run_at<P: Policy>(
         remember_profiled(ctx, uid, &r.namespace, &r.pods, t.as_second());
     }
     status.coverage = Some(self::coverage(ctx, uid, &eligibility, status));
-    let mut current = write_status(api, &current, status).await?;
+    let current = write_status(api, &current, status).await?;
     create_requests(ctx, &current, &spec, &pending).await?;
+    // Recorded by the next write (the next run's plan, or the reconcile's last write) and
+    // not at once: a write less per run, which counts when the API server is slow (a new
+    // leader resuming 1,000 requests on a 2-core VM: each write took seconds and the runs
+    // fell behind their schedule). Until then the plan stays in the status, and a restart
+    // finishes it again (creating nothing: its requests exist).
     status.pending_run = None;
     status.last_schedule_time = Some(Time(t));
-    current = write_status(api, &current, status).await?;
     ctx.metrics.policy_run_created();
     let pods: usize = pending.requests.iter().map(|r| r.pods.len()).sum();
     // The run's (first) request as the Event's related object: one Event per run.
@@ -1101,7 +1105,8 @@ async fn publish<P: Policy>(
     publish_related(ctx, policy, None, type_, reason, note).await;
 }
 
-/// Records an Event on the policy about `related` (see [`crate::events::publish_related`]).
+/// Records an Event on the policy about `related` (see [`crate::events::publish_related`]),
+/// in the background.
 async fn publish_related<P: Policy>(
     ctx: &SamplingContext,
     policy: &P,
@@ -1117,16 +1122,16 @@ async fn publish_related<P: Policy>(
         Some(_) => (note, related),
         None => (cluster_scoped_note(reason, &policy.name_any()), None),
     };
-    crate::events::publish_related(
-        &ctx.recorder,
-        &object,
-        related,
-        type_,
-        "Schedule",
-        reason,
-        &note,
-    )
-    .await;
+    // Not waited for: the schedule goes on while the API server records it (a slow API
+    // server made every run wait for its Event).
+    let recorder = ctx.recorder.clone();
+    let reason = reason.to_string();
+    tokio::spawn(async move {
+        crate::events::publish_related(
+            &recorder, &object, related, type_, "Schedule", &reason, &note,
+        )
+        .await;
+    });
 }
 
 /// The note of an Event about a cluster-scoped policy: the reason, and where the details
