@@ -10,6 +10,7 @@ use clap::{Parser, ValueEnum};
 use futures::FutureExt as _;
 use kube::runtime::events::{Recorder, Reporter};
 
+use crate::api_clients::ApiClients;
 use crate::controllers::download::{self, DownloadContext};
 use crate::controllers::profile_request::limits::TenantLimits;
 use crate::controllers::profile_request::store_wait::StoreWaits;
@@ -377,46 +378,6 @@ pub async fn kube_config(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::C
     }
 }
 
-/// The operator's API server clients. Each has its own connections and its own queue of
-/// calls (a kube client sends every call through one queue), so that the calls of one
-/// never wait behind the other's.
-struct ApiClients {
-    /// Leader election, the policies (their schedules and caches), signing, setup: calls
-    /// that must not wait (a Lease renewed late is lost; a run created late is missed).
-    control: kube::Client,
-    /// The ProfileRequest controller's calls for ad hoc requests, the ProfileDownload
-    /// controller and the store's GC, at most `--max-concurrent-api-calls` at once: a new
-    /// leader resumes every Running request at once (1,000 measured), and their calls,
-    /// unbounded, made every other call of the operator wait at the API server
-    /// (docs/failure-modes.md).
-    requests: kube::Client,
-    /// The ProfileRequest controller's calls for the policies' runs, bounded the same way
-    /// and apart from the ad hoc requests'.
-    runs: kube::Client,
-}
-
-impl ApiClients {
-    fn new(config: kube::Config, max_concurrent: usize) -> anyhow::Result<Self> {
-        let control =
-            kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
-        let bounded = |config: kube::Config| -> anyhow::Result<kube::Client> {
-            let builder = kube::client::ClientBuilder::try_from(config)
-                .context("building the Kubernetes client")?;
-            Ok(match max_concurrent {
-                0 => builder.build(),
-                n => builder
-                    .with_layer(&tower::limit::ConcurrencyLimitLayer::new(n))
-                    .build(),
-            })
-        };
-        Ok(Self {
-            control,
-            requests: bounded(config.clone())?,
-            runs: bounded(config)?,
-        })
-    }
-}
-
 /// The store's URL-signing secret: from --store-secret-file, or the --store-secret-name
 /// Secret (created when missing).
 async fn store_secret(options: &Options, client: &kube::Client) -> anyhow::Result<Vec<u8>> {
@@ -534,7 +495,7 @@ pub async fn shutdown_signal() {
 pub async fn run(options: Options) -> anyhow::Result<()> {
     install_default_crypto_provider();
     let clients = ApiClients::new(
-        kube_config(options.kubeconfig.as_ref()).await?,
+        &kube_config(options.kubeconfig.as_ref()).await?,
         options.max_concurrent_api_calls,
     )?;
     let client = clients.control.clone();
