@@ -464,8 +464,15 @@ spec:
         ports:
         - {name: dns, containerPort: 53, protocol: UDP}
         - {name: dns-tcp, containerPort: 53, protocol: TCP}
-        readinessProbe: {httpGet: {path: /ready, port: 8181}, periodSeconds: 2}
-        livenessProbe: {httpGet: {path: /health, port: 8080}, initialDelaySeconds: 10}
+        # kubeadm's probe timings (a 1 s timeout fails on a loaded 2-core machine: CoreDNS
+        # restarted 6 times in 30 minutes at load 13-16, its endpoint gone each time and
+        # every in-cluster name unresolvable), and a CPU request so that it keeps its share
+        # of the node against best-effort pods.
+        readinessProbe: {httpGet: {path: /ready, port: 8181}, periodSeconds: 2, timeoutSeconds: 5, failureThreshold: 5}
+        livenessProbe: {httpGet: {path: /health, port: 8080}, initialDelaySeconds: 60, timeoutSeconds: 5, failureThreshold: 5}
+        resources:
+          requests: {cpu: 100m, memory: 70Mi}
+          limits: {memory: 170Mi}
         securityContext:
           allowPrivilegeEscalation: false
           readOnlyRootFilesystem: true
@@ -553,6 +560,10 @@ cmd_up() {
   # for a while) or one lost UDP answer on a loaded machine must not make `up` tear down a
   # running cluster (and every installation on it) to start afresh.
   if all_running && node_ready && wait_dns 120; then
+    # This checkout's CoreDNS settings (an unchanged Deployment is left as it runs).
+    deploy_dns
+    wait_for "CoreDNS" 180 kctl -n kube-system rollout status deploy/coredns --timeout 5s || { kctl -n kube-system get pods -o wide >&2; exit 1; }
+    wait_dns 60 || exit 1
     write_env
     say "already up: node $NODE; KUBECONFIG=$KUBECONFIG_ADMIN"
     return 0
