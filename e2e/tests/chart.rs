@@ -354,6 +354,7 @@ fn export_values_become_operator_flags_and_secret_mounts() {
         "--export-otlp-headers-dir=/etc/flamefleet/export-headers",
         "--export-queue-per-namespace=32",
         "--export-max-retry-time=5m",
+        "--export-otlp-max-message-bytes=4194304",
         "secretName: otel-ca",
         "secretName: otel-headers",
         "mountPath: /etc/flamefleet/export-headers, readOnly: true",

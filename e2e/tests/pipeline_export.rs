@@ -7,6 +7,8 @@
 //!   functions and lines, labels, values), with the Kubernetes resource attributes of the
 //!   semantic conventions and the samples' own attributes; `export: false` (a request's, or
 //!   a policy template's for its runs) is not sent;
+//! - a profile whose OTLP request would be over the operator's request size limit arrives
+//!   as several requests, each within it, that together are the artifact;
 //! - with the Collector down, captures finish as usual, exports are retried, a namespace
 //!   past its share of the queue has its exports dropped and counted while another
 //!   namespace's still get in, and everything queued arrives once the Collector is up.
@@ -112,6 +114,7 @@ fn metric(metrics: &str, prefix: &str) -> u64 {
 const EXPORTED: &str = "flamefleet_operator_export_artifacts_total";
 const DROPPED: &str = "flamefleet_operator_export_dropped_artifacts_total";
 const RETRIES: &str = "flamefleet_operator_export_retries_total";
+const SPLIT: &str = "flamefleet_operator_export_split_requests_total";
 
 /// Makes `pod` a pod of Deployment `deployment`, as the ReplicaSet controller would: owned
 /// by ReplicaSet `<deployment>-<hash>`, labelled `pod-template-hash: <hash>`.
@@ -418,6 +421,92 @@ async fn captures_reach_a_real_collector_as_the_pprof_they_are() {
             }
         }
     }
+    drop(collector);
+}
+
+/// A profile over `--export-otlp-max-message-bytes` (here 4 KiB, the least it takes; the
+/// default is the Collector's 4 MiB) is sent as several requests of consecutive samples:
+/// each within the limit, the parts counted in `/metrics`, and the Collector's messages
+/// together the artifact, sample for sample.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_profile_over_the_request_size_limit_reaches_the_collector_in_parts() {
+    const LIMIT: usize = 4096;
+    let _serial = serial().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let collector = Collector::start(dir.path(), port);
+    let mut pipeline = Pipeline::start(PipelineOptions {
+        nodes: 1,
+        operator_args: vec![
+            "--export-otlp-endpoint".into(),
+            format!("http://127.0.0.1:{port}"),
+            format!("--export-otlp-max-message-bytes={LIMIT}"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let ns = TestNamespace::create("ff-export-parts").await.unwrap();
+    // Three pods of three processes each: samples of nine PIDs, three resources.
+    for i in 0..3 {
+        pipeline
+            .pod(&ns, &format!("wide-{i}"), 0, &[("app", "wide")], "spin", 3)
+            .await;
+    }
+    let spec =
+        json!({"type": "cpu", "selector": {"matchLabels": {"app": "wide"}}, "duration": "3s"});
+    let done = run_succeeded(&mut pipeline, &ns, "wide", spec).await;
+    let node = pipeline.nodes[0].clone();
+    let metrics_port = pipeline.metrics_port;
+    let parts = pipeline
+        .wait_for("every part in the Collector's file", TIMEOUT, || {
+            let (collector, node) = (&collector, &node);
+            async move {
+                let m = pipeline_support::metrics_at(metrics_port).await;
+                let parts = metric(&m, SPLIT) as usize;
+                let got = exports_of(collector, "wide").get(node).map_or(0, Vec::len);
+                (metric(&m, EXPORTED) == 1 && got == parts).then_some(parts)
+            }
+        })
+        .await;
+    let m = pipeline.operator_metrics().await;
+    assert_eq!(metric(&m, DROPPED), 0, "nothing dropped");
+    assert!(parts >= 2, "the profile was sent in {parts} request(s)");
+    let nodes = node_results(&pipeline.client, &done).await;
+    let artifact = nodes[&node]
+        .artifacts
+        .iter()
+        .find(|a| a.name.ends_with(".pb.gz"))
+        .expect("a pprof artifact");
+    let pprof = decode_pprof(&pipeline.stored_artifact(&done, &artifact.name));
+    let mut sum: BTreeMap<SampleKey, BTreeMap<String, i64>> = BTreeMap::new();
+    let mut sizes = Vec::new();
+    for data in &exports_of(&collector, "wide")[&node] {
+        // As the operator sent it (the Collector writes string references in place of some
+        // of the resource's strings, and its own scope).
+        sizes.push(data.encoded_len());
+        let back = flamefleet_pprof::otlp::to_pprof(
+            &data.resource_profiles,
+            data.dictionary.as_ref().expect("a dictionary"),
+        )
+        .expect("each part reads back as pprof");
+        for (key, totals) in canonical(&back) {
+            let entry = sum.entry(key).or_default();
+            for (t, v) in totals {
+                *entry.entry(t).or_default() += v;
+            }
+        }
+    }
+    println!(
+        "a {}-sample profile ({} bytes gzipped) in {parts} requests of {sizes:?} bytes as the \
+         Collector wrote them (limit {LIMIT})",
+        pprof.sample.len(),
+        std::fs::metadata(pipeline.stored_artifact(&done, &artifact.name))
+            .map(|m| m.len())
+            .unwrap_or_default()
+    );
+    let want = canonical(&pprof);
+    assert!(!want.is_empty(), "the capture has samples");
+    assert_eq!(sum, want, "the parts together are the artifact");
     drop(collector);
 }
 

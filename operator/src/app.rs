@@ -277,6 +277,12 @@ pub struct Options {
     /// jitter).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub export_max_retry_delay: Duration,
+    /// Largest OTLP request sent, in bytes (before compression): a profile whose request
+    /// would be larger is sent in parts of consecutive samples, each within this. The
+    /// OpenTelemetry Collector's gRPC receiver refuses requests over 4 MiB by default
+    /// (`max_recv_msg_size_mib`).
+    #[arg(long, default_value_t = 4 << 20, value_parser = clap::value_parser!(u64).range(4096..=(1 << 30)))]
+    pub export_otlp_max_message_bytes: u64,
     /// Always-on policies (`schedule: "@continuous"`): how long each window samples
     /// (docs/export.md, "Always-on profiling"); as long as the period by default: windows
     /// that follow each other with no gap.
@@ -350,6 +356,8 @@ fn export_settings(options: &Options) -> anyhow::Result<Option<ExportSettings>> 
             .export_max_retry_delay
             .max(Duration::from_millis(10)),
         max_artifact_bytes: options.store_max_bytes,
+        max_message_bytes: usize::try_from(options.export_otlp_max_message_bytes)
+            .unwrap_or(usize::MAX),
     }))
 }
 

@@ -87,6 +87,7 @@ pub struct Metrics {
     exported: Counter,
     export_drops: Family<DropLabels, Counter>,
     export_retries: Counter,
+    export_split: Counter,
     export_queue: Gauge,
     trigger_fires: Family<TriggerLabels, Counter>,
     trigger_streams: Gauge,
@@ -227,6 +228,7 @@ impl Metrics {
         let exported = Counter::default();
         let export_drops = Family::<DropLabels, Counter>::default();
         let export_retries = Counter::default();
+        let export_split = Counter::default();
         let export_queue = Gauge::default();
         registry.register(
             "export_artifacts",
@@ -242,6 +244,11 @@ impl Metrics {
             "export_retries",
             "Export attempts retried (the endpoint or the store was unavailable)",
             export_retries.clone(),
+        );
+        registry.register(
+            "export_split_requests",
+            "OTLP requests made by splitting profiles over the request size limit into parts",
+            export_split.clone(),
         );
         registry.register(
             "export_queued",
@@ -270,6 +277,7 @@ impl Metrics {
             exported,
             export_drops,
             export_retries,
+            export_split,
             export_queue,
             trigger_fires,
             trigger_streams,
@@ -302,6 +310,11 @@ impl Metrics {
     /// Counts a retried export attempt.
     pub fn export_retried(&self) {
         self.export_retries.inc();
+    }
+
+    /// Counts the `parts` requests of a profile sent in parts.
+    pub fn export_split(&self, parts: u64) {
+        self.export_split.inc_by(parts);
     }
 
     /// Sets the number of captures in the export queue.

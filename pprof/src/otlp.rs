@@ -439,6 +439,83 @@ pub fn to_otlp(
     })
 }
 
+/// Converts like [`to_otlp`], into as many requests as keep each one's encoded size at most
+/// `max_bytes`: an OTLP endpoint refuses larger messages (the OpenTelemetry Collector's gRPC
+/// receiver takes 4 MiB by default, `max_recv_msg_size_mib`). A profile that fits is the one
+/// request [`to_otlp`] makes. One that does not is split by its samples into parts of
+/// consecutive samples, each part with only the table entries its samples use (a part whose
+/// request is still too large is halved again): every sample is in exactly one part, so the
+/// parts' sums per sample type are the profile's, and each part keeps the profile's time,
+/// duration, period and attributes. The parts' profiles have IDs of their own (the caller's
+/// ID with the part's number mixed into bytes 8..12).
+///
+/// # Errors
+/// As [`to_otlp`]; [`Error::Invalid`] when one sample alone (its stack, labels and the table
+/// entries they use) makes a request larger than `max_bytes`.
+pub fn to_otlp_requests(
+    profile: &pb::Profile,
+    mut resource: impl FnMut(&Owner) -> Vec<KeyValue>,
+    options: &Options,
+    max_bytes: usize,
+) -> Result<Vec<ExportProfilesServiceRequest>> {
+    use prost::Message as _;
+
+    let whole = to_otlp(profile, &mut resource, options)?;
+    let size = whole.encoded_len();
+    if size <= max_bytes {
+        return Ok(vec![whole]);
+    }
+    drop(whole);
+    // One part more than the size asks for: each part repeats the table entries it shares
+    // with the others.
+    let wanted = size.div_ceil(max_bytes.max(1)) + 1;
+    let per_part = profile.sample.len().div_ceil(wanted).max(1);
+    let mut pending: Vec<pb::Profile> = consecutive(profile, per_part);
+    pending.reverse();
+    let mut out = Vec::new();
+    let mut part_number: u32 = 0;
+    while let Some(part) = pending.pop() {
+        let mut part_options = options.clone();
+        part_number += 1;
+        for (b, n) in part_options.profile_id[8..12]
+            .iter_mut()
+            .zip(part_number.to_be_bytes())
+        {
+            *b ^= n;
+        }
+        let request = to_otlp(&part, &mut resource, &part_options)?;
+        let part_size = request.encoded_len();
+        if part_size <= max_bytes {
+            out.push(request);
+            continue;
+        }
+        if part.sample.len() <= 1 {
+            return Err(Error::Invalid(format!(
+                "one sample makes an OTLP request of {part_size} bytes, more than the \
+                 {max_bytes} bytes a request may have"
+            )));
+        }
+        part_number -= 1;
+        let mut halves = consecutive(&part, part.sample.len().div_ceil(2));
+        halves.reverse();
+        pending.extend(halves);
+    }
+    Ok(out)
+}
+
+/// `profile` in parts of `per_part` consecutive samples (the last may have fewer), each with
+/// only the table entries it uses.
+fn consecutive(profile: &pb::Profile, per_part: usize) -> Vec<pb::Profile> {
+    let mut n = 0usize;
+    crate::split(profile, |_, _| {
+        let part = n / per_part;
+        n += 1;
+        Some(part)
+    })
+    .into_values()
+    .collect()
+}
+
 /// Resolves the string-table references of resource and scope attributes (`key_strindex`,
 /// `string_value_strindex`) into plain keys and string values, in place. Senders may write
 /// either form; the OpenTelemetry Collector (v0.165) writes references, so its output reads
@@ -1068,6 +1145,104 @@ mod tests {
         let back = to_pprof(&req.resource_profiles, req.dictionary.as_ref().unwrap()).unwrap();
         crate::validate(&back).unwrap();
         assert_eq!(normal(&back), normal(&p));
+    }
+
+    /// A profile of `n` samples with deep stacks of their own (functions named per sample),
+    /// over three pods.
+    fn wide_profile(n: usize) -> pb::Profile {
+        let mut b = ProfileBuilder::new(&[("samples", "count"), ("cpu", "nanoseconds")]);
+        b.cpu_period(19)
+            .time(1_700_000_000_000_000_000, 20_000_000_000)
+            .comment("frequency 19 Hz")
+            .default_sample_type("cpu");
+        let bin = b.add_mapping(&MappingInfo {
+            start: 0x40_0000,
+            limit: 0x90_0000,
+            file_offset: 0,
+            file: "/usr/bin/shop".into(),
+            build_id: "feedface".into(),
+            has_functions: true,
+        });
+        for i in 0..n {
+            let stack: Vec<Frame> = (0..16)
+                .map(|depth| Frame {
+                    address: 0x40_0000 + (i * 32 + depth) as u64,
+                    mapping: Some(bin),
+                    lines: vec![FrameLine {
+                        function: format!("shop::handler_{i}::step_{depth}"),
+                        file: format!("src/handler_{i}.rs"),
+                        line: depth as i64 + 1,
+                    }],
+                })
+                .collect();
+            let pod = format!("web-{}", i % 3);
+            b.add_sample(
+                &stack,
+                &[1 + (i % 5) as i64, 52_631_578 * (1 + (i % 5) as i64)],
+                &[
+                    Label::Str(NAMESPACE_LABEL.into(), "shop".into()),
+                    Label::Str(POD_LABEL.into(), pod),
+                    Label::Num("pid".into(), i as i64, String::new()),
+                ],
+            );
+        }
+        b.build()
+    }
+
+    #[test]
+    fn a_profile_over_the_size_limit_is_sent_in_parts_that_sum_to_it() {
+        let p = wide_profile(300);
+        let whole = to_otlp(&p, pod_resource, &options()).unwrap().encoded_len();
+        let limit = whole / 5;
+        let parts = to_otlp_requests(&p, pod_resource, &options(), limit).unwrap();
+        assert!(parts.len() >= 5, "{} parts for {whole} bytes", parts.len());
+        let mut ids = std::collections::HashSet::new();
+        let mut sum = Normal::new();
+        let mut samples = 0;
+        for part in &parts {
+            let bytes = part.encode_to_vec();
+            assert!(bytes.len() <= limit, "{} bytes over {limit}", bytes.len());
+            let part = collector::ExportProfilesServiceRequest::decode(&bytes[..]).unwrap();
+            for rp in &part.resource_profiles {
+                for profile in &rp.scope_profiles[0].profiles {
+                    assert!(ids.insert(profile.profile_id.clone()), "IDs are unique");
+                }
+            }
+            let back =
+                to_pprof(&part.resource_profiles, part.dictionary.as_ref().unwrap()).unwrap();
+            crate::validate(&back).unwrap();
+            let (types, normal_part, meta) = normal(&back);
+            assert_eq!((types, meta), (normal(&p).0, normal(&p).2));
+            samples += back.sample.len();
+            for (key, values) in normal_part {
+                let entry = sum.entry(key).or_insert_with(|| vec![0; values.len()]);
+                for (e, v) in entry.iter_mut().zip(values) {
+                    *e += v;
+                }
+            }
+        }
+        assert_eq!(samples, p.sample.len(), "every sample in exactly one part");
+        assert_eq!(sum, normal(&p).1, "the parts sum to the profile");
+        // Each part carries only what its samples use: together hardly more than the whole.
+        let total: usize = parts.iter().map(|r| r.encoded_len()).sum();
+        assert!(
+            total < whole + whole / 4,
+            "{total} bytes in parts for {whole}"
+        );
+    }
+
+    #[test]
+    fn a_profile_within_the_limit_is_one_request_and_a_sample_over_it_is_refused() {
+        let p = sample_profile();
+        let one = to_otlp(&p, pod_resource, &options()).unwrap();
+        let parts = to_otlp_requests(&p, pod_resource, &options(), one.encoded_len()).unwrap();
+        assert_eq!(parts, [one]);
+        let err = to_otlp_requests(&wide_profile(2), pod_resource, &options(), 300).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("one sample makes an OTLP request of"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::read::string;
 
 /// Splits `profile` into one profile per key `key_of` returns for its samples (samples
 /// without a key are left out). Every part has the whole profile's sample types, period,
-/// time, duration, comments and default sample type.
+/// time, duration, comments, drop and keep frames and default sample type.
 pub fn split<K: Ord>(
     profile: &Profile,
     mut key_of: impl FnMut(&Profile, &Sample) -> Option<K>,
@@ -76,6 +76,8 @@ impl<'a> Part<'a> {
         part.out.time_nanos = src.time_nanos;
         part.out.duration_nanos = src.duration_nanos;
         part.out.comment = src.comment.iter().map(|&c| part.string(c)).collect();
+        part.out.drop_frames = part.string(src.drop_frames);
+        part.out.keep_frames = part.string(src.keep_frames);
         part.out.default_sample_type = part.string(src.default_sample_type);
         part
     }

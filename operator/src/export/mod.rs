@@ -65,6 +65,9 @@ pub struct ExportSettings {
     pub max_retry_delay: Duration,
     /// Largest artifact read back from the store (the store's own upload limit).
     pub max_artifact_bytes: u64,
+    /// Largest OTLP request: a profile whose request would be larger is sent in parts
+    /// ([`otlp::to_otlp_requests`]).
+    pub max_message_bytes: usize,
 }
 
 /// One profile of an export job.
@@ -196,6 +199,9 @@ struct Pending {
     job: ExportJob,
     /// Artifacts of the job already exported or dropped.
     done: usize,
+    /// Requests of the current artifact already sent (a profile over the request size
+    /// limit is sent in parts; a retry sends only the parts not yet sent).
+    parts_sent: usize,
     /// Failed attempts at the current artifact.
     attempt: u32,
     /// When the current artifact first failed.
@@ -257,6 +263,7 @@ impl Exporter {
         let pending = Pending {
             job,
             done: 0,
+            parts_sent: 0,
             attempt: 0,
             first_failure: None,
             retry_at: None,
@@ -373,7 +380,14 @@ impl Exporter {
             pending.retry_at = None;
             while let Some(key) = pending.job.artifacts.get(pending.done).cloned() {
                 let outcome = self
-                    .export_artifact(&sink, store.as_ref(), &settings, &pending.job.context, &key)
+                    .export_artifact(
+                        &sink,
+                        store.as_ref(),
+                        &settings,
+                        &pending.job.context,
+                        &key,
+                        &mut pending.parts_sent,
+                    )
                     .await;
                 let (reason, message) = match outcome {
                     Ok(()) => {
@@ -384,6 +398,7 @@ impl Exporter {
                             t.exported();
                         }
                         pending.done += 1;
+                        pending.parts_sent = 0;
                         pending.attempt = 0;
                         pending.first_failure = None;
                         continue;
@@ -415,6 +430,7 @@ impl Exporter {
                     t.dropped(1, reason, &message);
                 }
                 pending.done += 1;
+                pending.parts_sent = 0;
                 pending.attempt = 0;
                 pending.first_failure = None;
             }
@@ -429,12 +445,13 @@ impl Exporter {
         settings: &ExportSettings,
         context: &CaptureContext,
         item: &ExportItem,
+        parts_sent: &mut usize,
     ) -> Result<(), Failure> {
         let (key, sha256) = match item {
             ExportItem::Stored(key, sha256) => (key, *sha256),
             ExportItem::Window { pprof, .. } => {
                 return self
-                    .export_bytes(sink, context, pprof, window_id(pprof))
+                    .export_bytes(sink, settings, context, pprof, window_id(pprof), parts_sent)
                     .await;
             }
         };
@@ -459,16 +476,22 @@ impl Exporter {
         };
         let mut profile_id = [0u8; 16];
         profile_id.copy_from_slice(&sha256.as_bytes()[..16]);
-        self.export_bytes(sink, context, &body, profile_id).await
+        self.export_bytes(sink, settings, context, &body, profile_id, parts_sent)
+            .await
     }
 
-    /// Converts and sends one gzipped (or plain) pprof.
+    /// Converts and sends one gzipped (or plain) pprof: one request, or, when that would be
+    /// over `settings.max_message_bytes`, its parts in order, from the first not yet sent
+    /// (`parts_sent`, counted up as each is sent: the conversion is deterministic, so a
+    /// retry makes the same parts and sends none twice).
     async fn export_bytes(
         &self,
         sink: &Sink,
+        settings: &ExportSettings,
         context: &CaptureContext,
         body: &[u8],
         profile_id: [u8; 16],
+        parts_sent: &mut usize,
     ) -> Result<(), Failure> {
         let limits = DecodeLimits {
             max_decompressed_bytes: DECODE_BUDGET,
@@ -481,22 +504,31 @@ impl Exporter {
             scope_version: env!("CARGO_PKG_VERSION").into(),
             profile_id,
         };
-        let request = otlp::to_otlp(
+        let requests = otlp::to_otlp_requests(
             &profile,
             |owner| resource::attributes(context, owner),
             &options,
+            settings.max_message_bytes,
         )
         .map_err(invalid)?;
         drop(profile);
-        match sink.send(request).await {
-            Ok(None) => Ok(()),
-            Ok(Some((rejected, message))) => {
-                tracing::warn!(request = %context.request, policy = %context.policy, rejected, "the export endpoint rejected part of the profiles: {message}");
-                Ok(())
-            }
-            Err(SendError::Permanent(e)) => Err(Failure::Drop("rejected", e)),
-            Err(SendError::Retryable(e, delay)) => Err(Failure::Transient(e, delay)),
+        let parts = requests.len();
+        if parts > 1 && *parts_sent == 0 {
+            tracing::debug!(request = %context.request, policy = %context.policy, parts, "a profile over the export's request size limit is sent in parts");
+            self.metrics.export_split(parts as u64);
         }
+        for request in requests.into_iter().skip(*parts_sent) {
+            match sink.send(request).await {
+                Ok(None) => {}
+                Ok(Some((rejected, message))) => {
+                    tracing::warn!(request = %context.request, policy = %context.policy, rejected, "the export endpoint rejected part of the profiles: {message}");
+                }
+                Err(SendError::Permanent(e)) => return Err(Failure::Drop("rejected", e)),
+                Err(SendError::Retryable(e, delay)) => return Err(Failure::Transient(e, delay)),
+            }
+            *parts_sent += 1;
+        }
+        Ok(())
     }
 }
 
