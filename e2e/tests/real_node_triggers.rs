@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use flamefleet_api::policy_runs::POLICY_UID_LABEL;
 use flamefleet_api::trigger::{TRIGGER_FIRE_ANNOTATION, TRIGGER_POD_UID_LABEL};
 use flamefleet_api::{ProfileRequest, RequestPhase, SamplingPolicy};
 use flamefleet_e2e::Cluster;
@@ -394,7 +395,240 @@ async fn a_memory_trigger_reads_the_go_heap_before_the_oom_kill_on_a_real_node()
         wins * 5 >= REPLICAS * 4,
         "the heap was read before the OOM kill in only {wins} of {REPLICAS} pods"
     );
+
+    step("a C workload throttled by a CPU limit of 0.2 cores: its CPU fire's lead-up");
+    let lead_up_started = Instant::now();
+    cpu_fire_with_its_lead_up(cluster, &client, &ns, &tag).await;
+    eprintln!(
+        "real node: the CPU lead-up case took {:.1} s; test took {:.1} s",
+        lead_up_started.elapsed().as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    step("the same pod's threads outnumber its CPU quota: the runqlat p99 trigger");
+    let runqlat_started = Instant::now();
+    runqlat_fire(cluster, &client, &ns).await;
+    eprintln!(
+        "real node: the runqlat case took {:.1} s; test took {:.1} s",
+        runqlat_started.elapsed().as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
     cluster
         .uninstall_flamefleet(RELEASE, NAMESPACE, false)
         .expect("helm uninstall");
+}
+
+/// The latency trigger on the real node: the checkout pod of the lead-up case runs more
+/// threads than this machine has CPUs under a limit of 200 millicores, so its threads wait
+/// on the run queue while its cgroup is throttled. A trigger-only policy whose trigger fires
+/// when the pod's runqlat p99 stays above 20 ms over 2 s: the run it creates says the
+/// measured p99 in `status.trigger`, and the run's own runqlat capture measures a p99 above
+/// the threshold too.
+async fn runqlat_fire(cluster: &Cluster, client: &kube::Client, ns: &str) {
+    const THRESHOLD_US: i64 = 20_000;
+    let policies: Api<SamplingPolicy> = Api::namespaced(client.clone(), ns);
+    let policy: SamplingPolicy = serde_json::from_value(json!({
+        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
+        "metadata": {"name": "checkout-runq"},
+        "spec": {
+            "template": {
+                "type": "runqlat",
+                "selector": {"matchLabels": {"app": "checkout"}},
+                "duration": "3s",
+            },
+            "triggers": [{
+                "name": "waiting-to-run",
+                "latency": {"runqlatP99Micros": THRESHOLD_US, "windowSeconds": 2},
+                "capture": {"duration": "3s"},
+                "cooldownSeconds": 600,
+            }],
+        },
+    }))
+    .unwrap();
+    let policy = policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("creating the SamplingPolicy");
+    let policy_uid = policy.uid().unwrap();
+    let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), ns);
+    let run: ProfileRequest = cluster
+        .wait_for("the runqlat fire's run to finish", TIMEOUT, || {
+            let (requests, uid) = (requests.clone(), policy_uid.clone());
+            async move {
+                requests
+                    .list(&ListParams::default().labels(&format!("{POLICY_UID_LABEL}={uid}")))
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|r| {
+                        r.status.as_ref().is_some_and(|s| {
+                            s.trigger.is_some() && s.phase.is_some_and(|p| p.is_terminal())
+                        })
+                    })
+            }
+        })
+        .await
+        .unwrap();
+    let status = run.status.clone().unwrap();
+    let trigger = status.trigger.clone().unwrap();
+    eprintln!("status.trigger: {trigger:#?}");
+    assert_eq!(trigger.name, "waiting-to-run");
+    assert_eq!(trigger.unit, "µs");
+    let measured: f64 = trigger.measured.parse().expect("a measured number");
+    assert!(
+        measured > THRESHOLD_US as f64,
+        "measured p99 {measured} µs, expected above {THRESHOLD_US}: {trigger:#?}"
+    );
+    assert!(
+        trigger.reason.starts_with(&format!(
+            "waiting-to-run: runqlat p99 above {THRESHOLD_US}µs over 2s (measured "
+        )),
+        "{}",
+        trigger.reason
+    );
+    assert_eq!(run.spec.profile_type, flamefleet_api::ProfileType::Runqlat);
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:#?}");
+    let latency = status
+        .summary
+        .as_ref()
+        .and_then(|s| s.runqlat.clone())
+        .expect("runqlat percentiles in the run's summary");
+    eprintln!(
+        "real node, runqlat trigger: run {} ({}); its capture: {latency:?}",
+        run.name_any(),
+        trigger.reason
+    );
+    assert!(
+        latency.p99_us > THRESHOLD_US,
+        "the capture's p99 {} µs is not above the trigger's {THRESHOLD_US} µs: {latency:?}",
+        latency.p99_us
+    );
+    let runs = requests
+        .list(&ListParams::default().labels(&format!("{POLICY_UID_LABEL}={policy_uid}")))
+        .await
+        .expect("listing the policy's runs")
+        .items;
+    assert_eq!(runs.len(), 1, "one fire, one run, within the cooldown");
+}
+
+/// The lead-up on the real node (docs/triggers.md, "The lead-up"): the demo's C checkout
+/// service (examples/demo-workload/checkout.c, `price_basket()` its hot function) under a
+/// CPU limit of 0.2 cores, throttled all the time, and a policy whose trigger fires when its
+/// usage stays above 150m for 8 s. The agent's ring keeps the pod's samples from the moment
+/// it is watched; the CPU run the fire starts prepends those before the fire: the profile
+/// names `price_basket` and covers at least 5 s before the fire.
+async fn cpu_fire_with_its_lead_up(cluster: &Cluster, client: &kube::Client, ns: &str, tag: &str) {
+    let policies: Api<SamplingPolicy> = Api::namespaced(client.clone(), ns);
+    let policy: SamplingPolicy = serde_json::from_value(json!({
+        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
+        "metadata": {"name": "checkout-cpu"},
+        "spec": {
+            "template": {
+                "type": "cpu",
+                "selector": {"matchLabels": {"app": "checkout"}},
+                "duration": "3s",
+            },
+            "triggers": [{
+                "name": "busy",
+                "cpu": {"aboveMillicores": 150, "forSeconds": 8},
+                "capture": {"duration": "3s"},
+                "cooldownSeconds": 600,
+            }],
+        },
+    }))
+    .unwrap();
+    let policy = policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("creating the SamplingPolicy");
+    let policy_uid = policy.uid().unwrap();
+    let deployment = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "checkout", "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "checkout"}},
+            "template": {
+                "metadata": {"labels": {"app": "checkout"}},
+                "spec": {"containers": [{
+                    "name": "checkout",
+                    "image": format!("flamefleet.local/checkout-demo:{tag}"),
+                    "imagePullPolicy": "Never",
+                    "resources": {
+                        "requests": {"cpu": "200m", "memory": "96Mi"},
+                        "limits": {"cpu": "200m", "memory": "256Mi"},
+                    },
+                }]},
+            },
+        },
+    });
+    let file = std::env::temp_dir().join(format!("{ns}-checkout.json"));
+    std::fs::write(&file, deployment.to_string()).unwrap();
+    cluster
+        .kubectl(&["apply", "-f", file.to_str().unwrap()])
+        .unwrap();
+    let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), ns);
+    let run: ProfileRequest = cluster
+        .wait_for("the CPU fire's run to finish", TIMEOUT, || {
+            let (requests, uid) = (requests.clone(), policy_uid.clone());
+            async move {
+                requests
+                    .list(&ListParams::default().labels(&format!("{POLICY_UID_LABEL}={uid}")))
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|r| {
+                        r.status.as_ref().is_some_and(|s| {
+                            s.trigger.is_some() && s.phase.is_some_and(|p| p.is_terminal())
+                        })
+                    })
+            }
+        })
+        .await
+        .unwrap();
+    let status = run.status.clone().unwrap();
+    let trigger = status.trigger.clone().unwrap();
+    assert_eq!(trigger.name, "busy");
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:#?}");
+    assert_eq!(run.spec.profile_type, flamefleet_api::ProfileType::Cpu);
+    assert!(
+        run.annotations().contains_key(TRIGGER_FIRE_ANNOTATION),
+        "the CPU run names the fire whose lead-up the node kept: {:?}",
+        run.annotations()
+    );
+    let notes = status
+        .summary
+        .as_ref()
+        .map(|s| s.notes.clone())
+        .unwrap_or_default();
+    assert!(
+        notes.iter().any(|n| n.starts_with("lead-up: ")),
+        "the run starts with the lead-up: {notes:?}"
+    );
+    let (_dir, file) = download(cluster, ns, &run.name_any());
+    let f = flamefleet_e2e::lead_up::figures(&file, "price_basket");
+    eprintln!(
+        "real node, CPU lead-up: run {} ({}); lead-up {} samples reaching {:.1} s before the \
+         fire, price_basket on {:.1}% of them ({:.1}% their leaf); {} samples after the fire; \
+         {notes:?}",
+        run.name_any(),
+        trigger.reason,
+        f.lead_up,
+        f.oldest_ms as f64 / 1e3,
+        f.share(),
+        f.leaf_share(),
+        f.after_fire
+    );
+    assert_eq!(f.unlabelled, 0, "every sample says its phase: {f:?}");
+    assert!(
+        f.oldest_ms >= 5_000,
+        "the profile covers at least 5 s before the fire: {f:?}"
+    );
+    assert_eq!(
+        f.top_leaf.as_deref(),
+        Some("price_basket"),
+        "the lead-up's hottest function: {f:?}"
+    );
+    assert!(f.after_fire > 0, "the capture's own samples follow: {f:?}");
 }
