@@ -6,7 +6,15 @@
 //! through a CSR the operator signs.
 //!
 //! One test, in steps, because they share one installation and the last steps (upgrade,
-//! uninstall) change it.
+//! uninstall) change it. The fault tier's faults of a real node (`real_node_faults/`: the
+//! agent OOM-killed, the kubelet restarted, the agent DaemonSet rolled mid-capture) are
+//! steps of it too, so that they cost no second installation. The installation exports to a
+//! real OpenTelemetry Collector on the host (scripts/otelcol.sh), with always-on windows of
+//! 2 s every 3 s for the always-on step (`e2e/benches/always_on_real_node.rs` runs the
+//! defaults, 10 pods for 10 minutes).
+
+mod pipeline_support;
+mod real_node_faults;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,6 +27,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
+
+use pipeline_support::otelcol::{Collector, resource_attributes};
 
 const RELEASE: &str = "flamefleet";
 const NAMESPACE: &str = "flamefleet-system";
@@ -158,26 +168,22 @@ fn checkout_deployment(namespace: &str, tag: &str) -> Value {
 
 /// A one-replica Deployment `name` (label `app=<name>`) of a demo image.
 fn demo_deployment(namespace: &str, name: &str, image: &str) -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{
-                    "name": name,
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "64Mi"},
-                        "limits": {"cpu": "1", "memory": "256Mi"},
-                    },
-                }]},
-            },
-        },
-    })
+    flamefleet_e2e::cluster::demo_deployment(namespace, name, image, 1, ["100m", "1"], &[])
+}
+
+/// The chart values of this test: the node's (`Cluster::local_values`), export to the
+/// Collector on the host at `otlp_port`, and short always-on windows.
+fn values(cluster: &Cluster, tag: &str, otlp_port: u16) -> Vec<String> {
+    let mut values = cluster.local_values(tag, STORE_NODE_PORT);
+    values.extend([
+        format!(
+            "export.otlp.endpoint=http://{}:{otlp_port}",
+            cluster.node_ip
+        ),
+        "continuous.window=2s".into(),
+        "continuous.period=3s".into(),
+    ]);
+    values
 }
 
 /// Label of the namespaces this test creates.
@@ -276,15 +282,18 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     cluster
         .uninstall_flamefleet(RELEASE, NAMESPACE, true)
         .expect("helm uninstall of a leftover release");
+    // What is loaded before any agent runs: the agent's programs and maps are told apart
+    // from it when the agent is rolled.
+    let bpf_before = real_node_faults::BpfIds::now();
     let tag = cluster
         .build_images(None, None)
         .expect("building the images");
+    // The operator (in a pod) exports to a Collector on the host, at the node's address.
+    let otlp_dir = tempfile::tempdir().unwrap();
+    let otlp_port = flamefleet_e2e::workload::free_port().expect("a free port");
+    let collector = Collector::start_on(otlp_dir.path(), &cluster.node_ip, otlp_port);
     cluster
-        .install_flamefleet(
-            RELEASE,
-            NAMESPACE,
-            &cluster.local_values(&tag, STORE_NODE_PORT),
-        )
+        .install_flamefleet(RELEASE, NAMESPACE, &values(cluster, &tag, otlp_port))
         .expect("helm install");
 
     step("the agent runs with exactly the chart's privileges");
@@ -787,6 +796,9 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         );
     }
 
+    step("an always-on policy: every pod's windows exported, no ProfileRequest");
+    always_on(cluster, &client, &shop, &tag, &collector).await;
+
     step("a container the kubelet restarts during a capture is still profiled");
     let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), &shop);
     let pod = Api::<Pod>::namespaced(client.clone(), &shop)
@@ -910,17 +922,26 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
     );
     assert!(top.contains("price_basket"), "{top}");
 
+    let faulty = real_node_faults::Shop {
+        cluster,
+        client: client.clone(),
+        ns: shop.clone(),
+        pod: pod_name.clone(),
+    };
+    real_node_faults::agent_oom_killed_mid_capture(&faulty).await;
+    real_node_faults::kubelet_restarted(&faulty).await;
+
     step("helm upgrade to a changed image keeps finished requests and their artifacts");
     let new_tag = format!("{tag}-upgrade");
     cluster
         .build_images(Some(&new_tag), Some("upgrade-test"))
         .expect("building the second tag");
-    let mut values = cluster.local_values(&new_tag, STORE_NODE_PORT);
-    values.retain(|v| !v.starts_with("image.tag="));
-    values.push(format!("image.tag={new_tag}"));
+    // Captures in flight while the upgrade rolls the agent (and the operators).
+    let mut roll = real_node_faults::AgentRoll::start(&faulty, &bpf_before).await;
     cluster
-        .install_flamefleet(RELEASE, NAMESPACE, &values)
+        .install_flamefleet(RELEASE, NAMESPACE, &values(cluster, &new_tag, otlp_port))
         .expect("helm upgrade");
+    roll.rolled();
     let agent_image = cluster
         .kubectl(&[
             "-n",
@@ -951,6 +972,7 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         std::fs::read(&across).unwrap(),
         "the same bytes (the CLI checked their sha256)"
     );
+    roll.check(&faulty).await;
 
     step("helm uninstall leaves no agent BPF program loaded");
     // A capture in flight when the agent goes: its programs must go with it.
@@ -998,6 +1020,202 @@ async fn flamefleet_installed_with_helm_profiles_real_pods() {
         loaded_agent_programs()
     );
     let _ = cluster.kubectl(&["delete", "namespace", &shop, "--wait=false"]);
+}
+
+/// An always-on policy (`schedule: "@continuous"`, the chart's windows shortened to 2 s
+/// every 3 s) over a two-pod Deployment: each pod's windows reach the Collector with the
+/// kubelet's pod and the node, the Deployment and the pod's own samples; the policy's status
+/// counts them with their coverage; no ProfileRequest is created; deleting the policy stops
+/// the agent's windows.
+async fn always_on(
+    cluster: &Cluster,
+    client: &kube::Client,
+    namespace: &str,
+    tag: &str,
+    collector: &Collector,
+) {
+    use flamefleet_api::SamplingPolicy;
+    use flamefleet_api::continuous::ContinuousStatus;
+    let started = std::time::Instant::now();
+    let all_requests: Api<ProfileRequest> = Api::all(client.clone());
+    let requests_before = all_requests
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    // Two pods of the checkout demo, held to a tenth of a core each.
+    cluster
+        .apply(&flamefleet_e2e::cluster::demo_deployment(
+            namespace,
+            "always",
+            &format!("flamefleet.local/checkout-demo:{tag}"),
+            2,
+            ["10m", "100m"],
+            &["1"],
+        ))
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "-n",
+            namespace,
+            "rollout",
+            "status",
+            "deploy/always",
+            "--timeout=120s",
+        ])
+        .unwrap();
+    let pods: Vec<String> = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels("app=always"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(pods.len(), 2, "{pods:?}");
+    let policies: Api<SamplingPolicy> = Api::namespaced(client.clone(), namespace);
+    let policy: SamplingPolicy = serde_json::from_value(json!({
+        "apiVersion": "flamefleet.dev/v1alpha1", "kind": "SamplingPolicy",
+        "metadata": {"name": "always"},
+        "spec": {
+            "schedule": "@continuous",
+            "template": {
+                "type": "cpu",
+                "selector": {"matchLabels": {"app": "always"}},
+                "duration": "10s",
+                // A tenth of a core at 99 Hz: about 20 samples in each 2 s window.
+                "cpu": {"frequencyHz": 99},
+            },
+        },
+    }))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let policy_name = format!("{namespace}/always");
+    let windows_of = |pod: &str| {
+        collector
+            .received()
+            .into_iter()
+            .filter(|d| {
+                d.resource_profiles.first().is_some_and(|rp| {
+                    let a = resource_attributes(rp);
+                    a.get("flamefleet.policy.name") == Some(&policy_name)
+                        && a.get("k8s.pod.name").map(String::as_str) == Some(pod)
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let status: ContinuousStatus = cluster
+        .wait_for(
+            "three windows of each pod exported and 85% coverage",
+            TIMEOUT,
+            || {
+                let api = policies.clone();
+                let ready = pods.iter().all(|p| windows_of(p).len() >= 3);
+                async move {
+                    let s = api.get("always").await.ok()?.status?.continuous?;
+                    (ready && s.min_coverage_percent.is_some_and(|c| c >= 85)).then_some(s)
+                }
+            },
+        )
+        .await
+        .unwrap();
+    eprintln!(
+        "always-on: {:.1} s to three windows of each pod and 85% coverage: {status:?}",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!((status.pods, status.nodes), (2, 1), "{status:#?}");
+    assert_eq!((status.window_seconds, status.period_seconds), (2, 3));
+    assert_eq!(status.dropped, 0, "{status:#?}");
+    assert!(status.exported >= 6, "{status:#?}");
+    for pod in &pods {
+        let windows = windows_of(pod);
+        // The operator reads a pod's owner once, beside its first window.
+        let last = windows
+            .last()
+            .map(|d| resource_attributes(&d.resource_profiles[0]));
+        assert_eq!(
+            last.as_ref()
+                .and_then(|a| a.get("k8s.deployment.name"))
+                .map(String::as_str),
+            Some("always"),
+            "{last:?}"
+        );
+        for data in windows {
+            let rp = &data.resource_profiles[0];
+            let attrs = resource_attributes(rp);
+            assert_eq!(attrs["k8s.namespace.name"], namespace, "{attrs:?}");
+            assert_eq!(attrs["k8s.node.name"], cluster.node, "{attrs:?}");
+            let back = flamefleet_pprof::otlp::to_pprof(
+                &data.resource_profiles,
+                data.dictionary.as_ref().expect("a dictionary"),
+            )
+            .expect("a window reads back as pprof");
+            assert!(
+                flamefleet_pprof::value_total(&back, "samples", "count").unwrap_or(0) > 0,
+                "{pod}: an exported window has samples"
+            );
+            let functions: Vec<&str> = back
+                .function
+                .iter()
+                .map(|f| back.string_table[f.name as usize].as_str())
+                .collect();
+            assert!(
+                functions.contains(&"price_basket") || functions.contains(&"render_receipt"),
+                "{pod}: the demo's own functions: {functions:?}"
+            );
+            for sample in &back.sample {
+                let label = sample
+                    .label
+                    .iter()
+                    .find(|l| back.string_table[l.key as usize] == "pod")
+                    .map(|l| back.string_table[l.str as usize].as_str());
+                assert_eq!(label, Some(pod.as_str()), "a sample of another pod");
+            }
+        }
+    }
+    let requests_after = all_requests
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert_eq!(
+        requests_after, requests_before,
+        "always-on windows created ProfileRequests"
+    );
+    // Deleted: the agent stops (its gauge of always-on pods, on its probe port).
+    policies
+        .delete("always", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    let agent_ip = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default().labels("app.kubernetes.io/name=flamefleet-agent"))
+        .await
+        .unwrap()
+        .items
+        .first()
+        .and_then(|p| p.status.as_ref()?.pod_ip.clone())
+        .expect("the agent's pod IP");
+    cluster
+        .wait_for("the agent to stop its always-on windows", TIMEOUT, || {
+            let url = format!("http://{agent_ip}:9091/metrics");
+            async move {
+                let text = reqwest::get(url).await.ok()?.text().await.ok()?;
+                text.lines()
+                    .any(|l| l == "flamefleet_agent_continuous_pods 0")
+                    .then_some(())
+            }
+        })
+        .await
+        .unwrap();
+    cluster
+        .kubectl(&["-n", namespace, "delete", "deploy/always", "--wait=false"])
+        .unwrap();
+    eprintln!("always-on step: {:.1} s", started.elapsed().as_secs_f64());
 }
 
 /// The directory named `leaf` below a directory named `parent`, anywhere under `root`.
