@@ -213,12 +213,12 @@ pub struct Options {
     /// (0: unlimited).
     #[arg(long, default_value_t = 10)]
     pub max_queued_runs_per_namespace: usize,
-    /// API server calls of the ProfileRequest controller for ad hoc requests (with those of
-    /// downloads and the store's GC) in flight at once, and as many again for the policies'
-    /// runs; further calls wait in the operator. Leader election and the policies' schedules
-    /// have connections of their own, never behind these (0: unlimited).
-    #[arg(long, default_value_t = 8)]
-    pub max_concurrent_api_calls: usize,
+    /// Ad hoc ProfileRequests reconciled at once (0: unlimited); the others wait their turn
+    /// in the operator, in order. A new leader resumes every Running request at once: all
+    /// at once, each one's API calls waited behind all the others' (1,000 requests: none
+    /// started for 3 minutes). The policies' runs are never held by this bound.
+    #[arg(long, default_value_t = 32)]
+    pub max_concurrent_reconciles: usize,
     /// Timeout of a connection attempt to an agent.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub agent_connect_timeout: Duration,
@@ -502,10 +502,7 @@ pub async fn shutdown_signal() {
 /// Runs the operator until SIGTERM/Ctrl-C, or fails when it loses the leader Lease.
 pub async fn run(options: Options) -> anyhow::Result<()> {
     install_default_crypto_provider();
-    let clients = ApiClients::new(
-        &kube_config(options.kubeconfig.as_ref()).await?,
-        options.max_concurrent_api_calls,
-    )?;
+    let clients = ApiClients::new(&kube_config(options.kubeconfig.as_ref()).await?)?;
     let client = clients.control.clone();
     let metrics = Arc::new(Metrics::new());
     let probe_state = ProbeState::new(metrics.clone());
@@ -709,6 +706,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         namespaces: Some(sampling.fleet.namespaces.clone()),
         admission: Default::default(),
         store_waits: StoreWaits::new(options.store_wait),
+        adhoc_slots: profile_request::ReconcileSlots::new(options.max_concurrent_reconciles),
     });
     let lost = election.lost();
     let (lost_tx, mut lost_rx) = tokio::sync::oneshot::channel::<bool>();

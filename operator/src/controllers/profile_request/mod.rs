@@ -44,8 +44,10 @@ pub struct Context {
     /// run sits in its node's budget from its creation until it ends, so a run kept waiting
     /// made the policies' later runs skip the node (docs/failure-modes.md). Chosen by the
     /// run's policy-UID label: a tenant forging that label onto its own requests only puts
-    /// them beside the runs (this lane is bounded too), it gains no permission.
+    /// them beside the runs, it gains no permission.
     pub runs: Lane,
+    /// Ad hoc requests reconciled at once (`--max-concurrent-reconciles`); runs take none.
+    pub adhoc_slots: ReconcileSlots,
     /// The artifact store.
     pub store: Arc<dyn ArtifactStore>,
     /// Capture sessions in progress.
@@ -77,6 +79,29 @@ pub struct Context {
     pub requests: std::sync::RwLock<Option<Store<ProfileRequest>>>,
 }
 
+/// A bound on the reconciles in progress at once, waited for in order. Unbounded, a new
+/// leader's resumption of 1,000 requests started 1,000 reconciles whose API calls each waited
+/// behind the others', so that no request went far before all had (none started in 3
+/// minutes, measured); bounded, each runs its calls through and the next one starts.
+#[derive(Debug)]
+pub struct ReconcileSlots(Option<tokio::sync::Semaphore>);
+
+impl ReconcileSlots {
+    /// At most `max` at once (0: unbounded).
+    pub fn new(max: usize) -> Self {
+        Self(
+            (max > 0)
+                .then(|| tokio::sync::Semaphore::new(max.min(tokio::sync::Semaphore::MAX_PERMITS))),
+        )
+    }
+
+    /// Waits for a slot, held until the returned guard is dropped (`None`: unbounded).
+    pub async fn acquire(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        // The semaphore is never closed.
+        self.0.as_ref()?.acquire().await.ok()
+    }
+}
+
 impl Context {
     /// The client of `request`'s calls (see [`Context::runs`]).
     pub fn client_for(&self, request: &ProfileRequest) -> &kube::Client {
@@ -98,7 +123,7 @@ impl Context {
 }
 
 /// Whether `request` says it is a policy's run (its policy-UID label).
-fn is_run(request: &ProfileRequest) -> bool {
+pub fn is_run(request: &ProfileRequest) -> bool {
     request
         .metadata
         .labels

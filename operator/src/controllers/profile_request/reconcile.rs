@@ -62,6 +62,12 @@ const RUNNING_RESYNC: Duration = Duration::from_secs(30);
 /// Reconciles one ProfileRequest.
 #[instrument(skip_all, fields(namespace = request.namespace().unwrap_or_default(), request = %request.name_any()))]
 pub async fn reconcile(request: Arc<ProfileRequest>, ctx: Arc<Context>) -> Result<Action> {
+    // Runs never wait for a slot (see `Context::runs`).
+    let _slot = if super::is_run(&request) {
+        None
+    } else {
+        ctx.adhoc_slots.acquire().await
+    };
     let _timer = ctx.metrics.reconcile();
     let namespace = request
         .namespace()
