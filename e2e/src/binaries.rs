@@ -4,6 +4,7 @@
 //! `scripts/controlplane.sh build` writes `<cache>/bin/<name>-<version>`.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use crate::{Error, Result};
 
@@ -78,6 +79,43 @@ pub fn kubectl() -> Result<PathBuf> {
         "FLAMEFLEET_KUBECTL",
         format!("kubectl-{}", kubernetes_version()),
     )
+}
+
+/// Removes from `cmd`'s environment what `cargo test` sets for a test of one package
+/// (`CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, `CARGO_BIN_EXE_*`, `OUT_DIR` …), for a cargo a test
+/// runs (directly or through a script such as `scripts/images.sh`): some build scripts
+/// track those variables (ring's tracks `CARGO_PKG_NAME` and `CARGO_MANIFEST_DIR`), so a
+/// nested build with the test's values would run them again and rebuild everything that
+/// depends on them (rustls, kube and up: minutes), and the next build from a shell would
+/// do it once more.
+pub fn without_cargo_test_env(cmd: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let set_by_cargo_test = name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+            || matches!(
+                name,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+                    | "OUT_DIR"
+            );
+        if set_by_cargo_test {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
+}
+
+/// A `cargo` command for a build a test runs: the cargo running the tests (`$CARGO`), with
+/// [`without_cargo_test_env`].
+pub fn nested_cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    without_cargo_test_env(&mut cmd);
+    cmd
 }
 
 #[cfg(test)]

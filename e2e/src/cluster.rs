@@ -176,6 +176,7 @@ impl Cluster {
     pub fn build_images(&self, tag: Option<&str>, label: Option<&str>) -> Result<String> {
         let repo = repo_root();
         let mut cmd = Command::new(repo.join("scripts/images.sh"));
+        crate::binaries::without_cargo_test_env(&mut cmd);
         if let Some(t) = tag {
             cmd.env("FLAMEFLEET_IMAGE_TAG", t);
         }
@@ -191,6 +192,7 @@ impl Cluster {
                 return Err(script_error(&format!("scripts/images.sh {action}"), &out));
             }
             cmd = Command::new(repo.join("scripts/images.sh"));
+            crate::binaries::without_cargo_test_env(&mut cmd);
             if let Some(t) = tag {
                 cmd.env("FLAMEFLEET_IMAGE_TAG", t);
             }
@@ -474,8 +476,7 @@ pub fn kubectl_profile_binary() -> Result<PathBuf> {
         let target_dir = profile_dir
             .parent()
             .ok_or("the test executable is not under <target>/<profile>")?;
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = Command::new(cargo);
+        let mut build = crate::binaries::nested_cargo();
         build
             .args(["build", "-p", "kubectl-profile", "--bin", "kubectl-profile"])
             .env("CARGO_TARGET_DIR", target_dir)

@@ -154,6 +154,24 @@ fn test_executables() -> HashMap<String, PathBuf> {
     let target_dir = profile_dir.parent().expect("<target>");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
+    // Without what `cargo test` sets for this package: build scripts that track it (ring's
+    // tracks CARGO_PKG_NAME and CARGO_MANIFEST_DIR) would run again and rebuild what
+    // depends on them (flamefleet_e2e::binaries::without_cargo_test_env, which this package
+    // cannot depend on, says more).
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(|n| {
+            n.starts_with("CARGO_PKG_")
+                || n.starts_with("CARGO_BIN_EXE_")
+                || n == "CARGO_MANIFEST_DIR"
+                || n == "CARGO_MANIFEST_PATH"
+                || n == "CARGO_CRATE_NAME"
+                || n == "CARGO_PRIMARY_PACKAGE"
+                || n == "CARGO_TARGET_TMPDIR"
+                || n == "OUT_DIR"
+        }) {
+            build.env_remove(name);
+        }
+    }
     build
         // The whole workspace's feature set: the suite (`cargo test --workspace`) has then
         // built these already, where `-p flamefleet-agent` alone would resolve other

@@ -117,8 +117,7 @@ pub fn bins() -> &'static Bins {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or("debug");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = Command::new(cargo);
+        let mut build = flamefleet_e2e::binaries::nested_cargo();
         build
             .args([
                 "build",
