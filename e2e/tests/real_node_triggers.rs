@@ -450,25 +450,7 @@ async fn runqlat_fire(cluster: &Cluster, client: &kube::Client, ns: &str) {
         .expect("creating the SamplingPolicy");
     let policy_uid = policy.uid().unwrap();
     let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), ns);
-    let run: ProfileRequest = cluster
-        .wait_for("the runqlat fire's run to finish", TIMEOUT, || {
-            let (requests, uid) = (requests.clone(), policy_uid.clone());
-            async move {
-                requests
-                    .list(&ListParams::default().labels(&format!("{POLICY_UID_LABEL}={uid}")))
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .find(|r| {
-                        r.status.as_ref().is_some_and(|s| {
-                            s.trigger.is_some() && s.phase.is_some_and(|p| p.is_terminal())
-                        })
-                    })
-            }
-        })
-        .await
-        .unwrap();
+    let run = ended_triggered_run(cluster, &requests, &policy_uid, "the runqlat fire's run").await;
     let status = run.status.clone().unwrap();
     let trigger = status.trigger.clone().unwrap();
     eprintln!("status.trigger: {trigger:#?}");
@@ -568,25 +550,7 @@ async fn cpu_fire_with_its_lead_up(cluster: &Cluster, client: &kube::Client, ns:
         .kubectl(&["apply", "-f", file.to_str().unwrap()])
         .unwrap();
     let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), ns);
-    let run: ProfileRequest = cluster
-        .wait_for("the CPU fire's run to finish", TIMEOUT, || {
-            let (requests, uid) = (requests.clone(), policy_uid.clone());
-            async move {
-                requests
-                    .list(&ListParams::default().labels(&format!("{POLICY_UID_LABEL}={uid}")))
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .find(|r| {
-                        r.status.as_ref().is_some_and(|s| {
-                            s.trigger.is_some() && s.phase.is_some_and(|p| p.is_terminal())
-                        })
-                    })
-            }
-        })
-        .await
-        .unwrap();
+    let run = ended_triggered_run(cluster, &requests, &policy_uid, "the CPU fire's run").await;
     let status = run.status.clone().unwrap();
     let trigger = status.trigger.clone().unwrap();
     assert_eq!(trigger.name, "busy");
@@ -631,4 +595,33 @@ async fn cpu_fire_with_its_lead_up(cluster: &Cluster, client: &kube::Client, ns:
         "the lead-up's hottest function: {f:?}"
     );
     assert!(f.after_fire > 0, "the capture's own samples follow: {f:?}");
+}
+
+/// The first run of policy `policy_uid` with `status.trigger`, once it has ended.
+async fn ended_triggered_run(
+    cluster: &Cluster,
+    requests: &Api<ProfileRequest>,
+    policy_uid: &str,
+    what: &str,
+) -> ProfileRequest {
+    let selector = format!("{POLICY_UID_LABEL}={policy_uid}");
+    cluster
+        .wait_for(&format!("{what} to finish"), TIMEOUT, || {
+            let (requests, selector) = (requests.clone(), selector.clone());
+            async move {
+                requests
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|r| {
+                        r.status.as_ref().is_some_and(|s| {
+                            s.trigger.is_some() && s.phase.is_some_and(|p| p.is_terminal())
+                        })
+                    })
+            }
+        })
+        .await
+        .unwrap()
 }
