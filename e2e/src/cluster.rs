@@ -311,33 +311,45 @@ impl Cluster {
         Ok(KubeletStopped { started: false })
     }
 
-    /// Waits until `check` returns `Some`, polling every 500 ms, for at most `timeout`.
+    /// Waits until `check` returns `Some` ([`wait_for`]).
     ///
     /// # Errors
     /// [`Error::Timeout`] naming `what`.
-    pub async fn wait_for<T, F, Fut>(
-        &self,
-        what: &str,
-        timeout: Duration,
-        mut check: F,
-    ) -> Result<T>
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(v) = check().await {
-                return Ok(v);
-            }
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    what: what.to_owned(),
-                    seconds: timeout.as_secs(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        wait_for(what, timeout, Duration::from_millis(500), check).await
+    }
+}
+
+/// Waits until `check` returns `Some`, calling it every `interval`, for at most `timeout`.
+///
+/// # Errors
+/// [`Error::Timeout`] naming `what`.
+pub async fn wait_for<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    interval: Duration,
+    mut check: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
         }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: what.to_owned(),
+                seconds: timeout.as_secs(),
+            });
+        }
+        tokio::time::sleep(interval).await;
     }
 }
 

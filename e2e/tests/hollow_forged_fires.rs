@@ -51,19 +51,14 @@ async fn operator_metrics(cluster: &HollowCluster) -> String {
 
 /// Polls `check` every 200 ms until it gives a value; fails saying `what` was awaited
 /// once [`TIMEOUT`] has passed.
-async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+async fn until<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "waited {TIMEOUT:?} for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    flamefleet_e2e::cluster::wait_for(what, TIMEOUT, Duration::from_millis(200), check)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The status of trigger `hot` of policy `name`, once written.
