@@ -596,22 +596,32 @@ fn sync(ctx: &Arc<SamplingContext>) {
             continue;
         }
         inner.retry.remove(&node);
+        // The same agent ends the previous call itself once the new one replaced its set,
+        // after sending the windows it still held: aborting it first would end the set in
+        // between, and the agent would drop the windows cut then.
+        let replaces = match inner.streams.remove(&node) {
+            Some(old) if old.agent == agent => Some(old.task.abort_handle()),
+            Some(old) => {
+                old.task.abort();
+                None
+            }
+            None => None,
+        };
         let task = tokio::spawn(continuous_node(
             Arc::clone(ctx),
             node.clone(),
             agent.clone(),
             request.clone(),
+            replaces,
         ));
-        if let Some(old) = inner.streams.insert(
+        inner.streams.insert(
             node,
             NodeStream {
                 request,
                 agent,
                 task,
             },
-        ) {
-            old.task.abort();
-        }
+        );
     }
     drop(inner);
     for (namespace, name, uid) in fetch {
@@ -652,19 +662,32 @@ fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
+/// How long the call a new one `replaces` may still deliver its last windows before it is
+/// ended from this side (the agent ends it itself once the new set is in place).
+const REPLACED_GRACE: Duration = Duration::from_secs(30);
+
 /// One node's `Continuous` call: send the set, then take its windows until the call ends.
+/// `replaces` is the node's previous call to the same agent: it is ended here when this one
+/// cannot start, or [`REPLACED_GRACE`] after it did, if the agent has not ended it by then.
 async fn continuous_node(
     ctx: Arc<SamplingContext>,
     node: String,
     agent: AgentEndpoint,
     request: pb::ContinuousRequest,
+    replaces: Option<tokio::task::AbortHandle>,
 ) {
     let pods = request.pods.len();
     let hub = &ctx.continuous;
+    let end_replaced = |replaces: Option<tokio::task::AbortHandle>| {
+        if let Some(old) = replaces {
+            old.abort();
+        }
+    };
     let mut client = match hub.connector.connect(&agent).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(%node, "cannot reach the agent to send its always-on set: {e}");
+            end_replaced(replaces);
             return;
         }
     };
@@ -673,9 +696,16 @@ async fn continuous_node(
         Err(status) => {
             tracing::warn!(%node, "the agent refused its always-on set: {}", status.message());
             hub.connector.evict(&agent);
+            end_replaced(replaces);
             return;
         }
     };
+    if let Some(old) = replaces {
+        tokio::spawn(async move {
+            tokio::time::sleep(REPLACED_GRACE).await;
+            old.abort();
+        });
+    }
     tracing::info!(%node, pods, "sent the node's always-on set");
     loop {
         match stream.message().await {
