@@ -43,7 +43,21 @@ if [[ "${FLAMEFLEET_SKIP_SETUP:-}" != 1 ]]; then
 fi
 timed fmt cargo fmt --all --check
 timed clippy cargo clippy --workspace --all-targets -- -D warnings
-timed test cargo test --workspace --no-fail-fast "$@"
+# The tests' output is long, and a CI log may keep only part of it: on failure, each
+# panic's first lines are printed again at the end.
+run_tests() {
+  local log rc=0
+  log="$(mktemp /tmp/flamefleet-tests.XXXXXX.log)"
+  cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || rc=$?
+  if [[ $rc -ne 0 ]]; then
+    step "what failed: each panic's first lines (the whole output: $log)"
+    awk '/^---- .* stdout ----$/ {print} /panicked at/ {n = 12; m = 300}
+         n > 0 {print; n--; m--; next} m > 0 && /^ *(left|right):/ {print} m > 0 {m--}' "$log" |
+      cut -c1-400 | head -n 400
+  fi
+  return "$rc"
+}
+timed test run_tests "$@"
 
 step "all checks passed"
 printf '  %s\n' "${SUMMARY[@]}"
