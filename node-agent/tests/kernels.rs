@@ -244,6 +244,16 @@ fn run_tier(k: &GuestKernel) {
     );
     let kernel = Kernel::find(k.release).unwrap_or_else(|e| panic!("{e}"));
     let executables = test_executables();
+    // The guests see the host's files at their own paths, except under /tmp (a tmpfs of
+    // their own there).
+    let hidden: Vec<&Path> = std::iter::once(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .chain(executables.values().map(PathBuf::as_path))
+        .filter(|p| p.starts_with("/tmp"))
+        .collect();
+    assert!(
+        hidden.is_empty(),
+        "the guests mount a /tmp of their own, so they cannot see {hidden:?}: put the checkout and CARGO_TARGET_DIR outside /tmp"
+    );
     let mut tests: Vec<(&str, &str)> = TESTS.to_vec();
     if k.heap_ebpf == "ran" {
         tests.push(HEAP_EBPF_TEST);
