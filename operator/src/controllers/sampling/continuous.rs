@@ -666,9 +666,35 @@ fn millis(d: Duration) -> u32 {
 /// ended from this side (the agent ends it itself once the new set is in place).
 const REPLACED_GRACE: Duration = Duration::from_secs(30);
 
+/// A replaced call's task, ended when this is dropped: when the call replacing it cannot
+/// start, or is itself ended before it could.
+struct Replaced(Option<tokio::task::AbortHandle>);
+
+impl Replaced {
+    /// The new call is in place: the replaced one may deliver its last windows for
+    /// [`REPLACED_GRACE`].
+    fn in_place(mut self) {
+        if let Some(old) = self.0.take() {
+            tokio::spawn(async move {
+                tokio::time::sleep(REPLACED_GRACE).await;
+                old.abort();
+            });
+        }
+    }
+}
+
+impl Drop for Replaced {
+    fn drop(&mut self) {
+        if let Some(old) = self.0.take() {
+            old.abort();
+        }
+    }
+}
+
 /// One node's `Continuous` call: send the set, then take its windows until the call ends.
 /// `replaces` is the node's previous call to the same agent: it is ended here when this one
-/// cannot start, or [`REPLACED_GRACE`] after it did, if the agent has not ended it by then.
+/// cannot start (or this task is ended first), or [`REPLACED_GRACE`] after it did, if the
+/// agent has not ended it by then.
 async fn continuous_node(
     ctx: Arc<SamplingContext>,
     node: String,
@@ -676,18 +702,13 @@ async fn continuous_node(
     request: pb::ContinuousRequest,
     replaces: Option<tokio::task::AbortHandle>,
 ) {
+    let replaced = Replaced(replaces);
     let pods = request.pods.len();
     let hub = &ctx.continuous;
-    let end_replaced = |replaces: Option<tokio::task::AbortHandle>| {
-        if let Some(old) = replaces {
-            old.abort();
-        }
-    };
     let mut client = match hub.connector.connect(&agent).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(%node, "cannot reach the agent to send its always-on set: {e}");
-            end_replaced(replaces);
             return;
         }
     };
@@ -696,16 +717,10 @@ async fn continuous_node(
         Err(status) => {
             tracing::warn!(%node, "the agent refused its always-on set: {}", status.message());
             hub.connector.evict(&agent);
-            end_replaced(replaces);
             return;
         }
     };
-    if let Some(old) = replaces {
-        tokio::spawn(async move {
-            tokio::time::sleep(REPLACED_GRACE).await;
-            old.abort();
-        });
-    }
+    replaced.in_place();
     tracing::info!(%node, pods, "sent the node's always-on set");
     loop {
         match stream.message().await {
