@@ -288,32 +288,13 @@ async fn a_memory_trigger_reads_the_go_heap_before_the_oom_kill_on_a_real_node()
             .unwrap_or_else(|e| panic!("POST /leak to {name} at {ip}: {e}"));
         eprintln!("{name}: {}", answer.text().await.unwrap_or_default().trim());
         // The run of this pod's fire, finished.
-        let run: ProfileRequest = cluster
-            .wait_for(
-                &format!("the triggered run of {name} to finish"),
-                TIMEOUT,
-                || {
-                    let (requests, uid) = (requests.clone(), uid.clone());
-                    async move {
-                        requests
-                            .list(
-                                &ListParams::default()
-                                    .labels(&format!("{TRIGGER_POD_UID_LABEL}={uid}")),
-                            )
-                            .await
-                            .ok()?
-                            .items
-                            .into_iter()
-                            .find(|r| {
-                                r.status.as_ref().is_some_and(|s| {
-                                    s.trigger.is_some() && s.phase.is_some_and(|p| p.is_terminal())
-                                })
-                            })
-                    }
-                },
-            )
-            .await
-            .unwrap();
+        let run = ended_triggered_run(
+            cluster,
+            &requests,
+            &format!("{TRIGGER_POD_UID_LABEL}={uid}"),
+            &format!("the triggered run of {name}"),
+        )
+        .await;
         let owner = &run.owner_references()[0];
         assert_eq!(owner.uid, policy_uid, "the run is the policy's");
         // The kubelet reports the container OOM-killed.
@@ -450,7 +431,13 @@ async fn runqlat_fire(cluster: &Cluster, client: &kube::Client, ns: &str) {
         .expect("creating the SamplingPolicy");
     let policy_uid = policy.uid().unwrap();
     let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), ns);
-    let run = ended_triggered_run(cluster, &requests, &policy_uid, "the runqlat fire's run").await;
+    let run = ended_triggered_run(
+        cluster,
+        &requests,
+        &format!("{POLICY_UID_LABEL}={policy_uid}"),
+        "the runqlat fire's run",
+    )
+    .await;
     let status = run.status.clone().unwrap();
     let trigger = status.trigger.clone().unwrap();
     eprintln!("status.trigger: {trigger:#?}");
@@ -550,7 +537,13 @@ async fn cpu_fire_with_its_lead_up(cluster: &Cluster, client: &kube::Client, ns:
         .kubectl(&["apply", "-f", file.to_str().unwrap()])
         .unwrap();
     let requests: Api<ProfileRequest> = Api::namespaced(client.clone(), ns);
-    let run = ended_triggered_run(cluster, &requests, &policy_uid, "the CPU fire's run").await;
+    let run = ended_triggered_run(
+        cluster,
+        &requests,
+        &format!("{POLICY_UID_LABEL}={policy_uid}"),
+        "the CPU fire's run",
+    )
+    .await;
     let status = run.status.clone().unwrap();
     let trigger = status.trigger.clone().unwrap();
     assert_eq!(trigger.name, "busy");
@@ -597,17 +590,16 @@ async fn cpu_fire_with_its_lead_up(cluster: &Cluster, client: &kube::Client, ns:
     assert!(f.after_fire > 0, "the capture's own samples follow: {f:?}");
 }
 
-/// The first run of policy `policy_uid` with `status.trigger`, once it has ended.
+/// The first run `selector` (labels) selects with `status.trigger`, once it has ended.
 async fn ended_triggered_run(
     cluster: &Cluster,
     requests: &Api<ProfileRequest>,
-    policy_uid: &str,
+    selector: &str,
     what: &str,
 ) -> ProfileRequest {
-    let selector = format!("{POLICY_UID_LABEL}={policy_uid}");
     cluster
         .wait_for(&format!("{what} to finish"), TIMEOUT, || {
-            let (requests, selector) = (requests.clone(), selector.clone());
+            let (requests, selector) = (requests.clone(), selector.to_owned());
             async move {
                 requests
                     .list(&ListParams::default().labels(&selector))

@@ -1151,21 +1151,22 @@ impl Pipeline {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            if let Some(op) = self.operator.as_mut() {
-                op.assert_alive();
-            }
-            assert!(
-                Instant::now() < deadline,
+        let operator = &mut self.operator;
+        let waited =
+            flamefleet_e2e::cluster::wait_for(what, timeout, Duration::from_millis(200), || {
+                if let Some(op) = operator.as_mut() {
+                    op.assert_alive();
+                }
+                check()
+            })
+            .await;
+        match waited {
+            Ok(v) => v,
+            Err(_) => panic!(
                 "timed out after {timeout:?} waiting for {what}\n--- operator ---\n{}\n{}",
                 self.operator_logs(),
                 self.agent_logs()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            ),
         }
     }
 
